@@ -1,0 +1,47 @@
+"""embedl_dynamo: deploy PyTorch models to inference hardware through ``torch.compile``.
+
+``torch.compile(model, backend="embedl_tensorrt")`` runs conversions, fusions and (optionally)
+INT8 quantization on the Dynamo graph and hands it to ONNX Runtime, TensorRT or Torch-TensorRT.
+"""
+
+from __future__ import annotations
+
+from .backend import (
+    Backend,
+    discover_backends,
+    get_backend,
+    reset_backends,
+    set_backend,
+)
+from .pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
+from .plan import PatternMatch, TransformationPlan
+from .transform import (
+    TransformResult,
+    apply_transformation_plan,
+    get_transformation_plan,
+    trace,
+    transform,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "QDQ",
+    "Backend",
+    "FusedModule",
+    "Match",
+    "MatchResult",
+    "Pattern",
+    "PatternMatch",
+    "Role",
+    "TransformResult",
+    "TransformationPlan",
+    "apply_transformation_plan",
+    "discover_backends",
+    "get_backend",
+    "get_transformation_plan",
+    "reset_backends",
+    "set_backend",
+    "trace",
+    "transform",
+]

@@ -1,0 +1,14 @@
+"""The ``lattice`` target: Lattice FPGA flow; conversions only (fusions and INT8 to come)."""
+
+from __future__ import annotations
+
+from ..backend import Backend
+from .tensorrt import TENSORRT_CONVERSION_PATTERNS
+
+__all__ = ["BACKEND"]
+
+BACKEND = Backend(
+    name="lattice",
+    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    description="Lattice FPGAs: structural conversions only",
+)

@@ -1,0 +1,19 @@
+"""The ``onnxruntime`` target: ONNX Runtime's CPU execution provider.
+
+Conversions and fusions are TensorRT's (they produce plain Conv/Gemm nodes ORT fuses too); the
+INT8 placement differs (uint8 activations, QDQ around conv outputs) and comes with quantization.
+"""
+
+from __future__ import annotations
+
+from ..backend import Backend
+from .tensorrt import TENSORRT_CONVERSION_PATTERNS, TENSORRT_FUSION_PATTERNS
+
+__all__ = ["BACKEND"]
+
+BACKEND = Backend(
+    name="onnxruntime",
+    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    fusion_patterns=TENSORRT_FUSION_PATTERNS,
+    description="ONNX Runtime CPU: QLinearConv/QLinearAdd INT8 placement (uint8 activations)",
+)

@@ -1,0 +1,420 @@
+"""Rewrite any FX graph into the canonical form the pattern engine matches on.
+
+Two kinds of graph arrive here:
+
+* graphs from ``torch.fx.symbolic_trace``, which keep ``call_module`` nodes (``nn.Conv2d``,
+  ``nn.ReLU``, ``nn.MultiheadAttention``…) and ``call_method`` nodes (``x.relu()``, ``x.view(…)``);
+* graphs from Dynamo, where module calls are inlined into functions (``torch.conv2d``,
+  ``F.batch_norm``, ``operator.iadd``…) and, once frozen, weights are ``get_attr`` constants.
+
+After :func:`canonicalize` both look the same: each supported operation is one ``call_function``
+node on the target listed in :mod:`embedl_dynamo.canonical_ops`, with keyword-only inputs and
+defaults filled in; weights are ``get_attr`` nodes; in-place ops are made functional; every node
+knows the module path it came from. Operations outside the canonical set are left untouched:
+they still run, they just match no pattern.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from . import canonical_ops
+from .canonical_ops import bind, identity
+from .graph_utils import PATH_KEY, copy_meta, is_tensor_node, module_path, node_shape
+
+__all__ = ["canonicalize", "canonical_call", "MODULE_CANONICALIZERS"]
+
+logger = logging.getLogger(__name__)
+
+# alias target -> (canonical target, keyword renames, in-place?)
+_FUNCTION_ALIASES: dict[Any, Callable[..., Any]] = {
+    F.relu: torch.relu,
+    torch.relu_: torch.relu,
+    F.relu_: torch.relu,
+    F.relu6: F.relu6,
+    F.silu: F.silu,
+    F.hardswish: F.hardswish,
+    F.hardsigmoid: F.hardsigmoid,
+    F.sigmoid: torch.sigmoid,
+    F.tanh: torch.tanh,
+    operator.add: torch.add,
+    operator.iadd: torch.add,
+    operator.mul: torch.mul,
+    operator.imul: torch.mul,
+    operator.matmul: torch.matmul,
+    torch.softmax: F.softmax,
+    torch._C._nn.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
+}
+_INPLACE_FUNCTIONS = {torch.relu_, F.relu_, operator.iadd, operator.imul}
+
+_METHOD_ALIASES: dict[str, Callable[..., Any]] = {
+    "relu": torch.relu,
+    "relu_": torch.relu,
+    "sigmoid": torch.sigmoid,
+    "sigmoid_": torch.sigmoid,
+    "tanh": torch.tanh,
+    "add": torch.add,
+    "add_": torch.add,
+    "__add__": torch.add,
+    "mul": torch.mul,
+    "mul_": torch.mul,
+    "matmul": torch.matmul,
+    "flatten": torch.flatten,
+    "softmax": F.softmax,
+    "contiguous": identity,
+}
+_INPLACE_METHODS = {"relu_", "sigmoid_", "add_", "mul_"}
+
+# Targets whose inputs must be tensors for the rewrite to torch.* to be valid (``size + 1`` is not).
+_TENSOR_ONLY = {torch.add, torch.mul, torch.matmul}
+
+
+def canonical_call(
+    graph: fx.Graph, target: Callable[..., Any], path: str = "", **kwargs: Any
+) -> fx.Node:
+    """Create a canonical ``call_function`` node (keyword inputs, defaults filled in).
+
+    Insert it at the graph's current insertion point; ``path`` names the module it belongs to.
+    """
+    bound = bind(target, (), kwargs)
+    if bound is None:
+        raise ValueError(f"{getattr(target, '__name__', target)} does not accept {sorted(kwargs)}")
+    node = graph.call_function(target, (), bound)
+    node.meta[PATH_KEY] = path
+    return node
+
+
+# ---------------------------------------------------------------------------------------------
+# call_module -> canonical call_function
+# ---------------------------------------------------------------------------------------------
+
+
+def _param(gm: fx.GraphModule, graph: fx.Graph, qualname: str, name: str) -> fx.Node | None:
+    module = gm.get_submodule(qualname)
+    if getattr(module, name, None) is None:
+        return None
+    return graph.get_attr(f"{qualname}.{name}" if qualname else name)
+
+
+def _conv(gm, graph, node, module: nn.Module):
+    if module.padding_mode != "zeros":
+        return None
+    target = {nn.Conv1d: torch.conv1d, nn.Conv2d: torch.conv2d, nn.Conv3d: torch.conv3d}[
+        type(module)
+    ]
+    q = str(node.target)
+    return canonical_call(
+        graph,
+        target,
+        input=node.args[0],
+        weight=_param(gm, graph, q, "weight"),
+        bias=_param(gm, graph, q, "bias"),
+        stride=module.stride,
+        padding=module.padding,
+        dilation=module.dilation,
+        groups=module.groups,
+    )
+
+
+def _linear(gm, graph, node, module: nn.Linear):
+    q = str(node.target)
+    return canonical_call(
+        graph,
+        F.linear,
+        input=node.args[0],
+        weight=_param(gm, graph, q, "weight"),
+        bias=_param(gm, graph, q, "bias"),
+    )
+
+
+def _batch_norm(gm, graph, node, module: nn.modules.batchnorm._BatchNorm):
+    if module.running_mean is None or module.running_var is None:
+        return None
+    q = str(node.target)
+    return canonical_call(
+        graph,
+        F.batch_norm,
+        input=node.args[0],
+        running_mean=_param(gm, graph, q, "running_mean"),
+        running_var=_param(gm, graph, q, "running_var"),
+        weight=_param(gm, graph, q, "weight"),
+        bias=_param(gm, graph, q, "bias"),
+        training=module.training,
+        momentum=module.momentum if module.momentum is not None else 0.0,
+        eps=module.eps,
+    )
+
+
+def _layer_norm(gm, graph, node, module: nn.LayerNorm):
+    q = str(node.target)
+    return canonical_call(
+        graph,
+        F.layer_norm,
+        input=node.args[0],
+        normalized_shape=tuple(module.normalized_shape),
+        weight=_param(gm, graph, q, "weight"),
+        bias=_param(gm, graph, q, "bias"),
+        eps=module.eps,
+    )
+
+
+def _activation(target: Callable[..., Any]):
+    def rewrite(gm, graph, node, module):
+        return canonical_call(graph, target, input=node.args[0])
+
+    return rewrite
+
+
+def _gelu(gm, graph, node, module: nn.GELU):
+    return canonical_call(graph, F.gelu, input=node.args[0], approximate=module.approximate)
+
+
+def _max_pool2d(gm, graph, node, module: nn.MaxPool2d):
+    return canonical_call(
+        graph,
+        F.max_pool2d,
+        input=node.args[0],
+        kernel_size=module.kernel_size,
+        stride=module.stride,
+        padding=module.padding,
+        dilation=module.dilation,
+        ceil_mode=module.ceil_mode,
+        return_indices=module.return_indices,
+    )
+
+
+def _adaptive_avg_pool2d(gm, graph, node, module: nn.AdaptiveAvgPool2d):
+    return canonical_call(
+        graph, F.adaptive_avg_pool2d, input=node.args[0], output_size=module.output_size
+    )
+
+
+def _flatten(gm, graph, node, module: nn.Flatten):
+    return canonical_call(
+        graph, torch.flatten, input=node.args[0], start_dim=module.start_dim, end_dim=module.end_dim
+    )
+
+
+def _dropout(gm, graph, node, module: nn.Dropout):
+    return canonical_call(
+        graph, F.dropout, input=node.args[0], p=module.p, training=module.training
+    )
+
+
+def _identity(gm, graph, node, module):
+    return canonical_call(graph, identity, input=node.args[0])
+
+
+def _softmax(gm, graph, node, module: nn.Softmax):
+    return canonical_call(graph, F.softmax, input=node.args[0], dim=module.dim)
+
+
+# module type -> rewrite(gm, graph, node, module) -> canonical node or None (leave as is).
+MODULE_CANONICALIZERS: dict[type[nn.Module], Callable[..., fx.Node | None]] = {
+    nn.Conv1d: _conv,
+    nn.Conv2d: _conv,
+    nn.Conv3d: _conv,
+    nn.Linear: _linear,
+    nn.BatchNorm1d: _batch_norm,
+    nn.BatchNorm2d: _batch_norm,
+    nn.BatchNorm3d: _batch_norm,
+    nn.LayerNorm: _layer_norm,
+    nn.ReLU: _activation(torch.relu),
+    nn.ReLU6: _activation(F.relu6),
+    nn.SiLU: _activation(F.silu),
+    nn.Hardswish: _activation(F.hardswish),
+    nn.Hardsigmoid: _activation(F.hardsigmoid),
+    nn.Sigmoid: _activation(torch.sigmoid),
+    nn.Tanh: _activation(torch.tanh),
+    nn.GELU: _gelu,
+    nn.MaxPool2d: _max_pool2d,
+    nn.AdaptiveAvgPool2d: _adaptive_avg_pool2d,
+    nn.Flatten: _flatten,
+    nn.Dropout: _dropout,
+    nn.Identity: _identity,
+    nn.Softmax: _softmax,
+}
+
+
+def _register_attention_canonicalizers() -> None:
+    """Attention modules have their own module (they expand into several nodes)."""
+    from .canonical_attention import ATTENTION_CANONICALIZERS
+
+    for module_type, rewrite in ATTENTION_CANONICALIZERS.items():
+        MODULE_CANONICALIZERS.setdefault(module_type, rewrite)
+
+
+# ---------------------------------------------------------------------------------------------
+# call_function / call_method -> canonical call_function
+# ---------------------------------------------------------------------------------------------
+
+
+def _flatten_from_view(node: fx.Node) -> dict[str, Any] | None:
+    """``x.view(n, -1)`` / ``reshape`` is ``flatten(x, start_dim=k)`` when the shapes say so."""
+    source = node.args[0] if node.args else None
+    in_shape, out_shape = node_shape(source), node_shape(node)
+    if in_shape is None or out_shape is None or not 1 <= len(out_shape) < len(in_shape):
+        return None
+    start = len(out_shape) - 1
+    try:
+        if tuple(in_shape[:start]) != tuple(out_shape[:start]):
+            return None
+        flat = 1
+        for size in in_shape[start:]:
+            flat = flat * size
+        if flat != out_shape[start]:
+            return None
+    except Exception:  # symbolic sizes that cannot be compared statically
+        return None
+    return {"input": source, "start_dim": start, "end_dim": -1}
+
+
+def _rewrite_target(node: fx.Node, gm: fx.GraphModule) -> tuple[Any, dict, Any] | None:
+    """Return (canonical target, bound kwargs, mutated input or None) for ``node``, or None."""
+    inplace_input = None
+    if node.op == "call_method":
+        name = str(node.target)
+        if name in ("view", "reshape"):
+            bound = _flatten_from_view(node)
+            return (torch.flatten, bound, None) if bound else None
+        target = _METHOD_ALIASES.get(name)
+        if target is None:
+            return None
+        if name in _INPLACE_METHODS:
+            inplace_input = node.args[0]
+    elif node.op == "call_function":
+        if node.target is torch.reshape:
+            bound = _flatten_from_view(node)
+            return (torch.flatten, bound, None) if bound else None
+        if node.target is torch.batch_norm:
+            names = ("input", "weight", "bias", "running_mean", "running_var", "training",
+                     "momentum", "eps")  # fmt: skip
+            bound = dict(zip(names, node.args))
+            return F.batch_norm, bind(F.batch_norm, (), bound) or {}, None
+        if node.target is F.hardtanh:
+            args = list(node.args) + [None] * 3
+            lo = node.kwargs.get("min_val", args[1] if len(node.args) > 1 else -1.0)
+            hi = node.kwargs.get("max_val", args[2] if len(node.args) > 2 else 1.0)
+            if (lo, hi) != (0.0, 6.0):
+                return None
+            inplace = node.kwargs.get("inplace", False)
+            return F.relu6, {"input": node.args[0]}, node.args[0] if inplace else None
+        target = _FUNCTION_ALIASES.get(node.target, node.target)
+        if canonical_ops.signature_of(target) is None:
+            return None
+        if node.target in _INPLACE_FUNCTIONS:
+            inplace_input = node.args[0]
+    else:
+        return None
+
+    args = node.args[1:] if node.op == "call_method" else node.args
+    args = ((node.args[0],) + tuple(args)) if node.op == "call_method" else tuple(args)
+    kwargs = dict(node.kwargs)
+    if kwargs.pop("inplace", False):
+        inplace_input = args[0] if args else kwargs.get("input")
+    if target is F.dropout and "train" in kwargs:
+        kwargs["training"] = kwargs.pop("train")
+    if target in _TENSOR_ONLY and not any(is_tensor_node(a, gm) for a in args[:2]):
+        return None
+    bound = bind(target, tuple(args), kwargs)
+    if bound is None:
+        return None
+    if target is torch.add and bound.get("alpha", 1) != 1:
+        return None
+    if target is F.softmax:
+        bound.pop("_stacklevel", None)
+        bound = bind(target, (), bound)
+    return target, bound, inplace_input
+
+
+def _functionalize(graph: fx.Graph, node: fx.Node, mutated: Any) -> None:
+    """Make an in-place op functional: later readers of ``mutated`` read ``node`` instead."""
+    if not isinstance(mutated, fx.Node):
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    position = order[node]
+    for user in list(mutated.users):
+        if user is not node and order.get(user, -1) > position:
+            user.replace_input_with(mutated, node)
+
+
+def _canonicalize_module_call(gm: fx.GraphModule, node: fx.Node) -> bool:
+    module = gm.get_submodule(str(node.target))
+    rewrite = MODULE_CANONICALIZERS.get(type(module))
+    if rewrite is None:
+        return False
+    graph = gm.graph
+    with graph.inserting_before(node):
+        new = rewrite(gm, graph, node, module)
+    if new is None:
+        return False
+    for created in _nodes_between(graph, new, node):
+        created.meta.setdefault(PATH_KEY, str(node.target))
+        if not created.meta[PATH_KEY]:
+            created.meta[PATH_KEY] = str(node.target)
+    copy_meta(node, new)
+    new.meta[PATH_KEY] = str(node.target)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return True
+
+
+def _nodes_between(graph: fx.Graph, last: fx.Node, stop: fx.Node) -> list[fx.Node]:
+    """The nodes inserted just before ``stop`` up to and including ``last`` (walking backwards)."""
+    nodes = []
+    current = stop.prev
+    while current is not last and current.op != "root":
+        nodes.append(current)
+        current = current.prev
+    nodes.append(last)
+    return nodes
+
+
+def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite ``gm`` in place into the canonical form and return it.
+
+    Idempotent: canonical nodes are left as they are, so running it twice changes nothing.
+    """
+    _register_attention_canonicalizers()
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op in ("placeholder", "output", "get_attr"):
+            node.meta.setdefault(PATH_KEY, module_path(node))
+            continue
+        if node.op == "call_module":
+            if _canonicalize_module_call(gm, node):
+                continue
+            node.meta[PATH_KEY] = str(node.target)
+            continue
+        rewritten = _rewrite_target(node, gm)
+        path = module_path(node)
+        if rewritten is None:
+            node.meta[PATH_KEY] = path
+            continue
+        target, bound, mutated = rewritten
+        if (
+            node.op == "call_function"
+            and node.target is target
+            and not node.args
+            and dict(node.kwargs) == bound
+        ):
+            node.meta[PATH_KEY] = path
+            continue
+        with graph.inserting_before(node):
+            new = graph.call_function(target, (), bound)
+        copy_meta(node, new)
+        new.meta[PATH_KEY] = path
+        node.replace_all_uses_with(new)
+        graph.erase_node(node)
+        if mutated is not None:
+            _functionalize(graph, new, mutated)
+    graph.lint()
+    gm.recompile()
+    return gm

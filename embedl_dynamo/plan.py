@@ -1,0 +1,184 @@
+"""The transformation plan: every match found, whether it will be applied, and why not.
+
+A :class:`TransformationPlan` is what users inspect and edit between planning and applying::
+
+    plan = get_transformation_plan(gm, patterns)
+    print(plan)                               # table: id, pattern, node, apply, reason
+    plan.disable("conv_bn_relu@*layer4*")     # glob over stable ids
+    result = apply_transformation_plan(plan)
+
+Ids are ``<pattern>@<module path>`` (``conv_bn_relu@layer4.1.conv2``), stable across runs and
+across torch releases because they come from the user's module names, not from FX node names.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import fx
+
+from .pattern import Pattern
+
+__all__ = ["PatternMatch", "TransformationPlan", "OVERLAP_PREFIX"]
+
+OVERLAP_PREFIX = "overlaps "
+
+
+@dataclass
+class PatternMatch:
+    """One match of one pattern in the plan.
+
+    Attributes:
+        id: stable id ``<pattern>@<module path>``.
+        pattern: the pattern that matched.
+        node: name of the anchor node in ``plan.model``.
+        nodes: names of all graph nodes the match covers.
+        apply: whether :func:`apply_transformation_plan` will apply it (users may toggle it).
+        reason: why it is not applied (empty when it is).
+        applied: True once the rewrite has been made (conversions are applied while planning).
+        check_reason: the reason ``check`` declined, kept apart from overlap and user decisions.
+    """
+
+    id: str
+    pattern: Pattern
+    node: str
+    nodes: tuple[str, ...]
+    apply: bool
+    reason: str = ""
+    applied: bool = False
+    check_reason: str = ""
+    claimed_by: str = ""
+
+    @property
+    def pattern_name(self) -> str:
+        return self.pattern.name
+
+    @property
+    def phase(self) -> str:
+        return self.pattern.phase
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pattern": self.pattern.name,
+            "phase": self.pattern.phase,
+            "node": self.node,
+            "nodes": list(self.nodes),
+            "apply": self.apply,
+            "applied": self.applied,
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class TransformationPlan:
+    """Matches of a pattern list on a (canonicalised, converted) deep copy of the graph.
+
+    Attributes:
+        model: the graph the fusion matches refer to; never the user's model.
+        matches: ``node_name -> pattern_name -> PatternMatch``.
+        entries: the same matches as a list in priority order (longest pattern first).
+    """
+
+    model: fx.GraphModule
+    entries: list[PatternMatch] = field(default_factory=list)
+
+    @property
+    def matches(self) -> dict[str, dict[str, PatternMatch]]:
+        table: dict[str, dict[str, PatternMatch]] = {}
+        for entry in self.entries:
+            table.setdefault(entry.node, {})[entry.pattern.name] = entry
+        return table
+
+    def __getitem__(self, match_id: str) -> PatternMatch:
+        for entry in self.entries:
+            if entry.id == match_id:
+                return entry
+        known = ", ".join(e.id for e in self.entries[:20])
+        raise KeyError(f"no match with id {match_id!r} in the plan; known ids include: {known}")
+
+    def select(self, glob: str) -> list[PatternMatch]:
+        """The entries whose id matches the shell-style ``glob``."""
+        return [e for e in self.entries if fnmatch.fnmatchcase(e.id, glob)]
+
+    def disable(self, glob: str, reason: str = "disabled by user") -> list[PatternMatch]:
+        """Skip the not-yet-applied matches whose id matches ``glob``; returns them."""
+        return self._toggle(glob, False, reason)
+
+    def enable(self, glob: str) -> list[PatternMatch]:
+        """Apply the matches whose id matches ``glob`` (their checks must have passed)."""
+        return self._toggle(glob, True, "")
+
+    def _toggle(self, glob: str, apply: bool, reason: str) -> list[PatternMatch]:
+        selected = [e for e in self.select(glob) if not e.applied]
+        if not selected:
+            raise KeyError(
+                f"no pending match id matches {glob!r}; ids look like "
+                f"{self.entries[0].id if self.entries else '<pattern>@<module path>'}"
+            )
+        for entry in selected:
+            if apply and entry.check_reason:
+                raise ValueError(f"{entry.id} cannot be applied: {entry.check_reason}")
+            entry.apply = apply
+            entry.reason = reason
+            entry.claimed_by = ""
+        self.resolve_overlaps()
+        return selected
+
+    def resolve_overlaps(self) -> None:
+        """Re-derive overlap skips in priority order after a toggle.
+
+        A match that was skipped only because a now-disabled match claimed its nodes becomes
+        applicable again; an enabled match takes precedence over later ones it overlaps.
+        """
+        claimed: dict[str, str] = {}
+        for entry in self.entries:
+            if entry.applied or entry.check_reason:
+                continue
+            if not entry.apply and not entry.claimed_by:
+                continue  # a user decision
+            clash = next((claimed[n] for n in entry.nodes if n in claimed), None)
+            if clash is not None:
+                entry.apply, entry.claimed_by = False, clash
+                entry.reason = f"{OVERLAP_PREFIX}{clash}"
+            else:
+                entry.apply, entry.claimed_by, entry.reason = True, "", ""
+                for n in entry.nodes:
+                    claimed[n] = entry.id
+
+    def table(self) -> str:
+        """A readable table: one row per match with id, pattern, anchor node, apply and reason."""
+        header = ("id", "pattern", "node", "apply", "reason")
+        rows = [
+            (
+                e.id,
+                e.pattern.name,
+                e.node,
+                "applied" if e.applied else ("yes" if e.apply else "no"),
+                e.reason,
+            )
+            for e in self.entries
+        ]
+        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+        lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of applied and skipped matches, overall and per pattern."""
+        per_pattern: dict[str, dict[str, int]] = {}
+        for e in self.entries:
+            counts = per_pattern.setdefault(e.pattern.name, {"applied": 0, "skipped": 0})
+            counts["applied" if (e.apply or e.applied) else "skipped"] += 1
+        return {
+            "applied_count": sum(c["applied"] for c in per_pattern.values()),
+            "skipped_count": sum(c["skipped"] for c in per_pattern.values()),
+            "patterns": per_pattern,
+            "matches": [e.to_dict() for e in self.entries],
+        }

@@ -1,0 +1,1 @@
+"""INT8 quantization: QDQ specs, observers, calibration (cached on disk), QDQ insertion, QAT."""
