@@ -1,0 +1,171 @@
+"""Typed, immutable settings of the ``embedl_*`` dynamo backends.
+
+Each value comes from, in order: ``torch.compile(..., options={...})``, then an environment
+variable (``EMBEDL_DYNAMO_RUNTIME``, ``EMBEDL_DYNAMO_CACHE_DIR``), then the default. Unknown keys
+and bad values raise ``ValueError`` listing what is valid. :class:`Settings` is a frozen
+dataclass: derive a changed copy with :func:`dataclasses.replace`, never mutate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import ENV_CACHE_DIR, default_cache_dir
+
+__all__ = [
+    "ENV_RUNTIME",
+    "FALLBACKS",
+    "OBSERVERS",
+    "QUANTIZE_MODES",
+    "RUNTIMES",
+    "Settings",
+]
+
+ENV_RUNTIME = "EMBEDL_DYNAMO_RUNTIME"
+
+RUNTIMES = ("auto", "onnxruntime", "tensorrt", "torch_tensorrt", "eager")
+FALLBACKS = ("eager", "raise")
+QUANTIZE_MODES = (None, "int8")
+OBSERVERS = ("minmax", "percentile", "mse", "entropy")
+
+# options that are never part of a cache key (data, or purely cosmetic)
+_NOT_KEYED = ("calibration_data", "progress", "cache_dir")
+
+
+def _choice(name: str, value: Any, valid: tuple[Any, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"invalid {name}={value!r}; valid values: {', '.join(map(repr, valid))}")
+
+
+def _int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"invalid {name}={value!r}; expected an integer >= {minimum}")
+
+
+def _bool(name: str, value: Any, optional: bool = False) -> None:
+    if not (isinstance(value, bool) or (optional and value is None)):
+        expected = "True, False or None" if optional else "True or False"
+        raise ValueError(f"invalid {name}={value!r}; expected {expected}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Settings of one ``torch.compile`` call.
+
+    Attributes:
+        runtime: ``auto`` (best available), ``onnxruntime``, ``tensorrt``, ``torch_tensorrt``
+            or ``eager``.
+        cache_dir: the artifact cache root.
+        fallback: ``eager`` runs a subgraph the runtime cannot take in PyTorch (and reports
+            why); ``raise`` raises.
+        min_subgraph_size: subgraphs with fewer operations stay in PyTorch.
+        dynamic_batch: export with a dynamic batch axis so a new batch size does not rebuild.
+        num_threads: ONNX Runtime intra-op threads (its default when None).
+        quantize: None (float) or ``int8``.
+        calibration_data: iterable of input tensors / tuples, or a callable
+            ``forward_loop(model)``; None calibrates on the first real calls.
+        calibration_steps: how many batches calibration uses.
+        observer: range estimator: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
+        calibration_cache: keep calibrated ranges in the cache directory.
+        progress: show progress bars (None: only when stderr is a terminal).
+    """
+
+    runtime: str = "auto"
+    cache_dir: Path = field(default_factory=default_cache_dir)
+    fallback: str = "eager"
+    min_subgraph_size: int = 3
+    dynamic_batch: bool = True
+    num_threads: int | None = None
+    quantize: str | None = None
+    calibration_data: Any = field(default=None, compare=False, repr=False)
+    calibration_steps: int = 32
+    observer: str = "minmax"
+    calibration_cache: bool = True
+    progress: bool | None = None
+
+    def __post_init__(self) -> None:
+        _choice("runtime", self.runtime, RUNTIMES)
+        _choice("fallback", self.fallback, FALLBACKS)
+        _choice("quantize", self.quantize, QUANTIZE_MODES)
+        _choice("observer", self.observer, OBSERVERS)
+        _int("min_subgraph_size", self.min_subgraph_size, 0)
+        _int("calibration_steps", self.calibration_steps, 1)
+        if self.num_threads is not None:
+            _int("num_threads", self.num_threads, 1)
+        _bool("dynamic_batch", self.dynamic_batch)
+        _bool("calibration_cache", self.calibration_cache)
+        _bool("progress", self.progress, optional=True)
+        if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
+            raise ValueError(f"invalid cache_dir={self.cache_dir!r}; expected a directory path")
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
+        data = self.calibration_data
+        if data is not None and not callable(data) and not hasattr(data, "__iter__"):
+            raise ValueError(
+                f"invalid calibration_data of type {type(data).__name__}; expected an iterable "
+                "of input tensors/tuples or a callable forward_loop(model)"
+            )
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every valid option name."""
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_options(
+        cls, options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    ) -> Settings:
+        """Build settings from ``torch.compile`` options, then the environment, then defaults.
+
+        Args:
+            options: the ``options`` dict given to ``torch.compile`` (None: none).
+            env: the environment to read (``os.environ`` when None).
+
+        Raises:
+            ValueError: an unknown option name or an invalid value; the message lists the
+                valid names or values.
+        """
+        options = dict(options or {})
+        env = os.environ if env is None else env
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise ValueError(
+                f"unknown embedl_dynamo option(s) {unknown}; valid options: "
+                f"{', '.join(cls.names())}"
+            )
+        kwargs: dict[str, Any] = {}
+        if env.get(ENV_RUNTIME):
+            runtime = env[ENV_RUNTIME]
+            if runtime not in RUNTIMES:
+                raise ValueError(
+                    f"invalid {ENV_RUNTIME}={runtime!r}; valid values: {', '.join(RUNTIMES)}"
+                )
+            kwargs["runtime"] = runtime
+        if env.get(ENV_CACHE_DIR):
+            kwargs["cache_dir"] = Path(env[ENV_CACHE_DIR])
+        kwargs.update(options)
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict of the settings, without the calibration data (for cache keys)."""
+        data: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "calibration_data":
+                data[f.name] = None if value is None else type(value).__name__
+            elif isinstance(value, Path):
+                data[f.name] = str(value)
+            else:
+                data[f.name] = value
+        return data
+
+    def key_dict(self) -> dict[str, Any]:
+        """:meth:`to_dict` less the fields that do not change built artifacts."""
+        data = self.to_dict()
+        for name in _NOT_KEYED:
+            data.pop(name, None)
+        return data
