@@ -7,7 +7,11 @@ here only breaks ties.
 from __future__ import annotations
 
 from ..backend import Backend
-from ..patterns.conv_bn import ConvBN, ConvBNReLU
+from ..patterns.conv import CONV_PATTERNS
+from ..patterns.conv_bn import CONV_BN_PATTERNS
+from ..patterns.linear import LINEAR_PATTERNS
+from ..patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
+from ..patterns.residual import RESIDUAL_PATTERNS
 
 __all__ = [
     "BACKEND",
@@ -19,7 +23,16 @@ __all__ = [
 ]
 
 TENSORRT_CONVERSION_PATTERNS = ()
-TENSORRT_FUSION_PATTERNS = (ConvBNReLU(), ConvBN())
+# conv / linear / pooling fusions, longest first (stem and residual: 4 nodes, conv-bn-act: 3...)
+_CONV_LINEAR_FUSIONS = (
+    StemConvBNReLUMaxPool(),
+    *RESIDUAL_PATTERNS,
+    *CONV_BN_PATTERNS,
+    *CONV_PATTERNS,
+    *LINEAR_PATTERNS,
+    AdaptiveAvgPool(),
+)
+TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS,)
 TENSORRT_SMOOTH_PATTERNS = ()
 TENSORRT_QUANTIZED_PATTERNS = ()
 TENSORRT_PATTERNS = (

@@ -4,17 +4,44 @@
 ``w' = w * gamma / sqrt(var + eps)`` and ``b' = (b - mean) * gamma / sqrt(var + eps) + beta``.
 TensorRT and ONNX Runtime run conv + bias + activation as one kernel; folding the BatchNorm
 removes a full pass over the activation tensor.
+
+One pattern class per activation (``conv_bn_relu``, ``conv_bn_relu6``, ``conv_bn_silu``,
+``conv_bn_hardswish``, ``conv_bn_gelu``) so that plan ids name the kernel and a user can toggle
+one kind with a glob (``plan.disable("conv_bn_gelu@*")``). Only 2-d convolutions are matched.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..pattern import QDQ, Match, MatchResult, Pattern, Role
-from .fused_modules import ACTIVATIONS, FusedConv, fold_batch_norm
+from .fused_modules import FusedConv, activation_name, fold_batch_norm
 
-__all__ = ["ConvBN", "ConvBNReLU", "check_conv_bn", "fused_conv_from_match"]
+__all__ = [
+    "CONV_BN_PATTERNS",
+    "ConvBN",
+    "ConvBNGELU",
+    "ConvBNHardswish",
+    "ConvBNReLU",
+    "ConvBNReLU6",
+    "ConvBNSiLU",
+    "check_activation",
+    "check_conv",
+    "check_conv_bn",
+    "fused_conv_from_match",
+]
+
+CONV_QDQ = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
+
+
+def check_conv(m: Match) -> MatchResult:
+    """The convolution's weight and bias must be constants (frozen parameters)."""
+    if not m.all_constant("w", "b"):
+        return m.fail("convolution weight is not a constant")
+    return m.ok()
 
 
 def check_conv_bn(m: Match) -> MatchResult:
@@ -31,8 +58,19 @@ def check_conv_bn(m: Match) -> MatchResult:
     return m.ok()
 
 
-def fused_conv_from_match(m: Match, activation: str | None, kind: str) -> FusedConv:
-    """Build the FusedConv for a conv[-bn][-act] match (``bn`` optional)."""
+def check_activation(m: Match, name: str = "act") -> MatchResult:
+    """The activation node ``name`` must be one a fused module can run."""
+    if activation_name(m[name]) is None:
+        approximate = m[name].kwargs.get("approximate")
+        return m.fail(f"activation {m[name].target.__name__}(approximate={approximate!r}) is "
+                      "not supported by the fused kernel")  # fmt: skip
+    return m.ok()
+
+
+def fused_conv_from_match(
+    m: Match, activation: str | None, kind: str, cls: type[FusedConv] = FusedConv, **extra
+) -> FusedConv:
+    """Build the FusedConv (or ``cls``) for a conv[-bn][-act] match (``bn`` optional)."""
     conv = m["conv"]
     weight, bias = m.value("w"), m.value("b")
     if "bn" in m and m["bn"] is not None:
@@ -40,7 +78,7 @@ def fused_conv_from_match(m: Match, activation: str | None, kind: str) -> FusedC
             weight, bias, m.value("mean"), m.value("var"), m.value("gamma"), m.value("beta"),
             m.kwarg("bn", "eps"),
         )  # fmt: skip
-    return FusedConv(
+    return cls(
         weight,
         bias,
         conv.kwargs["stride"],
@@ -49,30 +87,69 @@ def fused_conv_from_match(m: Match, activation: str | None, kind: str) -> FusedC
         conv.kwargs["groups"],
         activation=activation,
         kind=kind,
+        **extra,
     )
 
 
-class ConvBNReLU(Pattern):
-    """Conv -> BatchNorm -> ReLU becomes one FusedConv(activation="relu")."""
-
-    name = "conv_bn_relu"
-    phase = "fusion"
-    id_node = "conv"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
-
-    @staticmethod
+def _conv_bn_act_target(act: Callable[..., torch.Tensor]):
     def target(x, w, b, mean, var, gamma, beta):
         conv = F.conv2d(x, w, b)
         bn = F.batch_norm(conv, mean, var, gamma, beta)
-        out = torch.relu(bn)
-        return out, {"conv": conv, "bn": bn, "out": out}
+        out = act(bn)
+        return out, {"conv": conv, "bn": bn, "act": out, "out": out}
+
+    return staticmethod(target)
+
+
+class _ConvBNAct(Pattern):
+    """Conv -> BatchNorm -> activation becomes one FusedConv(activation=...)."""
+
+    phase = "fusion"
+    id_node = "conv"
+    qdq = CONV_QDQ
 
     def check(self, m: Match) -> MatchResult:
-        return check_conv_bn(m)
+        result = check_conv_bn(m)
+        return result if not result else check_activation(m)
 
     def replace(self, m: Match):
-        act = ACTIVATIONS[m["out"].target]
+        act = activation_name(m["act"])
         return m.call_module(fused_conv_from_match(m, act, self.name), m["x"])
+
+
+class ConvBNReLU(_ConvBNAct):
+    """Conv -> BatchNorm -> ReLU (ResNet)."""
+
+    name = "conv_bn_relu"
+    target = _conv_bn_act_target(torch.relu)
+
+
+class ConvBNReLU6(_ConvBNAct):
+    """Conv -> BatchNorm -> ReLU6 (MobileNetV2)."""
+
+    name = "conv_bn_relu6"
+    target = _conv_bn_act_target(F.relu6)
+
+
+class ConvBNSiLU(_ConvBNAct):
+    """Conv -> BatchNorm -> SiLU (EfficientNet, YOLO)."""
+
+    name = "conv_bn_silu"
+    target = _conv_bn_act_target(F.silu)
+
+
+class ConvBNHardswish(_ConvBNAct):
+    """Conv -> BatchNorm -> Hardswish (MobileNetV3)."""
+
+    name = "conv_bn_hardswish"
+    target = _conv_bn_act_target(F.hardswish)
+
+
+class ConvBNGELU(_ConvBNAct):
+    """Conv -> BatchNorm -> GELU (ConvNeXt-style stems); exact or tanh approximation."""
+
+    name = "conv_bn_gelu"
+    target = _conv_bn_act_target(F.gelu)
 
 
 class ConvBN(Pattern):
@@ -81,7 +158,7 @@ class ConvBN(Pattern):
     name = "conv_bn"
     phase = "fusion"
     id_node = "conv"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
+    qdq = CONV_QDQ
 
     @staticmethod
     def target(x, w, b, mean, var, gamma, beta):
@@ -94,3 +171,13 @@ class ConvBN(Pattern):
 
     def replace(self, m: Match):
         return m.call_module(fused_conv_from_match(m, None, self.name), m["x"])
+
+
+CONV_BN_PATTERNS = (
+    ConvBNReLU(),
+    ConvBNReLU6(),
+    ConvBNSiLU(),
+    ConvBNHardswish(),
+    ConvBNGELU(),
+    ConvBN(),
+)

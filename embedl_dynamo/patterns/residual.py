@@ -1,0 +1,93 @@
+"""Fusions of a convolution with the residual add that follows it (ResNet, MobileNet blocks).
+
+``relu(bn(conv(x)) + r)  ->  relu(conv'(x) + r)`` with the BatchNorm folded into ``conv'``
+(``w' = w * g / std``, ``b' = (b - mean) * g / std + beta``). TensorRT runs the add (and the
+ReLU) as the convolution's epilogue when both add inputs carry QDQ, so the fused module takes
+``(x, residual)`` and declares both as quantized inputs. The add is commutative: ``r + bn`` and
+``bn + r`` both match. Only a residual of exactly the convolution's output shape is fused (a
+broadcasting add is not an epilogue).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from ..pattern import QDQ, Match, MatchResult, Pattern, Role
+from .conv_bn import check_conv_bn, fused_conv_from_match
+from .fused_modules import FusedConvAdd
+
+__all__ = ["RESIDUAL_PATTERNS", "ConvBNAdd", "ConvBNAddReLU", "check_residual"]
+
+RESIDUAL_QDQ = QDQ(
+    inputs={"x": Role.ACTIVATION, "residual": Role.ACTIVATION}, weights={"w": Role.WEIGHT}
+)
+
+
+def check_residual(m: Match) -> MatchResult:
+    """The residual must be a tensor computed outside the match, of the conv output's shape."""
+    residual = m["residual"]
+    if not isinstance(residual, fx.Node):
+        return m.fail(f"residual is the constant {residual!r}, not a tensor")
+    if residual in m.node_map.values():
+        return m.fail("residual is the convolution's own output")
+    conv_shape, residual_shape = m.shape("bn"), m.shape("residual")
+    if conv_shape is not None and residual_shape is not None and conv_shape != residual_shape:
+        return m.fail(
+            f"residual shape {residual_shape} differs from the convolution output shape "
+            f"{conv_shape} (a broadcasting add is not fused)"
+        )
+    return m.ok()
+
+
+class ConvBNAddReLU(Pattern):
+    """Conv -> BatchNorm -> Add(residual) -> ReLU becomes one FusedConvAdd(x, residual)."""
+
+    name = "conv_bn_add_relu"
+    phase = "fusion"
+    id_node = "conv"
+    qdq = RESIDUAL_QDQ
+
+    @staticmethod
+    def target(x, w, b, mean, var, gamma, beta, residual):
+        conv = F.conv2d(x, w, b)
+        bn = F.batch_norm(conv, mean, var, gamma, beta)
+        add = bn + residual
+        out = torch.relu(add)
+        return out, {"conv": conv, "bn": bn, "add": add, "out": out}
+
+    def check(self, m: Match) -> MatchResult:
+        result = check_conv_bn(m)
+        return result if not result else check_residual(m)
+
+    def replace(self, m: Match):
+        fused = fused_conv_from_match(m, "relu", self.name, cls=FusedConvAdd)
+        return m.call_module(fused, m["x"], m["residual"])
+
+
+class ConvBNAdd(Pattern):
+    """Conv -> BatchNorm -> Add(residual) becomes one FusedConvAdd(x, residual) (MobileNet)."""
+
+    name = "conv_bn_add"
+    phase = "fusion"
+    id_node = "conv"
+    qdq = RESIDUAL_QDQ
+
+    @staticmethod
+    def target(x, w, b, mean, var, gamma, beta, residual):
+        conv = F.conv2d(x, w, b)
+        bn = F.batch_norm(conv, mean, var, gamma, beta)
+        add = bn + residual
+        return add, {"conv": conv, "bn": bn, "add": add}
+
+    def check(self, m: Match) -> MatchResult:
+        result = check_conv_bn(m)
+        return result if not result else check_residual(m)
+
+    def replace(self, m: Match):
+        fused = fused_conv_from_match(m, None, self.name, cls=FusedConvAdd)
+        return m.call_module(fused, m["x"], m["residual"])
+
+
+RESIDUAL_PATTERNS = (ConvBNAddReLU(), ConvBNAdd())
