@@ -1,0 +1,235 @@
+"""Freezing: turn a Dynamo graph's lifted parameters and buffers into graph constants.
+
+Dynamo hands a backend a graph in which every parameter and buffer is a *placeholder* (an
+input) carrying the real tensor in ``example_inputs``. Fusions such as BatchNorm folding need
+them as constants, so, like inductor's ``freezing=True``
+(``torch._inductor.config.freezing``), this pass assumes inference: it replaces each such
+placeholder by a ``get_attr`` node whose tensor is registered under the original fully
+qualified name (``layer1.0.conv1.weight``, inside nested empty modules). Paths and plan ids are
+therefore the same as with ``torch.fx.symbolic_trace``.
+
+Consequences, as with inductor's freezing:
+
+* the weights are assumed not to change after compilation; changing them in place needs a
+  recompile (``torch._dynamo.reset()``) to be seen by an ONNX / TensorRT artifact;
+* gradients do not flow to the parameters. So a graph that trains (``batch_norm`` or
+  ``dropout`` with ``training=True``) or receives inputs that require grad is not frozen:
+  :func:`inference_blocker` names the reason and the backend runs that graph eagerly, warning
+  once.
+
+The user's tensors are never modified: they are ``detach()``-ed views (no copy).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+__all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
+
+# (function, name of its "training" argument)
+_TRAINING_FUNCTIONS: dict[Any, str] = {
+    F.batch_norm: "training",
+    torch.batch_norm: "training",
+    F.dropout: "training",
+    F.dropout1d: "training",
+    F.dropout2d: "training",
+    F.dropout3d: "training",
+    F.alpha_dropout: "training",
+    F.feature_alpha_dropout: "training",
+    torch.dropout: "train",
+    torch.alpha_dropout: "train",
+    torch.feature_dropout: "train",
+}
+# position of the training flag when passed positionally
+_TRAINING_POSITION: dict[Any, int] = {
+    F.batch_norm: 5,
+    torch.batch_norm: 5,
+    F.dropout: 2,
+    F.dropout1d: 2,
+    F.dropout2d: 2,
+    F.dropout3d: 2,
+    F.alpha_dropout: 2,
+    F.feature_alpha_dropout: 2,
+    torch.dropout: 2,
+    torch.alpha_dropout: 2,
+    torch.feature_dropout: 2,
+}
+_DEFAULT_TRAINING = {F.batch_norm: False, F.dropout: True, F.alpha_dropout: False}
+
+
+@dataclass
+class FrozenGraph:
+    """What :func:`freeze` returns.
+
+    Attributes:
+        gm: the new GraphModule; its placeholders are the user inputs only.
+        user_inputs: indices into ``example_inputs`` of the inputs the graph still takes.
+        constants: placeholder name -> fully qualified name of the frozen tensor.
+    """
+
+    gm: fx.GraphModule
+    user_inputs: list[int]
+    constants: dict[str, str] = field(default_factory=dict)
+
+
+def is_lifted_constant(node: fx.Node, value: Any) -> bool:
+    """Whether a Dynamo placeholder is a lifted parameter or buffer (not a user input)."""
+    if node.op != "placeholder" or not isinstance(value, torch.Tensor):
+        return False
+    if isinstance(value, nn.Parameter):
+        return True
+    tensor_dict = node.meta.get("tensor_dict") or {}
+    return "_dynamo_static_input_type" in tensor_dict
+
+
+_TOKEN = re.compile(r"\.([A-Za-z_]\w*)|\[['\"]?([^'\"\]]+)['\"]?\]")
+_CONTAINERS = {"_modules", "_parameters", "_buffers"}
+
+
+def _source_fqn(node: fx.Node) -> str | None:
+    """``L['self']._modules['layer1']._modules['0']._parameters['weight']`` -> ``layer1.0.weight``."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):
+        name = name()
+    if not isinstance(name, str):
+        return None
+    root = re.match(r"^[LG]\[['\"]([^'\"]+)['\"]\]", name)
+    if root is None:
+        return None
+    parts = [] if root.group(1) == "self" else [root.group(1)]
+    for attr, key in _TOKEN.findall(name[root.end() :]):
+        token = attr or key
+        if token not in _CONTAINERS:
+            parts.append(token)
+    fqn = ".".join(parts)
+    valid = all(re.match(r"^[A-Za-z0-9_]+$", p) for p in parts)
+    return fqn if parts and valid else None
+
+
+def _training_flag(node: fx.Node) -> bool:
+    name = _TRAINING_FUNCTIONS[node.target]
+    if name in node.kwargs:
+        return bool(node.kwargs[name])
+    pos = _TRAINING_POSITION[node.target]
+    if len(node.args) > pos:
+        return bool(node.args[pos])
+    return _DEFAULT_TRAINING.get(node.target, False)
+
+
+def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Why this graph must not be frozen for inference, or None when it may.
+
+    Returns a reason when an op trains (``batch_norm``/``dropout`` with ``training=True``) or a
+    user input requires grad while grad mode is on.
+    """
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _TRAINING_FUNCTIONS:
+            if _training_flag(node):
+                name = getattr(node.target, "__name__", str(node.target))
+                return (
+                    f"{name} runs in training mode (node {node.name}); call model.eval() to "
+                    "compile for inference"
+                )
+    if torch.is_grad_enabled():
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for node, value in zip(placeholders, example_inputs):
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                if not is_lifted_constant(node, value):
+                    return (
+                        f"input {node.name} requires grad; wrap the call in torch.no_grad() or "
+                        "torch.inference_mode() to compile for inference"
+                    )
+    return None
+
+
+def _set_attr(root: nn.Module, path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    module = root
+    for part in parents:
+        child = getattr(module, part, None)
+        if not isinstance(child, nn.Module):
+            child = nn.Module()
+            module.add_module(part, child)
+        module = child
+    if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter):
+        module.register_buffer(leaf, value)
+    elif isinstance(value, nn.Module):
+        module.add_module(leaf, value)
+    else:
+        setattr(module, leaf, value)
+
+
+def _get_attr(root: nn.Module, path: str) -> Any:
+    value: Any = root
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _has_attr(root: nn.Module, path: str) -> bool:
+    try:
+        _get_attr(root, path)
+    except AttributeError:
+        return False
+    return True
+
+
+def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
+    """Replace lifted parameter/buffer placeholders by constants named by their original path.
+
+    Args:
+        gm: the graph Dynamo gave the backend; not modified.
+        example_inputs: the real tensors Dynamo gave with it, one per placeholder.
+
+    Returns:
+        A :class:`FrozenGraph` with a new GraphModule and the indices of the remaining inputs.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(example_inputs):
+        raise ValueError(
+            f"the graph has {len(placeholders)} placeholders but {len(example_inputs)} example "
+            "inputs were given"
+        )
+    graph = fx.Graph()
+    value_map: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, value_map))
+
+    root = nn.Module()
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            if not _has_attr(root, target):
+                _set_attr(root, target, _get_attr(gm, target))
+
+    constants: dict[str, str] = {}
+    user_inputs: list[int] = []
+    for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
+        new = value_map[old]
+        if not is_lifted_constant(old, value):
+            user_inputs.append(index)
+            continue
+        fqn = _source_fqn(old) or old.name
+        base, suffix = fqn, 1
+        while _has_attr(root, fqn) or fqn in constants.values():
+            suffix += 1
+            fqn = f"{base}_{suffix}"
+        _set_attr(root, fqn, value.detach())
+        with graph.inserting_before(new):
+            const = graph.get_attr(fqn)
+        const.meta.update(new.meta)
+        new.replace_all_uses_with(const)
+        graph.erase_node(new)
+        constants[old.name] = fqn
+
+    frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
+    frozen.meta.update(getattr(gm, "meta", {}))
+    return FrozenGraph(gm=frozen, user_inputs=user_inputs, constants=constants)
