@@ -1,0 +1,84 @@
+"""Shape metadata for nodes a rewrite creates, computed on the ``meta`` device.
+
+Conversions run to a fixpoint, and a later conversion may need the shape of a node an earlier
+one created (``decompose_mha`` reads the query shape of the attention that
+``decompose_transformer_encoder_layer`` built). :func:`infer_meta` runs a new node's target on
+``meta`` tensors of the same shapes and dtypes (no data, no compute) and stores the result in
+``node.meta["val"]``, where :func:`~embedl_dynamo.graph_utils.node_shape` finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import fx
+
+from ..graph_utils import constant_value, node_value_meta
+
+__all__ = ["infer_meta"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Unknown(Exception):
+    """An input whose shape is not known statically."""
+
+
+def _as_meta(value: Any) -> Any:
+    if value is None:  # e.g. the attention weights attention returns when not asked for
+        return None
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is None or dtype is None:  # ShapeProp's TensorMetadata is a tuple with a shape
+        if isinstance(value, (tuple, list)):
+            return tuple(_as_meta(v) for v in value)
+        raise _Unknown
+    if not all(isinstance(s, int) for s in shape):
+        raise _Unknown  # symbolic sizes (dynamic batch): leave the shape unknown
+    return torch.empty(tuple(shape), dtype=dtype, device="meta")
+
+
+def _input(gm: fx.GraphModule, value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        if value.op == "get_attr":
+            tensor = constant_value(gm, value)
+            if isinstance(tensor, torch.Tensor):
+                return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+        meta = node_value_meta(value)
+        if meta is None:
+            raise _Unknown
+        return _as_meta(meta)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_input(gm, v) for v in value)
+    return value
+
+
+def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
+    """Set ``meta["val"]`` of ``nodes`` (in graph order) from their inputs' shapes.
+
+    Args:
+        gm: the graph module the nodes belong to (for constants).
+        nodes: ``call_function`` / ``call_method`` nodes; others, and nodes whose inputs have
+            unknown or symbolic shapes, are skipped and keep no shape.
+    """
+    for node in nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        try:
+            args = _input(gm, node.args)
+            kwargs = {k: _input(gm, v) for k, v in node.kwargs.items()}
+            with torch.no_grad():
+                if node.op == "call_method":
+                    value = getattr(args[0], str(node.target))(*args[1:], **kwargs)
+                else:
+                    value = node.target(*args, **kwargs)
+        except _Unknown:
+            continue
+        except Exception as error:  # an op without a meta kernel: the shape stays unknown
+            logger.debug("no meta shape for %s: %s", node.name, error)
+            continue
+        node.meta.pop("tensor_meta", None)
+        node.meta.pop("example_value", None)
+        node.meta["val"] = value
