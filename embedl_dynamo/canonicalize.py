@@ -359,8 +359,11 @@ def _canonicalize_module_call(gm: fx.GraphModule, node: fx.Node) -> bool:
         created.meta.setdefault(PATH_KEY, str(node.target))
         if not created.meta[PATH_KEY]:
             created.meta[PATH_KEY] = str(node.target)
+    own_path = new.meta.get(PATH_KEY) or ""
     copy_meta(node, new)
-    new.meta[PATH_KEY] = str(node.target)
+    # an expansion's last node may belong to a submodule (``encoder`` -> ``encoder.layers.1``)
+    inner = own_path.startswith(f"{node.target}.")
+    new.meta[PATH_KEY] = own_path if inner else str(node.target)
     node.replace_all_uses_with(new)
     graph.erase_node(node)
     return True
