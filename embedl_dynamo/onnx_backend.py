@@ -1,0 +1,345 @@
+"""ONNX's backend API (``onnx.backend.base``) over ONNX Runtime, as embedl_dynamo runs it.
+
+Tools written against ONNX's backend API (ONNX's own conformance suite, model zoos' test
+harnesses) can run models the way our ``onnxruntime`` runtime does: the same execution-provider
+preference (TensorRT EP > CUDA EP > CPU, whichever exist here) and the same session options::
+
+    from embedl_dynamo.onnx_backend import EmbedlOnnxBackend
+    rep = EmbedlOnnxBackend.prepare(onnx.load("model.onnx"), device="CPU")
+    outputs = rep.run([x])          # a namedtupledict: outputs[0] or outputs["logits"]
+
+``prepare`` validates the model with ``onnx.checker`` first, so a malformed file fails with the
+checker's message rather than deep inside ONNX Runtime. A model written for a newer opset than the
+installed onnxruntime runs (onnx releases lead onnxruntime's) is converted down with
+``onnx.version_converter`` to the newest opset onnxruntime runs, and its IR version lowered to the
+oldest one that allows that opset; ops that did not change between the two opsets are untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+
+__all__ = [
+    "SESSION_OPTIONS",
+    "EmbedlOnnxBackend",
+    "EmbedlOnnxBackendRep",
+    "fit_to_onnxruntime",
+    "ort_max_opset",
+    "prepare",
+    "providers_for",
+    "run_model",
+    "run_node",
+    "supports_device",
+]
+
+logger = logging.getLogger(__name__)
+
+# ``onnxruntime.SessionOptions`` attributes a caller may set through ``prepare(**kwargs)``.
+SESSION_OPTIONS = frozenset(
+    {
+        "enable_cpu_mem_arena",
+        "enable_mem_pattern",
+        "enable_mem_reuse",
+        "execution_mode",
+        "graph_optimization_level",
+        "inter_op_num_threads",
+        "intra_op_num_threads",
+        "log_severity_level",
+        "optimized_model_filepath",
+        "use_deterministic_compute",
+    }
+)
+
+_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+
+def providers_for(device: str = "CPU") -> list[str]:
+    """ONNX Runtime execution providers for ``device``, best first, among those installed here.
+
+    Args:
+        device: ``"CPU"`` or ``"CUDA"`` (optionally ``"CUDA:1"``).
+
+    Returns:
+        Provider names; CPU always comes last as the fallback.
+
+    Raises:
+        ValueError: the device is unknown or not available here (the message says why).
+    """
+    import onnxruntime as ort
+
+    kind = Device(device).type
+    available = ort.get_available_providers()
+    if kind == DeviceType.CPU:
+        return ["CPUExecutionProvider"]
+    gpu = [p for p in _GPU_PROVIDERS if p in available]
+    if not gpu:
+        raise ValueError(
+            f"device {device!r} needs onnxruntime's CUDA or TensorRT execution provider, but this "
+            f"onnxruntime has only {available}; install onnxruntime-gpu or use device='CPU'"
+        )
+    return [*gpu, "CPUExecutionProvider"]
+
+
+def _session_options(kwargs: dict[str, Any]) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    unknown = sorted(set(kwargs) - SESSION_OPTIONS)
+    if unknown:
+        raise ValueError(
+            f"unknown session option(s) {unknown}; valid options: {', '.join(sorted(SESSION_OPTIONS))}"
+        )
+    for key, value in kwargs.items():
+        setattr(options, key, value)
+    return options
+
+
+class EmbedlOnnxBackendRep(BackendRep):
+    """A prepared model: an ``onnxruntime.InferenceSession`` and its input/output names."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.input_names = [i.name for i in session.get_inputs()]
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def run(self, inputs: Any, **kwargs: Any) -> tuple[Any, ...]:
+        """Run the model once.
+
+        Args:
+            inputs: one array, a list of arrays in graph-input order, or a ``{name: array}`` dict.
+            kwargs: unused (kept for the API's signature).
+
+        Returns:
+            A namedtupledict of numpy arrays, indexable by position or output name.
+        """
+        feeds = self._feeds(inputs)
+        outputs = self.session.run(self.output_names, feeds)
+        return namedtupledict("Outputs", self.output_names)(*outputs)
+
+    def _feeds(self, inputs: Any) -> dict[str, Any]:
+        if isinstance(inputs, dict):
+            missing = sorted(set(self.input_names) - set(inputs))
+            if missing:
+                raise ValueError(f"missing inputs {missing}; the model takes {self.input_names}")
+            return {name: np.asarray(inputs[name]) for name in self.input_names}
+        if isinstance(inputs, np.ndarray):
+            inputs = [inputs]
+        inputs = list(inputs)
+        if len(inputs) != len(self.input_names):
+            raise ValueError(
+                f"the model takes {len(self.input_names)} inputs {self.input_names}, "
+                f"got {len(inputs)}"
+            )
+        return {name: np.asarray(x) for name, x in zip(self.input_names, inputs)}
+
+
+class EmbedlOnnxBackend(Backend):
+    """ONNX's ``Backend`` interface, running models on ONNX Runtime the way embedl_dynamo does."""
+
+    @classmethod
+    def supports_device(cls, device: str) -> bool:
+        """Whether ``device`` (``"CPU"``, ``"CUDA"``) can run here."""
+        try:
+            providers_for(device)
+        except ValueError:
+            return False
+        return True
+
+    @classmethod
+    def is_compatible(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> bool:
+        """Whether the device is available and ONNX Runtime accepts every op of ``model``.
+
+        Compatibility is decided by ONNX Runtime itself (a session is created), so a model with an
+        op or opset this onnxruntime lacks is reported incompatible rather than guessed at.
+        """
+        if not cls.supports_device(device):
+            return False
+        try:
+            cls.prepare(model, device, **kwargs)
+        except Exception as exc:  # ORT raises several exception types for unsupported models
+            logger.debug("model not compatible with onnxruntime: %s", exc)
+            return False
+        return True
+
+    @classmethod
+    def prepare(
+        cls, model: onnx.ModelProto | str | bytes, device: str = "CPU", **kwargs: Any
+    ) -> EmbedlOnnxBackendRep:
+        """Check ``model`` and create an ONNX Runtime session for it.
+
+        Args:
+            model: a ``ModelProto``, a path to an ``.onnx`` file, or serialized bytes.
+            device: ``"CPU"`` or ``"CUDA"``.
+            kwargs: ``onnxruntime.SessionOptions`` attributes (see :data:`SESSION_OPTIONS`).
+
+        Returns:
+            The prepared :class:`EmbedlOnnxBackendRep`.
+        """
+        import onnxruntime as ort
+
+        providers = providers_for(device)
+        options = _session_options(kwargs)
+        if isinstance(model, str):
+            onnx.checker.check_model(model)
+            source: str | bytes = model
+        else:
+            if isinstance(model, bytes):
+                model = onnx.load_from_string(model)
+            super().prepare(model, device)  # runs onnx.checker.check_model
+            source = fit_to_onnxruntime(model).SerializeToString()
+        session = ort.InferenceSession(source, sess_options=options, providers=providers)
+        return EmbedlOnnxBackendRep(session)
+
+    @classmethod
+    def run_model(
+        cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any
+    ) -> tuple[Any, ...]:
+        """Prepare ``model`` and run it once on ``inputs``; returns a namedtupledict."""
+        return cls.prepare(model, device, **kwargs).run(inputs)
+
+    @classmethod
+    def run_node(
+        cls,
+        node: onnx.NodeProto,
+        inputs: Any,
+        device: str = "CPU",
+        outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None = None,
+        **kwargs: Any,
+    ) -> tuple[Any, ...]:
+        """Run one node on ``inputs`` (numpy arrays, in the node's input order).
+
+        The node is wrapped in a one-node model whose input types come from the arrays and whose
+        output types come from ``outputs_info`` or, when absent, from ONNX shape inference.
+
+        Args:
+            node: the node.
+            inputs: a list of arrays, one per non-empty node input.
+            device: ``"CPU"`` or ``"CUDA"``.
+            outputs_info: ``(dtype, shape)`` per output (optional).
+            kwargs: ``opset_version`` (default: the newest onnxruntime runs, see
+                :func:`ort_max_opset`), then session options.
+
+        Returns:
+            A namedtupledict of the node's outputs.
+        """
+        opset = kwargs.pop("opset_version", None) or ort_max_opset()
+        super().run_node(node, inputs, device, outputs_info, opset_version=opset)
+        names = [name for name in node.input if name]
+        arrays = [np.asarray(x) for x in (inputs.values() if isinstance(inputs, dict) else inputs)]
+        if len(arrays) != len(names):
+            raise ValueError(f"node {node.op_type} has inputs {names}, got {len(arrays)} arrays")
+        graph_inputs = [
+            helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(a.dtype), list(a.shape)
+            )
+            for name, a in zip(names, arrays)
+        ]
+        graph_outputs = _output_infos(node, graph_inputs, outputs_info, opset)
+        graph = helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs)
+        model = _model(graph, opset)
+        return cls.run_model(model, arrays, device, **kwargs)
+
+
+def _output_infos(
+    node: onnx.NodeProto,
+    graph_inputs: list[onnx.ValueInfoProto],
+    outputs_info: Sequence[tuple[np.dtype, tuple[int, ...]]] | None,
+    opset: int,
+) -> list[onnx.ValueInfoProto]:
+    outputs = [name for name in node.output if name]
+    if outputs_info is not None:
+        return [
+            helper.make_tensor_value_info(
+                name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), list(shape)
+            )
+            for name, (dtype, shape) in zip(outputs, outputs_info)
+        ]
+    probe = _model(helper.make_graph([node], "probe", graph_inputs, []), opset)
+    inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(probe).graph.value_info}
+    infos = []
+    for name in outputs:
+        if name not in inferred:
+            raise ValueError(
+                f"cannot infer the type of output {name!r} of {node.op_type}; pass outputs_info"
+            )
+        infos.append(inferred[name])
+    return infos
+
+
+@functools.cache
+def ort_max_opset() -> int:
+    """The newest default-domain opset the installed onnxruntime officially runs.
+
+    ORT trails onnx by a release or two; it is asked (a one-node model per candidate opset,
+    newest first) rather than hard-coded, so an upgrade of either package needs no edit here.
+    """
+    import onnxruntime as ort
+
+    node = helper.make_node("Relu", ["x"], ["y"])
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
+        model = _model(helper.make_graph([node], "probe", [x], [y]), opset)
+        try:
+            ort.InferenceSession(
+                model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception:  # too new for this onnxruntime
+            continue
+        return opset
+    raise RuntimeError("onnxruntime runs no default-domain opset >= 7; reinstall onnxruntime")
+
+
+def fit_to_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a down-converted copy when its default opset is newer than onnxruntime runs.
+
+    Args:
+        model: the model (not modified).
+
+    Returns:
+        The same object when it already fits, else a converted copy.
+
+    Raises:
+        ValueError: onnx's version converter cannot express the model at the older opset.
+    """
+    from onnx import version_converter
+
+    target = ort_max_opset()
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if current <= target:
+        return model
+    try:
+        converted = version_converter.convert_version(model, target)
+    except Exception as exc:  # the converter raises RuntimeError/ValueError per adapter
+        raise ValueError(
+            f"the model uses opset {current} but onnxruntime runs opsets up to {target}, and "
+            f"onnx's version converter cannot lower it: {exc}. Export with opset={target}."
+        ) from exc
+    converted.ir_version = helper.find_min_ir_version_for(list(converted.opset_import))
+    logger.info("converted the model from opset %d to %d for onnxruntime", current, target)
+    return converted
+
+
+def _model(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
+    """A model importing ``opset``, with the oldest IR version that allows it."""
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets)
+    return model
+
+
+# Module-level functions, as ONNX's backend modules expose them (``backend.prepare(...)``).
+prepare = EmbedlOnnxBackend.prepare
+run_model = EmbedlOnnxBackend.run_model
+run_node = EmbedlOnnxBackend.run_node
+supports_device = EmbedlOnnxBackend.supports_device
