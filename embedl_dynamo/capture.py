@@ -1,0 +1,60 @@
+"""Capture a model as one frozen torch-level graph with Dynamo (``fullgraph=True``).
+
+``torch.fx.symbolic_trace`` cannot follow data-dependent Python control flow; Dynamo can, by
+specialising on the example inputs. :func:`capture` compiles the model with a recording
+backend, then freezes the lifted parameters and buffers (:mod:`embedl_dynamo.freeze`), so the
+result is a GraphModule whose placeholders are the user inputs and whose weights are constants
+under their original paths. The export helper and :func:`embedl_dynamo.transform.trace` use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from .freeze import freeze
+
+__all__ = ["capture"]
+
+
+def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
+    """Trace ``model`` on ``args`` with Dynamo as a single graph and freeze its weights.
+
+    Args:
+        model: the model; it is run once on ``args`` (under ``torch.no_grad``), not modified.
+        args: positional example inputs.
+
+    Returns:
+        A GraphModule taking the tensor inputs of ``args`` (in order) and returning what the
+        Dynamo graph returns (a tuple).
+
+    Raises:
+        RuntimeError: Dynamo cannot capture the model as one graph (a graph break); the message
+            carries Dynamo's reason.
+    """
+    captured: list[tuple[fx.GraphModule, list[Any]]] = []
+
+    def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
+        captured.append((gm, list(example_inputs)))
+        return gm.forward
+
+    compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=False)
+    try:
+        with torch.no_grad():
+            compiled(*args)
+    except Exception as exc:
+        raise RuntimeError(
+            f"Dynamo could not capture {type(model).__name__} as one graph: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from exc
+    if len(captured) != 1:
+        raise RuntimeError(f"expected one Dynamo graph, got {len(captured)}")
+    gm, inputs = captured[0]
+    frozen = freeze(gm, inputs)
+    user = [inputs[i] for i in frozen.user_inputs]
+    if any(not isinstance(v, torch.Tensor) for v in user):
+        raise RuntimeError("the captured graph takes non-tensor inputs; pass tensors only")
+    return frozen.gm
