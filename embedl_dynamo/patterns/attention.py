@@ -1,0 +1,232 @@
+"""Attention fusions of the ``tensorrt`` target and the modules they create.
+
+* ``layer_norm``: one LayerNorm node becomes :class:`FusedLayerNorm` (TensorRT's normalization
+  kernel; kept in high precision, so it declares no QDQ of its own: the Linear after it
+  quantizes its input).
+* ``mha_in_projection``: the three Q/K/V linears that read the same input and feed
+  :func:`~embedl_dynamo.canonical_attention.split_heads` become one :class:`FusedQKVProjection`:
+  one GEMM with ``W = [Wq; Wk; Wv]``, ``b = [bq; bk; bv]``, split into q, k, v heads.
+* ``scaled_dot_product_attention``: ``softmax(q k^T * scale) v`` becomes :class:`FusedAttention`
+  (TensorRT's fused MHA kernel).
+
+How one anchor expresses a three-output fusion: the matcher walks a tree backwards from a single
+anchor, so the attention decomposition emits ``split_heads(q, k, v, H)``, a small leaf function
+(``torch.fx.wrap``) whose three inputs are the projections. Anchoring on it, the pattern is a
+plain tree ``split_heads(linear(x), linear(x), linear(x))``; the fused module returns the same
+tuple, so the ``getitem`` readers stay as they are. Anchoring on the SDPA instead would put the
+SDPA inside this match and make it overlap the ``scaled_dot_product_attention`` fusion.
+
+QDQ (TensorRT explicit quantization): the inputs of every GEMM/MatMul are quantized (the
+projection's input and per-channel weight; the attention's q, k and v, the operands of its two
+batched matmuls). Whether attention runs in INT8 (head size, sequence length) is decided by the
+quantization stage.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import fx, nn
+
+from ..canonical_attention import split_heads
+from ..pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
+
+__all__ = [
+    "ATTENTION_FUSION_PATTERNS",
+    "FusedAttention",
+    "FusedLayerNorm",
+    "FusedQKVProjection",
+    "LayerNorm",
+    "MHAInProjection",
+    "ScaledDotProductAttention",
+]
+
+torch.fx.wrap("split_heads")  # a leaf in pattern targets, as in decomposed graphs
+
+
+def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    if tensor is None:
+        return None
+    return nn.Parameter(tensor.detach().clone(), requires_grad=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused modules
+# ---------------------------------------------------------------------------------------------
+
+
+class FusedLayerNorm(FusedModule):
+    """LayerNorm over the last dims: ``(x - mean) / sqrt(var + eps) * weight + bias``.
+
+    No QDQ: TensorRT keeps normalization in high precision.
+    """
+
+    qdq = QDQ()
+
+    def __init__(
+        self,
+        normalized_shape: tuple[int, ...],
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.normalized_shape = tuple(normalized_shape)
+        self.weight, self.bias, self.eps = _frozen(weight), _frozen(bias), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class FusedQKVProjection(FusedModule):
+    """One GEMM computing q, k and v, split into heads: ``split_heads(*(x W^T + b).split(...))``.
+
+    Quantized as: the input (activation) and the concatenated weight (per output channel).
+    """
+
+    qdq = QDQ(inputs={"0": Role.ACTIVATION}, weights={"weight": Role.WEIGHT})
+
+    def __init__(
+        self,
+        weights: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        biases: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+        num_heads: int,
+    ) -> None:
+        super().__init__()
+        self.sizes = [w.shape[0] for w in weights]
+        self.weight = _frozen(torch.cat(weights))
+        if all(b is None for b in biases):
+            self.bias = None
+        else:
+            filled = [
+                b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)
+            ]
+            self.bias = _frozen(torch.cat(filled))
+        self.num_heads = num_heads
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = F.linear(x, self.weight, self.bias).split(self.sizes, dim=-1)
+        return split_heads(q, k, v, self.num_heads)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1]}->{'+'.join(map(str, self.sizes))}, heads={self.num_heads}"
+
+
+class FusedAttention(FusedModule):
+    """``softmax(q k^T * scale [+ causal mask]) v`` on ``(N, H, L, D)`` heads: one kernel.
+
+    Quantized as: q, k and v (the operands of the two batched matmuls).
+    """
+
+    qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
+
+    def __init__(self, is_causal: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        self.is_causal, self.scale = is_causal, scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
+
+    def extra_repr(self) -> str:
+        return f"is_causal={self.is_causal}, scale={self.scale}"
+
+
+# ---------------------------------------------------------------------------------------------
+# patterns
+# ---------------------------------------------------------------------------------------------
+
+
+class LayerNorm(Pattern):
+    """One LayerNorm node becomes :class:`FusedLayerNorm`."""
+
+    name = "layer_norm"
+    phase = "fusion"
+    id_node = "norm"
+    qdq = QDQ()
+
+    @staticmethod
+    def target(x, w, b):
+        norm = F.layer_norm(x, (8,), w, b)
+        return norm, {"norm": norm}
+
+    def check(self, m: Match) -> MatchResult:
+        if not m.all_constant("w", "b"):
+            return m.fail("layer norm weight or bias is not a constant")
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        kw = m["norm"].kwargs
+        module = FusedLayerNorm(kw["normalized_shape"], m.value("w"), m.value("b"), kw["eps"])
+        return m.call_module(module, m["x"])
+
+
+class MHAInProjection(Pattern):
+    """The Q/K/V linears of one attention, reading the same input, become one GEMM."""
+
+    name = "mha_in_projection"
+    phase = "fusion"
+    id_node = "heads"
+    qdq = QDQ(
+        inputs={"xq": Role.ACTIVATION},
+        weights={"wq": Role.WEIGHT, "wk": Role.WEIGHT, "wv": Role.WEIGHT},
+    )
+
+    @staticmethod
+    def target(xq, wq, bq, xk, wk, bk, xv, wv, bv):
+        q = F.linear(xq, wq, bq)
+        k = F.linear(xk, wk, bk)
+        v = F.linear(xv, wv, bv)
+        heads = split_heads(q, k, v, 2)
+        return heads, {"q": q, "k": k, "v": v, "heads": heads}
+
+    def check(self, m: Match) -> MatchResult:
+        if not (m["xq"] is m["xk"] is m["xv"]):
+            return m.fail("q, k and v projections read different inputs (cross-attention)")
+        if not m.all_constant("wq", "bq", "wk", "bk", "wv", "bv"):
+            return m.fail("projection weights are not constants")
+        widths = {m.value(w).shape[1] for w in ("wq", "wk", "wv")}
+        if len(widths) != 1:
+            return m.fail(f"projection input widths differ: {sorted(widths)}")
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        weights = tuple(m.value(w) for w in ("wq", "wk", "wv"))
+        biases = tuple(m.value(b) for b in ("bq", "bk", "bv"))
+        num_heads = m["heads"].args[3]
+        return m.call_module(FusedQKVProjection(weights, biases, num_heads), m["xq"])
+
+
+class ScaledDotProductAttention(Pattern):
+    """``F.scaled_dot_product_attention`` without mask or dropout becomes :class:`FusedAttention`."""
+
+    name = "scaled_dot_product_attention"
+    phase = "fusion"
+    id_node = "sdpa"
+    qdq = QDQ(inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION})
+
+    @staticmethod
+    def target(q, k, v):
+        sdpa = F.scaled_dot_product_attention(q, k, v)
+        return sdpa, {"sdpa": sdpa}
+
+    def check(self, m: Match) -> MatchResult:
+        kw = m["sdpa"].kwargs
+        if kw["attn_mask"] is not None:
+            return m.fail("an attention mask is given (the fused attention takes none)")
+        if kw["dropout_p"]:
+            return m.fail(f"dropout_p={kw['dropout_p']} (attention dropout is training only)")
+        if kw["enable_gqa"]:
+            return m.fail("grouped-query attention (enable_gqa=True) is not fused")
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        kw = m["sdpa"].kwargs
+        module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"])
+        return m.call_module(module, m["q"], m["k"], m["v"])
+
+
+ATTENTION_FUSION_PATTERNS = (MHAInProjection(), ScaledDotProductAttention(), LayerNorm())
