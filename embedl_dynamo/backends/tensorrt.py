@@ -7,8 +7,11 @@ here only breaks ties.
 from __future__ import annotations
 
 from ..backend import Backend
+from ..patterns.attention import ATTENTION_FUSION_PATTERNS
+from ..patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
 from ..patterns.conv import CONV_PATTERNS
 from ..patterns.conv_bn import CONV_BN_PATTERNS
+from ..patterns.conversions import CONVERSION_PATTERNS
 from ..patterns.linear import LINEAR_PATTERNS
 from ..patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
 from ..patterns.residual import RESIDUAL_PATTERNS
@@ -22,7 +25,7 @@ __all__ = [
     "TENSORRT_SMOOTH_PATTERNS",
 ]
 
-TENSORRT_CONVERSION_PATTERNS = ()
+TENSORRT_CONVERSION_PATTERNS = (*ATTENTION_CONVERSION_PATTERNS, *CONVERSION_PATTERNS)
 # conv / linear / pooling fusions, longest first (stem and residual: 4 nodes, conv-bn-act: 3...)
 _CONV_LINEAR_FUSIONS = (
     StemConvBNReLUMaxPool(),
@@ -32,7 +35,7 @@ _CONV_LINEAR_FUSIONS = (
     *LINEAR_PATTERNS,
     AdaptiveAvgPool(),
 )
-TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS,)
+TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS, *ATTENTION_FUSION_PATTERNS)
 TENSORRT_SMOOTH_PATTERNS = ()
 TENSORRT_QUANTIZED_PATTERNS = ()
 TENSORRT_PATTERNS = (
