@@ -53,6 +53,8 @@ _FUNCTION_ALIASES: dict[Any, Callable[..., Any]] = {
     torch._C._nn.adaptive_avg_pool2d: F.adaptive_avg_pool2d,
 }
 _INPLACE_FUNCTIONS = {torch.relu_, F.relu_, operator.iadd, operator.imul}
+# activations whose Python signature is ``(input, inplace=False)``
+_POSITIONAL_INPLACE = {torch.relu, F.relu6, F.silu, F.hardswish, F.hardsigmoid}
 
 _METHOD_ALIASES: dict[str, Callable[..., Any]] = {
     "relu": torch.relu,
@@ -317,6 +319,9 @@ def _rewrite_target(node: fx.Node, gm: fx.GraphModule) -> tuple[Any, dict, Any] 
     args = node.args[1:] if node.op == "call_method" else node.args
     args = ((node.args[0],) + tuple(args)) if node.op == "call_method" else tuple(args)
     kwargs = dict(node.kwargs)
+    if target in _POSITIONAL_INPLACE and len(args) == 2 and node.op == "call_function":
+        # Dynamo records ``F.hardswish(x, False)``: the second positional is ``inplace``
+        kwargs["inplace"], args = args[1], args[:1]
     if kwargs.pop("inplace", False):
         inplace_input = args[0] if args else kwargs.get("input")
     if target is F.dropout and "train" in kwargs:

@@ -8,7 +8,8 @@ starts at the pattern's output (the *anchor*) and walks the inputs backwards:
   same argument used twice must bind to the same value;
 * a pattern operation matches a node with the same canonical target, input by input; literal
   arguments in the pattern are wildcards (``check`` validates them);
-* commutative ops (``add``, ``mul``) are tried with both input orders.
+* commutative ops (``add``, ``mul``) are tried with both input orders; when both orders match,
+  the first binding that can be rewritten (no escaping value, ``check`` passing) wins.
 
 A found subgraph whose intermediate values are also read outside it cannot be replaced without
 losing them; :func:`escaping_node` reports that as the reason to skip.
@@ -129,14 +130,22 @@ def match_at(pattern: Pattern, gm: fx.GraphModule, node: fx.Node) -> Match | Non
     states = _match_node(compiled.anchor, node, {}, {})
     if not states:
         return None
-    bindings, node_map = states[0]
-    named: dict[str, Any] = {}
-    for name, p_node in compiled.names.items():
-        if p_node.op == "placeholder":
-            named[name] = bindings.get(p_node)
-        elif p_node in node_map:
-            named[name] = node_map[p_node]
-    return Match(pattern, gm, node, named, node_map)
+    matches = []
+    for bindings, node_map in states:
+        named: dict[str, Any] = {}
+        for name, p_node in compiled.names.items():
+            if p_node.op == "placeholder":
+                named[name] = bindings.get(p_node)
+            elif p_node in node_map:
+                named[name] = node_map[p_node]
+        matches.append(Match(pattern, gm, node, named, node_map))
+    if len(matches) == 1:
+        return matches[0]
+    # Several bindings (commutative inputs): ``bn + r`` where ``r`` is itself a BatchNorm output
+    # binds either way. Prefer one that can be rewritten: no escaping value, check passing.
+    clean = [m for m in matches if escaping_node(m) is None]
+    valid = [m for m in clean if pattern.check(m)]
+    return (valid or clean or matches)[0]
 
 
 def escaping_node(m: Match) -> fx.Node | None:
