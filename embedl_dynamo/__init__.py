@@ -13,8 +13,11 @@ from .backend import (
     reset_backends,
     set_backend,
 )
+from .export import export
+from .load import load
 from .pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
 from .plan import PatternMatch, TransformationPlan
+from .report import explain, last_report
 from .transform import (
     TransformResult,
     apply_transformation_plan,
@@ -38,8 +41,12 @@ __all__ = [
     "TransformationPlan",
     "apply_transformation_plan",
     "discover_backends",
+    "explain",
+    "export",
     "get_backend",
     "get_transformation_plan",
+    "last_report",
+    "load",
     "reset_backends",
     "set_backend",
     "trace",

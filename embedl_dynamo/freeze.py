@@ -183,6 +183,43 @@ def _has_attr(root: nn.Module, path: str) -> bool:
     return True
 
 
+def _replace_size_input(
+    graph: fx.Graph,
+    new: fx.Node,
+    old: fx.Node,
+    placeholders: list[fx.Node],
+    example_inputs: Sequence[Any],
+) -> bool:
+    """Replace a symbolic-size placeholder (``s0``) by ``x.size(d)`` of a tensor input.
+
+    With a dynamic batch, Dynamo passes the symbolic size as an extra input; reading it from
+    the tensor keeps the graph a function of its tensor inputs (exportable with a dynamic axis).
+    Returns False when no tensor input carries that size (the placeholder then stays an input).
+    """
+    symbol = str(old.meta.get("example_value", ""))
+    if not new.users:
+        graph.erase_node(new)
+        return True
+    for node, value in zip(placeholders, example_inputs):
+        fake = node.meta.get("example_value")
+        if not isinstance(value, torch.Tensor) or is_lifted_constant(node, value) or fake is None:
+            continue
+        for dim, size in enumerate(getattr(fake, "shape", ())):
+            if str(size) == symbol:
+                anchor = next(n for n in graph.nodes if n.op != "placeholder")
+                with graph.inserting_before(anchor):
+                    size_node = graph.call_method("size", (_mapped(graph, node), dim))
+                size_node.meta.update(new.meta)
+                new.replace_all_uses_with(size_node)
+                graph.erase_node(new)
+                return True
+    return False
+
+
+def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
+    return next(n for n in graph.nodes if n.op == "placeholder" and n.name == old.name)
+
+
 def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     """Replace lifted parameter/buffer placeholders by constants named by their original path.
 
@@ -214,6 +251,9 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     user_inputs: list[int] = []
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
+        if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
+            if _replace_size_input(graph, new, old, placeholders, example_inputs):
+                continue
         if not is_lifted_constant(old, value):
             user_inputs.append(index)
             continue

@@ -1,0 +1,261 @@
+"""The ``torch.compile`` backends: ``embedl``, ``embedl_tensorrt``, ``embedl_onnxruntime``...
+
+``torch.compile(model, backend="embedl_tensorrt", options={...})`` works without importing
+this package: our ``pyproject.toml`` registers the names in the ``torch_dynamo_backends``
+entry-point group. ``embedl`` uses :func:`~embedl_dynamo.backend.get_backend` (so
+``EMBEDL_DYNAMO_BACKEND=tensorrt`` picks the target) and ``embedl_<name>`` exists for every
+discovered Backend through the module ``__getattr__``; a third-party target registers
+``embedl_x = "embedl_dynamo.dynamo_backend:embedl_x"`` beside its Backend. We never claim
+``tensorrt`` or ``torch_tensorrt`` (Torch-TensorRT owns them).
+
+Per subgraph Dynamo hands over:
+
+1. settings from ``options`` > environment > defaults (:class:`~embedl_dynamo.settings.Settings`);
+2. a training graph or inputs that require grad run eagerly, with one warning;
+3. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
+4. :func:`~embedl_dynamo.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`, then
+   the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
+5. if export or the runtime fails, ``fallback="eager"`` runs the transformed graph in PyTorch
+   and the report says why; ``fallback="raise"`` raises.
+
+With a new batch size Dynamo recompiles once with a symbolic batch; that artifact has a
+dynamic batch axis, so later sizes reuse it. What happened is in
+:func:`embedl_dynamo.last_report`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .backend import Backend, backend_by_name, discover_backends, get_backend
+from .freeze import freeze, inference_blocker
+from .pipeline import run_pipeline
+from .report import SubgraphReport, next_index, record
+from .runtimes import Runtime, resolve_runtime
+from .runtimes.eager import EagerRuntime
+from .settings import Settings
+
+__all__ = [
+    "compile_subgraph",
+    "embedl",
+    "embedl_lattice",
+    "embedl_onnxruntime",
+    "embedl_tensorrt",
+    "make_dynamo_backend",
+]
+
+logger = logging.getLogger(__name__)
+
+_PREFIX = "embedl_"
+
+
+def _count_ops(gm: fx.GraphModule) -> int:
+    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+def _as_output(gm: fx.GraphModule, outputs: tuple[torch.Tensor, ...]) -> Any:
+    """Give runtime outputs the container type the Dynamo graph returns."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = out_node.args[0]
+    if isinstance(returned, list):
+        return list(outputs)
+    if isinstance(returned, tuple):
+        return outputs
+    return outputs[0]
+
+
+def compile_subgraph(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    backend: Backend,
+    settings: Settings,
+) -> Callable[..., Any]:
+    """Compile one Dynamo graph for ``backend``; the returned callable takes Dynamo's arguments.
+
+    Args:
+        gm: the graph Dynamo gave (parameters lifted as inputs); not modified.
+        example_inputs: the real inputs Dynamo gave with it.
+        backend: the target.
+        settings: the settings.
+
+    Returns:
+        A callable taking the same arguments as ``gm``.
+    """
+    start = time.perf_counter()
+    runtime_cls = resolve_runtime(settings.runtime)  # a forced, unavailable runtime raises
+    report = SubgraphReport(
+        index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
+    )
+
+    def _eager(status: str, reason: str, fn: Callable[..., Any] = gm.forward):
+        report.status, report.reason = status, reason
+        report.compile_s = time.perf_counter() - start
+        record(report)
+        logger.info("subgraph %d stays in PyTorch: %s", report.index, reason)
+        return fn
+
+    blocker = inference_blocker(gm, example_inputs)
+    if blocker is not None:
+        warnings.warn(
+            f"embedl_{backend.name}: this graph runs eagerly, not frozen for inference: {blocker}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return _eager("training", blocker)
+    if report.ops < settings.min_subgraph_size:
+        return _eager(
+            "eager",
+            f"{report.ops} ops < min_subgraph_size={settings.min_subgraph_size}",
+        )
+
+    frozen = freeze(gm, example_inputs)
+    user = frozen.user_inputs
+    inputs = [example_inputs[i] for i in user]
+    if any(not isinstance(t, torch.Tensor) for t in inputs):
+        return _eager("eager", "the graph takes non-tensor inputs that are not batch sizes")
+
+    float_settings = (
+        dataclasses.replace(settings, quantize=None)
+        if settings.quantize is not None and settings.calibration_data is None
+        else settings
+    )
+    try:
+        result = run_pipeline(frozen.gm, inputs, backend, float_settings)
+    except NotImplementedError:
+        raise
+    except Exception as exc:
+        if settings.fallback == "raise":
+            raise RuntimeError(f"embedl_{backend.name}: transformation failed: {exc}") from exc
+        return _eager("eager", f"transformation failed: {_first_line(exc)}")
+    report.plan, report.pipeline = result.plan, result.report
+
+    def _build(model: fx.GraphModule) -> Callable[..., Any]:
+        runtime: Runtime = runtime_cls(settings)
+        try:
+            runtime.build(model, inputs)
+        except Exception as exc:
+            if settings.fallback == "raise" or runtime_cls is EagerRuntime:
+                raise RuntimeError(
+                    f"embedl_{backend.name}: the {runtime_cls.name} runtime cannot take this "
+                    f"subgraph: {_first_line(exc)}"
+                ) from exc
+            logger.warning(
+                "subgraph %d: %s runtime failed (%s); running it in PyTorch",
+                report.index,
+                runtime_cls.name,
+                _first_line(exc),
+            )
+            report.status = "eager"
+            report.reason = f"{runtime_cls.name} failed: {_first_line(exc)}"
+            runtime = EagerRuntime(settings).build(model, inputs)
+        report.runtime = runtime.name
+        report.cached = runtime.from_cache
+        report.runtime_info = dict(runtime.build_info)
+        return runtime.infer
+
+    if settings.quantize is not None and settings.calibration_data is None:
+        infer = _lazy_int8(result.model, inputs, backend, settings, _build)
+    else:
+        infer = _build(result.model)
+    report.status = report.status or "compiled"
+    report.compile_s = time.perf_counter() - start
+    record(report)
+    logger.info("%s", report)
+
+    def compiled(*args: Any) -> Any:
+        return _as_output(gm, infer(*[args[i] for i in user]))
+
+    compiled.embedl_report = report  # type: ignore[attr-defined]
+    return compiled
+
+
+def _lazy_int8(
+    float_gm: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    backend: Backend,
+    settings: Settings,
+    build: Callable[[fx.GraphModule], Callable[..., Any]],
+) -> Callable[..., Any]:
+    """INT8 without calibration data: calibrate on the first real calls, then build."""
+    try:
+        from .quant.lazy import calibrate_then_build
+    except ImportError as exc:
+        raise NotImplementedError(
+            "quantize='int8' without calibration_data needs "
+            "embedl_dynamo.quant.lazy.calibrate_then_build, which this installation does not "
+            "provide yet; pass options={'calibration_data': ...}"
+        ) from exc
+    return calibrate_then_build(float_gm, inputs, backend, settings, build)
+
+
+def _compile(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    backend: Backend | None,
+    options: dict[str, Any] | None,
+    kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    if kwargs:
+        raise ValueError(
+            f"embedl backends take only options={{...}}; got {sorted(kwargs)}. Valid options: "
+            f"{', '.join(Settings.names())}"
+        )
+    settings = Settings.from_options(options)
+    return compile_subgraph(gm, example_inputs, backend or get_backend(), settings)
+
+
+def embedl(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, **kw
+) -> Callable[..., Any]:
+    """Dynamo backend for the active Backend (``set_backend`` / ``$EMBEDL_DYNAMO_BACKEND``)."""
+    return _compile(gm, example_inputs, None, options, kw)
+
+
+def make_dynamo_backend(name: str) -> Callable[..., Any]:
+    """The dynamo backend function ``embedl_<name>`` for the discovered Backend ``name``."""
+
+    def compiler(
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        options: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Callable[..., Any]:
+        return _compile(gm, example_inputs, backend_by_name(name), options, kw)
+
+    compiler.__name__ = compiler.__qualname__ = f"{_PREFIX}{name}"
+    compiler.__doc__ = f"Dynamo backend compiling for the embedl_dynamo Backend {name!r}."
+    return compiler
+
+
+embedl_tensorrt = make_dynamo_backend("tensorrt")
+embedl_onnxruntime = make_dynamo_backend("onnxruntime")
+embedl_lattice = make_dynamo_backend("lattice")
+
+
+def __getattr__(attr: str) -> Callable[..., Any]:
+    """``embedl_<name>`` for any discovered Backend (third-party targets)."""
+    if attr.startswith(_PREFIX):
+        name = attr[len(_PREFIX) :]
+        backends = discover_backends()
+        if name in backends:
+            fn = make_dynamo_backend(name)
+            globals()[attr] = fn
+            return fn
+        raise AttributeError(
+            f"no embedl_dynamo Backend named {name!r} for dynamo backend {attr!r}; known: "
+            f"{', '.join(_PREFIX + n for n in sorted(backends))}"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -1,0 +1,18 @@
+"""Runtimes: where a transformed graph runs (ONNX Runtime, TensorRT, Torch-TensorRT, eager).
+
+All follow one lifecycle (:class:`~.base.Runtime`); :func:`~.select.make_runtime` builds the
+one the settings ask for, ``auto`` picking the best available.
+"""
+
+from __future__ import annotations
+
+from .base import Runtime, RuntimeUnavailableError
+from .select import RUNTIME_CLASSES, make_runtime, resolve_runtime
+
+__all__ = [
+    "RUNTIME_CLASSES",
+    "Runtime",
+    "RuntimeUnavailableError",
+    "make_runtime",
+    "resolve_runtime",
+]

@@ -1,0 +1,211 @@
+"""The runtime lifecycle, modelled on NVIDIA AITune's ``Backend``.
+
+* :meth:`Runtime.build` turns a transformed GraphModule and example inputs into something that
+  runs. It is idempotent and runs the sample at most once (to check the artifact's outputs
+  against the GraphModule's), so a model with state sees exactly one call per sample. After
+  ``build`` the runtime is active.
+* :meth:`Runtime.activate` / :meth:`Runtime.deactivate` acquire and release what inference
+  needs (a session, an execution context); a deactivated runtime refuses :meth:`Runtime.infer`.
+* :meth:`Runtime.deploy` marks the runtime final: it stays active and cannot be deactivated.
+* :meth:`Runtime.to_dict` / :meth:`Runtime.from_dict` describe it (artifact paths as strings),
+  :meth:`Runtime.key` is its cache key, :meth:`Runtime.describe` one line for reports, and
+  :attr:`Runtime.is_jit` says whether it compiles on first call rather than in ``build``.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import fx
+
+from ..settings import Settings
+
+__all__ = ["OutputMismatchError", "Runtime", "RuntimeUnavailableError", "check_outputs"]
+
+logger = logging.getLogger(__name__)
+
+
+class RuntimeUnavailableError(RuntimeError):
+    """A runtime was asked for but cannot run here; the message names what is missing."""
+
+
+class OutputMismatchError(RuntimeError):
+    """A built artifact's outputs differ from the GraphModule's on the build sample."""
+
+
+def check_outputs(
+    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], what: str, rtol: float = 1e-3
+) -> float:
+    """Compare outputs relative to their scale; raise :class:`OutputMismatchError` if off.
+
+    The bound is ``max|a - e| <= rtol * max(1, max|e|)`` per output (float32 kernels reorder
+    sums, so exact equality is not expected).
+
+    Returns:
+        The worst ``max|a - e| / max(1, max|e|)`` seen.
+    """
+    if len(expected) != len(actual):
+        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
+    worst = 0.0
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        a = a.to(e.device)
+        if tuple(e.shape) != tuple(a.shape):
+            raise OutputMismatchError(
+                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+            )
+        if e.numel() == 0:
+            continue
+        if not e.is_floating_point():
+            if not torch.equal(e, a.to(e.dtype)):
+                raise OutputMismatchError(f"{what}: integer output {i} differs")
+            continue
+        scale = max(1.0, float(e.detach().abs().max()))
+        err = float((a.to(e.dtype) - e).abs().max()) / scale
+        if not err <= rtol:  # also catches NaN
+            raise OutputMismatchError(
+                f"{what}: output {i} differs from PyTorch by {err:.3g} relative to its scale "
+                f"(allowed {rtol:g})"
+            )
+        worst = max(worst, err)
+    return worst
+
+
+class Runtime(ABC):
+    """One way to run a transformed graph. Subclasses set :attr:`name` and implement the hooks.
+
+    Args:
+        settings: the compile settings (cache directory, threads, dynamic batch...).
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings if settings is not None else Settings()
+        self.built = False
+        self.active = False
+        self.deployed = False
+        self.from_cache = False
+        self.build_info: dict[str, Any] = {}
+
+    # availability -------------------------------------------------------------------------
+    @classmethod
+    def missing(cls) -> str | None:
+        """What this machine lacks to use the runtime (None when it is usable)."""
+        return None
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """Whether the runtime can run here."""
+        return cls.missing() is None
+
+    @classmethod
+    def require(cls) -> None:
+        """Raise :class:`RuntimeUnavailableError` naming what is missing, if anything."""
+        missing = cls.missing()
+        if missing is not None:
+            raise RuntimeUnavailableError(f"runtime {cls.name!r} is unavailable: {missing}")
+
+    # lifecycle ----------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def is_jit(self) -> bool:
+        """True when the artifact is compiled on first inference rather than in ``build``."""
+
+    def build(self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Runtime:
+        """Build the artifact (idempotent; runs the sample at most once) and activate.
+
+        Args:
+            gm: the transformed GraphModule (frozen weights, user inputs only); not modified.
+            example_inputs: one tensor per placeholder.
+
+        Returns:
+            ``self``.
+        """
+        if self.built:
+            return self
+        self.require()
+        self._build(gm, list(example_inputs))
+        self.built = True
+        self.activate()
+        return self
+
+    @abstractmethod
+    def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        """Produce the artifact; subclasses fill ``self.build_info``."""
+
+    def activate(self) -> None:
+        """Acquire what inference needs; after it, :meth:`infer` works."""
+        if not self.built:
+            raise RuntimeError(f"{self.name} runtime: build() it before activate()")
+        if not self.active:
+            self._activate()
+            self.active = True
+
+    def deactivate(self) -> None:
+        """Release inference resources; :meth:`infer` then fails until :meth:`activate`."""
+        if self.deployed:
+            raise RuntimeError(f"{self.name} runtime is deployed and cannot be deactivated")
+        if self.active:
+            self._deactivate()
+            self.active = False
+
+    def deploy(self, device: torch.device | str | None = None) -> None:
+        """Activate for good (on ``device`` when the runtime supports choosing it)."""
+        self.activate()
+        self.deployed = True
+
+    def _activate(self) -> None:  # noqa: B027 - optional hook
+        """Hook: acquire resources."""
+
+    def _deactivate(self) -> None:  # noqa: B027 - optional hook
+        """Hook: release resources."""
+
+    def infer(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run inference on the user inputs; returns the outputs as a tuple."""
+        if not self.active:
+            raise RuntimeError(f"{self.name} runtime is not active: call build() or activate()")
+        return self._infer(args)
+
+    __call__ = infer
+
+    @abstractmethod
+    def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Hook: run inference."""
+
+    # description --------------------------------------------------------------------------
+    def key(self) -> str | None:
+        """The content key of the built artifact (None before build or when not cached)."""
+        return self.build_info.get("key")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state: the runtime name, settings and build information."""
+        return {
+            "runtime": self.name,
+            "settings": self.settings.to_dict(),
+            "build_info": dict(self.build_info),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Runtime:
+        """A runtime with the settings of :meth:`to_dict` output (call :meth:`build` next)."""
+        from dataclasses import fields
+
+        known = {f.name for f in fields(Settings)}
+        raw = {k: v for k, v in data.get("settings", {}).items() if k in known}
+        raw.pop("calibration_data", None)
+        runtime = cls(Settings(**raw))
+        runtime.build_info = dict(data.get("build_info", {}))
+        return runtime
+
+    def describe(self) -> str:
+        """One line: runtime, whether built or loaded from the cache, and the artifact."""
+        state = "cached" if self.from_cache else ("built" if self.built else "not built")
+        detail = self.build_info.get("artifact") or self.build_info.get("providers") or ""
+        return f"{self.name} ({state}) {detail}".rstrip()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.describe()}>"

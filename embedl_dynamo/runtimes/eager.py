@@ -1,0 +1,31 @@
+"""The ``eager`` runtime: run the transformed GraphModule in PyTorch (always available)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import fx
+
+from .base import Runtime
+
+__all__ = ["EagerRuntime"]
+
+
+class EagerRuntime(Runtime):
+    """Runs the transformed (fused, frozen) GraphModule under ``torch.no_grad``."""
+
+    name = "eager"
+
+    @property
+    def is_jit(self) -> bool:
+        return False
+
+    def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        self._gm = gm
+        self.build_info = {"nodes": len(gm.graph.nodes)}
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            out = self._gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)

@@ -1,0 +1,120 @@
+"""The ``onnxruntime`` runtime: the transformed graph as ONNX, run by an ``InferenceSession``.
+
+The ONNX file comes from the artifact cache (exported once per content key, dynamic batch
+axis, weights as initializers). The session uses the best execution providers installed
+(TensorRT EP > CUDA EP > CPU) with graph optimisation level ``ORT_ENABLE_ALL``.
+
+Copies: CPU tensors are handed to ORT as zero-copy numpy views (``Tensor.numpy()`` of a
+contiguous tensor shares memory) and outputs come back as ``torch.from_numpy`` views of ORT's
+arrays, so no tensor is copied on either side. CUDA tensors go through IO binding with their
+device pointers.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from ._artifacts import onnx_artifact
+from .base import Runtime, check_outputs
+
+__all__ = ["OnnxRuntime", "ort_providers"]
+
+logger = logging.getLogger(__name__)
+
+_PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+
+
+def ort_providers() -> list[str]:
+    """Installed ORT execution providers in our order of preference (CPU always last)."""
+    import onnxruntime as ort
+
+    available = set(ort.get_available_providers())
+    chosen = [p for p in _PREFERRED if p in available]
+    return chosen or ["CPUExecutionProvider"]
+
+
+class OnnxRuntime(Runtime):
+    """ONNX Runtime ``InferenceSession`` over the cached ONNX artifact."""
+
+    name = "onnxruntime"
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "the onnxruntime package is not installed (pip install onnxruntime)"
+        return None
+
+    @property
+    def is_jit(self) -> bool:
+        return False
+
+    def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        path, key, built = onnx_artifact(gm, example_inputs, self.settings)
+        self.from_cache = not built
+        self._path = path
+        self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
+        self._activate()
+        with torch.no_grad():
+            expected = gm(*example_inputs)
+        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+        # INT8: ORT's integer kernels and the fake-quant graph may round ties differently
+        rtol = 5e-2 if "embedl_quantization" in gm.meta else 1e-3
+        check_outputs(expected, self._infer(example_inputs), "onnxruntime artifact", rtol=rtol)
+
+    def _activate(self) -> None:
+        if getattr(self, "_session", None) is not None:
+            return
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.settings.num_threads is not None:
+            options.intra_op_num_threads = self.settings.num_threads
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(
+            str(self._path), sess_options=options, providers=self.build_info["providers"]
+        )
+        self._input_names = [i.name for i in self._session.get_inputs()]
+        self._output_names = [o.name for o in self._session.get_outputs()]
+
+    def _deactivate(self) -> None:
+        self._session = None
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if len(args) != len(self._input_names):
+            raise ValueError(f"expected {len(self._input_names)} inputs, got {len(args)}")
+        if any(t.device.type == "cuda" for t in args):
+            return self._infer_bound(args)
+        feeds = {name: t.detach().contiguous().numpy() for name, t in zip(self._input_names, args)}
+        outputs = self._session.run(self._output_names, feeds)
+        return tuple(torch.from_numpy(o) for o in outputs)
+
+    def _infer_bound(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """IO binding for CUDA tensors: ORT reads the inputs where they are."""
+        binding = self._session.io_binding()
+        device = args[0].device
+        for name, t in zip(self._input_names, args):
+            t = t.detach().contiguous()
+            binding.bind_input(
+                name,
+                t.device.type,
+                t.device.index or 0,
+                _numpy_dtype(t.dtype),
+                tuple(t.shape),
+                t.data_ptr(),
+            )
+        for name in self._output_names:
+            binding.bind_output(name, device.type, device.index or 0)
+        self._session.run_with_iobinding(binding)
+        outputs: list[Any] = binding.copy_outputs_to_cpu()
+        return tuple(torch.from_numpy(o).to(device) for o in outputs)
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    return torch.empty((), dtype=dtype).numpy().dtype

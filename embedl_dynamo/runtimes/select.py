@@ -1,0 +1,60 @@
+"""Runtime selection: the forced runtime, or for ``auto`` the best one available here.
+
+``auto`` prefers TensorRT (explicit engine) > Torch-TensorRT > ONNX Runtime > eager and logs
+its choice at INFO. A forced runtime that cannot run raises
+:class:`~.base.RuntimeUnavailableError` naming what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..settings import RUNTIMES, Settings
+from .base import Runtime
+from .eager import EagerRuntime
+from .onnxruntime import OnnxRuntime
+from .tensorrt import TensorRTRuntime
+from .torch_tensorrt import TorchTensorRTRuntime
+
+__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "make_runtime", "resolve_runtime"]
+
+logger = logging.getLogger(__name__)
+
+RUNTIME_CLASSES: dict[str, type[Runtime]] = {
+    "onnxruntime": OnnxRuntime,
+    "tensorrt": TensorRTRuntime,
+    "torch_tensorrt": TorchTensorRTRuntime,
+    "eager": EagerRuntime,
+}
+AUTO_ORDER = ("tensorrt", "torch_tensorrt", "onnxruntime", "eager")
+_logged_auto: set[str] = set()
+
+
+def resolve_runtime(name: str) -> type[Runtime]:
+    """The runtime class for ``name`` (``auto`` resolved), checked to be available.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+        RuntimeUnavailableError: a forced runtime cannot run here.
+    """
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; valid runtimes: {', '.join(RUNTIMES)}")
+    if name != "auto":
+        cls = RUNTIME_CLASSES[name]
+        cls.require()
+        return cls
+    for candidate in AUTO_ORDER:
+        cls = RUNTIME_CLASSES[candidate]
+        missing = cls.missing()
+        if missing is None:
+            if candidate not in _logged_auto:
+                _logged_auto.add(candidate)
+                logger.info("runtime 'auto' selected %s", candidate)
+            return cls
+        logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
+    return EagerRuntime
+
+
+def make_runtime(settings: Settings) -> Runtime:
+    """A new, unbuilt runtime for ``settings.runtime``."""
+    return resolve_runtime(settings.runtime)(settings)
