@@ -73,17 +73,17 @@ def providers_for(device: str = "CPU") -> list[str]:
     Raises:
         ValueError: the device is unknown or not available here (the message says why).
     """
-    import onnxruntime as ort
+    from .runtimes.onnxruntime import ort_providers
 
     kind = Device(device).type
-    available = ort.get_available_providers()
+    preferred = ort_providers()  # the onnxruntime runtime's order: TensorRT EP > CUDA EP > CPU
     if kind == DeviceType.CPU:
         return ["CPUExecutionProvider"]
-    gpu = [p for p in _GPU_PROVIDERS if p in available]
+    gpu = [p for p in preferred if p in _GPU_PROVIDERS]
     if not gpu:
         raise ValueError(
             f"device {device!r} needs onnxruntime's CUDA or TensorRT execution provider, but this "
-            f"onnxruntime has only {available}; install onnxruntime-gpu or use device='CPU'"
+            f"onnxruntime has only {preferred}; install onnxruntime-gpu or use device='CPU'"
         )
     return [*gpu, "CPUExecutionProvider"]
 

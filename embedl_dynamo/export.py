@@ -1,0 +1,491 @@
+"""Ahead-of-time export: the ``torch.compile`` pipeline, written to a file you can ship.
+
+``torch.compile`` output lives only in the process that compiled it. :func:`export` runs the
+very same stages the ``embedl_*`` dynamo backends run (it calls them, it does not copy them):
+
+1. :func:`~embedl_dynamo.capture.capture`: Dynamo capture of one graph, weights frozen;
+2. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
+   ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache;
+3. :func:`~embedl_dynamo.onnx_export.export_onnx`: one ONNX file, weights (and weight scales) as
+   initializers, a dynamic batch axis;
+
+then validates the file (``onnx.checker``, one ONNX Runtime run compared with PyTorch) and writes
+a JSON sidecar next to it (``model.onnx`` -> ``model.json``): the plan report, the quantization
+scales, the layers left in float and why, the settings and the library versions.
+
+Verification compares like with like. A float export is compared with the user's eager model; an
+INT8 export with the fake-quant PyTorch graph the pipeline produced (the same arithmetic), and
+its distance to the float model is reported too (cosine similarity), since INT8 is not meant to
+equal float.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "SIDECAR_FORMAT",
+    "ExportError",
+    "VerificationError",
+    "export",
+    "float_tolerance",
+    "int8_tolerance",
+    "sidecar_path",
+]
+
+logger = logging.getLogger(__name__)
+
+SIDECAR_FORMAT = "embedl_dynamo.export/1"
+
+
+class ExportError(RuntimeError):
+    """The model could not be exported; the message says why and what to do."""
+
+
+class VerificationError(ExportError):
+    """The exported file does not reproduce PyTorch's outputs within tolerance."""
+
+
+def float_tolerance(reference_absmax: float) -> float:
+    """Max abs difference accepted for a float export: 1e-4 relative to the output scale.
+
+    ONNX Runtime's kernels and BatchNorm folding reorder float32 sums (ResNet-50 here: 2e-5 to
+    5e-5 on outputs of order one), so bit equality is not expected.
+    """
+    return 1e-4 * max(1.0, reference_absmax)
+
+
+def int8_tolerance(reference_absmax: float) -> float:
+    """Max abs difference accepted between the QDQ file on ORT and the fake-quant graph.
+
+    Both compute the same quantized arithmetic, but a value that lands on a rounding tie can
+    round to the neighbouring level in one of them, and the step propagates; 5% of the output
+    scale admits a few such flips and still catches a wrong scale or a missing QDQ pair.
+    """
+    return 5e-2 * max(1.0, reference_absmax)
+
+
+def sidecar_path(path: str | os.PathLike[str]) -> Path:
+    """The JSON sidecar of an exported file: ``model.onnx`` -> ``model.json``."""
+    return Path(path).with_suffix(".json")
+
+
+@dataclass(frozen=True)
+class _Verification:
+    max_abs_diff: float
+    tolerance: float
+    compared_with: str
+    batch_sizes: tuple[int, ...]
+    cosine_to_float: float | None
+
+
+def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    if not args:
+        raise ExportError("example_inputs is empty; pass the model's inputs, e.g. (x,)")
+    for i, value in enumerate(args):
+        if not isinstance(value, torch.Tensor):
+            raise ExportError(
+                f"example_inputs[{i}] is a {type(value).__name__}; export takes tensors only "
+                "(wrap other arguments in the model)"
+            )
+    return args
+
+
+def _flat(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in _flat(item)]
+    raise ExportError(f"the model returned a {type(out).__name__}; export needs tensor outputs")
+
+
+def _run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
+    from .onnx_backend import EmbedlOnnxBackend
+
+    rep = EmbedlOnnxBackend.prepare(str(path), device="CPU")
+    return list(rep.run([a.detach().cpu().numpy() for a in args]))
+
+
+def _max_diff(got: Sequence[np.ndarray], want: Sequence[torch.Tensor]) -> tuple[float, float]:
+    """(max abs difference, max abs of the reference) over all outputs."""
+    if len(got) != len(want):
+        raise VerificationError(f"the ONNX file has {len(got)} outputs, PyTorch gives {len(want)}")
+    diff = absmax = 0.0
+    for g, w in zip(got, want):
+        w_np = w.detach().cpu().numpy()
+        if g.shape != w_np.shape:
+            raise VerificationError(
+                f"output shape {tuple(g.shape)} from ONNX Runtime, {tuple(w_np.shape)} from PyTorch"
+            )
+        if w_np.size:
+            diff = max(diff, float(np.max(np.abs(g.astype(np.float64) - w_np))))
+            absmax = max(absmax, float(np.max(np.abs(w_np))))
+    return diff, absmax
+
+
+def _cosine(a: Sequence[np.ndarray], b: Sequence[torch.Tensor]) -> float:
+    x = np.concatenate([np.ravel(v).astype(np.float64) for v in a])
+    y = np.concatenate([t.detach().cpu().numpy().ravel().astype(np.float64) for t in b])
+    denom = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(np.dot(x, y) / denom) if denom else 1.0
+
+
+def _verify(
+    path: Path,
+    args: tuple[torch.Tensor, ...],
+    reference: Callable[..., Any],
+    float_model: nn.Module,
+    quantized: bool,
+    dynamic_batch: bool,
+    tolerance: float | None,
+) -> _Verification:
+    """Run the file in ORT on ``args`` (and on a doubled batch when dynamic) against PyTorch."""
+    batches = [args]
+    if dynamic_batch and args[0].dim() > 0:
+        batch = args[0].shape[0]
+        batches.append(
+            tuple(
+                torch.cat([a, a.flip(0)]) if a.dim() > 0 and a.shape[0] == batch else a
+                for a in args
+            )
+        )
+    worst = absmax = 0.0
+    cosine = None
+    for inputs in batches:
+        got = _run_onnx(path, inputs)
+        with torch.no_grad():
+            want = _flat(reference(*inputs))
+        diff, scale = _max_diff(got, want)
+        worst, absmax = max(worst, diff), max(absmax, scale)
+        if quantized and cosine is None:
+            with torch.no_grad():
+                cosine = _cosine(got, _flat(float_model(*inputs)))
+    limit = tolerance if tolerance is not None else (
+        int8_tolerance(absmax) if quantized else float_tolerance(absmax)
+    )  # fmt: skip
+    return _Verification(
+        max_abs_diff=worst,
+        tolerance=limit,
+        compared_with="fake-quant PyTorch graph" if quantized else "eager PyTorch model",
+        batch_sizes=tuple(b[0].shape[0] if b[0].dim() else 1 for b in batches),
+        cosine_to_float=cosine,
+    )
+
+
+def _jsonable(value: Any) -> Any:
+    """Report values made JSON-safe: tensors to lists, paths to strings, unknowns to repr."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return repr(value)
+
+
+def _io_specs(
+    names: list[str], tensors: Sequence[torch.Tensor], batch: int | None, dynamic: bool
+) -> list[dict[str, Any]]:
+    specs = []
+    for name, t in zip(names, tensors):
+        shape: list[Any] = list(t.shape)
+        if dynamic and shape and batch is not None and shape[0] == batch:
+            shape[0] = "batch"
+        specs.append({"name": name, "shape": shape, "dtype": str(t.dtype).replace("torch.", "")})
+    return specs
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _settings(
+    quantize: str | None,
+    calibration_data: Any,
+    dynamic_batch: bool,
+    options: Mapping[str, Any] | None,
+    progress: bool | None,
+) -> Any:
+    from .settings import Settings
+
+    merged = dict(options or {})
+    clash = sorted({"quantize", "calibration_data", "dynamic_batch"} & set(merged))
+    if clash:
+        raise ExportError(f"pass {clash} as export() arguments, not in options")
+    merged.update(quantize=quantize, calibration_data=calibration_data, dynamic_batch=dynamic_batch)
+    if progress is not None:
+        merged.setdefault("progress", progress)
+    try:
+        return Settings.from_options(merged)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+
+
+def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any) -> Path:
+    """A TensorRT engine next to the ONNX file, built by the tensorrt runtime's builder.
+
+    The builder is :class:`~embedl_dynamo.runtimes.tensorrt.TensorRTRuntime`'s (ONNX parser,
+    one optimisation profile over the dynamic batch, INT8 taken from the explicit QDQ nodes);
+    the engine is cached in the artifact cache keyed by the ONNX file's bytes, the TensorRT
+    version, the GPU and the profile, then copied next to the ONNX file.
+    """
+    from .cache import ArtifactCache, atomic_write_bytes, content_key
+    from .runtimes.tensorrt import TensorRTRuntime
+
+    missing = TensorRTRuntime.missing()
+    if missing is not None:
+        raise ExportError(
+            f"engine=True needs TensorRT and a CUDA GPU, but {missing}. Install "
+            "embedl-dynamo[tensorrt] on an NVIDIA machine, or export with engine=False and build "
+            "the engine there (trtexec --onnx=...)."
+        )
+    import tensorrt as trt
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    profile = TensorRTRuntime(settings)._profile(list(args))
+    key = content_key(
+        "trt_engine_export",
+        _sha256(onnx_path),
+        trt.__version__,
+        torch.cuda.get_device_name(device),
+        list(torch.cuda.get_device_capability(device)),
+        [[list(s) for s in p] for p in profile],
+    )
+
+    def _build(target: Path) -> None:
+        target.write_bytes(TensorRTRuntime._build_engine(trt, onnx_path, profile))
+
+    cached, built = ArtifactCache(settings.cache_dir, "trt_engine").get_or_build(
+        key, _build, ".engine"
+    )
+    logger.info("TensorRT engine %s (%s)", key[:16], "built" if built else "from cache")
+    engine_path = onnx_path.with_suffix(".engine")
+    atomic_write_bytes(engine_path, Path(cached).read_bytes())
+    return engine_path
+
+
+def export(
+    model: nn.Module,
+    example_inputs: Any,
+    path: str | os.PathLike[str],
+    *,
+    backend: str = "tensorrt",
+    quantize: str | None = None,
+    calibration_data: Iterable[Any] | Callable[[nn.Module], Any] | None = None,
+    dynamic_batch: bool = True,
+    opset: int | None = None,
+    verify: bool = True,
+    engine: bool = False,
+    tolerance: float | None = None,
+    options: Mapping[str, Any] | None = None,
+    progress: bool | None = None,
+) -> Path:
+    """Run the ``torch.compile`` pipeline ahead of time and write an ONNX file plus JSON sidecar.
+
+    Args:
+        model: an ``nn.Module`` in eval mode; it is run, never modified.
+        example_inputs: a tensor or a tuple of tensors (batch dimension first).
+        path: the ``.onnx`` file to write (its directory must exist); the sidecar goes to
+            :func:`sidecar_path` (``model.json``).
+        backend: the target whose patterns are used (``tensorrt``, ``onnxruntime``, ...).
+        quantize: None (float) or ``"int8"`` (QDQ nodes, weight scales as constants).
+        calibration_data: INT8 calibration batches (tensors or tuples) or a callable
+            ``forward_loop(model)``; the example inputs when None.
+        dynamic_batch: leave dim 0 dynamic (``batch``) in the file.
+        opset: ONNX opset; the exporter's default when None.
+        verify: raise :class:`VerificationError` when ONNX Runtime's outputs differ from
+            PyTorch's beyond tolerance (the difference is always measured and reported).
+        engine: also build a TensorRT engine (``model.engine``); needs TensorRT and a GPU.
+        tolerance: overrides :func:`float_tolerance` / :func:`int8_tolerance`.
+        options: further pipeline settings (``observer``, ``calibration_steps``, ``cache_dir``,
+            ...), as for ``torch.compile(..., options=...)``.
+        progress: show a progress bar over the export stages (None: only on a terminal).
+
+    Returns:
+        The path of the ONNX file.
+
+    Raises:
+        ExportError: bad arguments, a model Dynamo cannot capture as one graph, or an op ONNX
+            cannot express; the message names the cause and the fix.
+        VerificationError: ``verify`` is on and the outputs differ beyond tolerance.
+    """
+    from tqdm.auto import tqdm
+
+    from .backend import backend_by_name
+    from .cache import atomic_write_text, library_versions
+    from .capture import capture
+    from .onnx_export import ExportError as OnnxExportError
+    from .onnx_export import export_onnx, input_names, output_names
+    from .pipeline import run_pipeline
+
+    if not isinstance(model, nn.Module):
+        raise ExportError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if model.training:
+        raise ExportError(
+            f"{type(model).__name__} is in training mode; call model.eval() before export "
+            "(BatchNorm statistics and Dropout must be fixed for a deployable file)"
+        )
+    args = _as_args(example_inputs)
+    path = Path(path)
+    if path.suffix != ".onnx":
+        raise ExportError(f"path must end in .onnx, got {str(path)!r}")
+    if not path.parent.is_dir():
+        raise ExportError(f"directory {str(path.parent)!r} does not exist; create it first")
+    try:
+        target = backend_by_name(backend)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from exc
+    settings = _settings(quantize, calibration_data, dynamic_batch, options, progress)
+    if quantize is not None and target.quantization is None:
+        raise ExportError(
+            f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "
+            "'onnxruntime' for quantize='int8'"
+        )
+
+    show = settings.progress
+    stages = tqdm(
+        total=4 + int(engine),
+        desc="export",
+        unit="stage",
+        disable=None if show is None else not show,  # None: only on a terminal
+        leave=False,
+    )
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    try:
+        stages.set_postfix_str("capture")
+        try:
+            gm = capture(model, args)
+        except RuntimeError as exc:
+            raise ExportError(
+                f"{exc}. Export needs one graph: remove the graph break (see "
+                "torch._dynamo.explain) or export the parts separately."
+            ) from exc
+        timings["capture_s"] = time.perf_counter() - start
+        stages.update()
+
+        stages.set_postfix_str("pipeline")
+        t0 = time.perf_counter()
+        result = run_pipeline(gm, args, target, settings)
+        timings["pipeline_s"] = time.perf_counter() - t0
+        stages.update()
+
+        stages.set_postfix_str("onnx")
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            outputs = _flat(result.model(*args))
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        try:
+            export_onnx(result.model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
+            import onnx
+
+            onnx.checker.check_model(str(tmp))
+            os.replace(tmp, path)
+        except OnnxExportError as exc:
+            raise ExportError(
+                f"{exc}. The op stays in PyTorch under torch.compile; for export, replace it "
+                "or raise the opset (opset=...)"
+            ) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
+        timings["onnx_s"] = time.perf_counter() - t0
+        stages.update()
+
+        stages.set_postfix_str("verify")
+        t0 = time.perf_counter()
+        quantized = bool(result.report.get("quantized"))
+        reference = result.model if quantized else model
+        check = _verify(path, args, reference, model, quantized, dynamic_batch, tolerance)
+        timings["verify_s"] = time.perf_counter() - t0
+        stages.update()
+        logger.info(
+            "exported %s: max abs diff %.3g vs %s (tolerance %.3g)",
+            path, check.max_abs_diff, check.compared_with, check.tolerance,
+        )  # fmt: skip
+
+        engine_path = None
+        if engine:
+            stages.set_postfix_str("engine")
+            engine_path = _build_engine(path, args, settings)
+            stages.update()
+    finally:
+        stages.close()
+
+    batch = args[0].shape[0] if args[0].dim() > 0 else None
+    quant_report = result.report.get("quantization") or {}
+    sidecar = {
+        "format": SIDECAR_FORMAT,
+        "onnx_file": path.name,
+        "onnx_sha256": _sha256(path),
+        "engine_file": engine_path.name if engine_path else None,
+        "backend": target.to_dict(),
+        "inputs": _io_specs(input_names(len(args)), args, batch, dynamic_batch),
+        "outputs": _io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
+        "opset": opset,
+        "quantized": quantized,
+        "plan": result.plan.summary(),
+        "report": {k: v for k, v in result.report.items() if k != "quantization"},
+        "quantization": {
+            "scales": quant_report.get("ranges"),
+            "quantized_layers": quant_report.get("quantized_layers", []),
+            "float_layers": quant_report.get("float_layers", []),
+            "ranges_from": quant_report.get("ranges_from"),
+            "config": quant_report.get("config"),
+        }
+        if quantized
+        else None,
+        "verification": {
+            "max_abs_diff": check.max_abs_diff,
+            "tolerance": check.tolerance,
+            "compared_with": check.compared_with,
+            "batch_sizes": list(check.batch_sizes),
+            "cosine_to_float": check.cosine_to_float,
+            "passed": check.max_abs_diff <= check.tolerance,
+        },
+        "settings": settings.to_dict(),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "versions": library_versions(),
+    }
+    atomic_write_text(sidecar_path(path), json.dumps(_jsonable(sidecar), indent=2))
+    if check.max_abs_diff > check.tolerance:
+        message = (
+            f"{path} differs from PyTorch by {check.max_abs_diff:.3g} (max abs, vs the "
+            f"{check.compared_with}; tolerance {check.tolerance:.3g})"
+        )
+        if verify:
+            raise VerificationError(
+                f"{message}. Inspect the sidecar {sidecar_path(path).name}, disable the plan "
+                "entry at fault, or pass verify=False to keep the file anyway."
+            )
+        logger.warning("%s; kept because verify=False", message)
+    return path

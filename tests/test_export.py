@@ -1,0 +1,212 @@
+"""Tests for :func:`embedl_dynamo.export`: the file, its sidecar, verification and the errors."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.export import ExportError, VerificationError, export, sidecar_path
+from tests.models import ResNetLike
+
+# the module; ``embedl_dynamo.export`` is the function
+export_module = importlib.import_module("embedl_dynamo.export")
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return ResNetLike().eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory):
+    """A float ResNetLike exported once for the module's tests."""
+    root = tmp_path_factory.mktemp("export")
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 3, 32, 32)
+    path = export(model, (x,), root / "resnet.onnx", options={"cache_dir": root / "cache"})
+    return model, before, x, path
+
+
+def test_export_writes_a_checked_onnx_file_with_dynamic_batch(exported) -> None:
+    _, _, _, path = exported
+    onnx.checker.check_model(str(path))
+    proto = onnx.load(str(path))
+    dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim0.dim_param == "batch"
+    assert len(proto.graph.initializer) > 0  # weights are constants, not graph inputs
+    assert [i.name for i in proto.graph.input] == ["input_0"]
+
+
+def test_export_sidecar_reports_plan_verification_settings_versions(exported) -> None:
+    _, _, _, path = exported
+    side = json.loads(sidecar_path(path).read_text())
+    assert sidecar_path(path).name == "resnet.json"
+    assert side["format"] == "embedl_dynamo.export/1"
+    assert side["onnx_file"] == "resnet.onnx"
+    assert side["backend"]["name"] == "tensorrt"
+    assert side["inputs"] == [{"name": "input_0", "shape": ["batch", 3, 32, 32], "dtype": "float32"}]
+    assert side["outputs"] == [{"name": "output_0", "shape": ["batch", 10], "dtype": "float32"}]
+    assert side["plan"]["applied_count"] > 0
+    applied = {m["pattern"] for m in side["plan"]["matches"] if m["apply"] or m["applied"]}
+    assert any("conv" in p for p in applied), applied
+    check = side["verification"]
+    assert check["passed"] and check["max_abs_diff"] <= 1e-4
+    assert check["batch_sizes"] == [2, 4]  # the example batch and a doubled one (dynamic axis)
+    assert side["quantized"] is False and side["quantization"] is None
+    assert side["settings"]["dynamic_batch"] is True
+    assert side["versions"]["torch"] == torch.__version__
+    assert side["versions"]["onnx"] == onnx.__version__
+
+
+def test_export_does_not_modify_the_model(exported) -> None:
+    model, before, _, _ = exported
+    assert not model.training
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_exported_file_matches_eager_on_onnxruntime(exported) -> None:
+    import onnxruntime as ort
+
+    model, _, _, path = exported
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 32, 32)
+    (got,) = session.run(None, {"input_0": x.numpy()})
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_export_is_reachable_from_the_package() -> None:
+    assert embedl_dynamo.export is export
+    assert callable(embedl_dynamo.load)
+
+
+def test_verification_mismatch_is_an_error_unless_verify_false(tmp_path, monkeypatch, caplog) -> None:
+    real = export_module._run_onnx
+
+    def _off_by_one(path, args):
+        return [o + 1.0 for o in real(path, args)]
+
+    monkeypatch.setattr(export_module, "_run_onnx", _off_by_one)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opts = {"cache_dir": tmp_path / "cache"}
+    with pytest.raises(VerificationError, match=r"differs from PyTorch by 1 .*verify=False"):
+        export(model, x, tmp_path / "bad.onnx", options=opts)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.export"):
+        path = export(model, x, tmp_path / "kept.onnx", options=opts, verify=False)
+    assert path.is_file()
+    assert "kept because verify=False" in caplog.text
+    check = json.loads(sidecar_path(path).read_text())["verification"]
+    assert check["passed"] is False and check["max_abs_diff"] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend": "nosuch"}, r"unknown backend 'nosuch'; known backends: .*tensorrt"),
+        ({"quantize": "int4"}, r"invalid quantize='int4'; valid values"),
+        ({"options": {"colour": "red"}}, r"unknown embedl_dynamo option\(s\) \['colour'\]"),
+        ({"options": {"quantize": "int8"}}, r"pass \['quantize'\] as export\(\) arguments"),
+        ({"backend": "lattice", "quantize": "int8"}, r"backend 'lattice' has no INT8"),
+    ],
+)
+def test_bad_arguments_name_the_problem(tmp_path, kwargs, message) -> None:
+    model = nn.Linear(4, 2).eval()
+    with pytest.raises(ExportError, match=message):
+        export(model, torch.randn(1, 4), tmp_path / "m.onnx", **kwargs)
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_bad_model_inputs_and_paths_name_the_fix(tmp_path) -> None:
+    model = nn.Linear(4, 2)
+    x = torch.randn(1, 4)
+    with pytest.raises(ExportError, match=r"training mode; call model.eval\(\)"):
+        export(model, x, tmp_path / "m.onnx")
+    assert model.training  # still the user's choice: export did not switch it
+    model.eval()
+    with pytest.raises(ExportError, match=r"example_inputs\[1\] is a int"):
+        export(model, (x, 3), tmp_path / "m.onnx")
+    with pytest.raises(ExportError, match=r"must end in .onnx"):
+        export(model, x, tmp_path / "m.pt")
+    with pytest.raises(ExportError, match=r"does not exist; create it first"):
+        export(model, x, tmp_path / "missing" / "m.onnx")
+    with pytest.raises(ExportError, match=r"must be a torch.nn.Module"):
+        export(lambda t: t, x, tmp_path / "m.onnx")
+
+
+def test_graph_break_is_a_clear_error(tmp_path) -> None:
+    from tests.models import GraphBreakNet
+
+    with pytest.raises(ExportError, match=r"Export needs one graph"):
+        export(GraphBreakNet().eval(), torch.randn(2, 3, 16, 16), tmp_path / "g.onnx",
+               options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+
+
+def _has_tensorrt() -> bool:
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+
+    return TensorRTRuntime.missing() is None
+
+
+@pytest.mark.skipif(_has_tensorrt(), reason="TensorRT is installed: the error path does not apply")
+def test_engine_without_tensorrt_is_a_clear_error(tmp_path) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
+    with pytest.raises(ExportError, match=r"engine=True needs TensorRT and a CUDA GPU, but .*"):
+        export(model, torch.randn(1, 3, 8, 8), tmp_path / "e.onnx", engine=True,
+               options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+
+
+@pytest.mark.tensorrt
+@pytest.mark.cuda
+@pytest.mark.skipif(not _has_tensorrt(), reason="needs TensorRT >= 10 and a CUDA GPU")
+def test_engine_export_builds_and_loads(tmp_path) -> None:  # pragma: no cover - GPU machines
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    path = export(model, x, tmp_path / "r.onnx", engine=True,
+                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    engine = path.with_suffix(".engine")
+    assert engine.is_file()
+    loaded = embedl_dynamo.load(engine)
+    y = loaded(x.cuda())
+    torch.testing.assert_close(y.cpu(), model(x), atol=1e-2, rtol=1e-2)
+
+
+def _calibration() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(4, 3, 32, 32, generator=g) for _ in range(4)]
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_int8_export_has_qdq_scales_and_uses_the_calibration_cache(tmp_path, backend) -> None:
+    model = _model()
+    x = torch.randn(2, 3, 32, 32)
+    opts = {"cache_dir": tmp_path / "cache"}
+    path = export(model, x, tmp_path / "q.onnx", backend=backend, quantize="int8",
+                  calibration_data=_calibration(), options=opts)  # fmt: skip
+    proto = onnx.load(str(path))
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("QuantizeLinear") > 0 and ops.count("DequantizeLinear") > 0
+    side = json.loads(sidecar_path(path).read_text())
+    assert side["quantized"] is True
+    quant = side["quantization"]
+    assert quant["scales"] and quant["ranges_from"] == "calibrated"
+    assert isinstance(quant["float_layers"], list)
+    check = side["verification"]
+    assert check["passed"] and check["compared_with"] == "fake-quant PyTorch graph"
+    assert check["cosine_to_float"] > 0.98
+    # the same model and data again: ranges come from the on-disk calibration cache
+    again = export(model, x, tmp_path / "q2.onnx", backend=backend, quantize="int8",
+                   calibration_data=_calibration(), options=opts)  # fmt: skip
+    assert json.loads(sidecar_path(again).read_text())["quantization"]["ranges_from"] == "cache"
