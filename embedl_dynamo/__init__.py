@@ -15,8 +15,6 @@ from .backend import (
 )
 from .export import export
 from .load import load
-from .export import export
-from .load import load
 from .pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
 from .plan import PatternMatch, TransformationPlan
 from .report import explain, last_report
@@ -43,12 +41,10 @@ __all__ = [
     "TransformationPlan",
     "apply_transformation_plan",
     "discover_backends",
-    "export",
     "explain",
     "export",
     "get_backend",
     "get_transformation_plan",
-    "load",
     "last_report",
     "load",
     "reset_backends",
