@@ -69,6 +69,18 @@ class _Root(nn.Module):
     def forward(self, *args: Any) -> Any:
         return self.model(*args)
 
+    def graph(self, count: int | None) -> fx.Graph:
+        """``model(*inputs)`` as a graph (``symbolic_trace`` cannot trace ``*args``)."""
+        import inspect
+
+        params = list(inspect.signature(self.model.forward).parameters.values())
+        if count is None:
+            count = sum(1 for p in params if p.default is inspect.Parameter.empty)
+        graph = fx.Graph()
+        inputs = tuple(graph.placeholder(p.name) for p in params[:count])
+        graph.output(graph.call_module("model", inputs))
+        return graph
+
 
 def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule:
     """Trace ``model`` to a GraphModule (``call_module`` nodes kept), with shapes if ``args``.
@@ -84,8 +96,12 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
     if isinstance(model, fx.GraphModule):
         gm = copy.deepcopy(model)
     else:
-        root = _Root(model) if isinstance(model, _UNTRACEABLE_LEAVES) else model
-        graph = _Tracer().trace(root)
+        if isinstance(model, _UNTRACEABLE_LEAVES):
+            root = _Root(model)
+            graph = root.graph(len(args) if args is not None else None)
+        else:
+            root = model
+            graph = _Tracer().trace(root)
         gm = copy.deepcopy(fx.GraphModule(root, graph, type(model).__name__))
     if args is not None:
         from torch.fx.passes.shape_prop import ShapeProp
@@ -194,8 +210,9 @@ def _run_conversions(
                 entries.append(entry)
                 fired.append(pattern.name)
         if not fired:
-            gm.graph.lint()
-            gm.recompile()
+            if _round:  # the graph changed: check it and regenerate its code
+                gm.graph.lint()
+                gm.recompile()
             return
     raise RuntimeError(
         f"conversions did not converge after {MAX_CONVERSION_ROUNDS} rounds; still firing: "
@@ -250,6 +267,30 @@ def get_transformation_plan(
     return TransformationPlan(model=gm, entries=entries)
 
 
+def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
+    """Deep-copy ``gm`` but keep its parameter and buffer tensors shared (for speed).
+
+    Fusions replace most weights (BatchNorm folded into new tensors), so copying them all first
+    is wasted work; :func:`_unshare_tensors` copies the ones that survive.
+    """
+    memo: dict[int, Any] = {}
+    for tensor in (*gm.parameters(), *gm.buffers()):
+        memo[id(tensor)] = tensor
+    return copy.deepcopy(gm, memo)
+
+
+def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
+    """Give ``gm`` its own copy of every parameter and buffer it still shares with ``source``."""
+    shared = {id(t) for t in (*source.parameters(), *source.buffers())}
+    for module in gm.modules():
+        for name, param in module._parameters.items():
+            if param is not None and id(param) in shared:
+                module._parameters[name] = copy.deepcopy(param)
+        for name, buffer in module._buffers.items():
+            if buffer is not None and id(buffer) in shared:
+                module._buffers[name] = buffer.clone()
+
+
 def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
     """Apply the plan's pending matches to a copy of ``plan.model``.
 
@@ -257,7 +298,7 @@ def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
         A :class:`TransformResult`; the plan itself is left untouched, so it can be edited and
         applied again.
     """
-    gm = copy.deepcopy(plan.model)
+    gm = _copy_sharing_tensors(plan.model)
     nodes = {n.name: n for n in gm.graph.nodes}
     for entry in plan.entries:
         if entry.applied or not entry.apply:
@@ -270,6 +311,7 @@ def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
     gm.graph.eliminate_dead_code()
     gm.graph.lint()
     gm.delete_all_unused_submodules()
+    _unshare_tensors(gm, plan.model)
     gm.recompile()
     report = plan.summary()
     return TransformResult(model=gm, plan=plan, report=report)
