@@ -7,6 +7,8 @@ INT8 placement differs (uint8 activations, QDQ around conv outputs) and comes wi
 from __future__ import annotations
 
 from ..backend import Backend
+from ..patterns.quantized import ONNXRUNTIME_QUANTIZED_PATTERNS
+from ..quant.spec import ONNXRUNTIME_INT8
 from .tensorrt import TENSORRT_CONVERSION_PATTERNS, TENSORRT_FUSION_PATTERNS
 
 __all__ = ["BACKEND"]
@@ -15,5 +17,7 @@ BACKEND = Backend(
     name="onnxruntime",
     conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
     fusion_patterns=TENSORRT_FUSION_PATTERNS,
+    quantized_patterns=ONNXRUNTIME_QUANTIZED_PATTERNS,
+    quantization=ONNXRUNTIME_INT8,
     description="ONNX Runtime CPU: QLinearConv/QLinearAdd INT8 placement (uint8 activations)",
 )

@@ -14,7 +14,10 @@ from ..patterns.conv_bn import CONV_BN_PATTERNS
 from ..patterns.conversions import CONVERSION_PATTERNS
 from ..patterns.linear import LINEAR_PATTERNS
 from ..patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
+from ..patterns.quantized import TENSORRT_QUANTIZED_PATTERNS as _QUANTIZED
 from ..patterns.residual import RESIDUAL_PATTERNS
+from ..patterns.smooth import SmoothLayerNormLinear
+from ..quant.spec import TENSORRT_INT8
 
 __all__ = [
     "BACKEND",
@@ -36,8 +39,8 @@ _CONV_LINEAR_FUSIONS = (
     AdaptiveAvgPool(),
 )
 TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS, *ATTENTION_FUSION_PATTERNS)
-TENSORRT_SMOOTH_PATTERNS = ()
-TENSORRT_QUANTIZED_PATTERNS = ()
+TENSORRT_SMOOTH_PATTERNS = (SmoothLayerNormLinear(alpha=0.5),)
+TENSORRT_QUANTIZED_PATTERNS = _QUANTIZED
 TENSORRT_PATTERNS = (
     *TENSORRT_CONVERSION_PATTERNS,
     *TENSORRT_FUSION_PATTERNS,
@@ -51,5 +54,6 @@ BACKEND = Backend(
     fusion_patterns=TENSORRT_FUSION_PATTERNS,
     smooth_patterns=TENSORRT_SMOOTH_PATTERNS,
     quantized_patterns=TENSORRT_QUANTIZED_PATTERNS,
+    quantization=TENSORRT_INT8,
     description="NVIDIA TensorRT: explicit-quantization INT8, fused conv/linear/attention kernels",
 )

@@ -1,0 +1,345 @@
+"""QDQ placement patterns (phase ``quantized``): where each target wants Quantize/Dequantize.
+
+A :class:`QuantizedPattern` rewrites nothing: it *annotates*. Its ``qdq`` says which match
+names are quantized on the way in (activations), which constant inputs are weights (per-channel),
+and whether the output is quantized; ``check`` says when an op stays in float, and why (the
+reason lands in the quantization report). ``module_types`` extends a pattern to fused modules
+(:class:`~embedl_dynamo.patterns.fused_modules.FusedConv`), whose own ``qdq`` names their inputs
+and weights; ``check_module`` applies the same policy to them.
+
+Two placements, measured on ONNX Runtime's CPU provider (see FACTS.md):
+
+* **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul and on both inputs of a residual Add
+  (TensorRT then fuses the Add into the conv); grouped convs whose channels are not multiples of
+  4 and attention with head size outside {16, 32, 64} stay in float.
+* **onnxruntime**: additionally Q/DQ on each conv's (post-activation) output and on each Add's
+  output, so ORT's QDQ transformer forms QLinearConv and QLinearAdd.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from ..canonicalize import canonical_call
+from ..graph_utils import PATH_KEY, module_path, node_shape
+from ..pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
+from .attention import FusedAttention
+from .fused_modules import ACTIVATIONS, FusedConv, FusedConvAdd, FusedConvMaxPool, FusedLinear
+
+__all__ = [
+    "ONNXRUNTIME_QUANTIZED_PATTERNS",
+    "TENSORRT_QUANTIZED_PATTERNS",
+    "QuantizedPattern",
+    "QuantAddORT",
+    "QuantAttention",
+    "QuantConv",
+    "QuantConvORT",
+    "QuantFusedAttention",
+    "QuantFusedModule",
+    "QuantLinear",
+    "QuantLinearORT",
+    "QuantMatMul",
+    "QuantResidualAdd",
+    "QuantSDPA",
+    "SplitFusedForORT",
+]
+
+TENSORRT_ATTENTION_HEAD_SIZES = (16, 32, 64)
+
+
+class QuantizedPattern(Pattern):
+    """Base of QDQ placement patterns: match, check, annotate (no rewrite)."""
+
+    phase = "quantized"
+    match_functions: ClassVar[bool] = True
+    module_types: ClassVar[tuple[type[nn.Module], ...]] = ()
+    # quantize the module's output too (``qdq.output`` for fused modules)
+    module_output: ClassVar[Role | None] = None
+
+    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
+        """Whether a fused module matched by type is quantized; ``(False, reason)`` if not."""
+        return True, ""
+
+    def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
+        """A quantization-specific rewrite of a fused module's call; True if it rewrote."""
+        return False
+
+    def replace(self, m: Match) -> fx.Node:
+        return m.anchor  # placement patterns annotate; the quantization stage inserts QDQ
+
+
+def _grouped_conv_reason(weight: torch.Tensor | None, groups: int) -> str:
+    if weight is None or groups == 1:
+        return ""
+    out_ch, in_per_group = weight.shape[0], weight.shape[1]
+    if in_per_group % 4 or (out_ch // groups) % 4:
+        return (
+            f"grouped conv (groups={groups}) with {in_per_group} input / {out_ch // groups} output "
+            "channels per group, not multiples of 4: INT8 does not pay"
+        )
+    return ""
+
+
+class QuantConv(QuantizedPattern):
+    """TensorRT: quantize a convolution's input and its weight (per output channel)."""
+
+    name = "quant_conv"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
+    module_types = (FusedConv,)
+
+    @staticmethod
+    def target(x, w, b):
+        conv = F.conv2d(x, w, b)
+        return conv, {"conv": conv}
+
+    def check(self, m: Match) -> MatchResult:
+        if not m.is_constant("w"):
+            return m.fail("convolution weight is not a constant")
+        reason = _grouped_conv_reason(m.value("w"), m.kwarg("conv", "groups"))
+        return m.fail(reason) if reason else m.ok()
+
+    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
+        reason = _grouped_conv_reason(module.weight, module.groups)
+        return (not reason, reason)
+
+
+class QuantConvORT(QuantConv):
+    """ONNX Runtime: as :class:`QuantConv`, plus Q/DQ on the output (after a fused activation)."""
+
+    name = "quant_conv_ort"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=Role.ACTIVATION)
+    module_output = Role.ACTIVATION
+
+
+class QuantLinear(QuantizedPattern):
+    """Quantize a Linear's input and its weight (per output feature)."""
+
+    name = "quant_linear"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
+    module_types = (FusedLinear,)
+
+    @staticmethod
+    def target(x, w, b):
+        out = F.linear(x, w, b)
+        return out, {"linear": out}
+
+    def check(self, m: Match) -> MatchResult:
+        if not m.is_constant("w"):
+            return m.fail("linear weight is not a constant")
+        return m.ok()
+
+
+class QuantLinearORT(QuantLinear):
+    """ONNX Runtime: Linear with quantized input, weight and output (QGemm / QLinearMatMul)."""
+
+    name = "quant_linear_ort"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=Role.ACTIVATION)
+    module_output = Role.ACTIVATION
+
+
+class QuantMatMul(QuantizedPattern):
+    """Quantize both inputs of a MatMul of two activations."""
+
+    name = "quant_matmul"
+    qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION})
+
+    @staticmethod
+    def target(a, b):
+        out = torch.matmul(a, b)
+        return out, {"matmul": out}
+
+
+def _is_residual(m: Match, a: str, b: str) -> str:
+    sa, sb = m.shape(a), m.shape(b)
+    if not (isinstance(m[a], fx.Node) and isinstance(m[b], fx.Node)):
+        return "an input is a Python scalar, not a residual branch"
+    if m.is_constant(a) or m.is_constant(b):
+        return "an input is a constant (a bias add, not a residual)"
+    if sa is not None and sb is not None and tuple(sa) != tuple(sb):
+        return f"input shapes {tuple(sa)} and {tuple(sb)} differ (broadcast add, not a residual)"
+    return ""
+
+
+class QuantResidualAdd(QuantizedPattern):
+    """TensorRT: quantize both branches of a residual Add so it fuses into the convolution."""
+
+    name = "quant_residual_add"
+    qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION})
+
+    @staticmethod
+    def target(a, b):
+        out = torch.add(a, b)
+        return out, {"add": out}
+
+    def check(self, m: Match) -> MatchResult:
+        if m.kwarg("add", "alpha") != 1:
+            return m.fail("add with alpha != 1")
+        reason = _is_residual(m, "a", "b")
+        return m.fail(reason) if reason else m.ok()
+
+
+class QuantAddORT(QuantResidualAdd):
+    """ONNX Runtime: residual Add with quantized inputs and output (QLinearAdd)."""
+
+    name = "quant_add_ort"
+    qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION}, output=Role.ACTIVATION)
+
+
+def _head_size_reason(head_dim: Any) -> str:
+    if head_dim not in TENSORRT_ATTENTION_HEAD_SIZES:
+        return (
+            f"attention head size {head_dim} is not in {list(TENSORRT_ATTENTION_HEAD_SIZES)}: "
+            "TensorRT's fused INT8 attention does not apply"
+        )
+    return ""
+
+
+class QuantAttention(QuantizedPattern):
+    """TensorRT: nn.MultiheadAttention with quantized input and projection weights."""
+
+    name = "quant_attention"
+    qdq = QDQ(
+        inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION},
+        weights={"w_in": Role.WEIGHT, "w_out": Role.WEIGHT},
+    )
+
+    @staticmethod
+    def target(q, k, v, embed_dim, num_heads, w_in, b_in, w_out, b_out):
+        out = F.multi_head_attention_forward(
+            q, k, v, embed_dim, num_heads, w_in, b_in, None, None, False, 0.0, w_out, b_out
+        )
+        return out, {"mha": out}
+
+    def check(self, m: Match) -> MatchResult:
+        embed_dim, heads = m.kwarg("mha", "embed_dim_to_check"), m.kwarg("mha", "num_heads")
+        if not isinstance(embed_dim, int) or not isinstance(heads, int):
+            return m.fail("attention sizes are not static")
+        reason = _head_size_reason(embed_dim // heads)
+        if reason:
+            return m.fail(reason)
+        if not m.all_constant("w_in", "w_out"):
+            return m.fail("attention projection weights are not constants")
+        return m.ok()
+
+
+class QuantSDPA(QuantizedPattern):
+    """TensorRT: scaled-dot-product attention with quantized Q, K, V (head size permitting)."""
+
+    name = "quant_sdpa"
+    qdq = QDQ(inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION})
+
+    @staticmethod
+    def target(q, k, v):
+        out = F.scaled_dot_product_attention(q, k, v)
+        return out, {"sdpa": out}
+
+    def check(self, m: Match) -> MatchResult:
+        shape = m.shape("q")
+        if shape is None:
+            return m.fail("query shape unknown")
+        reason = _head_size_reason(int(shape[-1]))
+        return m.fail(reason) if reason else m.ok()
+
+
+class QuantFusedAttention(QuantizedPattern):
+    """TensorRT: fused attention with quantized q, k, v when the head size suits its kernel."""
+
+    name = "quant_fused_attention"
+    match_functions = False
+    module_types = (FusedAttention,)
+
+    @staticmethod
+    def target(x):
+        out = torch.relu(x)
+        return out, {"out": out}
+
+    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
+        shape = node_shape(node.args[0]) if node.args else None
+        if shape is None:
+            return False, "attention head size unknown (no shape metadata)"
+        reason = _head_size_reason(int(shape[-1]))
+        return (not reason, reason)
+
+
+class QuantFusedModule(QuantizedPattern):
+    """TensorRT: any other fused module, quantized where its own ``qdq`` says (pooling...)."""
+
+    name = "quant_fused_module"
+    match_functions = False
+    module_types = (FusedModule,)
+
+    @staticmethod
+    def target(x):
+        out = torch.relu(x)
+        return out, {"out": out}
+
+
+TENSORRT_QUANTIZED_PATTERNS = (
+    QuantAttention(),
+    QuantSDPA(),
+    QuantConv(),
+    QuantLinear(),
+    QuantMatMul(),
+    QuantResidualAdd(),
+    QuantFusedAttention(),
+    QuantFusedModule(),
+)
+ONNXRUNTIME_QUANTIZED_PATTERNS = (QuantConvORT(), QuantLinearORT(), QuantAddORT())
+
+
+def _canonical_activation(name: str) -> Any:
+    return next(target for target, label in ACTIVATIONS.items() if label == name)
+
+
+class SplitFusedForORT(QuantizedPattern):
+    """ONNX Runtime: split fused conv groups whose inner conv output needs its own Q/DQ.
+
+    ORT forms QLinearConv only when the conv's output is quantized right after the conv (or its
+    activation), so ``act(conv(x) + r)`` becomes ``conv`` -> ``add`` -> ``act`` and
+    ``maxpool(act(conv(x)))`` becomes ``act(conv)`` -> ``maxpool``. The math is unchanged.
+    """
+
+    name = "split_fused_for_ort"
+    match_functions = False
+
+    @staticmethod
+    def target(x):
+        out = torch.relu(x)
+        return out, {"out": out}
+
+    def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
+        """Replace ``node`` (a FusedConvAdd / FusedConvMaxPool call) by its split form."""
+        if not isinstance(module, (FusedConvAdd, FusedConvMaxPool)):
+            return False
+        is_add = isinstance(module, FusedConvAdd)
+        conv = FusedConv(
+            module.weight, module.bias, module.stride, module.padding, module.dilation,
+            module.groups, activation=None if is_add else module.activation, kind=module.kind,
+        )  # fmt: skip
+        name = f"{node.target}_conv"
+        gm.add_module(name, conv)
+        path = module_path(node)
+        with gm.graph.inserting_before(node):
+            conv_node = gm.graph.call_module(name, (node.args[0],))
+            conv_node.meta[PATH_KEY] = path
+            if is_add:
+                out = canonical_call(
+                    gm.graph, torch.add, path=path, input=conv_node, other=node.args[1], alpha=1
+                )
+                if module.activation is not None:
+                    act = _canonical_activation(module.activation)
+                    out = canonical_call(gm.graph, act, path=path, input=out)
+            else:
+                out = canonical_call(
+                    gm.graph, F.max_pool2d, path=path, input=conv_node, **module.pool
+                )
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        return True
+
+
+ONNXRUNTIME_QUANTIZED_PATTERNS = (SplitFusedForORT(), *ONNXRUNTIME_QUANTIZED_PATTERNS)

@@ -1,0 +1,199 @@
+"""Run calibration data through an observed graph and turn the statistics into scales.
+
+Calibration data is either an iterable of batches (a tensor, or a tuple/list of positional
+inputs) or a callable ``forward_loop(model)`` that owns the loop (ModelOpt's convention). A
+``tqdm`` bar runs over iterable batches when ``progress`` is true and stderr is a TTY.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from .observers import Calibrator, NonFiniteError, scale_zero_point
+from .placement import Placement
+from .spec import QuantizationConfig
+
+__all__ = [
+    "CalibrationData",
+    "as_batches",
+    "calibrate",
+    "check_batches_finite",
+    "data_fingerprint",
+    "forward_pass_count",
+    "ranges_from_calibrators",
+]
+
+logger = logging.getLogger(__name__)
+
+CalibrationData = Iterable[Any] | Callable[[nn.Module], Any]
+
+_COUNTER = {"forward_passes": 0}
+
+
+def forward_pass_count() -> int:
+    """How many calibration forward passes this process has run (tests and reports use it)."""
+    return _COUNTER["forward_passes"]
+
+
+class _Counting(nn.Module):
+    """Wraps the observed graph so every forward pass is counted, whoever owns the loop."""
+
+    def __init__(self, gm: nn.Module) -> None:
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        _COUNTER["forward_passes"] += 1
+        return self.gm(*args, **kwargs)
+
+
+def as_batches(data: Iterable[Any]) -> list[tuple[torch.Tensor, ...]]:
+    """Materialise an iterable of tensors or tuples of tensors as a list of argument tuples."""
+    if isinstance(data, torch.Tensor):
+        raise TypeError(
+            "calibration_data is a single tensor; pass an iterable of batches, e.g. "
+            "list(tensor.split(32)), or a callable forward_loop(model)"
+        )
+    batches = []
+    for batch in data:
+        if isinstance(batch, torch.Tensor):
+            batches.append((batch,))
+        elif isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
+            batches.append(tuple(batch))
+        else:
+            raise TypeError(
+                f"calibration batch of type {type(batch).__name__} is not a tensor or a tuple of "
+                "tensors; pass batches of model inputs or a callable forward_loop(model)"
+            )
+    if not batches:
+        raise ValueError("calibration_data is empty: give at least one batch")
+    return batches
+
+
+def check_batches_finite(batches: Sequence[tuple[torch.Tensor, ...]]) -> None:
+    """Raise :class:`NonFiniteError` naming the first input holding NaN or infinity."""
+    for b, batch in enumerate(batches):
+        for i, tensor in enumerate(batch):
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise NonFiniteError(
+                    f"calibration input {i} of batch {b} holds non-finite values (NaN/inf); "
+                    "clean the calibration data"
+                )
+
+
+def _callable_fingerprint(fn: Callable[..., Any]) -> str:
+    """Identify a forward_loop by its qualified name, bytecode and constant closure values."""
+    h = hashlib.sha256(getattr(fn, "__qualname__", repr(type(fn))).encode())
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        h.update(code.co_code)
+        h.update(repr(code.co_consts).encode())
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            continue
+        _hash_value(h, value)
+    return h.hexdigest()
+
+
+def _hash_value(h: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        t = value.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        if t.numel():
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _hash_value(h, v)
+    elif isinstance(value, (int, float, str, bool)) or value is None:
+        h.update(repr(value).encode())
+    else:
+        h.update(type(value).__qualname__.encode())
+
+
+def data_fingerprint(data: CalibrationData | Sequence[tuple[torch.Tensor, ...]]) -> str:
+    """sha256 of calibration data: tensor bytes of every batch, or a forward_loop's identity.
+
+    A callable is identified by its name, bytecode and the tensors/literals it closes over;
+    data it reads from elsewhere (a file, a global loader) is not seen.
+    """
+    if callable(data) and not isinstance(data, (list, tuple)):
+        return "loop:" + _callable_fingerprint(data)
+    h = hashlib.sha256()
+    for batch in data:
+        _hash_value(h, batch)
+    return "data:" + h.hexdigest()
+
+
+def _use_bar(progress: bool) -> bool:
+    return bool(progress) and sys.stderr.isatty()
+
+
+def calibrate(
+    observed: fx.GraphModule,
+    data: CalibrationData | Sequence[tuple[torch.Tensor, ...]],
+    progress: bool = True,
+) -> int:
+    """Run ``data`` through ``observed`` (its observers collect statistics).
+
+    Args:
+        observed: the graph with observers (from :func:`~.insert.insert_observers`).
+        data: batches, or a callable ``forward_loop(model)``.
+        progress: show a tqdm bar over batches (only on a TTY).
+
+    Returns:
+        The number of forward passes run.
+    """
+    model = _Counting(observed).eval()
+    before = _COUNTER["forward_passes"]
+    with torch.no_grad():
+        if callable(data) and not isinstance(data, (list, tuple)):
+            data(model)
+        else:
+            from tqdm.auto import tqdm
+
+            batches = data if isinstance(data, list) else as_batches(data)
+            for batch in tqdm(
+                batches, desc="calibrating", unit="batch", disable=not _use_bar(progress)
+            ):
+                model(*batch)
+    passes = _COUNTER["forward_passes"] - before
+    if passes == 0:
+        raise ValueError("the calibration forward_loop never called the model")
+    logger.info("calibrated on %d forward passes", passes)
+    return passes
+
+
+def ranges_from_calibrators(
+    calibrators: Mapping[str, Calibrator], placement: Placement, config: QuantizationConfig
+) -> dict[str, dict[str, Any]]:
+    """``{node name: {"tensor", "dtype", "scale", "zero_point", "min", "max"}}`` (JSON-ready)."""
+    ranges: dict[str, dict[str, Any]] = {}
+    for name, calibrator in calibrators.items():
+        spec = config.spec(placement.activations[name])
+        if spec.symmetric:
+            amax = calibrator.compute_amax()
+            lo, hi = -amax, amax
+        else:
+            lo, hi = calibrator.compute_range()
+        scale, zp = scale_zero_point(spec, lo, hi)
+        ranges[name] = {
+            "tensor": calibrator.name,
+            "dtype": spec.dtype,
+            "scale": float(scale),
+            "zero_point": int(zp),
+            "min": float(lo),
+            "max": float(hi),
+        }
+    return ranges
+
+
+__all__ += ["NonFiniteError"]

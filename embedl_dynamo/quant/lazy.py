@@ -1,0 +1,107 @@
+"""Calibrate on a compiled model's first real calls, then switch to the quantized artifact.
+
+When ``quantize="int8"`` is given without ``calibration_data``, the torch.compile backend wraps
+the fused float graph with :func:`calibrate_then_build`. For the first
+``settings.calibration_steps`` calls the wrapper runs the float graph (``phase ==
+"calibrating"``) and keeps a copy of each call's inputs; at the last of them it calibrates on
+those inputs (ranges come from the on-disk cache when present), builds the quantized graph,
+hands it to ``build`` (the runtime) and runs that from then on (``phase == "quantized"``).
+The phase change is logged at INFO.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from .api import quantize_graph
+
+__all__ = ["LazyInt8", "calibrate_then_build"]
+
+logger = logging.getLogger(__name__)
+
+
+class LazyInt8:
+    """The callable :func:`calibrate_then_build` returns.
+
+    Attributes:
+        phase: ``"calibrating"`` or ``"quantized"``.
+        steps_seen: calls observed so far.
+        report: the quantization report once quantized.
+    """
+
+    def __init__(
+        self,
+        float_gm: fx.GraphModule,
+        backend: Any,
+        settings: Any,
+        build: Callable[[fx.GraphModule], Callable[..., Any]],
+    ) -> None:
+        self.float_gm = float_gm
+        self.backend = backend
+        self.settings = settings
+        self.build = build
+        self.steps = int(settings.calibration_steps)
+        self.phase = "calibrating"
+        self.steps_seen = 0
+        self.report: dict[str, Any] | None = None
+        self._batches: list[tuple[torch.Tensor, ...]] = []
+        self._infer: Callable[..., Any] | None = None
+        logger.info("INT8: calibrating on the first %d calls (running in float)", self.steps)
+
+    def __call__(self, *args: Any) -> Any:
+        if self._infer is not None:
+            return self._infer(*args)
+        with torch.no_grad():
+            out = self.float_gm(*args)
+        self._batches.append(tuple(a.detach().clone() for a in args if isinstance(a, torch.Tensor)))
+        self.steps_seen += 1
+        if self.steps_seen >= self.steps:
+            self._finish()
+        return out
+
+    def _finish(self) -> None:
+        settings = self.settings
+        quantized, self.report = quantize_graph(
+            self.float_gm,
+            self.backend,
+            self._batches,
+            observer=settings.observer,
+            cache_dir=settings.cache_dir if settings.calibration_cache else None,
+            use_cache=settings.calibration_cache,
+            progress=settings.progress,
+        )
+        self._batches = []
+        self._infer = self.build(quantized)
+        self.phase = "quantized"
+        logger.info(
+            "INT8: calibrated on %d calls (ranges from %s); now running the quantized model",
+            self.steps_seen,
+            self.report["ranges_from"],
+        )
+
+
+def calibrate_then_build(
+    float_gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    backend: Any,
+    settings: Any,
+    build: Callable[[fx.GraphModule], Callable[..., Any]],
+) -> LazyInt8:
+    """Wrap ``float_gm`` so it calibrates on its first calls, then runs ``build(quantized)``.
+
+    Args:
+        float_gm: the fused float graph.
+        example_inputs: the first call's inputs (unused; real calls are the calibration data).
+        backend: the target Backend.
+        settings: compile settings (``calibration_steps``, ``observer``, cache options).
+        build: turns the quantized GraphModule into the runtime callable.
+
+    Returns:
+        A :class:`LazyInt8` callable with a ``phase`` attribute.
+    """
+    return LazyInt8(float_gm, backend, settings, build)

@@ -1,0 +1,75 @@
+"""scikit-learn's ``load_digits`` (1,797 real 8x8 images) and a small CNN trained on it in seconds.
+
+Shared by the INT8 accuracy tests and the examples: deterministic (fixed seeds, fixed split).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DigitsCNN", "accuracy", "load_digits_tensors", "train_digits_cnn"]
+
+
+def load_digits_tensors(seed: int = 0):
+    """``(x_train, y_train, x_test, y_test)``: images as ``(N, 1, 8, 8)`` floats in [0, 1]."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    idx_train, idx_test = train_test_split(
+        range(len(y)), test_size=0.3, random_state=seed, stratify=data.target
+    )
+    return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
+
+
+class DigitsCNN(nn.Module):
+    """conv-bn-relu x2, a residual block, global pooling and a linear classifier."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, width, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(2 * width)
+        self.conv3 = nn.Conv2d(2 * width, 2 * width, 3, padding=1, bias=False)
+        self.bn3 = nn.BatchNorm2d(2 * width)
+        self.fc = nn.Linear(2 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = F.relu(self.bn3(self.conv3(x)) + x)
+        x = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.fc(x)
+
+
+def accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Top-1 accuracy in percent."""
+    with torch.no_grad():
+        out = model(x)
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    return float((torch.as_tensor(out).argmax(1) == y).float().mean()) * 100.0
+
+
+def train_digits_cnn(epochs: int = 8, seed: int = 0, lr: float = 3e-3) -> tuple[DigitsCNN, tuple]:
+    """Train :class:`DigitsCNN` (fixed seed); returns the eval-mode model and the data split."""
+    torch.manual_seed(seed)
+    data = load_digits_tensors(seed)
+    x_train, y_train = data[0], data[1]
+    model = DigitsCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        model.train()
+        perm = torch.randperm(len(x_train), generator=gen)
+        for i in range(0, len(perm), 64):
+            idx = perm[i : i + 64]
+            opt.zero_grad()
+            F.cross_entropy(model(x_train[idx]), y_train[idx]).backward()
+            opt.step()
+    return model.eval(), data
