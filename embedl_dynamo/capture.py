@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from .freeze import freeze
+from .freeze import FrozenGraph, freeze
 
 __all__ = ["capture"]
 
@@ -35,10 +35,11 @@ def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
         RuntimeError: Dynamo cannot capture the model as one graph (a graph break); the message
             carries Dynamo's reason.
     """
-    captured: list[tuple[fx.GraphModule, list[Any]]] = []
+    captured: list[tuple[FrozenGraph, list[Any]]] = []
 
     def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
-        captured.append((gm, list(example_inputs)))
+        # freeze now: Dynamo drops the placeholders' source metadata once compilation ends
+        captured.append((freeze(gm, example_inputs), list(example_inputs)))
         return gm.forward
 
     compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=False)
@@ -52,8 +53,7 @@ def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
         ) from exc
     if len(captured) != 1:
         raise RuntimeError(f"expected one Dynamo graph, got {len(captured)}")
-    gm, inputs = captured[0]
-    frozen = freeze(gm, inputs)
+    frozen, inputs = captured[0]
     user = [inputs[i] for i in frozen.user_inputs]
     if any(not isinstance(v, torch.Tensor) for v in user):
         raise RuntimeError("the captured graph takes non-tensor inputs; pass tensors only")

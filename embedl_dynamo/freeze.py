@@ -86,7 +86,19 @@ def is_lifted_constant(node: fx.Node, value: Any) -> bool:
     if isinstance(value, nn.Parameter):
         return True
     tensor_dict = node.meta.get("tensor_dict") or {}
-    return "_dynamo_static_input_type" in tensor_dict
+    if "_dynamo_static_input_type" in tensor_dict:
+        return True
+    # buffers are not always marked static (e.g. dynamic=True); their source says what they are
+    name = _source_name(node) or ""
+    return "._buffers[" in name or "._parameters[" in name
+
+
+def _source_name(node: fx.Node) -> str | None:
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    name = getattr(source, "name", None)
+    if callable(name):
+        name = name()
+    return name if isinstance(name, str) else None
 
 
 _TOKEN = re.compile(r"\.([A-Za-z_]\w*)|\[['\"]?([^'\"\]]+)['\"]?\]")
@@ -95,12 +107,8 @@ _CONTAINERS = {"_modules", "_parameters", "_buffers"}
 
 def _source_fqn(node: fx.Node) -> str | None:
     """``L['self']._modules['layer1']._modules['0']._parameters['weight']`` -> ``layer1.0.weight``."""
-    grapharg = node.meta.get("grapharg")
-    source = getattr(grapharg, "source", None)
-    name = getattr(source, "name", None)
-    if callable(name):
-        name = name()
-    if not isinstance(name, str):
+    name = _source_name(node)
+    if name is None:
         return None
     root = re.match(r"^[LG]\[['\"]([^'\"]+)['\"]\]", name)
     if root is None:

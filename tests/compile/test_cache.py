@@ -1,0 +1,151 @@
+"""The content-addressed artifact cache: keys, atomic writes, corruption, path safety, locks."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import torch
+from torch import fx
+
+from embedl_dynamo.cache import (
+    ArtifactCache,
+    atomic_write_text,
+    content_key,
+    default_cache_dir,
+    fingerprint_graph,
+)
+from tests.models import ResNetLike
+
+
+def test_content_key_is_deterministic_and_order_insensitive_for_dicts():
+    a = content_key("onnx", {"b": 1, "a": [1, 2]}, torch.float32)
+    b = content_key("onnx", {"a": [1, 2], "b": 1}, torch.float32)
+    assert a == b and len(a) == 64
+    assert content_key("onnx", {"a": [1, 2], "b": 2}, torch.float32) != a
+
+
+def test_content_key_rejects_unserialisable_parts():
+    with pytest.raises(TypeError, match="not JSON-serialisable"):
+        content_key(object())
+
+
+def test_fingerprint_covers_weights_and_structure():
+    model = ResNetLike().eval()
+    gm = fx.symbolic_trace(model)
+    first = fingerprint_graph(gm)
+    assert fingerprint_graph(fx.symbolic_trace(model)) == first
+    with torch.no_grad():
+        model.fc.bias[0] += 1e-3
+    assert fingerprint_graph(fx.symbolic_trace(model)) != first
+    other = fx.symbolic_trace(ResNetLike(num_classes=7).eval())
+    assert fingerprint_graph(other) != first
+
+
+def test_default_cache_dir_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBEDL_DYNAMO_CACHE_DIR", str(tmp_path / "x"))
+    assert default_cache_dir() == tmp_path / "x"
+    monkeypatch.delenv("EMBEDL_DYNAMO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "embedl_dynamo"
+
+
+@pytest.mark.parametrize(
+    "key", ["../../etc/passwd", "ABCDEF0123456789", "0" * 8, "/abs" + "0" * 20]
+)
+def test_path_refuses_keys_that_are_not_hex(tmp_path, key):
+    with pytest.raises(ValueError, match="invalid cache key"):
+        ArtifactCache(tmp_path, "onnx").path(key)
+
+
+@pytest.mark.parametrize("suffix", ["/../x", "../", ".onnx/../../x"])
+def test_path_refuses_bad_suffixes(tmp_path, suffix):
+    with pytest.raises(ValueError, match="invalid cache suffix"):
+        ArtifactCache(tmp_path, "onnx").path("ab" * 16, suffix)
+
+
+def test_bad_namespace(tmp_path):
+    with pytest.raises(ValueError, match="invalid cache namespace"):
+        ArtifactCache(tmp_path, "../up")
+
+
+def test_put_get_roundtrip_and_metadata(tmp_path):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("x")
+    path = cache.put(key, b"payload", ".onnx", meta={"kind": "onnx"})
+    assert path.read_bytes() == b"payload"
+    assert cache.get(key, ".onnx") == path
+    assert cache.metadata(key, ".onnx") == {"kind": "onnx"}
+    assert tmp_path.resolve() in path.parents
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "no_sidecar", "bad_sidecar"])
+def test_corrupt_entry_is_detected_logged_removed_and_rebuilt(tmp_path, caplog, damage):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("corrupt", damage)
+    path, built = cache.get_or_build(key, lambda p: p.write_bytes(b"0123456789"), ".onnx")
+    assert built
+    sidecar = path.with_name(path.name + ".meta.json")
+    if damage == "truncate":
+        path.write_bytes(b"01234")
+    elif damage == "flip":
+        path.write_bytes(b"0123456780")
+    elif damage == "no_sidecar":
+        sidecar.unlink()
+    else:
+        sidecar.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache"):
+        assert cache.get(key, ".onnx") is None
+    assert "is corrupt" in caplog.text
+    assert not path.exists()
+    path, built = cache.get_or_build(key, lambda p: p.write_bytes(b"0123456789"), ".onnx")
+    assert built and path.read_bytes() == b"0123456789"
+
+
+def test_get_or_build_builds_once(tmp_path):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("once")
+    calls = []
+
+    def build(p):
+        calls.append(p)
+        p.write_bytes(b"x")
+
+    assert cache.get_or_build(key, build, ".bin")[1] is True
+    assert cache.get_or_build(key, build, ".bin")[1] is False
+    assert len(calls) == 1
+
+
+def test_lock_serialises_builders(tmp_path):
+    """Two threads building one key: the second waits for the first and reuses its artifact."""
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("locked")
+    calls = []
+
+    def build(p):
+        calls.append(1)
+        time.sleep(0.2)
+        p.write_bytes(b"artifact")
+
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(cache.get_or_build(key, build, ".bin")))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert sorted(built for _, built in results) == [False, True]
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "a" / "f.json"
+    atomic_write_text(path, "old")
+    atomic_write_text(path, "new")
+    assert path.read_text() == "new"
+    assert [p.name for p in path.parent.iterdir()] == ["f.json"]

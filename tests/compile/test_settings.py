@@ -1,0 +1,82 @@
+"""Settings: options > environment > defaults, validation messages, immutability."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from embedl_dynamo.settings import Settings
+
+
+def test_defaults(monkeypatch, tmp_path):
+    monkeypatch.delenv("EMBEDL_DYNAMO_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    s = Settings.from_options(None)
+    assert (s.runtime, s.fallback, s.dynamic_batch, s.quantize, s.observer) == (
+        "auto",
+        "eager",
+        True,
+        None,
+        "minmax",
+    )
+    assert s.cache_dir == tmp_path / "embedl_dynamo"
+    assert s.calibration_steps == 32 and s.calibration_cache is True
+
+
+def test_env_overrides_defaults_and_options_override_env():
+    env = {"EMBEDL_DYNAMO_RUNTIME": "eager", "EMBEDL_DYNAMO_CACHE_DIR": "/tmp/from_env"}
+    s = Settings.from_options({}, env=env)
+    assert s.runtime == "eager" and s.cache_dir == Path("/tmp/from_env")
+    s = Settings.from_options({"runtime": "onnxruntime", "cache_dir": "/tmp/opt"}, env=env)
+    assert s.runtime == "onnxruntime" and s.cache_dir == Path("/tmp/opt")
+
+
+def test_unknown_option_lists_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown embedl_dynamo option\(s\) \['runtim'\]") as e:
+        Settings.from_options({"runtim": "eager"}, env={})
+    assert "runtime, cache_dir, fallback" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"runtime": "tvm"}, "invalid runtime='tvm'; valid values: 'auto', 'onnxruntime'"),
+        ({"fallback": "ignore"}, "invalid fallback='ignore'; valid values: 'eager', 'raise'"),
+        ({"quantize": "int4"}, "invalid quantize='int4'; valid values: None, 'int8'"),
+        ({"observer": "max"}, "valid values: 'minmax', 'percentile', 'mse', 'entropy'"),
+        ({"min_subgraph_size": -1}, "expected an integer >= 0"),
+        ({"min_subgraph_size": 2.5}, "expected an integer >= 0"),
+        ({"calibration_steps": 0}, "expected an integer >= 1"),
+        ({"num_threads": 0}, "expected an integer >= 1"),
+        ({"dynamic_batch": "yes"}, "expected True or False"),
+        ({"progress": 1}, "expected True, False or None"),
+        ({"calibration_data": 3}, "expected an iterable"),
+    ],
+)
+def test_bad_values(options, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Settings.from_options(options, env={})
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(ValueError, match="invalid EMBEDL_DYNAMO_RUNTIME='gpu'; valid values: auto"):
+        Settings.from_options({}, env={"EMBEDL_DYNAMO_RUNTIME": "gpu"})
+
+
+def test_frozen():
+    s = Settings.from_options({}, env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.runtime = "eager"  # type: ignore[misc]
+    assert dataclasses.replace(s, runtime="eager").runtime == "eager"
+
+
+def test_to_dict_is_json_and_skips_calibration_data():
+    data = [1, 2, 3]
+    s = Settings.from_options({"calibration_data": data, "quantize": "int8"}, env={})
+    d = s.to_dict()
+    json.dumps(d)
+    assert d["calibration_data"] == "list" and d["quantize"] == "int8"
+    assert "calibration_data" not in s.key_dict() and "cache_dir" not in s.key_dict()
