@@ -68,6 +68,13 @@ def _quantize_step(
     result = quantize_for_pipeline(gm, example_inputs, backend, settings)
     if isinstance(result, fx.GraphModule):
         return result, {}
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], fx.GraphModule)
+        and isinstance(result[1], dict)
+    ):
+        return result[0], dict(result[1])  # quant.quantize_for_pipeline: (model, report)
     model = getattr(result, "model", None)
     if not isinstance(model, fx.GraphModule):
         raise TypeError(
