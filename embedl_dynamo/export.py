@@ -38,6 +38,8 @@ from torch import nn
 
 __all__ = [
     "SIDECAR_FORMAT",
+    "EngineUnavailableError",
+    "ExportArgumentError",
     "ExportError",
     "VerificationError",
     "export",
@@ -53,6 +55,14 @@ SIDECAR_FORMAT = "embedl_dynamo.export/1"
 
 class ExportError(RuntimeError):
     """The model could not be exported; the message says why and what to do."""
+
+
+class ExportArgumentError(ExportError, ValueError):
+    """A bad argument to :func:`export` (model, inputs, path, backend, options)."""
+
+
+class EngineUnavailableError(ExportError):
+    """``engine=True`` where TensorRT or a CUDA GPU is missing."""
 
 
 class VerificationError(ExportError):
@@ -95,10 +105,10 @@ class _Verification:
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
     args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     if not args:
-        raise ExportError("example_inputs is empty; pass the model's inputs, e.g. (x,)")
+        raise ExportArgumentError("example_inputs is empty; pass the model's inputs, e.g. (x,)")
     for i, value in enumerate(args):
         if not isinstance(value, torch.Tensor):
-            raise ExportError(
+            raise ExportArgumentError(
                 f"example_inputs[{i}] is a {type(value).__name__}; export takes tensors only "
                 "(wrap other arguments in the model)"
             )
@@ -239,14 +249,14 @@ def _settings(
     merged = dict(options or {})
     clash = sorted({"quantize", "calibration_data", "dynamic_batch"} & set(merged))
     if clash:
-        raise ExportError(f"pass {clash} as export() arguments, not in options")
+        raise ExportArgumentError(f"pass {clash} as export() arguments, not in options")
     merged.update(quantize=quantize, calibration_data=calibration_data, dynamic_batch=dynamic_batch)
     if progress is not None:
         merged.setdefault("progress", progress)
     try:
         return Settings.from_options(merged)
     except ValueError as exc:
-        raise ExportError(str(exc)) from exc
+        raise ExportArgumentError(str(exc)) from exc
 
 
 def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any) -> Path:
@@ -262,7 +272,7 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any
 
     missing = TensorRTRuntime.missing()
     if missing is not None:
-        raise ExportError(
+        raise EngineUnavailableError(
             f"engine=True needs TensorRT and a CUDA GPU, but {missing}. Install "
             "embedl-dynamo[tensorrt] on an NVIDIA machine, or export with engine=False and build "
             "the engine there (trtexec --onnx=...)."
@@ -347,25 +357,25 @@ def export(
     from .pipeline import run_pipeline
 
     if not isinstance(model, nn.Module):
-        raise ExportError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise ExportArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if model.training:
-        raise ExportError(
+        raise ExportArgumentError(
             f"{type(model).__name__} is in training mode; call model.eval() before export "
             "(BatchNorm statistics and Dropout must be fixed for a deployable file)"
         )
     args = _as_args(example_inputs)
     path = Path(path)
     if path.suffix != ".onnx":
-        raise ExportError(f"path must end in .onnx, got {str(path)!r}")
+        raise ExportArgumentError(f"path must end in .onnx, got {str(path)!r}")
     if not path.parent.is_dir():
-        raise ExportError(f"directory {str(path.parent)!r} does not exist; create it first")
+        raise ExportArgumentError(f"directory {str(path.parent)!r} does not exist; create it first")
     try:
         target = backend_by_name(backend)
     except ValueError as exc:
-        raise ExportError(str(exc)) from exc
+        raise ExportArgumentError(str(exc)) from exc
     settings = _settings(quantize, calibration_data, dynamic_batch, options, progress)
     if quantize is not None and target.quantization is None:
-        raise ExportError(
+        raise ExportArgumentError(
             f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "
             "'onnxruntime' for quantize='int8'"
         )

@@ -94,9 +94,8 @@ def _session_options(kwargs: dict[str, Any]) -> Any:
     options = ort.SessionOptions()
     unknown = sorted(set(kwargs) - SESSION_OPTIONS)
     if unknown:
-        raise ValueError(
-            f"unknown session option(s) {unknown}; valid options: {', '.join(sorted(SESSION_OPTIONS))}"
-        )
+        valid = ", ".join(sorted(SESSION_OPTIONS))
+        raise ValueError(f"unknown session option(s) {unknown}; valid options: {valid}")
     for key, value in kwargs.items():
         setattr(options, key, value)
     return options

@@ -53,7 +53,9 @@ def test_export_sidecar_reports_plan_verification_settings_versions(exported) ->
     assert side["format"] == "embedl_dynamo.export/1"
     assert side["onnx_file"] == "resnet.onnx"
     assert side["backend"]["name"] == "tensorrt"
-    assert side["inputs"] == [{"name": "input_0", "shape": ["batch", 3, 32, 32], "dtype": "float32"}]
+    assert side["inputs"] == [
+        {"name": "input_0", "shape": ["batch", 3, 32, 32], "dtype": "float32"}
+    ]
     assert side["outputs"] == [{"name": "output_0", "shape": ["batch", 10], "dtype": "float32"}]
     assert side["plan"]["applied_count"] > 0
     applied = {m["pattern"] for m in side["plan"]["matches"] if m["apply"] or m["applied"]}
@@ -92,7 +94,9 @@ def test_export_is_reachable_from_the_package() -> None:
     assert callable(embedl_dynamo.load)
 
 
-def test_verification_mismatch_is_an_error_unless_verify_false(tmp_path, monkeypatch, caplog) -> None:
+def test_verification_mismatch_is_an_error_unless_verify_false(
+    tmp_path, monkeypatch, caplog
+) -> None:
     real = export_module._run_onnx
 
     def _off_by_one(path, args):

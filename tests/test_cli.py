@@ -1,0 +1,209 @@
+"""Tests for the ``embedl-dynamo`` command line (in process through ``main``, plus subprocesses)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embedl_dynamo import cli
+from embedl_dynamo.cli import (
+    EXIT_EXPORT,
+    EXIT_INTERNAL,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    main,
+)
+
+export_module = importlib.import_module("embedl_dynamo.export")
+
+_NET = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+            self.bn = nn.BatchNorm2d(8)
+            self.fc = nn.Linear(8, 4)
+
+        def forward(self, x):
+            y = torch.relu(self.bn(self.conv(x)))
+            return self.fc(y.mean(dim=(2, 3)))
+
+    def build():
+        torch.manual_seed(0)
+        return Net()
+
+    def not_a_model():
+        return 42
+    """
+)
+
+
+@pytest.fixture
+def net_py(tmp_path: Path) -> str:
+    path = tmp_path / "net.py"
+    path.write_text(_NET)
+    return str(path)
+
+
+def _one_line_error(err: str, text: str) -> None:
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    assert text in lines[0], lines[0]
+
+
+def test_backends_lists_backends_pattern_counts_and_runtimes(capsys) -> None:
+    assert main(["backends"]) == EXIT_OK
+    out = capsys.readouterr().out
+    for name in ("tensorrt", "onnxruntime", "lattice", "embedl_tensorrt"):
+        assert name in out
+    assert "conversion  fusion  smooth  quantized" in out
+    assert "onnxruntime     yes" in out
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+
+    missing = TensorRTRuntime.missing()
+    if missing is not None:
+        assert missing in out  # the reason a runtime is unavailable here
+
+
+def test_plan_prints_the_table(capsys) -> None:
+    assert main(["plan", "tests.models:ResNetLike", "--input-shape", "1,3,32,32"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["id", "pattern", "node", "apply", "reason"]
+    assert "conv_bn_relu_maxpool@conv1" in out or "conv_bn_relu@conv1" in out
+    assert "overlaps " in out
+    assert " applied, " in out and "backend tensorrt" in out
+
+
+def test_export_from_a_py_file_writes_onnx_and_sidecar(tmp_path, net_py, capsys) -> None:
+    out_path = tmp_path / "net.onnx"
+    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
+            "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"wrote {out_path}" in out and "max abs diff" in out
+    side = json.loads(out_path.with_suffix(".json").read_text())
+    assert side["verification"]["passed"] is True
+    assert side["inputs"][0]["shape"] == ["batch", 3, 16, 16]
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".pt"])
+def test_export_int8_with_calibration_file(tmp_path, net_py, suffix) -> None:
+    data = torch.randn(8, 3, 16, 16)
+    calib = tmp_path / f"calib{suffix}"
+    if suffix == ".npy":
+        np.save(calib, data.numpy())
+    else:
+        torch.save(list(data.split(4)), calib)
+    out_path = tmp_path / "q.onnx"
+    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
+            "--int8", "--calibration", str(calib), "--backend", "onnxruntime",
+            "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    side = json.loads(out_path.with_suffix(".json").read_text())
+    assert side["quantized"] is True and side["quantization"]["scales"]
+
+
+def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
+    png = tmp_path / "lat.png"
+    argv = ["bench", f"{net_py}:build", "--input-shape", "1,3,16,16", "--no-int8",
+            "--repeats", "3", "--warmup", "1", "--plot", str(png),
+            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "eager" in out and "embedl_tensorrt float" in out and "median ms" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "text"),
+    [
+        (["plan", "tests.models:Nope", "--input-shape", "1,3,8,8"], EXIT_USAGE, "has no 'Nope'"),
+        (["plan", "no_such_module_xyz:f", "--input-shape", "1"], EXIT_USAGE, "cannot import"),
+        (["plan", "tests.models", "--input-shape", "1"], EXIT_USAGE, "is not MODULE:FACTORY"),
+        (["plan", "tests.models:ResNetLike", "--input-shape", "1,3,32,32", "--backend", "gpu9"],
+         EXIT_USAGE, "unknown backend 'gpu9'; known backends: lattice, onnxruntime, tensorrt"),
+        (["plan", "{net}:not_a_model", "--input-shape", "1"], EXIT_USAGE, "not a torch.nn.Module"),
+        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx",
+          "--calibration", "{tmp}/c.npy"], EXIT_USAGE, "only used with --int8"),
+        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx", "--int8",
+          "--calibration", "{tmp}/missing.npy"], EXIT_USAGE, "does not exist"),
+        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.txt"],
+         EXIT_USAGE, "must end in .onnx"),
+        (["export", "tests.models:GraphBreakNet", "--input-shape", "2,3,16,16",
+          "-o", "{tmp}/g.onnx"], EXIT_EXPORT, "Export needs one graph"),
+    ],
+)  # fmt: skip
+def test_errors_are_one_line_with_exit_codes(tmp_path, net_py, capsys, argv, code, text) -> None:
+    argv = [a.format(net=net_py, tmp=tmp_path) for a in argv]
+    quiet = ["-q"] if argv[0] == "export" else []
+    assert main([*argv, *quiet, "--cache-dir", str(tmp_path / "c")]) == code
+    _one_line_error(capsys.readouterr().err, text)
+
+
+def test_bad_input_shape_is_a_usage_error(capsys) -> None:
+    assert main(["plan", "tests.models:ResNetLike", "--input-shape", "1,a"]) == EXIT_USAGE
+    assert "invalid input shape '1,a'" in capsys.readouterr().err
+
+
+def test_verification_failure_exits_4(tmp_path, net_py, monkeypatch, capsys) -> None:
+    real = export_module._run_onnx
+    monkeypatch.setattr(export_module, "_run_onnx", lambda p, a: [o * 2 + 1 for o in real(p, a)])
+    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o",
+            str(tmp_path / "m.onnx"), "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    assert main(argv) == EXIT_VERIFY
+    _one_line_error(capsys.readouterr().err, "differs from PyTorch")
+    assert main([*argv, "--no-verify"]) == EXIT_OK
+
+
+def test_engine_without_tensorrt_exits_5(tmp_path, net_py, capsys) -> None:
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+
+    if TensorRTRuntime.missing() is None:
+        pytest.skip("TensorRT is installed here: the unavailable path does not apply")
+    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o",
+            str(tmp_path / "m.onnx"), "--engine", "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    assert main(argv) == EXIT_UNAVAILABLE
+    _one_line_error(capsys.readouterr().err, "engine=True needs TensorRT")
+
+
+def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, capsys) -> None:
+    def _boom(args):
+        raise KeyError("bug")
+
+    monkeypatch.setitem(cli._COMMANDS, "backends", _boom)
+    assert main(["backends"]) == EXIT_INTERNAL
+    _one_line_error(capsys.readouterr().err, "internal error: KeyError")
+    with pytest.raises(KeyError):
+        main(["--debug", "backends"])
+
+
+def test_console_script_runs_in_a_subprocess(tmp_path) -> None:
+    exe = shutil.which("embedl-dynamo") or str(Path(sys.executable).parent / "embedl-dynamo")
+    ok = subprocess.run([exe, "backends"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == EXIT_OK, ok.stderr
+    assert "embedl_tensorrt" in ok.stdout
+    bad = subprocess.run(
+        [exe, "plan", "no_such_module_xyz:f", "--input-shape", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert bad.returncode == EXIT_USAGE
+    _one_line_error(bad.stderr, "cannot import 'no_such_module_xyz'")
