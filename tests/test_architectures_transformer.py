@@ -19,7 +19,7 @@ IMAGES = torch.randn(2, 3, 16, 16, generator=G)
 TOKENS = torch.randn(2, 6, 16, generator=G)
 
 
-def dynamo_frozen(model: nn.Module, *args: torch.Tensor) -> fx.GraphModule:
+def dynamo_frozen(model: nn.Module, *args: torch.Tensor, dynamic: bool = False) -> fx.GraphModule:
     """Capture ``model`` with Dynamo (no grad) and freeze its parameters into ``get_attr``s."""
     captured: list[tuple[fx.GraphModule, list]] = []
 
@@ -29,7 +29,7 @@ def dynamo_frozen(model: nn.Module, *args: torch.Tensor) -> fx.GraphModule:
 
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(model, backend=backend)(*args)
+        torch.compile(model, backend=backend, dynamic=dynamic)(*args)
     assert len(captured) == 1, "expected one graph (no graph breaks)"
     gm, inputs = captured[0]
     graph = gm.graph
@@ -248,3 +248,18 @@ layer_norm@encoder.layers.1.norm2                        layer_norm             
         traced = get_transformation_plan(self.model, TENSORRT_PATTERNS, args=(TOKENS,))
         assert _ids(traced, True) == _ids(plan, True)
         assert _ids(traced, False) == _ids(plan, False)
+
+
+def test_dynamic_batch_graphs_decompose_attention_or_say_why() -> None:
+    """With ``dynamic=True`` the batch is symbolic; new nodes get fake-tensor shapes."""
+    torch.manual_seed(0)
+    plan = get_transformation_plan(dynamo_frozen(ViTLike().eval(), IMAGES, dynamic=True),
+                                   TENSORRT_PATTERNS)  # fmt: skip
+    assert plan["decompose_mha@blocks.1.attn"].applied
+    assert plan["mha_in_projection@blocks.1.attn"].apply
+    # Dynamo makes the encoder layer's float ``eps`` a graph input: declined, with the reason
+    model = TransformerEncoderNet().eval()
+    plan = get_transformation_plan(dynamo_frozen(model, TOKENS, dynamic=True), TENSORRT_PATTERNS)
+    assert plan["decompose_transformer_encoder_layer@encoder.layers.0"].reason == (
+        "eps is not a Python float (a graph input: dynamic=True made it one)"
+    )

@@ -156,6 +156,9 @@ class LayerNorm(Pattern):
     def check(self, m: Match) -> MatchResult:
         if not m.all_constant("w", "b"):
             return m.fail("layer norm weight or bias is not a constant")
+        kw = m["norm"].kwargs
+        if not isinstance(kw["eps"], float) or isinstance(kw["normalized_shape"], fx.Node):
+            return m.fail("eps or normalized_shape is not a literal (a graph input)")
         return m.ok()
 
     def replace(self, m: Match) -> fx.Node:

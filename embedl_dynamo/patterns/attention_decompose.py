@@ -86,6 +86,8 @@ class DecomposeTransformerEncoderLayer(Pattern):
     def check(self, m: Match) -> MatchResult:
         if m.kwarg("layer", "mask") is not None:
             return m.fail("an attention mask is given (only unmasked layers are decomposed)")
+        if not isinstance(m.kwarg("layer", "eps"), float):
+            return m.fail("eps is not a Python float (a graph input: dynamic=True made it one)")
         return m.ok()
 
     def replace(self, m: Match) -> fx.Node:

@@ -3,18 +3,21 @@
 Conversions run to a fixpoint, and a later conversion may need the shape of a node an earlier
 one created (``decompose_mha`` reads the query shape of the attention that
 ``decompose_transformer_encoder_layer`` built). :func:`infer_meta` runs a new node's target on
-``meta`` tensors of the same shapes and dtypes (no data, no compute) and stores the result in
-``node.meta["val"]``, where :func:`~embedl_dynamo.graph_utils.node_shape` finds it.
+``meta`` tensors of the same shapes and dtypes (no data, no compute), or on Dynamo's fake
+tensors in their own mode when the inputs have them (symbolic batch sizes survive), and stores
+the result in ``node.meta["val"]``, where :func:`~embedl_dynamo.graph_utils.node_shape` finds it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
 
 from ..graph_utils import constant_value, node_value_meta
 
@@ -30,13 +33,15 @@ class _Unknown(Exception):
 def _as_meta(value: Any) -> Any:
     if value is None:  # e.g. the attention weights attention returns when not asked for
         return None
+    if isinstance(value, torch.Tensor):
+        return value  # a fake tensor (Dynamo's example value, symbolic sizes kept) or meta
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     if shape is None or dtype is None:  # ShapeProp's TensorMetadata is a tuple with a shape
         if isinstance(value, (tuple, list)):
             return tuple(_as_meta(v) for v in value)
         raise _Unknown
     if not all(isinstance(s, int) for s in shape):
-        raise _Unknown  # symbolic sizes (dynamic batch): leave the shape unknown
+        raise _Unknown
     return torch.empty(tuple(shape), dtype=dtype, device="meta")
 
 
@@ -45,7 +50,7 @@ def _input(gm: fx.GraphModule, value: Any) -> Any:
         if value.op == "get_attr":
             tensor = constant_value(gm, value)
             if isinstance(tensor, torch.Tensor):
-                return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+                return _Constant(tensor)
         meta = node_value_meta(value)
         if meta is None:
             raise _Unknown
@@ -55,13 +60,32 @@ def _input(gm: fx.GraphModule, value: Any) -> Any:
     return value
 
 
+class _Constant:
+    """A real constant, converted once the mode of the other inputs (fake or meta) is known."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+
+def _finish(value: Any, fake_mode: Any) -> Any:
+    if isinstance(value, _Constant):
+        if fake_mode is not None:
+            return fake_mode.from_tensor(value.tensor, static_shapes=True)
+        return torch.empty(value.tensor.shape, dtype=value.tensor.dtype, device="meta")
+    if isinstance(value, (tuple, list)):
+        return type(value)(_finish(v, fake_mode) for v in value)
+    if isinstance(value, dict):
+        return {k: _finish(v, fake_mode) for k, v in value.items()}
+    return value
+
+
 def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
     """Set ``meta["val"]`` of ``nodes`` (in graph order) from their inputs' shapes.
 
     Args:
         gm: the graph module the nodes belong to (for constants).
         nodes: ``call_function`` / ``call_method`` nodes; others, and nodes whose inputs have
-            unknown or symbolic shapes, are skipped and keep no shape.
+            unknown shapes (or symbolic ones outside a fake mode), are skipped and keep no shape.
     """
     for node in nodes:
         if node.op not in ("call_function", "call_method"):
@@ -69,7 +93,9 @@ def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
         try:
             args = _input(gm, node.args)
             kwargs = {k: _input(gm, v) for k, v in node.kwargs.items()}
-            with torch.no_grad():
+            fake_mode = detect_fake_mode((args, kwargs))
+            args, kwargs = _finish(args, fake_mode), _finish(kwargs, fake_mode)
+            with torch.no_grad(), fake_mode if fake_mode is not None else nullcontext():
                 if node.op == "call_method":
                     value = getattr(args[0], str(node.target))(*args[1:], **kwargs)
                 else:
