@@ -72,6 +72,7 @@ class SmoothLayerNormLinear(Pattern):
         for name, value in nodes.items():
             const = m.constant(value, f"smooth_{name}")
             user = m["ln"] if name != "w" else m["linear"]
+            user.prepend(const)  # defined before its user
             user.replace_input_with(m[name], const)
 
     # -- the same migration on fused modules: FusedLayerNorm -> FusedLinear / FusedQKVProjection

@@ -76,6 +76,9 @@ class WeightFakeQuantize(nn.Module):
         super().__init__()
         self.register_buffer("scale", scale.float().reshape(-1).clone())
         self.register_buffer("zero_point", zero_point.to(torch.int32).reshape(-1).clone())
+        # narrow range [-127, 127]: symmetric scales (amax / 127) never produce -128, so the
+        # exportable int8 grid [-128, 127] computes the same values (ONNX has no narrow range)
+        qmin = -128 if (qmin, qmax) == (-127, 127) else qmin
         self.axis, self.qmin, self.qmax = int(axis), int(qmin), int(qmax)
 
     def forward(self, w: torch.Tensor) -> torch.Tensor:

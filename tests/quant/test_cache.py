@@ -1,0 +1,113 @@
+"""The calibration cache: readable JSON, zero forward passes on reuse, keys, corruption."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from embedl_dynamo.quant import quantize
+from tests.models import ResNetLike, randomize_batchnorm
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    from embedl_dynamo.quant import quantize
+    from embedl_dynamo.quant.calibrate import forward_pass_count
+    from tests.models import ResNetLike, randomize_batchnorm
+
+    torch.manual_seed(0)
+    model = ResNetLike().eval()
+    randomize_batchnorm(model)
+    data = [torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    calls = []
+
+    def forward_loop(m):
+        for batch in data:
+            calls.append(1)
+            m(batch)
+
+    q = quantize(model, (data[0],), forward_loop=forward_loop, cache_dir=sys.argv[1])
+    report = q.meta["embedl_quantization"]
+    print(json.dumps({"loop_calls": len(calls), "passes": forward_pass_count(),
+                      "from": report["ranges_from"], "out": q(data[0]).sum().item()}))
+    """
+)
+
+
+def _run(cache_dir: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env["EMBEDL_DYNAMO_BACKEND"] = "onnxruntime"
+    done = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(cache_dir)],
+        capture_output=True, text=True, env=env, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_runs_zero_calibration_passes(tmp_path):
+    first = _run(tmp_path)
+    assert first["from"] == "calibrated" and first["loop_calls"] == 3 and first["passes"] == 3
+    second = _run(tmp_path)
+    assert second == {**first, "from": "cache", "loop_calls": 0, "passes": 0}
+
+
+def _model_and_data():
+    torch.manual_seed(0)
+    model = ResNetLike().eval()
+    randomize_batchnorm(model)
+    gen = torch.Generator().manual_seed(1)
+    data = [torch.randn(2, 3, 32, 32, generator=gen) for _ in range(2)]
+    return model, data
+
+
+def _report(model, data, cache_dir, **kwargs):
+    q = quantize(model, (data[0],), calibration_data=data, cache_dir=cache_dir, **kwargs)
+    return q, q.meta["embedl_quantization"]
+
+
+def test_entry_is_readable_json_with_a_scale_per_tensor(tmp_path):
+    model, data = _model_and_data()
+    _, report = _report(model, data, tmp_path, backend="onnxruntime")
+    path = Path(report["calibration_cache_file"])
+    assert path.suffix == ".json" and tmp_path.resolve() in path.parents
+    document = json.loads(path.read_text())
+    assert set(document["ranges"]) == set(report["ranges"])
+    for entry in document["ranges"].values():
+        assert entry["dtype"] == "uint8" and entry["scale"] > 0 and 0 <= entry["zero_point"] <= 255
+        assert entry["tensor"]  # the module path it belongs to
+    assert document["weights"]  # frozen weight scales, for reading
+
+
+def test_other_data_or_config_gives_another_key(tmp_path):
+    model, data = _model_and_data()
+    _, base = _report(model, data, tmp_path, backend="onnxruntime")
+    _, same = _report(model, data, tmp_path, backend="onnxruntime")
+    assert same["calibration_key"] == base["calibration_key"] and same["ranges_from"] == "cache"
+    other_data = [d + 0.5 for d in data]
+    _, moved = _report(model, other_data, tmp_path, backend="onnxruntime")
+    _, observer = _report(model, data, tmp_path, backend="onnxruntime", observer="percentile")
+    _, target = _report(model, data, tmp_path, backend="tensorrt")
+    keys = {r["calibration_key"] for r in (base, moved, observer, target)}
+    assert len(keys) == 4
+    assert all(r["ranges_from"] == "calibrated" for r in (moved, observer, target))
+
+
+def test_corrupt_entry_is_recalibrated_with_a_warning(tmp_path, caplog):
+    model, data = _model_and_data()
+    q1, report = _report(model, data, tmp_path, backend="onnxruntime")
+    Path(report["calibration_cache_file"]).write_text('{"ranges": ')  # truncated
+    with caplog.at_level(logging.WARNING):
+        q2, again = _report(model, data, tmp_path, backend="onnxruntime")
+    assert again["ranges_from"] == "calibrated" and again["calibration_forward_passes"] == 2
+    assert any("corrupt" in r.message or "invalid" in r.message for r in caplog.records)
+    assert torch.equal(q1(data[0]), q2(data[0]))
+    _, third = _report(model, data, tmp_path, backend="onnxruntime")
+    assert third["ranges_from"] == "cache"

@@ -1,0 +1,179 @@
+"""QDQ placement per target: ORT's integer kernels, TensorRT's rules, layers left in float."""
+
+from __future__ import annotations
+
+import collections
+import warnings
+
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from expecttest import TestCase
+from torch import nn
+
+from embedl_dynamo.graph_printer import format_graph
+from embedl_dynamo.quant import quantize
+from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
+
+
+def _batches(shape, n=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=gen) for _ in range(n)]
+
+
+def _export(model, x, path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), str(path), dynamo=False)
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    return proto
+
+
+def _optimised_ops(path, x, tmp_path):
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    ops = collections.Counter(
+        n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node
+    )
+    return ops, out
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    model = ResNetLike().eval()
+    randomize_batchnorm(model)
+    return model
+
+
+def test_onnxruntime_placement_becomes_integer_kernels(resnet, tmp_path):
+    x = torch.randn(2, 3, 32, 32)
+    q = quantize(resnet, (x,), backend="onnxruntime", calibration_data=_batches((2, 3, 32, 32)))
+    proto = _export(q, x, tmp_path / "q.onnx")
+    exported = collections.Counter(n.op_type for n in proto.graph.node)
+    assert exported["QuantizeLinear"] == exported["DequantizeLinear"] > 0
+    ops, out = _optimised_ops(tmp_path / "q.onnx", x, tmp_path)
+    convs = sum(isinstance(m, nn.Conv2d) for m in resnet.modules())
+    # every conv runs in int8 (the classifier too: a conversion makes it a 1x1 conv)
+    assert ops["QLinearConv"] >= convs
+    assert ops["QLinearAdd"] == 4  # every residual add too
+    assert ops["Conv"] == 0 and ops["FusedConv"] == 0
+    # ORT's integer kernels compute what the fake-quant graph computes
+    reference = q(x).detach()
+    assert float((torch.from_numpy(out) - reference).abs().max()) < 0.05 * float(
+        reference.abs().max()
+    )
+    assert float((reference - resnet(x)).abs().max()) < 0.05 * float(resnet(x).abs().max())
+
+
+def test_tensorrt_placement_is_slow_on_onnxruntime_by_design(resnet, tmp_path):
+    """TensorRT's QDQ (conv inputs only, symmetric) is not what ORT turns into QLinearConv."""
+    x = torch.randn(2, 3, 32, 32)
+    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 32, 32)))
+    _export(q, x, tmp_path / "q.onnx")
+    ops, _ = _optimised_ops(tmp_path / "q.onnx", x, tmp_path)
+    assert ops["QLinearConv"] == 0
+    report = q.meta["embedl_quantization"]
+    assert report["config"]["specs"]["activation"]["dtype"] == "int8"
+    assert report["float_layers"] == []
+
+
+def test_weight_scales_are_frozen_constants(resnet):
+    x = torch.randn(2, 3, 32, 32)
+    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 32, 32)))
+    quantizers = [m for n, m in q.named_modules() if type(m).__name__ == "WeightFakeQuantize"]
+    assert len(quantizers) == sum(isinstance(m, nn.Conv2d | nn.Linear) for m in resnet.modules())
+    for name, module in q.named_modules():
+        if type(module).__name__.startswith("Parametrized"):
+            quantizer = module.parametrizations.weight[0]
+            weight = module.parametrizations.weight.original
+            assert quantizer.axis == 0 and "scale" in dict(quantizer.named_buffers())
+            scale = quantizer.scale.reshape(-1, *[1] * (weight.dim() - 1))
+            levels = torch.round(weight / scale)
+            # symmetric narrow range: amax maps to 127, nothing reaches -128
+            assert float(levels.abs().max()) == 127.0 and float(levels.min()) >= -127
+
+
+def test_tensorrt_leaves_depthwise_convs_in_float_and_says_why():
+    torch.manual_seed(0)
+    model = MobileNetLike().eval()
+    randomize_batchnorm(model)
+    x = torch.randn(1, 3, 32, 32)
+    q = quantize(model, (x,), backend="tensorrt", calibration_data=_batches((1, 3, 32, 32)))
+    floats = q.meta["embedl_quantization"]["float_layers"]
+    depthwise = [f for f in floats if "depthwise" in f["id"]]
+    assert depthwise and all("not multiples of 4" in f["reason"] for f in depthwise)
+    assert all("depthwise" not in i for i in q.meta["embedl_quantization"]["quantized_layers"])
+
+
+@pytest.mark.parametrize(("heads", "quantized"), [(2, True), (4, False)])
+def test_tensorrt_attention_head_size_rule(heads, quantized):
+    torch.manual_seed(0)
+    model = ViTLike(heads=heads).eval()  # dim 32: head size 16 (int8) or 8 (float)
+    x = torch.randn(2, 3, 16, 16)
+    q = quantize(model, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 16, 16)))
+    report = q.meta["embedl_quantization"]
+    attention = [i for i in report["quantized_layers"] if i.startswith("quant_fused_attention")]
+    floats = [f for f in report["float_layers"] if f["id"].startswith("quant_fused_attention")]
+    if quantized:
+        assert len(attention) == 2 and not floats
+    else:
+        assert not attention and len(floats) == 2
+        assert "head size 8 is not in [16, 32, 64]" in floats[0]["reason"]
+    # a bias-like add of a constant is not a residual
+    assert any("not a residual" in f["reason"] for f in report["float_layers"])
+
+
+class _Small(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + y)
+
+
+class TestSnapshots(TestCase):
+    def _quantized(self, backend):
+        torch.manual_seed(0)
+        model = _Small().eval()
+        randomize_batchnorm(model)
+        x = torch.randn(1, 3, 8, 8)
+        return quantize(model, (x,), backend=backend, calibration_data=_batches((1, 3, 8, 8)))
+
+    def test_onnxruntime_graph(self):
+        self.assertExpectedInline(
+            format_graph(self._quantized("onnxruntime")),
+            """\
+input x
+fq_x = FakeQuantize(x)
+conv_bn_relu_conv1 = ParametrizedFusedConv[relu](fq_x)
+fq_conv_bn_relu_conv1 = FakeQuantize(conv_bn_relu_conv1)
+conv_bn_add_relu_conv2_conv = ParametrizedFusedConv(fq_conv_bn_relu_conv1)
+fq_conv_bn_add_relu_conv2_conv = FakeQuantize(conv_bn_add_relu_conv2_conv)
+add = add(input=fq_conv_bn_add_relu_conv2_conv, other=fq_conv_bn_relu_conv1)
+relu = relu(input=add)
+fq_relu = FakeQuantize(relu)
+return fq_relu""",
+        )
+
+    def test_tensorrt_graph(self):
+        self.assertExpectedInline(
+            format_graph(self._quantized("tensorrt")),
+            """\
+input x
+fq_x = FakeQuantize(x)
+conv_bn_relu_conv1 = ParametrizedFusedConv[relu](fq_x)
+fq_conv_bn_relu_conv1 = FakeQuantize(conv_bn_relu_conv1)
+conv_bn_add_relu_conv2 = ParametrizedFusedConvAdd[relu](fq_conv_bn_relu_conv1, fq_conv_bn_relu_conv1)
+return conv_bn_add_relu_conv2""",
+        )
