@@ -1,0 +1,22 @@
+"""ExampleAccel: a fictional accelerator that runs convolutions fused with BatchNorm and ReLU.
+
+A vendor package needs only a :class:`embedl_dynamo.Backend` and two entry points (see this
+package's ``pyproject.toml``). It picks the patterns its compiler fuses, here a subset of the
+built-in ones plus all structural conversions; its own patterns (subclasses of
+:class:`embedl_dynamo.Pattern`) would go in the same lists.
+"""
+
+from __future__ import annotations
+
+from embedl_dynamo import Backend
+from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS
+from embedl_dynamo.patterns.conv_bn import ConvBN, ConvBNReLU
+
+__all__ = ["BACKEND"]
+
+BACKEND = Backend(
+    name="exampleaccel",
+    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    fusion_patterns=(ConvBNReLU(), ConvBN()),
+    description="ExampleAccel NPU (example plug-in): conv+BN(+ReLU) kernels, float only",
+)

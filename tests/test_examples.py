@@ -1,0 +1,115 @@
+"""Every example runs, as a subprocess with small sizes, so none of them rots.
+
+The examples are started together (one module fixture) and each test checks one example's exit
+code and output; the third-party Backend is pip-installed into a temporary directory and put on
+``PYTHONPATH``, the way a user would install a vendor's package.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+_RUNS = {
+    "quickstart": ["quickstart.py", "--small", "--repeats", "3"],
+    "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
+    "export_and_load": ["export_and_load.py", "--small"],
+    "plan_inspection": ["plan_inspection.py", "--small"],
+    "third_party": ["third_party_backend/demo.py"],
+}
+
+
+def _install_plugin(tmp: Path) -> Path:
+    """``pip install --no-deps --no-build-isolation --target`` of a copy of the plug-in."""
+    source = tmp / "src"
+    shutil.copytree(EXAMPLES / "third_party_backend", source)  # keep build files out of the repo
+    target = tmp / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--target", str(target), str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    return target
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("examples")
+    plugin = _install_plugin(tmp)
+    env = dict(os.environ, EMBEDL_DYNAMO_CACHE_DIR=str(tmp / "cache"), OMP_NUM_THREADS="1")
+    procs = {}
+    for name, argv in _RUNS.items():
+        run_env = dict(env)
+        if name == "third_party":
+            run_env["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(plugin), env.get("PYTHONPATH")])
+            )
+        procs[name] = subprocess.Popen(
+            [sys.executable, str(EXAMPLES / argv[0]), *argv[1:]],
+            cwd=tmp, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    results = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        results[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return results
+
+
+def _ok(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 0, f"{run.args}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
+    return run.stdout
+
+
+def test_quickstart_prints_plan_and_comparison(runs) -> None:
+    out = _ok(runs["quickstart"])
+    assert "compiled on" in out  # the subgraph report
+    assert "conv_bn_relu@layer1.0.conv1" in out  # the plan table
+    assert "same top-1: True" in out
+    assert "embedl_tensorrt" in out and "median ms" in out
+
+
+def test_int8_digits_prints_accuracies(runs) -> None:
+    out = _ok(runs["int8_digits"])
+    line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
+    float_acc = float(line.split("float ")[1].split("%")[0])
+    int8_acc = float(line.split("INT8 ")[1].split("%")[0])
+    assert float_acc > 85.0  # a real model trained on real data
+    assert int8_acc > float_acc - 2.0
+
+
+def test_export_and_load_round_trips(runs) -> None:
+    out = _ok(runs["export_and_load"])
+    assert "wrote " in out and "resnet.json" in out
+    assert "runtime='onnxruntime'" in out
+    assert "batch 1: output (1, 10)" in out and "batch 5: output (5, 10)" in out
+    diffs = [
+        float(line.rsplit(" ", 1)[1])
+        for line in out.splitlines()
+        if "max abs diff to eager" in line
+    ]
+    assert len(diffs) == 2 and max(diffs) < 1e-3
+
+
+def test_plan_inspection_toggles_by_glob(runs) -> None:
+    out = _ok(runs["plan_inspection"])
+    assert "conv_bn_add_relu@layer4.0.conv3: keep layer4 unfused" in out
+    assert "fused convolutions left in layer4: []" in out
+    diff = float(out.split("max abs diff to the original: ")[1].split()[0])
+    assert diff < 1e-4
+
+
+def test_third_party_backend_plugs_in_through_entry_points(runs) -> None:
+    out = _ok(runs["third_party"])
+    assert "dynamo backends: ['embedl_exampleaccel']" in out
+    assert "'exampleaccel'" in out
+    assert "backend exampleaccel" in out and "conv_bn_relu@0" in out
+    diff = float(out.split("max abs diff to eager: ")[1].split()[0])
+    assert diff < 1e-4
