@@ -88,7 +88,7 @@ def test_weight_scales_are_frozen_constants(resnet):
     q = quantize(resnet, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 32, 32)))
     quantizers = [m for n, m in q.named_modules() if type(m).__name__ == "WeightFakeQuantize"]
     assert len(quantizers) == sum(isinstance(m, nn.Conv2d | nn.Linear) for m in resnet.modules())
-    for name, module in q.named_modules():
+    for module in q.modules():
         if type(module).__name__.startswith("Parametrized"):
             quantizer = module.parametrizations.weight[0]
             weight = module.parametrizations.weight.original
