@@ -307,10 +307,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         reference = model(*inputs)
     reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
     kw = {"warmup": args.warmup, "repeats": args.repeats, "reference": reference}
+    from .report import clear_reports, last_report
+
     rows = [measure("eager", model, inputs, **kw)]
+    notes = []
     torch._dynamo.reset()
+    clear_reports()
     compiled = torch.compile(model, backend=f"embedl_{args.backend}", options=dict(cache))
     rows.append(measure(f"embedl_{args.backend} float", compiled, inputs, **kw))
+    notes.append(f"{rows[-1].name}: {last_report()}")
     if not args.no_int8:
         torch._dynamo.reset()
         calibration = (
@@ -319,12 +324,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             else [tuple(torch.randn_like(t) for t in inputs) for _ in range(8)]
         )
         options = {**cache, "quantize": "int8", "calibration_data": calibration}
+        clear_reports()
         int8 = torch.compile(model, backend=f"embedl_{args.int8_backend}", options=options)
         rows.append(measure(f"embedl_{args.int8_backend} int8", int8, inputs, **kw))
+        notes.append(f"{rows[-1].name}: {last_report()}")
     shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
     print(f"{args.model}  input {shapes}  threads {torch.get_num_threads()}  "
           f"medians over {args.repeats} runs")  # fmt: skip
     print(format_table(rows, baseline="eager"))
+    for note in notes:  # where each compiled variant really ran (eager fallbacks show here)
+        print(f"  {note}")
     if args.plot:
         plot_latencies(rows, args.plot, title=f"{args.model} ({shapes})")
         print(f"wrote {args.plot}")

@@ -127,6 +127,7 @@ def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
     assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
     assert "eager" in out and "embedl_tensorrt float" in out and "median ms" in out
+    assert "embedl_tensorrt float: subgraph 0: compiled on" in out  # not an eager fallback
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
