@@ -214,8 +214,8 @@ def _replace_size_input(
             continue
         for dim, size in enumerate(getattr(fake, "shape", ())):
             if str(size) == symbol:
-                anchor = next(n for n in graph.nodes if n.op != "placeholder")
-                with graph.inserting_before(anchor):
+                last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+                with graph.inserting_after(last):
                     size_node = graph.call_method("size", (_mapped(graph, node), dim))
                 size_node.meta.update(new.meta)
                 new.replace_all_uses_with(size_node)

@@ -59,7 +59,10 @@ def onnx_artifact(
     cache = ArtifactCache(settings.cache_dir, "onnx")
 
     def _build(path: Path) -> None:
-        export_onnx(gm, example_inputs, path, dynamic_batch=settings.dynamic_batch)
+        # the TorchScript exporter only: torch.export inside a Dynamo backend upsets Dynamo state
+        export_onnx(
+            gm, example_inputs, path, dynamic_batch=settings.dynamic_batch, exporter="torchscript"
+        )
         count_build("onnx")
         logger.info("built ONNX artifact %s", key[:16])
 

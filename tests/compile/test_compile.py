@@ -1,0 +1,337 @@
+"""``torch.compile(model, backend="embedl_*")`` end to end on the CPU (ONNX Runtime)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+from tests.models import (
+    GraphBreakNet,
+    MobileNetLike,
+    ResNetLike,
+    TransformerEncoderNet,
+    ViTLike,
+    randomize_batchnorm,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _assert_close_to_scale(actual, expected, rtol=1e-4):
+    """max |a - e| <= rtol * max|e| (1e-4 relative to the output scale)."""
+    scale = float(expected.abs().max())
+    err = float((actual - expected).abs().max())
+    assert err <= rtol * max(scale, 1e-6), f"max abs diff {err:.3g} vs scale {scale:.3g}"
+
+
+CASES = {
+    "resnet": (ResNetLike, (2, 3, 16, 16)),
+    "mobilenet": (MobileNetLike, (2, 3, 16, 16)),
+    "vit": (ViTLike, (2, 3, 16, 16)),
+    "transformer": (TransformerEncoderNet, (2, 8, 16)),
+    "graph_break": (GraphBreakNet, (2, 3, 16, 16)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_architectures_equal_eager(name):
+    cls, shape = CASES[name]
+    model = randomize_batchnorm(cls().eval())
+    x = torch.randn(*shape)
+    compiled = torch.compile(model, backend="embedl_tensorrt")
+    with torch.no_grad():
+        expected = model(x)
+        actual = compiled(x)
+    _assert_close_to_scale(actual, expected)
+    report = embedl_dynamo.last_report()
+    assert len(report) == (2 if name == "graph_break" else 1)
+    assert all(s.status == "compiled" and s.runtime == "onnxruntime" for s in report)
+    assert all(s.backend == "tensorrt" for s in report)
+
+
+def test_report_shows_fusions_and_plan():
+    model = randomize_batchnorm(ResNetLike().eval())
+    report = embedl_dynamo.explain(model, torch.randn(2, 3, 16, 16))
+    (sub,) = report.subgraphs
+    assert sub.pipeline["applied_count"] > 0
+    applied = [e.id for e in sub.plan.entries if e.apply]
+    assert "conv_bn_relu@layer1.0.conv1" in applied
+    assert "subgraph 0: compiled on onnxruntime (backend tensorrt" in str(report)
+
+
+def test_model_is_not_mutated():
+    model = randomize_batchnorm(ResNetLike().eval())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_tensorrt")(torch.randn(2, 3, 16, 16))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(isinstance(m, nn.Module) for m in model.modules())
+    assert model.conv1.weight.requires_grad
+
+
+def test_embedl_uses_the_env_selected_backend(monkeypatch):
+    monkeypatch.setenv("EMBEDL_DYNAMO_BACKEND", "onnxruntime")
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        _assert_close_to_scale(torch.compile(model, backend="embedl")(x), model(x))
+    assert embedl_dynamo.last_report()[0].backend == "onnxruntime"
+
+
+def test_dynamic_batch_builds_once():
+    """Batch 2 builds an artifact with a dynamic batch axis. Batch 3 makes Dynamo recompile with
+    a symbolic batch; that graph is the same once frozen (the size input is unused), so its key
+    is the same and the artifact is reused. Batches 4, 5, 1 reach no backend at all."""
+    model = randomize_batchnorm(ResNetLike().eval())
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        for batch in (2, 3, 4, 5, 1):
+            x = torch.randn(batch, 3, 16, 16)
+            _assert_close_to_scale(compiled(x), model(x))
+    assert BUILD_COUNTS["onnx"] == 1
+    subgraphs = embedl_dynamo.last_report().subgraphs
+    # the static graph, the symbolic-batch recompile, and batch 1 (Dynamo specialises 0/1)
+    assert len(subgraphs) == 3
+    assert [s.cached for s in subgraphs] == [False, True, True]
+
+
+class _BatchReshape(nn.Module):
+    """Uses the batch size as a value, so the symbolic-batch graph differs from the static one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x)).mean((2, 3))
+        return y + torch.arange(x.shape[0], dtype=y.dtype)[:, None]
+
+
+def test_dynamic_batch_with_batch_dependent_reshape_builds_twice_then_never():
+    model = _BatchReshape().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        for batch in (2, 3, 4, 5):
+            x = torch.randn(batch, 3, 8, 8)
+            _assert_close_to_scale(compiled(x), model(x))
+            if batch == 3:
+                assert BUILD_COUNTS["onnx"] == 2
+    assert BUILD_COUNTS["onnx"] == 2
+
+
+def test_small_subgraphs_stay_in_pytorch():
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        y = torch.compile(model, backend="embedl_tensorrt", options={"min_subgraph_size": 5})(x)
+        torch.testing.assert_close(y, model(x))
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "eager" and "2 ops < min_subgraph_size=5" in sub.reason
+    assert not BUILD_COUNTS
+
+
+def test_training_mode_runs_eager_with_one_warning():
+    model = ResNetLike().train()
+    x = torch.randn(2, 3, 16, 16)
+    reference = ResNetLike().train()
+    reference.load_state_dict(model.state_dict())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(model, backend="embedl_tensorrt")(x)
+    ours = [w for w in caught if "embedl_tensorrt" in str(w.message)]
+    assert len(ours) == 1 and "training mode" in str(ours[0].message)
+    torch.testing.assert_close(y, reference(x))
+    y.sum().backward()  # gradients still flow: the graph ran in PyTorch
+    assert model.conv1.weight.grad is not None
+    assert embedl_dynamo.last_report()[0].status == "training"
+    assert not BUILD_COUNTS
+
+
+def test_input_requiring_grad_runs_eager_with_one_warning():
+    model = ResNetLike().eval()
+    x = torch.randn(2, 3, 16, 16, requires_grad=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(model, backend="embedl_tensorrt")(x)
+    ours = [w for w in caught if "embedl_tensorrt" in str(w.message)]
+    assert len(ours) == 1 and "requires grad" in str(ours[0].message)
+    y.sum().backward()
+    assert x.grad is not None
+
+
+class _Unsupported(nn.Module):
+    """A conv net with ``aten::cummax``, which neither ONNX exporter can take."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        return torch.cummax(y.flatten(1), dim=1).values
+
+
+def test_unsupported_op_falls_back_to_eager_and_is_reported(caplog):
+    model = randomize_batchnorm(_Unsupported().eval())
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        _assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "eager" and sub.runtime == "eager"
+    assert "aten::cummax" in sub.reason and "onnxruntime failed" in sub.reason
+    assert "running it in PyTorch" in caplog.text
+
+
+def test_unsupported_op_with_fallback_raise():
+    model = _Unsupported().eval()
+    compiled = torch.compile(model, backend="embedl_tensorrt", options={"fallback": "raise"})
+    with pytest.raises(Exception, match="onnxruntime runtime cannot take this subgraph.*cummax"):
+        with torch.no_grad():
+            compiled(torch.randn(2, 3, 8, 8))
+
+
+def test_eager_runtime_runs_the_transformed_graph():
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        y = torch.compile(model, backend="embedl_tensorrt", options={"runtime": "eager"})(x)
+    _assert_close_to_scale(y, model(x), rtol=1e-5)
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.runtime == "eager" and sub.status == "compiled" and not BUILD_COUNTS
+
+
+def _compile_error(options, backend="embedl_tensorrt"):
+    compiled = torch.compile(nn.Linear(2, 2).eval(), backend=backend, options=options)
+    with torch.no_grad():
+        compiled(torch.randn(1, 2))
+
+
+def test_error_unknown_option():
+    with pytest.raises(Exception, match=r"unknown embedl_dynamo option\(s\) \['bogus'\]"):
+        _compile_error({"bogus": 1})
+
+
+def test_error_unknown_value():
+    with pytest.raises(Exception, match="invalid runtime='cuda'; valid values"):
+        _compile_error({"runtime": "cuda"})
+
+
+def test_error_unknown_backend():
+    with pytest.raises(Exception, match="embedl_nope"):
+        _compile_error({}, backend="embedl_nope")
+    from embedl_dynamo import dynamo_backend
+
+    with pytest.raises(AttributeError, match="known: embedl_lattice, embedl_onnxruntime"):
+        dynamo_backend.embedl_nope  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("runtime", "missing"),
+    [("tensorrt", "tensorrt"), ("torch_tensorrt", "torch-tensorrt|torch_tensorrt|CUDA")],
+)
+def test_error_forced_unavailable_runtime_names_what_is_missing(runtime, missing):
+    from embedl_dynamo.runtimes import RUNTIME_CLASSES
+
+    if RUNTIME_CLASSES[runtime].is_available():
+        pytest.skip(f"{runtime} is available here")
+    with pytest.raises(Exception, match=rf"runtime '{runtime}' is unavailable: .*({missing})"):
+        _compile_error({"runtime": runtime})
+
+
+def test_error_unknown_env_runtime(monkeypatch):
+    monkeypatch.setenv("EMBEDL_DYNAMO_RUNTIME", "gpu")
+    with pytest.raises(Exception, match="invalid EMBEDL_DYNAMO_RUNTIME='gpu'"):
+        _compile_error({})
+
+
+def test_env_runtime_and_options_precedence(monkeypatch):
+    monkeypatch.setenv("EMBEDL_DYNAMO_RUNTIME", "eager")
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_tensorrt")(x)
+        assert embedl_dynamo.last_report()[-1].runtime == "eager"
+        torch._dynamo.reset()
+        torch.compile(model, backend="embedl_tensorrt", options={"runtime": "onnxruntime"})(x)
+        assert embedl_dynamo.last_report()[-1].runtime == "onnxruntime"
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, {repo!r})
+    from tests.models import ResNetLike, randomize_batchnorm
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        y = torch.compile(model, backend="embedl_tensorrt")(x)
+        err = float((y - model(x)).abs().max() / model(x).abs().max())
+    imported_early = {imported_early}
+    from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+    print(json.dumps({{"err": err, "builds": BUILD_COUNTS.get("onnx", 0),
+                      "early": imported_early}}))
+    """
+)
+
+
+def _run_script(cache_dir: Path) -> subprocess.Popen:
+    script = _SCRIPT.format(repo=str(REPO), imported_early="'embedl_dynamo' in sys.modules")
+    env = {**os.environ, "EMBEDL_DYNAMO_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_subprocess_without_import_then_warm_cache_builds_nothing(tmp_path):
+    """A fresh interpreter compiles with no ``import embedl_dynamo`` (entry point); a second
+    process on the same cache directory reuses the ONNX artifact."""
+    cache = tmp_path / "shared"
+    first = _result(_run_script(cache))
+    assert first["err"] < 1e-4 and first["builds"] == 1
+    second = _result(_run_script(cache))
+    assert second["err"] < 1e-4 and second["builds"] == 0
+
+
+def test_subprocess_rebuilds_a_corrupt_entry(tmp_path):
+    cache = tmp_path / "shared"
+    assert _result(_run_script(cache))["builds"] == 1
+    (artifact,) = (cache / "onnx").glob("*/*.onnx")
+    artifact.write_bytes(artifact.read_bytes()[: artifact.stat().st_size // 2])
+    proc = _run_script(cache)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert json.loads(out.strip().splitlines()[-1])["builds"] == 1
+    assert "is corrupt (size" in err and "rebuilding" in err
+
+
+def test_four_processes_share_one_cache_dir(tmp_path):
+    cache = tmp_path / "shared"
+    procs = [_run_script(cache) for _ in range(4)]
+    results = [_result(p) for p in procs]
+    assert all(r["err"] < 1e-4 for r in results)
+    assert sum(r["builds"] for r in results) == 1  # one builder, three waited and reused
+    assert len(list((cache / "onnx").glob("*/*.onnx"))) == 1
