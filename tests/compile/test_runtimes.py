@@ -1,0 +1,179 @@
+"""The runtime lifecycle (AITune-style), ONNX Runtime details, and the TensorRT runtimes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from embedl_dynamo.backends.tensorrt import BACKEND
+from embedl_dynamo.capture import capture
+from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.runtimes import RUNTIME_CLASSES, RuntimeUnavailableError, resolve_runtime
+from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
+from embedl_dynamo.runtimes.eager import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, ort_providers
+from embedl_dynamo.settings import Settings
+from tests.models import ResNetLike, randomize_batchnorm
+
+requires_tensorrt = pytest.mark.skipif(
+    not RUNTIME_CLASSES["tensorrt"].is_available(),
+    reason=f"TensorRT runtime unavailable: {RUNTIME_CLASSES['tensorrt'].missing()}",
+)
+requires_torch_tensorrt = pytest.mark.skipif(
+    not RUNTIME_CLASSES["torch_tensorrt"].is_available(),
+    reason=f"Torch-TensorRT unavailable: {RUNTIME_CLASSES['torch_tensorrt'].missing()}",
+)
+
+
+def _counting(gm):
+    """A copy of ``gm`` whose calls are counted in ``copy.calls``."""
+    import copy
+
+    counted = copy.deepcopy(gm)
+    counted.calls = 0
+    forward = counted.forward
+
+    def wrapper(*args):
+        counted.calls += 1
+        return forward(*args)
+
+    counted.forward = wrapper
+    return counted
+
+
+@pytest.fixture(scope="module")
+def transformed():
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    result = run_pipeline(capture(model, (x,)), [x], BACKEND)
+    return model, result.model, x
+
+
+def _settings(tmp_path, **kw):
+    return Settings.from_options({"cache_dir": str(tmp_path), **kw}, env={})
+
+
+def test_onnxruntime_lifecycle(transformed, tmp_path):
+    model, gm, x = transformed
+    rt = OnnxRuntime(_settings(tmp_path))
+    with pytest.raises(RuntimeError, match="not active"):
+        rt.infer(x)
+    OnnxRuntime(_settings(tmp_path)).build(gm, [x])  # fills the cache
+    counting = _counting(gm)
+    assert rt.build(counting, [x]) is rt
+    assert rt.build(counting, [x]) is rt  # idempotent
+    assert counting.calls == 1  # the sample ran once, to check the artifact's outputs
+    assert BUILD_COUNTS["onnx"] == 1
+    assert rt.active and not rt.is_jit and rt.key() and "onnxruntime (cached)" in rt.describe()
+    torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=1e-4, atol=1e-5)
+    rt.deactivate()
+    with pytest.raises(RuntimeError, match="not active"):
+        rt.infer(x)
+    rt.deploy()
+    with pytest.raises(RuntimeError, match="deployed and cannot be deactivated"):
+        rt.deactivate()
+    again = OnnxRuntime.from_dict(rt.to_dict())
+    assert again.settings == rt.settings and again.key() == rt.key()
+
+
+def test_onnxruntime_outputs_share_memory_with_ort(transformed, tmp_path):
+    _, gm, x = transformed
+    rt = OnnxRuntime(_settings(tmp_path, num_threads=1)).build(gm, [x])
+    (out,) = rt.infer(x)
+    assert out.is_contiguous() and out.dtype == torch.float32
+    assert out.numpy().base is not None  # a view of ORT's array, not a copy
+
+
+def test_onnxruntime_second_runtime_uses_cache(transformed, tmp_path):
+    _, gm, x = transformed
+    OnnxRuntime(_settings(tmp_path)).build(gm, [x])
+    rt = OnnxRuntime(_settings(tmp_path)).build(gm, [x])
+    assert rt.from_cache and BUILD_COUNTS["onnx"] == 1 and "(cached)" in rt.describe()
+
+
+def test_providers_prefer_gpu_then_cpu():
+    providers = ort_providers()
+    assert providers[-1] == "CPUExecutionProvider"
+    order = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert providers == [p for p in order if p in providers]
+
+
+def test_eager_runtime(transformed, tmp_path):
+    model, gm, x = transformed
+    rt = EagerRuntime(_settings(tmp_path)).build(gm, [x])
+    torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=0, atol=1e-5)
+
+
+def test_check_outputs_catches_mismatch():
+    a = torch.ones(2, 3)
+    assert check_outputs([a], [a + 1e-6], "x") < 1e-5
+    with pytest.raises(OutputMismatchError, match="differs from PyTorch"):
+        check_outputs([a], [a + 0.1], "x")
+    with pytest.raises(OutputMismatchError, match="shape"):
+        check_outputs([a], [a[:1]], "x")
+    with pytest.raises(OutputMismatchError, match="differs"):
+        check_outputs([a], [a * float("nan")], "x")
+
+
+def test_auto_picks_onnxruntime_on_this_cpu(caplog):
+    import logging
+
+    import embedl_dynamo.runtimes.select as select
+
+    select._logged_auto.clear()
+    with caplog.at_level(logging.INFO, logger="embedl_dynamo.runtimes.select"):
+        cls = resolve_runtime("auto")
+    if not RUNTIME_CLASSES["tensorrt"].is_available():
+        assert cls is OnnxRuntime
+    assert f"runtime 'auto' selected {cls.name}" in caplog.text
+
+
+def test_unknown_runtime_lists_valid_ones():
+    with pytest.raises(ValueError, match="valid runtimes: auto, onnxruntime, tensorrt"):
+        resolve_runtime("tvm")
+
+
+@pytest.mark.parametrize("name", ["tensorrt", "torch_tensorrt"])
+def test_unavailable_runtime_names_what_is_missing(name):
+    cls = RUNTIME_CLASSES[name]
+    if cls.is_available():
+        pytest.skip(f"{name} is available here")
+    with pytest.raises(RuntimeUnavailableError, match=f"runtime '{name}' is unavailable: ") as e:
+        resolve_runtime(name)
+    assert any(w in str(e.value) for w in ("not installed", "CUDA", "fails to import", "version"))
+
+
+@pytest.mark.tensorrt
+@pytest.mark.cuda
+@requires_tensorrt
+def test_tensorrt_engine_matches_and_is_cached(transformed, tmp_path):
+    model, gm, x = transformed
+    rt = RUNTIME_CLASSES["tensorrt"](_settings(tmp_path)).build(gm, [x])
+    out = rt.infer(x.cuda())[0].cpu()
+    torch.testing.assert_close(out, model(x).detach(), rtol=1e-2, atol=1e-2)
+    out5 = rt.infer(torch.randn(5, 3, 16, 16).cuda())[0]  # dynamic batch, same engine
+    assert out5.shape[0] == 5
+    again = RUNTIME_CLASSES["tensorrt"](_settings(tmp_path)).build(gm, [x])
+    assert again.from_cache and BUILD_COUNTS["trt_engine"] == 1
+
+
+@pytest.mark.tensorrt
+@pytest.mark.cuda
+@requires_torch_tensorrt
+def test_torch_tensorrt_matches(transformed, tmp_path):
+    model, gm, x = transformed
+    rt = RUNTIME_CLASSES["torch_tensorrt"](_settings(tmp_path)).build(gm, [x])
+    out = rt.infer(x.cuda())[0].cpu()
+    torch.testing.assert_close(out, model(x).detach(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.tensorrt
+@pytest.mark.cuda
+@requires_tensorrt
+def test_torch_compile_with_tensorrt_runtime():
+    model = randomize_batchnorm(ResNetLike().eval()).cuda()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    compiled = torch.compile(model, backend="embedl_tensorrt", options={"runtime": "tensorrt"})
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-2, atol=1e-2)
