@@ -101,7 +101,15 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
             graph = root.graph(len(args) if args is not None else None)
         else:
             root = model
-            graph = _Tracer().trace(root)
+            try:
+                graph = _Tracer().trace(root)
+            except (fx.proxy.TraceError, TypeError):  # TypeError: e.g. float(Proxy)
+                if args is None:
+                    raise
+                # data-dependent control flow: Dynamo specialises on ``args`` instead
+                from .capture import capture
+
+                return trace(capture(model, args), args)
         gm = copy.deepcopy(fx.GraphModule(root, graph, type(model).__name__))
     if args is not None:
         from torch.fx.passes.shape_prop import ShapeProp
