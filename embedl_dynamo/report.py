@@ -12,6 +12,7 @@ and why), whether the artifact came from the cache, and why it stayed in PyTorch
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,8 @@ class SubgraphReport:
         status: ``compiled``, ``eager`` (fell back or too small) or ``training`` (not frozen).
         reason: why it runs eager, naming the op when known.
         cached: the artifact came from the cache (nothing built).
-        plan: the :class:`~embedl_dynamo.plan.TransformationPlan` (None when not transformed).
+        plan: the :class:`~embedl_dynamo.plan.TransformationPlan` (None when not transformed;
+            planned on first access when a warm cache let compilation skip the pipeline).
         pipeline: the pipeline report (applied/skipped counts, timings).
         runtime_info: the runtime's ``to_dict()["build_info"]``.
         compile_s: seconds spent in the backend for this subgraph.
@@ -48,10 +50,22 @@ class SubgraphReport:
     status: str
     reason: str = ""
     cached: bool = False
-    plan: Any = None
     pipeline: dict[str, Any] = field(default_factory=dict)
     runtime_info: dict[str, Any] = field(default_factory=dict)
     compile_s: float = 0.0
+    _plan: Any = field(default=None, repr=False)
+    _plan_factory: Callable[[], Any] | None = field(default=None, repr=False)
+
+    @property
+    def plan(self) -> Any:
+        """The transformation plan; computed on first access when the artifact was cached."""
+        if self._plan is None and self._plan_factory is not None:
+            self._plan, self._plan_factory = self._plan_factory(), None
+        return self._plan
+
+    @plan.setter
+    def plan(self, value: Any) -> None:
+        self._plan = value
 
     def __str__(self) -> str:
         applied = self.pipeline.get("applied_count", 0)

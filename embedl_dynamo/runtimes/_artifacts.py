@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import logging
 import threading
 from pathlib import Path
@@ -14,7 +17,15 @@ from ..cache import ArtifactCache, content_key, fingerprint_graph, library_versi
 from ..onnx_export import DEFAULT_OPSET, export_onnx
 from ..settings import Settings
 
-__all__ = ["BUILD_COUNTS", "input_specs", "onnx_artifact"]
+__all__ = [
+    "BUILD_COUNTS",
+    "cached_onnx",
+    "code_fingerprint",
+    "input_specs",
+    "lookup_alias",
+    "onnx_artifact",
+    "store_alias",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,3 +81,38 @@ def onnx_artifact(
     if not built:
         logger.info("reusing cached ONNX artifact %s", key[:16])
     return path, key, built
+
+
+def cached_onnx(key: str, settings: Settings) -> Path | None:
+    """The verified cached ONNX file for ``key``, or None."""
+    return ArtifactCache(settings.cache_dir, "onnx").get(key, ".onnx")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """sha256 of this package's source: a transformation result depends on the code too."""
+    package = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def lookup_alias(source_key: str, settings: Settings) -> dict[str, Any] | None:
+    """What :func:`store_alias` recorded for a subgraph's source key (None if absent/corrupt)."""
+    cache = ArtifactCache(settings.cache_dir, "subgraph")
+    path = cache.get(source_key, ".json")
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("onnx_key"), str) else None
+
+
+def store_alias(source_key: str, data: dict[str, Any], settings: Settings) -> None:
+    """Record which artifact a subgraph (keyed before transformation) compiled to."""
+    cache = ArtifactCache(settings.cache_dir, "subgraph")
+    cache.put(source_key, json.dumps(data, sort_keys=True).encode(), ".json")

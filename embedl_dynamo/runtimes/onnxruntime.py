@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from ._artifacts import onnx_artifact
+from ._artifacts import cached_onnx, onnx_artifact
 from .base import Runtime, check_outputs
 
 __all__ = ["OnnxRuntime", "ort_providers"]
@@ -54,8 +54,24 @@ class OnnxRuntime(Runtime):
     def is_jit(self) -> bool:
         return False
 
+    def use_cached(self, key: str) -> bool:
+        """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
+
+        ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
+        the untransformed graph (same function, so the check still holds).
+        """
+        path = cached_onnx(key, self.settings)
+        if path is None:
+            return False
+        self._prebuilt = (path, key)
+        return True
+
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        path, key, built = onnx_artifact(gm, example_inputs, self.settings)
+        prebuilt = getattr(self, "_prebuilt", None)
+        if prebuilt is not None:
+            (path, key), built = prebuilt, False
+        else:
+            path, key, built = onnx_artifact(gm, example_inputs, self.settings)
         self.from_cache = not built
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}

@@ -336,3 +336,25 @@ def test_four_processes_share_one_cache_dir(tmp_path):
     assert all(r["err"] < 1e-4 for r in results)
     assert sum(r["builds"] for r in results) == 1  # one builder, three waited and reused
     assert len(list((cache / "onnx").glob("*/*.onnx"))) == 1
+
+
+def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
+    import embedl_dynamo.dynamo_backend as dynamo_backend
+
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_tensorrt")(x)
+        torch._dynamo.reset()
+        calls = []
+        real = dynamo_backend.run_pipeline
+        monkeypatch.setattr(
+            dynamo_backend, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
+        )
+        _assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
+    warm = embedl_dynamo.last_report()[-1]
+    assert warm.cached and warm.status == "compiled" and not calls
+    assert warm.pipeline["applied_count"] > 0
+    assert "conv_bn_relu@layer1.0.conv1" in [e.id for e in warm.plan.entries if e.apply]
+    assert calls == [1]  # planned on access
+    assert BUILD_COUNTS["onnx"] == 1
