@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _assert_close_to_scale(actual, expected, rtol=1e-4):
     """max |a - e| <= rtol * max|e| (1e-4 relative to the output scale)."""
+    actual, expected = actual.detach(), expected.detach()
     scale = float(expected.abs().max())
     err = float((actual - expected).abs().max())
     assert err <= rtol * max(scale, 1e-6), f"max abs diff {err:.3g} vs scale {scale:.3g}"
