@@ -68,6 +68,8 @@ def _quantize_step(
     result = quantize_for_pipeline(gm, example_inputs, backend, settings)
     if isinstance(result, fx.GraphModule):
         return result, {}
+    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], fx.GraphModule):
+        return result[0], dict(result[1] or {})
     if (
         isinstance(result, tuple)
         and len(result) == 2
@@ -78,8 +80,8 @@ def _quantize_step(
     model = getattr(result, "model", None)
     if not isinstance(model, fx.GraphModule):
         raise TypeError(
-            f"quantize_for_pipeline returned {type(result).__name__}; expected a GraphModule or "
-            "an object with a .model GraphModule"
+            f"quantize_for_pipeline returned {type(result).__name__}; expected a GraphModule, "
+            "a (GraphModule, report) pair or an object with a .model GraphModule"
         )
     return model, dict(getattr(result, "report", {}) or {})
 

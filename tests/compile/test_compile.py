@@ -359,3 +359,15 @@ def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
     assert "conv_bn_relu@layer1.0.conv1" in [e.id for e in warm.plan.entries if e.apply]
     assert calls == [1]  # planned on access
     assert BUILD_COUNTS["onnx"] == 1
+
+
+def test_int8_options_reach_the_quantization_step():
+    model = randomize_batchnorm(ResNetLike().eval())
+    data = [torch.randn(4, 3, 16, 16) for _ in range(4)]
+    x = torch.randn(2, 3, 16, 16)
+    options = {"quantize": "int8", "calibration_data": data}
+    with torch.no_grad():
+        y = torch.compile(model, backend="embedl_onnxruntime", options=options)(x)
+        _assert_close_to_scale(y, model(x), rtol=0.05)  # INT8: a few percent of the scale
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.pipeline["quantized"] is True and sub.runtime == "onnxruntime"
