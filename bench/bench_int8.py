@@ -18,11 +18,12 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from embedl_dynamo.quant.ort_baseline import ort_quantize_static
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -49,35 +50,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _specialist(model, calibration, tmp: Path):
-    import onnxruntime as ort
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    path = tmp / "float.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model, (calibration[0],), str(path), input_names=["x"],
-            dynamic_axes={"x": {0: "n"}}, dynamo=False,
-        )  # fmt: skip
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.items = iter([{"x": b.numpy()} for b in calibration])
-
-        def get_next(self):
-            return next(self.items, None)
-
-    qpath = tmp / "ort_int8.onnx"
-    quantize_static(
-        str(path), str(qpath), Reader(), quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-    )  # fmt: skip
-    session = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])
+    session = ort_quantize_static(model, calibration, tmp)
     return lambda x: torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "default_cache_dir",
     "fingerprint_graph",
     "library_versions",
+    "sha256_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -288,7 +290,7 @@ class ArtifactCache:
         size = path.stat().st_size
         if size != meta["size"]:
             return f"size {size} != recorded {meta['size']}"
-        if _sha256_file(path) != meta["sha256"]:
+        if sha256_file(path) != meta["sha256"]:
             return "sha256 mismatch"
         return None
 
@@ -330,7 +332,7 @@ class ArtifactCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        record = {"sha256": _sha256_file(path), "size": path.stat().st_size, "meta": meta or {}}
+        record = {"sha256": sha256_file(path), "size": path.stat().st_size, "meta": meta or {}}
         atomic_write_text(self._meta_path(path), json.dumps(_jsonable(record), sort_keys=True))
         return path
 

@@ -21,7 +21,6 @@ equal float.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+
+from .cache import sha256_file
 
 __all__ = [
     "SIDECAR_FORMAT",
@@ -229,14 +230,6 @@ def _io_specs(
     return specs
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _settings(
     quantize: str | None,
     calibration_data: Any,
@@ -283,7 +276,7 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any
     profile = TensorRTRuntime(settings)._profile(list(args))
     key = content_key(
         "trt_engine_export",
-        _sha256(onnx_path),
+        sha256_file(onnx_path),
         trt.__version__,
         torch.cuda.get_device_name(device),
         list(torch.cuda.get_device_capability(device)),
@@ -456,7 +449,7 @@ def export(
     sidecar = {
         "format": SIDECAR_FORMAT,
         "onnx_file": path.name,
-        "onnx_sha256": _sha256(path),
+        "onnx_sha256": sha256_file(path),
         "engine_file": engine_path.name if engine_path else None,
         "backend": target.to_dict(),
         "inputs": _io_specs(input_names(len(args)), args, batch, dynamic_batch),

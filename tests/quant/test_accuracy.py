@@ -11,42 +11,13 @@ import torch.nn.functional as F
 
 from embedl_dynamo.pattern import Role
 from embedl_dynamo.quant import QuantizationConfig, QuantizationSpec, prepare_qat, quantize
+from embedl_dynamo.quant.ort_baseline import ort_quantize_static
 
 from .digits import accuracy
 
 
 def _ort_quantize_static_accuracy(model, x_cal, x_test, y_test, tmp_path) -> float:
-    import onnxruntime as ort
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-
-    path = tmp_path / "float.onnx"
-    torch.onnx.export(
-        model,
-        (x_cal[:1],),
-        str(path),
-        input_names=["x"],
-        dynamic_axes={"x": {0: "n"}},
-        dynamo=False,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.batches = iter([{"x": b.numpy()} for b in x_cal.split(64)])
-
-        def get_next(self):
-            return next(self.batches, None)
-
-    qpath = tmp_path / "ort_int8.onnx"
-    quantize_static(
-        str(path), str(qpath), Reader(), quant_format=QuantFormat.QDQ,
-        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
-    )  # fmt: skip
-    session = ort.InferenceSession(str(qpath), providers=["CPUExecutionProvider"])
+    session = ort_quantize_static(model, list(x_cal.split(64)), tmp_path)
     logits = session.run(None, {"x": x_test.numpy()})[0]
     return float((np.argmax(logits, 1) == y_test.numpy()).mean()) * 100.0
 
