@@ -95,7 +95,7 @@ def test_export_and_load_round_trips(runs) -> None:
         for line in out.splitlines()
         if "max abs diff to eager" in line
     ]
-    assert len(diffs) == 2 and max(diffs) < 1e-3
+    assert len(diffs) == 2 and max(diffs) < 1e-4  # float export: export verifies 1e-4 of scale
 
 
 def test_plan_inspection_toggles_by_glob(runs) -> None:
