@@ -362,6 +362,9 @@ def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
 
 
 def test_int8_options_reach_the_quantization_step():
+    # Seeded: INT8 error of a random 16x16 net calibrated on 4 random batches is itself random
+    # (0.6-4% of the output scale over seeds 0-9, one unseeded CI draw hit 6.4%).
+    torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike().eval())
     data = [torch.randn(4, 3, 16, 16) for _ in range(4)]
     x = torch.randn(2, 3, 16, 16)
