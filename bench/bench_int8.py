@@ -23,11 +23,10 @@ from pathlib import Path
 
 import torch
 
-from embedl_dynamo.quant.ort_baseline import ort_quantize_static
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.models import resnet50  # noqa: E402
+from bench.ort_baseline import ort_quantize_static  # noqa: E402
 
 
 def _interleaved_ms(variants: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:

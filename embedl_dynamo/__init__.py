@@ -6,19 +6,21 @@ INT8 quantization on the Dynamo graph and hands it to ONNX Runtime, TensorRT or 
 
 from __future__ import annotations
 
-from .backend import (
+from embedl_dynamo.backend import (
     Backend,
     discover_backends,
     get_backend,
     reset_backends,
     set_backend,
 )
-from .export import export
-from .load import load
-from .pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
-from .plan import PatternMatch, TransformationPlan
-from .report import explain, last_report
-from .transform import (
+from embedl_dynamo.deploy.export import export
+from embedl_dynamo.deploy.load import load
+from embedl_dynamo.report import explain, last_report
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
+from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
+from embedl_dynamo.transform import (
     TransformResult,
     apply_transformation_plan,
     get_transformation_plan,

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from .pattern import PHASES, Pattern
+from embedl_dynamo.rewrite.pattern import PHASES, Pattern
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -127,7 +127,7 @@ class Backend:
                 resolved.append(by_name[(phase, name)])
             kwargs[attr] = tuple(resolved)
         if data.get("quantization") is not None:
-            from .quant.spec import QuantizationConfig
+            from embedl_dynamo.quant.spec import QuantizationConfig
 
             kwargs["quantization"] = QuantizationConfig.from_dict(data["quantization"])
         return cls(**kwargs)

@@ -133,7 +133,7 @@ def _build_model(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, tup
 
 
 def _backend(name: str) -> Any:
-    from .backend import backend_by_name
+    from embedl_dynamo.backend import backend_by_name
 
     try:
         return backend_by_name(name)
@@ -177,8 +177,8 @@ def _load_calibration(path_text: str, batch: int) -> list[Any]:
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
-    from .backend import discover_backends
-    from .runtimes import RUNTIME_CLASSES
+    from embedl_dynamo.backend import discover_backends
+    from embedl_dynamo.runtimes import RUNTIME_CLASSES
 
     backends = discover_backends()
     if not backends:
@@ -211,8 +211,8 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .capture import capture
-    from .pipeline import run_pipeline
+    from embedl_dynamo.graph.capture import capture
+    from embedl_dynamo.pipeline import run_pipeline
 
     backend = _backend(args.backend)
     model, inputs = _build_model(args.model, args.input_shape)
@@ -232,7 +232,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import json
 
-    from .export import (
+    from embedl_dynamo.deploy.export import (
         EngineUnavailableError,
         ExportArgumentError,
         ExportError,
@@ -294,7 +294,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench_util import format_table, measure, plot_latencies
+    from embedl_dynamo.deploy.benchmark import format_table, measure, plot_latencies
 
     _backend(args.backend)
     if not args.no_int8:
@@ -307,7 +307,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         reference = model(*inputs)
     reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
     kw = {"warmup": args.warmup, "repeats": args.repeats, "reference": reference}
-    from .report import clear_reports, last_report
+    from embedl_dynamo.report import clear_reports, last_report
 
     rows = [measure("eager", model, inputs, **kw)]
     notes = []

@@ -1,11 +1,11 @@
 """The graph pipeline shared by ``torch.compile`` and the export helper.
 
 ``run_pipeline`` takes a *frozen* torch-level graph (weights are ``get_attr`` constants, see
-:mod:`embedl_dynamo.freeze`) and runs, in order:
+:mod:`embedl_dynamo.graph.freeze`) and runs, in order:
 
 1. canonicalisation and the Backend's conversions to a fixpoint, then its fusions, planned
-   longest first (:func:`~embedl_dynamo.transform.get_transformation_plan` /
-   :func:`~embedl_dynamo.transform.apply_transformation_plan`);
+   longest first (:func:`~embedl_dynamo.rewrite.engine.plan_transformation` /
+   :func:`~embedl_dynamo.rewrite.engine.apply_transformation_plan`);
 2. the quantization step (:func:`_quantize_step`), only when ``settings.quantize`` is set.
 
 It knows nothing about Dynamo or runtimes, so any caller that has a frozen graph can use it.
@@ -21,10 +21,10 @@ from typing import Any
 
 from torch import fx
 
-from .backend import Backend
-from .plan import TransformationPlan
-from .settings import Settings
-from .transform import apply_transformation_plan, get_transformation_plan
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
+from embedl_dynamo.rewrite.plan import TransformationPlan
+from embedl_dynamo.settings import Settings
 
 __all__ = ["PipelineResult", "run_pipeline"]
 
@@ -57,7 +57,7 @@ def _quantize_step(
     Returns:
         The quantized GraphModule and the quantization report (may be empty).
     """
-    from . import quant
+    from embedl_dynamo import quant
 
     quantize_for_pipeline = getattr(quant, "quantize_for_pipeline", None)
     if quantize_for_pipeline is None:
@@ -107,7 +107,7 @@ def run_pipeline(
     settings = settings if settings is not None else Settings()
     start = time.perf_counter()
     patterns = [*backend.conversion_patterns, *backend.fusion_patterns]
-    plan = get_transformation_plan(gm, patterns, args=list(example_inputs))
+    plan = plan_transformation(gm, patterns, args=list(example_inputs))
     result = apply_transformation_plan(plan)
     report: dict[str, Any] = dict(result.report)
     report["backend"] = backend.name

@@ -36,7 +36,7 @@ class SubgraphReport:
         status: ``compiled``, ``eager`` (fell back or too small) or ``training`` (not frozen).
         reason: why it runs eager, naming the op when known.
         cached: the artifact came from the cache (nothing built).
-        plan: the :class:`~embedl_dynamo.plan.TransformationPlan` (None when not transformed;
+        plan: the :class:`~embedl_dynamo.rewrite.plan.TransformationPlan` (None when not transformed;
             planned on first access when a warm cache let compilation skip the pipeline).
         pipeline: the pipeline report (applied/skipped counts, timings).
         runtime_info: the runtime's ``to_dict()["build_info"]``.

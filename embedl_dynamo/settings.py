@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import ENV_CACHE_DIR, default_cache_dir
+from embedl_dynamo.cache.store import ENV_CACHE_DIR, default_cache_dir
 
 __all__ = [
     "ENV_RUNTIME",

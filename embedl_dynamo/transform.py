@@ -1,231 +1,33 @@
-"""The graph pipeline: trace, canonicalise, convert to a fixpoint, plan fusions, apply.
+"""The public rewrite API: :func:`transform`, :func:`get_transformation_plan`, :func:`apply_transformation_plan`.
 
-* **Conversions** are structural rewrites (``Flatten -> Linear`` into ``Conv1x1 -> Flatten``,
-  attention decomposition, no-op removal). They are applied while planning, round after round,
-  until a round finds nothing new; a pattern set that keeps rewriting for
-  :data:`MAX_CONVERSION_ROUNDS` rounds is an error naming the patterns still firing.
-* **Fusions** are planned in one pass, longest pattern first; a match whose nodes an earlier
-  (longer) match already claimed is kept in the plan with ``apply=False`` and the reason
-  ``overlaps <pattern>@<path>``. Users may toggle entries before applying.
-
-Nothing here touches the user's model: tracing reads it, and the plan works on a deep copy.
+They run the :mod:`~embedl_dynamo.rewrite.engine` with the given patterns, or with the active
+Backend's conversions and fusions (:func:`~embedl_dynamo.backend.get_backend`) when none are given.
 """
 
 from __future__ import annotations
 
-import copy
-import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from torch import fx, nn
+from torch import nn
 
-from .canonicalize import canonicalize
-from .graph_utils import module_path
-from .matcher import escaping_node, find_matches, index_graph, match_at
-from .pattern import Match, Pattern
-from .plan import OVERLAP_PREFIX, PatternMatch, TransformationPlan
+from embedl_dynamo.backend import get_backend
+from embedl_dynamo.rewrite.engine import (
+    TransformResult,
+    apply_transformation_plan,
+    plan_transformation,
+    trace,
+)
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.plan import TransformationPlan
 
 __all__ = [
-    "MAX_CONVERSION_ROUNDS",
     "TransformResult",
     "apply_transformation_plan",
     "get_transformation_plan",
     "trace",
     "transform",
 ]
-
-logger = logging.getLogger(__name__)
-
-MAX_CONVERSION_ROUNDS = 8
-
-# torch.nn modules whose forward cannot be symbolically traced (data-dependent control flow);
-# they stay ``call_module`` leaves and the canonicaliser expands them.
-_UNTRACEABLE_LEAVES: tuple[type[nn.Module], ...] = (
-    nn.MultiheadAttention,
-    nn.TransformerEncoder,
-    nn.TransformerEncoderLayer,
-)
-
-
-class _Tracer(fx.Tracer):
-    """``symbolic_trace``'s tracer, with attention modules kept as leaves."""
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        if isinstance(m, _UNTRACEABLE_LEAVES):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-
-class _Root(nn.Module):
-    """Wraps a model that is itself a leaf (``nn.TransformerEncoder``) so it can be traced."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args: Any) -> Any:
-        return self.model(*args)
-
-    def graph(self, count: int | None) -> fx.Graph:
-        """``model(*inputs)`` as a graph (``symbolic_trace`` cannot trace ``*args``)."""
-        import inspect
-
-        params = list(inspect.signature(self.model.forward).parameters.values())
-        if count is None:
-            count = sum(1 for p in params if p.default is inspect.Parameter.empty)
-        graph = fx.Graph()
-        inputs = tuple(graph.placeholder(p.name) for p in params[:count])
-        graph.output(graph.call_module("model", inputs))
-        return graph
-
-
-def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule:
-    """Trace ``model`` to a GraphModule (``call_module`` nodes kept), with shapes if ``args``.
-
-    Args:
-        model: an ``nn.Module`` or ``fx.GraphModule``; it is not modified.
-        args: example inputs; when given, every node gets its shape (needed by shape-dependent
-            canonicalisations such as ``view(n, -1)`` -> ``flatten``).
-
-    Returns:
-        A new GraphModule whose parameters are copies of the model's.
-    """
-    if isinstance(model, fx.GraphModule):
-        gm = copy.deepcopy(model)
-    else:
-        if isinstance(model, _UNTRACEABLE_LEAVES):
-            root = _Root(model)
-            graph = root.graph(len(args) if args is not None else None)
-        else:
-            root = model
-            try:
-                graph = _Tracer().trace(root)
-            except (fx.proxy.TraceError, TypeError):  # TypeError: e.g. float(Proxy)
-                if args is None:
-                    raise
-                # data-dependent control flow: Dynamo specialises on ``args`` instead
-                from .capture import capture
-
-                return trace(capture(model, args), args)
-        gm = copy.deepcopy(fx.GraphModule(root, graph, type(model).__name__))
-    if args is not None:
-        from torch.fx.passes.shape_prop import ShapeProp
-
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*args)
-    return gm
-
-
-@dataclass
-class TransformResult:
-    """What :func:`transform` returns: the transformed model, its plan and a report."""
-
-    model: fx.GraphModule
-    plan: TransformationPlan
-    report: dict[str, Any] = field(default_factory=dict)
-
-
-def _resolve_patterns(patterns: Sequence[Pattern] | None) -> list[Pattern]:
-    if patterns is not None:
-        return list(patterns)
-    from .backend import get_backend
-
-    backend = get_backend()
-    return [*backend.conversion_patterns, *backend.fusion_patterns]
-
-
-def _entry(m: Match, apply: bool, reason: str, check_reason: str = "") -> PatternMatch:
-    return PatternMatch(
-        id=m.id,
-        pattern=m.pattern,
-        node=m.anchor.name,
-        nodes=tuple(n.name for n in m.nodes),
-        apply=apply,
-        reason=reason,
-        check_reason=check_reason,
-    )
-
-
-def _verdict(m: Match) -> str:
-    """Empty when the match may be rewritten, else the reason it may not."""
-    escaping = escaping_node(m)
-    if escaping is not None:
-        return f"intermediate value {escaping.name} is used outside the match"
-    result = m.pattern.check(m)
-    return "" if result.ok else (result.reason or "check failed")
-
-
-def _replace(m: Match) -> list[fx.Node]:
-    """Apply one match: build the replacement, reroute users, drop the matched nodes.
-
-    Returns the erased nodes.
-    """
-    anchor = m.anchor
-    new = m.pattern.replace(m)
-    if new is not anchor:
-        if isinstance(new, fx.Node) and "embedl_path" not in new.meta:
-            new.meta["embedl_path"] = module_path(anchor)
-        anchor.replace_all_uses_with(new)
-    erased = []
-    for node in reversed(m.nodes):
-        if node is not new and not node.users:
-            m.gm.graph.erase_node(node)
-            erased.append(node)
-    return erased
-
-
-def _dedupe_ids(matches: list[Match]) -> dict[int, str]:
-    """Give repeated ids (a module called twice) a ``#2``, ``#3`` suffix, in graph order."""
-    seen: dict[str, int] = {}
-    ids = {}
-    for m in matches:
-        count = seen.get(m.id, 0) + 1
-        seen[m.id] = count
-        ids[id(m)] = m.id if count == 1 else f"{m.id}#{count}"
-    return ids
-
-
-def _run_conversions(
-    gm: fx.GraphModule, conversions: list[Pattern], entries: list[PatternMatch]
-) -> None:
-    """Apply conversion patterns round after round until none fires."""
-    declined: set[str] = set()
-    for _round in range(MAX_CONVERSION_ROUNDS):
-        fired: list[str] = []
-        for pattern in conversions:
-            op, target = pattern.compiled().anchor_key
-            candidates = [n for n in gm.graph.nodes if n.op == op and n.target == target]
-            erased: set[fx.Node] = set()
-            for node in candidates:
-                if node in erased:
-                    continue
-                # matched lazily: an earlier replacement may have changed this node's inputs
-                m = match_at(pattern, gm, node)
-                if m is None:
-                    continue
-                reason = _verdict(m)
-                if reason:
-                    if m.id not in declined:
-                        declined.add(m.id)
-                        entries.append(_entry(m, False, reason, check_reason=reason))
-                    continue
-                entry = _entry(m, True, "")
-                entry.applied = True
-                erased.update(_replace(m))
-                entries.append(entry)
-                fired.append(pattern.name)
-        if not fired:
-            if _round:  # the graph changed: check it and regenerate its code
-                gm.graph.lint()
-                gm.recompile()
-            return
-    raise RuntimeError(
-        f"conversions did not converge after {MAX_CONVERSION_ROUNDS} rounds; still firing: "
-        f"{sorted(set(fired))}. A conversion's replacement must not match its own target."
-    )
 
 
 def get_transformation_plan(
@@ -243,86 +45,10 @@ def get_transformation_plan(
     Returns:
         The plan; ``plan.model`` is the converted copy that the fusion entries refer to.
     """
-    patterns = _resolve_patterns(patterns)
-    gm = trace(graph_module, args)
-    canonicalize(gm)
-    entries: list[PatternMatch] = []
-    _run_conversions(gm, [p for p in patterns if p.phase == "conversion"], entries)
-
-    fusions = sorted(
-        (p for p in patterns if p.phase == "fusion"), key=lambda p: p.size, reverse=True
-    )
-    index = index_graph(gm)
-    claimed: dict[fx.Node, str] = {}
-    for pattern in fusions:
-        matches = find_matches(pattern, gm, index)
-        ids = _dedupe_ids(matches)
-        for m in matches:
-            reason = _verdict(m)
-            entry = _entry(m, not reason, reason, check_reason=reason)
-            entry.id = ids[id(m)]
-            if not reason:
-                clash = next((claimed[n] for n in m.nodes if n in claimed), None)
-                if clash is not None:
-                    entry.apply, entry.claimed_by = False, clash
-                    entry.reason = f"{OVERLAP_PREFIX}{clash}"
-                else:
-                    for n in m.nodes:
-                        claimed[n] = entry.id
-            entries.append(entry)
-    logger.debug("planned %d matches (%d conversions applied)", len(entries),
-                 sum(e.applied for e in entries))  # fmt: skip
-    return TransformationPlan(model=gm, entries=entries)
-
-
-def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
-    """Deep-copy ``gm`` but keep its parameter and buffer tensors shared (for speed).
-
-    Fusions replace most weights (BatchNorm folded into new tensors), so copying them all first
-    is wasted work; :func:`_unshare_tensors` copies the ones that survive.
-    """
-    memo: dict[int, Any] = {}
-    for tensor in (*gm.parameters(), *gm.buffers()):
-        memo[id(tensor)] = tensor
-    return copy.deepcopy(gm, memo)
-
-
-def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
-    """Give ``gm`` its own copy of every parameter and buffer it still shares with ``source``."""
-    shared = {id(t) for t in (*source.parameters(), *source.buffers())}
-    for module in gm.modules():
-        for name, param in module._parameters.items():
-            if param is not None and id(param) in shared:
-                module._parameters[name] = copy.deepcopy(param)
-        for name, buffer in module._buffers.items():
-            if buffer is not None and id(buffer) in shared:
-                module._buffers[name] = buffer.clone()
-
-
-def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
-    """Apply the plan's pending matches to a copy of ``plan.model``.
-
-    Returns:
-        A :class:`TransformResult`; the plan itself is left untouched, so it can be edited and
-        applied again.
-    """
-    gm = _copy_sharing_tensors(plan.model)
-    nodes = {n.name: n for n in gm.graph.nodes}
-    for entry in plan.entries:
-        if entry.applied or not entry.apply:
-            continue
-        anchor = nodes.get(entry.node)
-        m = match_at(entry.pattern, gm, anchor) if anchor is not None else None
-        if m is None:
-            raise RuntimeError(f"{entry.id} no longer matches node {entry.node}; re-plan the model")
-        _replace(m)
-    gm.graph.eliminate_dead_code()
-    gm.graph.lint()
-    gm.delete_all_unused_submodules()
-    _unshare_tensors(gm, plan.model)
-    gm.recompile()
-    report = plan.summary()
-    return TransformResult(model=gm, plan=plan, report=report)
+    if patterns is None:
+        backend = get_backend()
+        patterns = [*backend.conversion_patterns, *backend.fusion_patterns]
+    return plan_transformation(graph_module, patterns, args)
 
 
 def transform(

@@ -16,7 +16,7 @@ import torch
 from _common import resnet
 
 import embedl_dynamo
-from embedl_dynamo.bench_util import format_table, measure
+from embedl_dynamo.deploy.benchmark import format_table, measure
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ from embedl_dynamo.cli import (
     main,
 )
 
-export_module = importlib.import_module("embedl_dynamo.export")
+export_module = importlib.import_module("embedl_dynamo.deploy.export")
 
 _NET = textwrap.dedent(
     """

@@ -19,11 +19,11 @@ from embedl_dynamo import (
     transform,
 )
 from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS
-from embedl_dynamo.canonicalize import canonicalize
-from embedl_dynamo.graph_printer import format_graph
-from embedl_dynamo.matcher import find_matches
+from embedl_dynamo.graph.canonicalize import canonicalize
+from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.fused_modules import FusedConv
-from embedl_dynamo.transform import MAX_CONVERSION_ROUNDS
+from embedl_dynamo.rewrite.engine import MAX_CONVERSION_ROUNDS
+from embedl_dynamo.rewrite.matcher import find_matches
 from tests.models import MobileNetLike, ResNetLike
 
 X = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))

@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.export import ExportError, VerificationError, export, sidecar_path
+from embedl_dynamo.deploy.export import ExportError, VerificationError, export, sidecar_path
 from tests.models import ResNetLike
 
 # the module; ``embedl_dynamo.export`` is the function
-export_module = importlib.import_module("embedl_dynamo.export")
+export_module = importlib.import_module("embedl_dynamo.deploy.export")
 
 
 def _model() -> nn.Module:
@@ -108,7 +108,7 @@ def test_verification_mismatch_is_an_error_unless_verify_false(
     opts = {"cache_dir": tmp_path / "cache"}
     with pytest.raises(VerificationError, match=r"differs from PyTorch by 1 .*verify=False"):
         export(model, x, tmp_path / "bad.onnx", options=opts)
-    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.export"):
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.deploy.export"):
         path = export(model, x, tmp_path / "kept.onnx", options=opts, verify=False)
     assert path.is_file()
     assert "kept because verify=False" in caplog.text

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from embedl_dynamo import export, load
-from embedl_dynamo.load import ExportedModule
+from embedl_dynamo.deploy.load import ExportedModule
 
 
 class _TwoHeads(nn.Module):

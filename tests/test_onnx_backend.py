@@ -1,4 +1,4 @@
-"""ONNX's own backend conformance tests, and unit tests, for :mod:`embedl_dynamo.onnx_backend`.
+"""ONNX's own backend conformance tests, and unit tests, for :mod:`embedl_dynamo.deploy.onnx_backend`.
 
 ``onnx.backend.test.BackendTest`` generates one unittest per ONNX node test case; we include the
 cases for the ops our patterns and exports emit (conv, gemm/matmul, activations, pooling,
@@ -13,8 +13,8 @@ import onnx.backend.test
 import pytest
 from onnx import helper
 
-from embedl_dynamo import onnx_backend
-from embedl_dynamo.onnx_backend import EmbedlOnnxBackend, EmbedlOnnxBackendRep
+from embedl_dynamo.deploy import onnx_backend
+from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, EmbedlOnnxBackendRep
 
 # Node tests of the ops that our fusions, conversions and QDQ insertion produce in ONNX.
 _OPS = [

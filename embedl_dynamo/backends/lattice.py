@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..backend import Backend
-from .tensorrt import TENSORRT_CONVERSION_PATTERNS
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS
 
 __all__ = ["BACKEND"]
 

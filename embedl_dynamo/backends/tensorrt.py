@@ -6,18 +6,18 @@ here only breaks ties.
 
 from __future__ import annotations
 
-from ..backend import Backend
-from ..patterns.attention import ATTENTION_FUSION_PATTERNS
-from ..patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
-from ..patterns.conv import CONV_PATTERNS
-from ..patterns.conv_bn import CONV_BN_PATTERNS
-from ..patterns.conversions import CONVERSION_PATTERNS
-from ..patterns.linear import LINEAR_PATTERNS
-from ..patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
-from ..patterns.quantized import TENSORRT_QUANTIZED_PATTERNS as _QUANTIZED
-from ..patterns.residual import RESIDUAL_PATTERNS
-from ..patterns.smooth import SmoothLayerNormLinear
-from ..quant.spec import TENSORRT_INT8
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.patterns.attention import ATTENTION_FUSION_PATTERNS
+from embedl_dynamo.patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
+from embedl_dynamo.patterns.conv import CONV_PATTERNS
+from embedl_dynamo.patterns.conv_bn import CONV_BN_PATTERNS
+from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
+from embedl_dynamo.patterns.linear import LINEAR_PATTERNS
+from embedl_dynamo.patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
+from embedl_dynamo.patterns.quantized import TENSORRT_QUANTIZED_PATTERNS as _QUANTIZED
+from embedl_dynamo.patterns.residual import RESIDUAL_PATTERNS
+from embedl_dynamo.patterns.smooth import SmoothLayerNormLinear
+from embedl_dynamo.quant.spec import TENSORRT_INT8
 
 __all__ = [
     "BACKEND",

@@ -4,7 +4,7 @@
   kernel; kept in high precision, so it declares no QDQ of its own: the Linear after it
   quantizes its input).
 * ``mha_in_projection``: the three Q/K/V linears that read the same input and feed
-  :func:`~embedl_dynamo.canonical_attention.split_heads` become one :class:`FusedQKVProjection`:
+  :func:`~embedl_dynamo.graph.attention_forms.split_heads` become one :class:`FusedQKVProjection`:
   one GEMM with ``W = [Wq; Wk; Wv]``, ``b = [bq; bk; bv]``, split into q, k, v heads.
 * ``scaled_dot_product_attention``: ``softmax(q k^T * scale) v`` becomes :class:`FusedAttention`
   (TensorRT's fused MHA kernel).
@@ -29,8 +29,10 @@ import torch.fx
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..canonical_attention import split_heads
-from ..pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
+from embedl_dynamo.graph.attention_forms import split_heads
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
     "ATTENTION_FUSION_PATTERNS",

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ..canonical_attention import merge_heads, split_heads
-from ..canonicalize import canonical_call
-from ..graph_utils import PATH_KEY, constant_value, copy_meta
-from ..pattern import Match, MatchResult, Pattern
-from .meta import infer_meta
+from embedl_dynamo.graph.attention_forms import merge_heads, split_heads
+from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, constant_value, copy_meta
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["ATTENTION_CONVERSION_PATTERNS", "DecomposeMHA", "DecomposeTransformerEncoderLayer"]
 

@@ -13,9 +13,15 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..pattern import Match, MatchResult, Pattern
-from .conv_bn import CONV_QDQ, check_activation, check_conv, fused_conv_from_match
-from .fused_modules import activation_name
+from embedl_dynamo.patterns.conv_bn import (
+    CONV_QDQ,
+    check_activation,
+    check_conv,
+    fused_conv_from_match,
+)
+from embedl_dynamo.patterns.fused_modules import activation_name
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = [
     "CONV_PATTERNS",

@@ -17,8 +17,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..pattern import QDQ, Match, MatchResult, Pattern, Role
-from .fused_modules import FusedConv, activation_name, fold_batch_norm
+from embedl_dynamo.patterns.fused_modules import FusedConv, activation_name, fold_batch_norm
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
     "CONV_BN_PATTERNS",

@@ -15,10 +15,11 @@ import torch.fx
 import torch.nn.functional as F
 from torch import fx
 
-from ..canonical_ops import identity
-from ..graph_utils import copy_meta
-from ..pattern import Match, MatchResult, Pattern
-from .meta import infer_meta
+from embedl_dynamo.graph.canonical_ops import identity
+from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.nodes import copy_meta
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["CONVERSION_PATTERNS", "FlattenLinear", "RemoveDropout", "RemoveIdentity"]
 

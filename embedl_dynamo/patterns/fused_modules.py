@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..pattern import QDQ, FusedModule, Role
+from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
     "ACTIVATIONS",

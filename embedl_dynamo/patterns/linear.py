@@ -12,9 +12,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..pattern import QDQ, Match, MatchResult, Pattern, Role
-from .conv_bn import check_activation
-from .fused_modules import FusedLinear, activation_name
+from embedl_dynamo.patterns.conv_bn import check_activation
+from embedl_dynamo.patterns.fused_modules import FusedLinear, activation_name
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
     "LINEAR_PATTERNS",

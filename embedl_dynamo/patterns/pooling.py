@@ -12,9 +12,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..pattern import QDQ, Match, MatchResult, Pattern, Role
-from .conv_bn import CONV_QDQ, check_conv_bn, fused_conv_from_match
-from .fused_modules import FusedAdaptiveAvgPool, FusedConvMaxPool
+from embedl_dynamo.patterns.conv_bn import CONV_QDQ, check_conv_bn, fused_conv_from_match
+from embedl_dynamo.patterns.fused_modules import FusedAdaptiveAvgPool, FusedConvMaxPool
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = ["POOLING_PATTERNS", "AdaptiveAvgPool", "StemConvBNReLUMaxPool"]
 

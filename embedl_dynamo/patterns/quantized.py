@@ -24,11 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from ..canonicalize import canonical_call
-from ..graph_utils import PATH_KEY, module_path, node_shape
-from ..pattern import QDQ, FusedModule, Match, MatchResult, Pattern, Role
-from .attention import FusedAttention
-from .fused_modules import ACTIVATIONS, FusedConv, FusedConvAdd, FusedConvMaxPool, FusedLinear
+from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, module_path, node_shape
+from embedl_dynamo.patterns.attention import FusedAttention
+from embedl_dynamo.patterns.fused_modules import (
+    ACTIVATIONS,
+    FusedConv,
+    FusedConvAdd,
+    FusedConvMaxPool,
+    FusedLinear,
+)
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
     "ONNXRUNTIME_QUANTIZED_PATTERNS",

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ..pattern import QDQ, Match, MatchResult, Pattern, Role
-from .conv_bn import check_conv_bn, fused_conv_from_match
-from .fused_modules import FusedConvAdd
+from embedl_dynamo.patterns.conv_bn import check_conv_bn, fused_conv_from_match
+from embedl_dynamo.patterns.fused_modules import FusedConvAdd
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = ["RESIDUAL_PATTERNS", "ConvBNAdd", "ConvBNAddReLU", "check_residual"]
 

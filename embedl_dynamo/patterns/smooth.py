@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from ..pattern import Match, MatchResult, Pattern
-from .attention import FusedLayerNorm, FusedQKVProjection
-from .fused_modules import FusedLinear
+from embedl_dynamo.patterns.attention import FusedLayerNorm, FusedQKVProjection
+from embedl_dynamo.patterns.fused_modules import FusedLinear
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["SmoothLayerNormLinear", "smoothing_scales"]
 

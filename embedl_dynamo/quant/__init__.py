@@ -5,10 +5,15 @@ Public entry points: :func:`quantize` (fuse + calibrate + fake-quant a module),
 hook) and :func:`~.lazy.calibrate_then_build` (calibration on a compiled model's first calls).
 """
 
-from .api import quantize, quantize_for_pipeline, quantize_graph
-from .observers import NonFiniteError
-from .qat import prepare_qat
-from .spec import ONNXRUNTIME_INT8, TENSORRT_INT8, QuantizationConfig, QuantizationSpec
+from embedl_dynamo.quant.api import quantize, quantize_for_pipeline, quantize_graph
+from embedl_dynamo.quant.observers import NonFiniteError
+from embedl_dynamo.quant.qat import prepare_qat
+from embedl_dynamo.quant.spec import (
+    ONNXRUNTIME_INT8,
+    TENSORRT_INT8,
+    QuantizationConfig,
+    QuantizationSpec,
+)
 
 __all__ = [
     "ONNXRUNTIME_INT8",

@@ -16,19 +16,19 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ..pattern import Pattern
-from .cache import calibration_key, load_ranges, store_ranges
-from .calibrate import (
+from embedl_dynamo.quant.cache import calibration_key, load_ranges, store_ranges
+from embedl_dynamo.quant.calibrate import (
     as_batches,
     calibrate,
     check_batches_finite,
     data_fingerprint,
     ranges_from_calibrators,
 )
-from .insert import insert_fake_quant, insert_observers
-from .placement import apply_quantized_rewrites, plan_placement
-from .smooth import apply_smoothing
-from .spec import QuantizationConfig
+from embedl_dynamo.quant.insert import insert_fake_quant, insert_observers
+from embedl_dynamo.quant.placement import apply_quantized_rewrites, plan_placement
+from embedl_dynamo.quant.smooth import apply_smoothing
+from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["quantize", "quantize_for_pipeline", "quantize_graph", "resolve_backend"]
 
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 def resolve_backend(backend: Any) -> Any:
     """A Backend from an instance, a name, or None (the active backend)."""
-    from ..backend import Backend, backend_by_name, get_backend
+    from embedl_dynamo.backend import Backend, backend_by_name, get_backend
 
     if backend is None:
         backend = get_backend()
@@ -51,7 +51,7 @@ def resolve_backend(backend: Any) -> Any:
 def _config_for(backend: Any, config: QuantizationConfig | None, observer: str | None):
     config = config if config is not None else backend.quantization
     if config is None:
-        from ..backend import discover_backends
+        from embedl_dynamo.backend import discover_backends
 
         with_int8 = sorted(n for n, b in discover_backends().items() if b.quantization is not None)
         raise ValueError(
@@ -194,7 +194,7 @@ def quantize(
     Returns:
         The quantized GraphModule; ``gm.meta["embedl_quantization"]`` holds the report.
     """
-    from ..transform import transform
+    from embedl_dynamo.transform import transform
 
     backend = resolve_backend(backend)
     if forward_loop is not None and calibration_data is not None:

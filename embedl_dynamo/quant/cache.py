@@ -3,7 +3,7 @@
 Key = sha256 of (graph fingerprint incl. weights, quantization config, placement, data
 fingerprint, format version), so a second process with the same model and data finds the
 ranges and runs no calibration pass, while other data or another config never reuses them.
-Storage goes through :class:`embedl_dynamo.cache.ArtifactCache` (atomic writes, checksum
+Storage goes through :class:`embedl_dynamo.cache.store.ArtifactCache` (atomic writes, checksum
 sidecars, path safety). An entry that is unreadable or does not cover the graph is logged as a
 warning and recalibrated.
 """
@@ -17,9 +17,10 @@ from typing import Any
 
 from torch import fx
 
-from ..cache import ArtifactCache, content_key, fingerprint_graph
-from .placement import Placement
-from .spec import QuantizationConfig
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.quant.placement import Placement
+from embedl_dynamo.quant.spec import QuantizationConfig
 
 __all__ = ["CALIBRATION_NAMESPACE", "calibration_key", "load_ranges", "store_ranges"]
 

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from .observers import Calibrator, NonFiniteError, scale_zero_point
-from .placement import Placement
-from .spec import QuantizationConfig
+from embedl_dynamo.quant.observers import Calibrator, NonFiniteError, scale_zero_point
+from embedl_dynamo.quant.placement import Placement
+from embedl_dynamo.quant.spec import QuantizationConfig
 
 __all__ = [
     "CalibrationData",

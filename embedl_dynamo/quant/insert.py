@@ -21,11 +21,11 @@ import torch
 from torch import fx, nn
 from torch.nn.utils import parametrize
 
-from ..graph_utils import PATH_KEY, constant_value, module_path
-from ..pattern import Role
-from .observers import Calibrator, make_calibrator, scale_zero_point
-from .placement import Placement, WeightPoint
-from .spec import QuantizationConfig, QuantizationSpec
+from embedl_dynamo.graph.nodes import PATH_KEY, constant_value, module_path
+from embedl_dynamo.quant.observers import Calibrator, make_calibrator, scale_zero_point
+from embedl_dynamo.quant.placement import Placement, WeightPoint
+from embedl_dynamo.quant.spec import QuantizationConfig, QuantizationSpec
+from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = [
     "FakeQuantize",

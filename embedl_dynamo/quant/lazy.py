@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .api import quantize_graph
+from embedl_dynamo.quant.api import quantize_graph
 
 __all__ = ["LazyInt8", "calibrate_then_build"]
 

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from .spec import QuantizationSpec
+from embedl_dynamo.quant.spec import QuantizationSpec
 
 __all__ = [
     "Calibrator",

@@ -20,10 +20,11 @@ from typing import Any
 
 from torch import fx
 
-from ..graph_utils import module_path
-from ..matcher import escaping_node, find_matches, index_graph
-from ..pattern import FusedModule, Pattern, Role
-from ..patterns.fused_modules import ACTIVATIONS
+from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.patterns.fused_modules import ACTIVATIONS
+from embedl_dynamo.rewrite.matcher import escaping_node, find_matches, index_graph
+from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import FusedModule, Role
 
 __all__ = ["Placement", "WeightPoint", "plan_placement", "apply_quantized_rewrites"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from torch import fx, nn
 
-from .api import quantize
-from .spec import QuantizationConfig
+from embedl_dynamo.quant.api import quantize
+from embedl_dynamo.quant.spec import QuantizationConfig
 
 __all__ = ["prepare_qat"]
 

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ..graph_utils import module_path
-from ..matcher import escaping_node, find_matches
-from ..pattern import Pattern
-from .calibrate import calibrate
+from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.quant.calibrate import calibrate
+from embedl_dynamo.rewrite.matcher import escaping_node, find_matches
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["ChannelAbsMax", "apply_smoothing"]
 

@@ -3,7 +3,7 @@
 In the spirit of torch.ao's ``DTypeConfig`` / ``BackendPatternConfig`` and PT2E's
 ``QuantizationSpec``: frozen dataclasses that validate themselves, so a bad config fails when it
 is built, not deep inside calibration. A :class:`QuantizationConfig` maps each
-:class:`~embedl_dynamo.pattern.Role` to a :class:`QuantizationSpec` and is what
+:class:`~embedl_dynamo.rewrite.pattern.Role` to a :class:`QuantizationSpec` and is what
 ``Backend.quantization`` holds; ``to_dict``/``from_dict`` round-trip through JSON.
 
 The integer grid of a spec: ``q = clamp(round(x / scale) + zero_point, qmin, qmax)``.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..pattern import Role
+from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = [
     "DTYPES",

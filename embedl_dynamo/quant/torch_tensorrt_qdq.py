@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.nn.utils import parametrize
 
-from .insert import FakeQuantize, WeightFakeQuantize
+from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
 
 __all__ = ["has_quantize_op", "is_available", "to_torch_tensorrt_qdq"]
 

@@ -6,8 +6,8 @@ one the settings ask for, ``auto`` picking the best available.
 
 from __future__ import annotations
 
-from .base import Runtime, RuntimeUnavailableError
-from .select import RUNTIME_CLASSES, make_runtime, resolve_runtime
+from embedl_dynamo.runtimes.base import Runtime, RuntimeUnavailableError
+from embedl_dynamo.runtimes.select import RUNTIME_CLASSES, make_runtime, resolve_runtime
 
 __all__ = [
     "RUNTIME_CLASSES",

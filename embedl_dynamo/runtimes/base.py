@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
-from ..settings import Settings
+from embedl_dynamo.settings import Settings
 
 __all__ = ["OutputMismatchError", "Runtime", "RuntimeUnavailableError", "check_outputs"]
 

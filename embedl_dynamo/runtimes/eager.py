@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
-from .base import Runtime
+from embedl_dynamo.runtimes.base import Runtime
 
 __all__ = ["EagerRuntime"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from ._artifacts import cached_onnx, onnx_artifact
-from .base import Runtime, check_outputs
+from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
+from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
 __all__ = ["OnnxRuntime", "ort_providers"]
 

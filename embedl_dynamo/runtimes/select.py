@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import logging
 
-from ..settings import RUNTIMES, Settings
-from .base import Runtime
-from .eager import EagerRuntime
-from .onnxruntime import OnnxRuntime
-from .tensorrt import TensorRTRuntime
-from .torch_tensorrt import TorchTensorRTRuntime
+from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.eager import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
+from embedl_dynamo.settings import RUNTIMES, Settings
 
 __all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "make_runtime", "resolve_runtime"]
 

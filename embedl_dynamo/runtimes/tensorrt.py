@@ -24,9 +24,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..cache import ArtifactCache, content_key
-from ._artifacts import count_build, onnx_artifact
-from .base import Runtime, check_outputs
+from embedl_dynamo.cache.keys import content_key
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
+from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
 __all__ = ["TensorRTRuntime"]
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
-from ._artifacts import count_build
-from .base import Runtime, check_outputs
+from embedl_dynamo.runtimes.artifacts import count_build
+from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
 __all__ = ["TorchTensorRTRuntime"]
 

@@ -7,7 +7,7 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.report import clear_reports
-from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 
 
 @pytest.fixture(autouse=True)

@@ -10,13 +10,8 @@ import pytest
 import torch
 from torch import fx
 
-from embedl_dynamo.cache import (
-    ArtifactCache,
-    atomic_write_text,
-    content_key,
-    default_cache_dir,
-    fingerprint_graph,
-)
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph
+from embedl_dynamo.cache.store import ArtifactCache, atomic_write_text, default_cache_dir
 from tests.models import ResNetLike
 
 
@@ -97,7 +92,7 @@ def test_corrupt_entry_is_detected_logged_removed_and_rebuilt(tmp_path, caplog, 
         sidecar.unlink()
     else:
         sidecar.write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache"):
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache.store"):
         assert cache.get(key, ".onnx") is None
     assert "is corrupt" in caplog.text
     assert not path.exists()

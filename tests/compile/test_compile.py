@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from tests.models import (
     GraphBreakNet,
     MobileNetLike,
@@ -233,7 +233,8 @@ def test_error_unknown_value():
 def test_error_unknown_backend():
     with pytest.raises(Exception, match="embedl_nope"):
         _compile_error({}, backend="embedl_nope")
-    from embedl_dynamo import dynamo_backend
+
+    from embedl_dynamo.dynamo import entry_points as dynamo_backend
 
     with pytest.raises(AttributeError, match="known: embedl_lattice, embedl_onnxruntime"):
         dynamo_backend.embedl_nope  # noqa: B018
@@ -282,7 +283,7 @@ _SCRIPT = textwrap.dedent(
     with torch.no_grad():
         y = torch.compile(model, backend="embedl_tensorrt")(x)
         err = float((y - model(x)).abs().max() / model(x).abs().max())
-    from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+    from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
     print(json.dumps({{"err": err, "builds": BUILD_COUNTS.get("onnx", 0),
                       "early": imported_early}}))
     """
@@ -340,7 +341,7 @@ def test_four_processes_share_one_cache_dir(tmp_path):
 
 
 def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
-    import embedl_dynamo.dynamo_backend as dynamo_backend
+    import embedl_dynamo.dynamo.compile as dynamo_compile
 
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
@@ -348,9 +349,9 @@ def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
         torch.compile(model, backend="embedl_tensorrt")(x)
         torch._dynamo.reset()
         calls = []
-        real = dynamo_backend.run_pipeline
+        real = dynamo_compile.run_pipeline
         monkeypatch.setattr(
-            dynamo_backend, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
+            dynamo_compile, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
         )
         _assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     warm = embedl_dynamo.last_report()[-1]

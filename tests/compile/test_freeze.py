@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embedl_dynamo.capture import capture
-from embedl_dynamo.freeze import freeze, inference_blocker
+from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from tests.models import ResNetLike, randomize_batchnorm
 
 

@@ -10,9 +10,9 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.backends.tensorrt import BACKEND
-from embedl_dynamo.capture import capture
-from embedl_dynamo.onnx_export import ExportError, export_onnx
+from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx
 from tests.models import ResNetLike, randomize_batchnorm
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from embedl_dynamo.backends.tensorrt import BACKEND
-from embedl_dynamo.capture import capture
+from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import RUNTIME_CLASSES, RuntimeUnavailableError, resolve_runtime
-from embedl_dynamo.runtimes._artifacts import BUILD_COUNTS
+from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, ort_providers

@@ -11,9 +11,9 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo import get_transformation_plan, transform
-from embedl_dynamo.canonicalize import canonical_call, canonicalize
-from embedl_dynamo.graph_printer import format_graph
-from embedl_dynamo.pattern import Role
+from embedl_dynamo.graph.canonicalize import canonicalize
+from embedl_dynamo.graph.nodes import canonical_call
+from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.attention import (
     ATTENTION_FUSION_PATTERNS,
     FusedAttention,
@@ -29,6 +29,7 @@ from embedl_dynamo.patterns.attention_decompose import (
     DecomposeTransformerEncoderLayer,
 )
 from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
+from embedl_dynamo.rewrite.qdq import Role
 from embedl_dynamo.transform import trace
 
 G = torch.Generator().manual_seed(0)
@@ -445,7 +446,7 @@ def test_encoder_layer_decomposition_numerics(norm_first: bool, activation: str)
 
 
 def test_split_and_merge_heads_are_inverse() -> None:
-    from embedl_dynamo.canonical_attention import merge_heads, split_heads
+    from embedl_dynamo.graph.attention_forms import merge_heads, split_heads
 
     q = torch.randn(5, 2, 16, generator=G)
     heads = split_heads(q, q, q, 4)

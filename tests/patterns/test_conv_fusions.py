@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo import get_transformation_plan, transform
-from embedl_dynamo.graph_printer import format_graph
-from embedl_dynamo.pattern import Role
+from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.conv import CONV_PATTERNS
 from embedl_dynamo.patterns.conv_bn import CONV_BN_PATTERNS
 from embedl_dynamo.patterns.fused_modules import FusedConv, FusedConvAdd, FusedConvMaxPool
 from embedl_dynamo.patterns.pooling import POOLING_PATTERNS
 from embedl_dynamo.patterns.residual import RESIDUAL_PATTERNS
+from embedl_dynamo.rewrite.qdq import Role
 from tests.models import randomize_batchnorm
 
 ALL = (*POOLING_PATTERNS, *RESIDUAL_PATTERNS, *CONV_BN_PATTERNS, *CONV_PATTERNS)

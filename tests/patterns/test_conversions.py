@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo import get_transformation_plan, transform
-from embedl_dynamo.graph_printer import format_graph
+from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.conversions import (
     CONVERSION_PATTERNS,
     FlattenLinear,

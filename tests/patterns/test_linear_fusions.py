@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo import get_transformation_plan, transform
-from embedl_dynamo.graph_printer import format_graph
-from embedl_dynamo.pattern import Role
+from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.fused_modules import FusedLinear
 from embedl_dynamo.patterns.linear import LINEAR_PATTERNS, LinearReLU
+from embedl_dynamo.rewrite.qdq import Role
 
 X = torch.randn(3, 5, 16, generator=torch.Generator().manual_seed(0))
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from embedl_dynamo.pattern import Role
+from bench.ort_baseline import ort_quantize_static
 from embedl_dynamo.quant import QuantizationConfig, QuantizationSpec, prepare_qat, quantize
-from embedl_dynamo.quant.ort_baseline import ort_quantize_static
+from embedl_dynamo.rewrite.qdq import Role
 
 from .digits import accuracy
 

@@ -9,13 +9,13 @@ import pytest
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.onnxruntime import BACKEND as ORT
 from embedl_dynamo.backends.tensorrt import BACKEND as TRT
-from embedl_dynamo.pattern import Role
 from embedl_dynamo.quant.spec import (
     ONNXRUNTIME_INT8,
     TENSORRT_INT8,
     QuantizationConfig,
     QuantizationSpec,
 )
+from embedl_dynamo.rewrite.qdq import Role
 
 
 def test_spec_grids():

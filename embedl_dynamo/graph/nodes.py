@@ -8,12 +8,17 @@ They read shape metadata whichever pass wrote it (Dynamo's ``example_value``, Fa
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.canonical_ops import SIGNATURES, bind
+
 __all__ = [
+    "PATH_KEY",
+    "canonical_call",
     "constant_value",
     "copy_meta",
     "get_attr_path",
@@ -64,8 +69,6 @@ def is_tensor_node(node: Any, gm: fx.GraphModule | None = None) -> bool:
     if node.op == "get_attr" and gm is not None:
         return isinstance(constant_value(gm, node), torch.Tensor)
     if node.op == "call_function":
-        from .canonical_ops import SIGNATURES
-
         return node.target in SIGNATURES and node.target.__name__ != "getitem"
     return False
 
@@ -129,3 +132,18 @@ def copy_meta(source: fx.Node, target: fx.Node) -> None:
         if key in source.meta:
             target.meta[key] = source.meta[key]
     target.meta[PATH_KEY] = module_path(source)
+
+
+def canonical_call(
+    graph: fx.Graph, target: Callable[..., Any], path: str = "", **kwargs: Any
+) -> fx.Node:
+    """Create a canonical ``call_function`` node (keyword inputs, defaults filled in).
+
+    Insert it at the graph's current insertion point; ``path`` names the module it belongs to.
+    """
+    bound = bind(target, (), kwargs)
+    if bound is None:
+        raise ValueError(f"{getattr(target, '__name__', target)} does not accept {sorted(kwargs)}")
+    node = graph.call_function(target, (), bound)
+    node.meta[PATH_KEY] = path
+    return node

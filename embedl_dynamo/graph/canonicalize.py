@@ -8,7 +8,7 @@ Two kinds of graph arrive here:
   ``F.batch_norm``, ``operator.iadd``…) and, once frozen, weights are ``get_attr`` constants.
 
 After :func:`canonicalize` both look the same: each supported operation is one ``call_function``
-node on the target listed in :mod:`embedl_dynamo.canonical_ops`, with keyword-only inputs and
+node on the target listed in :mod:`embedl_dynamo.graph.canonical_ops`, with keyword-only inputs and
 defaults filled in; weights are ``get_attr`` nodes; in-place ops are made functional; every node
 knows the module path it came from. Operations outside the canonical set are left untouched:
 they still run, they just match no pattern.
@@ -25,11 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from . import canonical_ops
-from .canonical_ops import bind, identity
-from .graph_utils import PATH_KEY, copy_meta, is_tensor_node, module_path, node_shape
+from embedl_dynamo.graph import canonical_ops
+from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS
+from embedl_dynamo.graph.canonical_ops import bind, identity
+from embedl_dynamo.graph.nodes import (
+    PATH_KEY,
+    canonical_call,
+    copy_meta,
+    is_tensor_node,
+    module_path,
+    node_shape,
+)
 
-__all__ = ["canonicalize", "canonical_call", "MODULE_CANONICALIZERS"]
+__all__ = ["canonicalize", "MODULE_CANONICALIZERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,21 +84,6 @@ _INPLACE_METHODS = {"relu_", "sigmoid_", "add_", "mul_"}
 
 # Targets whose inputs must be tensors for the rewrite to torch.* to be valid (``size + 1`` is not).
 _TENSOR_ONLY = {torch.add, torch.mul, torch.matmul}
-
-
-def canonical_call(
-    graph: fx.Graph, target: Callable[..., Any], path: str = "", **kwargs: Any
-) -> fx.Node:
-    """Create a canonical ``call_function`` node (keyword inputs, defaults filled in).
-
-    Insert it at the graph's current insertion point; ``path`` names the module it belongs to.
-    """
-    bound = bind(target, (), kwargs)
-    if bound is None:
-        raise ValueError(f"{getattr(target, '__name__', target)} does not accept {sorted(kwargs)}")
-    node = graph.call_function(target, (), bound)
-    node.meta[PATH_KEY] = path
-    return node
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,15 +235,8 @@ MODULE_CANONICALIZERS: dict[type[nn.Module], Callable[..., fx.Node | None]] = {
     nn.Dropout: _dropout,
     nn.Identity: _identity,
     nn.Softmax: _softmax,
+    **ATTENTION_CANONICALIZERS,
 }
-
-
-def _register_attention_canonicalizers() -> None:
-    """Attention modules have their own module (they expand into several nodes)."""
-    from .canonical_attention import ATTENTION_CANONICALIZERS
-
-    for module_type, rewrite in ATTENTION_CANONICALIZERS.items():
-        MODULE_CANONICALIZERS.setdefault(module_type, rewrite)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,7 +376,6 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
 
     Idempotent: canonical nodes are left as they are, so running it twice changes nothing.
     """
-    _register_attention_canonicalizers()
     graph = gm.graph
     for node in list(graph.nodes):
         if node.op in ("placeholder", "output", "get_attr"):

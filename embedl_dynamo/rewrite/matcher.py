@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from torch import fx
 
-from .canonical_ops import COMMUTATIVE
-from .canonicalize import canonicalize
+from embedl_dynamo.graph.canonical_ops import COMMUTATIVE
+from embedl_dynamo.graph.canonicalize import canonicalize
+from embedl_dynamo.rewrite.match import Match
 
 if TYPE_CHECKING:
-    from .pattern import Match, Pattern
+    from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["CompiledPattern", "compile_pattern", "escaping_node", "find_matches", "match_at"]
 
@@ -124,8 +125,6 @@ def _match_node(
 
 def match_at(pattern: Pattern, gm: fx.GraphModule, node: fx.Node) -> Match | None:
     """Match ``pattern`` with its anchor at ``node``; the first consistent binding, or None."""
-    from .pattern import Match
-
     compiled = pattern.compiled()
     states = _match_node(compiled.anchor, node, {}, {})
     if not states:

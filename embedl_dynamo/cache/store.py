@@ -21,7 +21,6 @@ Safety rules, all enforced here:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -31,19 +30,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import fx
+from embedl_dynamo.cache.keys import jsonable, sha256_file
 
 __all__ = [
     "ENV_CACHE_DIR",
     "ArtifactCache",
     "atomic_write_bytes",
     "atomic_write_text",
-    "content_key",
     "default_cache_dir",
-    "fingerprint_graph",
-    "library_versions",
-    "sha256_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -67,107 +61,6 @@ def default_cache_dir() -> Path:
     return Path(base) / "embedl_dynamo"
 
 
-def _version(module: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(module)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def library_versions() -> dict[str, str | None]:
-    """Versions that change built artifacts: torch, onnx, onnxruntime, tensorrt, embedl-dynamo."""
-    return {
-        "torch": torch.__version__,
-        "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime") or _version("onnxruntime-gpu"),
-        "tensorrt": _version("tensorrt"),
-        "torch_tensorrt": _version("torch-tensorrt") or _version("torch_tensorrt"),
-        "embedl_dynamo": _version("embedl-dynamo"),
-    }
-
-
-def _hash_tensor(h: Any, name: str, tensor: torch.Tensor) -> None:
-    t = tensor.detach()
-    if t.is_quantized:
-        t = t.dequantize()
-    t = t.to("cpu").contiguous()
-    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-    if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
-
-
-def fingerprint_graph(gm: fx.GraphModule) -> str:
-    """sha256 over a graph's normalised structure and every constant it holds.
-
-    Covers the printed graph with literal arguments (:func:`~.graph_printer.format_graph`), the
-    repr of every called submodule (fused modules' hyper-parameters) and the bytes, dtype and
-    shape of every parameter, buffer and tensor attribute.
-
-    Args:
-        gm: the GraphModule to fingerprint; not modified.
-
-    Returns:
-        64 lowercase hex characters.
-    """
-    from .graph_printer import format_graph
-
-    h = hashlib.sha256()
-    h.update(format_graph(gm, literals=True).encode())
-    for node in gm.graph.nodes:
-        if node.op == "call_module":
-            h.update(f"\n{node.target}:{gm.get_submodule(str(node.target))!r}".encode())
-    seen: set[str] = set()
-    for name, tensor in [*gm.named_parameters(), *gm.named_buffers()]:
-        seen.add(name)
-        _hash_tensor(h, name, tensor)
-    for node in gm.graph.nodes:
-        if node.op == "get_attr" and str(node.target) not in seen:
-            value = _fetch_attr(gm, str(node.target))
-            if isinstance(value, torch.Tensor):
-                seen.add(str(node.target))
-                _hash_tensor(h, str(node.target), value)
-            else:
-                h.update(f"{node.target}={value!r}".encode())
-    return h.hexdigest()
-
-
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
-    obj: Any = gm
-    for part in target.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (torch.dtype, torch.device, torch.Size, Path)):
-        return str(value)
-    raise TypeError(
-        f"content_key part {value!r} ({type(value).__name__}) is not JSON-serialisable; "
-        "pass strings, numbers, lists or dicts"
-    )
-
-
-def content_key(*parts: Any) -> str:
-    """sha256 of the canonical JSON (sorted keys) of ``parts``.
-
-    Args:
-        parts: strings, numbers, lists, dicts (dtypes, devices and shapes become strings).
-
-    Returns:
-        64 lowercase hex characters.
-    """
-    text = json.dumps(_jsonable(list(parts)), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
     path = Path(path)
@@ -189,15 +82,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class ArtifactCache:
@@ -333,7 +217,7 @@ class ArtifactCache:
                     os.unlink(tmp)
                 raise
         record = {"sha256": sha256_file(path), "size": path.stat().st_size, "meta": meta or {}}
-        atomic_write_text(self._meta_path(path), json.dumps(_jsonable(record), sort_keys=True))
+        atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
         return path
 
     @contextlib.contextmanager

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from ..cache import ArtifactCache, content_key, fingerprint_graph, library_versions
-from ..onnx_export import DEFAULT_OPSET, export_onnx
-from ..settings import Settings
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx
+from embedl_dynamo.settings import Settings
 
 __all__ = [
     "BUILD_COUNTS",

@@ -1,26 +1,16 @@
-"""The ``torch.compile`` backends: ``embedl``, ``embedl_tensorrt``, ``embedl_onnxruntime``...
-
-``torch.compile(model, backend="embedl_tensorrt", options={...})`` works without importing
-this package: our ``pyproject.toml`` registers the names in the ``torch_dynamo_backends``
-entry-point group. ``embedl`` uses :func:`~embedl_dynamo.backend.get_backend` (so
-``EMBEDL_DYNAMO_BACKEND=tensorrt`` picks the target) and ``embedl_<name>`` exists for every
-discovered Backend through the module ``__getattr__``; a third-party target registers
-``embedl_x = "embedl_dynamo.dynamo_backend:embedl_x"`` beside its Backend. We never claim
-``tensorrt`` or ``torch_tensorrt`` (Torch-TensorRT owns them).
+"""Compile one Dynamo subgraph: freeze, run the pipeline, build a runtime, fall back.
 
 Per subgraph Dynamo hands over:
 
-1. settings from ``options`` > environment > defaults (:class:`~embedl_dynamo.settings.Settings`);
-2. a training graph or inputs that require grad run eagerly, with one warning;
-3. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
-4. :func:`~embedl_dynamo.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`, then
-   the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
-5. if export or the runtime fails, ``fallback="eager"`` runs the transformed graph in PyTorch
-   and the report says why; ``fallback="raise"`` raises.
+1. a training graph or inputs that require grad run eagerly, with one warning;
+2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
+3. :func:`~embedl_dynamo.graph.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`,
+   then the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
+4. if export or the runtime fails, ``fallback="eager"`` runs the graph in PyTorch and the
+   report says why; ``fallback="raise"`` raises.
 
-With a new batch size Dynamo recompiles once with a symbolic batch; that artifact has a
-dynamic batch axis, so later sizes reuse it. What happened is in
-:func:`embedl_dynamo.last_report`.
+With a warm cache a subgraph keyed before transformation loads its artifact without re-running
+the pipeline; INT8 without calibration data calibrates on the first real calls.
 """
 
 from __future__ import annotations
@@ -35,25 +25,23 @@ from typing import Any
 import torch
 from torch import fx
 
-from .backend import Backend, backend_by_name, discover_backends, get_backend
-from .cache import content_key, fingerprint_graph, library_versions
-from .freeze import freeze, inference_blocker
-from .pipeline import run_pipeline
-from .report import SubgraphReport, next_index, record
-from .runtimes import Runtime, resolve_runtime
-from .runtimes._artifacts import code_fingerprint, input_specs, lookup_alias, store_alias
-from .runtimes.eager import EagerRuntime
-from .runtimes.onnxruntime import OnnxRuntime
-from .settings import Settings
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
+from embedl_dynamo.graph.freeze import freeze, inference_blocker
+from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.report import SubgraphReport, next_index, record
+from embedl_dynamo.runtimes import Runtime, resolve_runtime
+from embedl_dynamo.runtimes.artifacts import (
+    code_fingerprint,
+    input_specs,
+    lookup_alias,
+    store_alias,
+)
+from embedl_dynamo.runtimes.eager import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.settings import Settings
 
-__all__ = [
-    "compile_subgraph",
-    "embedl",
-    "embedl_lattice",
-    "embedl_onnxruntime",
-    "embedl_tensorrt",
-    "make_dynamo_backend",
-]
+__all__ = ["compile_subgraph"]
 
 logger = logging.getLogger(__name__)
 
@@ -265,7 +253,7 @@ def _lazy_int8(
 ) -> Callable[..., Any]:
     """INT8 without calibration data: calibrate on the first real calls, then build."""
     try:
-        from .quant.lazy import calibrate_then_build
+        from embedl_dynamo.quant.lazy import calibrate_then_build
     except ImportError as exc:
         raise NotImplementedError(
             "quantize='int8' without calibration_data needs "
@@ -273,63 +261,3 @@ def _lazy_int8(
             "provide yet; pass options={'calibration_data': ...}"
         ) from exc
     return calibrate_then_build(float_gm, inputs, backend, settings, build)
-
-
-def _compile(
-    gm: fx.GraphModule,
-    example_inputs: Sequence[Any],
-    backend: Backend | None,
-    options: dict[str, Any] | None,
-    kwargs: dict[str, Any],
-) -> Callable[..., Any]:
-    if kwargs:
-        raise ValueError(
-            f"embedl backends take only options={{...}}; got {sorted(kwargs)}. Valid options: "
-            f"{', '.join(Settings.names())}"
-        )
-    settings = Settings.from_options(options)
-    return compile_subgraph(gm, example_inputs, backend or get_backend(), settings)
-
-
-def embedl(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, **kw
-) -> Callable[..., Any]:
-    """Dynamo backend for the active Backend (``set_backend`` / ``$EMBEDL_DYNAMO_BACKEND``)."""
-    return _compile(gm, example_inputs, None, options, kw)
-
-
-def make_dynamo_backend(name: str) -> Callable[..., Any]:
-    """The dynamo backend function ``embedl_<name>`` for the discovered Backend ``name``."""
-
-    def compiler(
-        gm: fx.GraphModule,
-        example_inputs: Sequence[Any],
-        options: dict[str, Any] | None = None,
-        **kw: Any,
-    ) -> Callable[..., Any]:
-        return _compile(gm, example_inputs, backend_by_name(name), options, kw)
-
-    compiler.__name__ = compiler.__qualname__ = f"{_PREFIX}{name}"
-    compiler.__doc__ = f"Dynamo backend compiling for the embedl_dynamo Backend {name!r}."
-    return compiler
-
-
-embedl_tensorrt = make_dynamo_backend("tensorrt")
-embedl_onnxruntime = make_dynamo_backend("onnxruntime")
-embedl_lattice = make_dynamo_backend("lattice")
-
-
-def __getattr__(attr: str) -> Callable[..., Any]:
-    """``embedl_<name>`` for any discovered Backend (third-party targets)."""
-    if attr.startswith(_PREFIX):
-        name = attr[len(_PREFIX) :]
-        backends = discover_backends()
-        if name in backends:
-            fn = make_dynamo_backend(name)
-            globals()[attr] = fn
-            return fn
-        raise AttributeError(
-            f"no embedl_dynamo Backend named {name!r} for dynamo backend {attr!r}; known: "
-            f"{', '.join(_PREFIX + n for n in sorted(backends))}"
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

@@ -28,10 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from .canonical_ops import identity
-from .canonicalize import canonical_call
-from .graph_utils import PATH_KEY, node_shape
-from .patterns.meta import infer_meta
+from embedl_dynamo.graph.canonical_ops import identity
+from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, node_shape
 
 __all__ = ["ATTENTION_CANONICALIZERS", "merge_heads", "split_heads"]
 

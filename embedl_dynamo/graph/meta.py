@@ -5,7 +5,7 @@ one created (``decompose_mha`` reads the query shape of the attention that
 ``decompose_transformer_encoder_layer`` built). :func:`infer_meta` runs a new node's target on
 ``meta`` tensors of the same shapes and dtypes (no data, no compute), or on Dynamo's fake
 tensors in their own mode when the inputs have them (symbolic batch sizes survive), and stores
-the result in ``node.meta["val"]``, where :func:`~embedl_dynamo.graph_utils.node_shape` finds it.
+the result in ``node.meta["val"]``, where :func:`~embedl_dynamo.graph.nodes.node_shape` finds it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from torch import fx
 from torch._guards import detect_fake_mode
 
-from ..graph_utils import constant_value, node_value_meta
+from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 
 __all__ = ["infer_meta"]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import fx
 
-from .pattern import Pattern
+from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["PatternMatch", "TransformationPlan", "OVERLAP_PREFIX"]
 

@@ -3,10 +3,10 @@
 ``torch.compile`` output lives only in the process that compiled it. :func:`export` runs the
 very same stages the ``embedl_*`` dynamo backends run (it calls them, it does not copy them):
 
-1. :func:`~embedl_dynamo.capture.capture`: Dynamo capture of one graph, weights frozen;
+1. :func:`~embedl_dynamo.graph.capture.capture`: Dynamo capture of one graph, weights frozen;
 2. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
    ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache;
-3. :func:`~embedl_dynamo.onnx_export.export_onnx`: one ONNX file, weights (and weight scales) as
+3. :func:`~embedl_dynamo.runtimes.onnx_export.export_onnx`: one ONNX file, weights (and weight scales) as
    initializers, a dynamic batch axis;
 
 then validates the file (``onnx.checker``, one ONNX Runtime run compared with PyTorch) and writes
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .cache import sha256_file
+from embedl_dynamo.cache.keys import sha256_file
 
 __all__ = [
     "SIDECAR_FORMAT",
@@ -125,7 +125,7 @@ def _flat(out: Any) -> list[torch.Tensor]:
 
 
 def _run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    from .onnx_backend import EmbedlOnnxBackend
+    from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
 
     rep = EmbedlOnnxBackend.prepare(str(path), device="CPU")
     return list(rep.run([a.detach().cpu().numpy() for a in args]))
@@ -237,7 +237,7 @@ def _settings(
     options: Mapping[str, Any] | None,
     progress: bool | None,
 ) -> Any:
-    from .settings import Settings
+    from embedl_dynamo.settings import Settings
 
     merged = dict(options or {})
     clash = sorted({"quantize", "calibration_data", "dynamic_batch"} & set(merged))
@@ -260,8 +260,9 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any
     the engine is cached in the artifact cache keyed by the ONNX file's bytes, the TensorRT
     version, the GPU and the profile, then copied next to the ONNX file.
     """
-    from .cache import ArtifactCache, atomic_write_bytes, content_key
-    from .runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.cache.keys import content_key
+    from embedl_dynamo.cache.store import ArtifactCache, atomic_write_bytes
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 
     missing = TensorRTRuntime.missing()
     if missing is not None:
@@ -342,12 +343,13 @@ def export(
     """
     from tqdm.auto import tqdm
 
-    from .backend import backend_by_name
-    from .cache import atomic_write_text, library_versions
-    from .capture import capture
-    from .onnx_export import ExportError as OnnxExportError
-    from .onnx_export import export_onnx, input_names, output_names
-    from .pipeline import run_pipeline
+    from embedl_dynamo.backend import backend_by_name
+    from embedl_dynamo.cache.keys import library_versions
+    from embedl_dynamo.cache.store import atomic_write_text
+    from embedl_dynamo.graph.capture import capture
+    from embedl_dynamo.pipeline import run_pipeline
+    from embedl_dynamo.runtimes.onnx_export import ExportError as OnnxExportError
+    from embedl_dynamo.runtimes.onnx_export import export_onnx, input_names, output_names
 
     if not isinstance(model, nn.Module):
         raise ExportArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -2,7 +2,7 @@
 
 ``torch.fx.symbolic_trace`` cannot follow data-dependent Python control flow; Dynamo can, by
 specialising on the example inputs. :func:`capture` compiles the model with a recording
-backend, then freezes the lifted parameters and buffers (:mod:`embedl_dynamo.freeze`), so the
+backend, then freezes the lifted parameters and buffers (:mod:`embedl_dynamo.graph.freeze`), so the
 result is a GraphModule whose placeholders are the user inputs and whose weights are constants
 under their original paths. The export helper and :func:`embedl_dynamo.transform.trace` use it.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from .freeze import FrozenGraph, freeze
+from embedl_dynamo.graph.freeze import FrozenGraph, freeze
 
 __all__ = ["capture"]
 

@@ -99,7 +99,7 @@ class ExportedModule(nn.Module):
 
 
 def _metadata(path: Path) -> dict[str, Any]:
-    from .export import sidecar_path
+    from embedl_dynamo.deploy.export import sidecar_path
 
     side = sidecar_path(path)
     if not side.is_file():
@@ -114,7 +114,7 @@ def _metadata(path: Path) -> dict[str, Any]:
 def _load_onnx(path: Path, device: str, num_threads: int | None) -> ExportedModule:
     import onnxruntime as ort
 
-    from .onnx_backend import providers_for
+    from embedl_dynamo.deploy.onnx_backend import providers_for
 
     providers = providers_for(device)
     options = ort.SessionOptions()
@@ -135,7 +135,7 @@ def _load_onnx(path: Path, device: str, num_threads: int | None) -> ExportedModu
 
 
 def _load_engine(path: Path) -> ExportedModule:
-    from .runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 
     missing = TensorRTRuntime.missing()
     if missing is not None:
@@ -193,7 +193,7 @@ def load(
             f"({', '.join(ENGINE_SUFFIXES)})"
         )
     if device == "auto":
-        from .onnx_backend import EmbedlOnnxBackend
+        from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
 
         device = "CUDA" if EmbedlOnnxBackend.supports_device("CUDA") else "CPU"
     elif device.upper().split(":")[0] not in ("CPU", "CUDA"):

@@ -4,7 +4,7 @@ Tools written against ONNX's backend API (ONNX's own conformance suite, model zo
 harnesses) can run models the way our ``onnxruntime`` runtime does: the same execution-provider
 preference (TensorRT EP > CUDA EP > CPU, whichever exist here) and the same session options::
 
-    from embedl_dynamo.onnx_backend import EmbedlOnnxBackend
+    from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
     rep = EmbedlOnnxBackend.prepare(onnx.load("model.onnx"), device="CPU")
     outputs = rep.run([x])          # a namedtupledict: outputs[0] or outputs["logits"]
 
@@ -73,7 +73,7 @@ def providers_for(device: str = "CPU") -> list[str]:
     Raises:
         ValueError: the device is unknown or not available here (the message says why).
     """
-    from .runtimes.onnxruntime import ort_providers
+    from embedl_dynamo.runtimes.onnxruntime import ort_providers
 
     kind = Device(device).type
     preferred = ort_providers()  # the onnxruntime runtime's order: TensorRT EP > CUDA EP > CPU

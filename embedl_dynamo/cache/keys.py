@@ -1,0 +1,129 @@
+"""Content keys: what decides an artifact's bytes, hashed to 64 hex characters.
+
+:func:`content_key` hashes canonical JSON of its parts; :func:`fingerprint_graph` hashes a
+graph's normalised structure and every constant it holds; :func:`library_versions` lists the
+versions that change built artifacts. Equal inputs give equal keys, so a warm cache is found by
+content and a stale entry is never served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from embedl_dynamo.graph.printer import format_graph
+
+__all__ = ["content_key", "fingerprint_graph", "jsonable", "library_versions", "sha256_file"]
+
+
+def _version(module: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(module)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def library_versions() -> dict[str, str | None]:
+    """Versions that change built artifacts: torch, onnx, onnxruntime, tensorrt, embedl-dynamo."""
+    return {
+        "torch": torch.__version__,
+        "onnx": _version("onnx"),
+        "onnxruntime": _version("onnxruntime") or _version("onnxruntime-gpu"),
+        "tensorrt": _version("tensorrt"),
+        "torch_tensorrt": _version("torch-tensorrt") or _version("torch_tensorrt"),
+        "embedl_dynamo": _version("embedl-dynamo"),
+    }
+
+
+def _hash_tensor(h: Any, name: str, tensor: torch.Tensor) -> None:
+    t = tensor.detach()
+    if t.is_quantized:
+        t = t.dequantize()
+    t = t.to("cpu").contiguous()
+    h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+    if t.numel():
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+
+
+def fingerprint_graph(gm: fx.GraphModule) -> str:
+    """sha256 over a graph's normalised structure and every constant it holds.
+
+    Covers the printed graph with literal arguments (:func:`~embedl_dynamo.graph.printer.format_graph`), the
+    repr of every called submodule (fused modules' hyper-parameters) and the bytes, dtype and
+    shape of every parameter, buffer and tensor attribute.
+
+    Args:
+        gm: the GraphModule to fingerprint; not modified.
+
+    Returns:
+        64 lowercase hex characters.
+    """
+    h = hashlib.sha256()
+    h.update(format_graph(gm, literals=True).encode())
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            h.update(f"\n{node.target}:{gm.get_submodule(str(node.target))!r}".encode())
+    seen: set[str] = set()
+    for name, tensor in [*gm.named_parameters(), *gm.named_buffers()]:
+        seen.add(name)
+        _hash_tensor(h, name, tensor)
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and str(node.target) not in seen:
+            value = _fetch_attr(gm, str(node.target))
+            if isinstance(value, torch.Tensor):
+                seen.add(str(node.target))
+                _hash_tensor(h, str(node.target), value)
+            else:
+                h.update(f"{node.target}={value!r}".encode())
+    return h.hexdigest()
+
+
+def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def jsonable(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(value, (torch.dtype, torch.device, torch.Size, Path)):
+        return str(value)
+    raise TypeError(
+        f"content_key part {value!r} ({type(value).__name__}) is not JSON-serialisable; "
+        "pass strings, numbers, lists or dicts"
+    )
+
+
+def content_key(*parts: Any) -> str:
+    """sha256 of the canonical JSON (sorted keys) of ``parts``.
+
+    Args:
+        parts: strings, numbers, lists, dicts (dtypes, devices and shapes become strings).
+
+    Returns:
+        64 lowercase hex characters.
+    """
+    text = json.dumps(jsonable(list(parts)), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,95 @@
+"""The ``torch.compile`` backends: ``embedl``, ``embedl_tensorrt``, ``embedl_onnxruntime``...
+
+``torch.compile(model, backend="embedl_tensorrt", options={...})`` works without importing
+this package: our ``pyproject.toml`` registers the names in the ``torch_dynamo_backends``
+entry-point group. ``embedl`` uses :func:`~embedl_dynamo.backend.get_backend` (so
+``EMBEDL_DYNAMO_BACKEND=tensorrt`` picks the target) and ``embedl_<name>`` exists for every
+discovered Backend through the module ``__getattr__``; a third-party target registers
+``embedl_x = "embedl_dynamo.dynamo.entry_points:embedl_x"`` beside its Backend. We never claim
+``tensorrt`` or ``torch_tensorrt`` (Torch-TensorRT owns them).
+
+Settings come from ``options`` > environment > defaults (:class:`~embedl_dynamo.settings.Settings`);
+each subgraph is compiled by :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`. What
+happened is in :func:`embedl_dynamo.last_report`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import fx
+
+from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
+from embedl_dynamo.dynamo.compile import compile_subgraph
+from embedl_dynamo.settings import Settings
+
+__all__ = [
+    "embedl",
+    "embedl_lattice",
+    "embedl_onnxruntime",
+    "embedl_tensorrt",
+    "make_dynamo_backend",
+]
+
+_PREFIX = "embedl_"
+
+
+def _compile(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    backend: Backend | None,
+    options: dict[str, Any] | None,
+    kwargs: dict[str, Any],
+) -> Callable[..., Any]:
+    if kwargs:
+        raise ValueError(
+            f"embedl backends take only options={{...}}; got {sorted(kwargs)}. Valid options: "
+            f"{', '.join(Settings.names())}"
+        )
+    settings = Settings.from_options(options)
+    return compile_subgraph(gm, example_inputs, backend or get_backend(), settings)
+
+
+def embedl(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], options: dict[str, Any] | None = None, **kw
+) -> Callable[..., Any]:
+    """Dynamo backend for the active Backend (``set_backend`` / ``$EMBEDL_DYNAMO_BACKEND``)."""
+    return _compile(gm, example_inputs, None, options, kw)
+
+
+def make_dynamo_backend(name: str) -> Callable[..., Any]:
+    """The dynamo backend function ``embedl_<name>`` for the discovered Backend ``name``."""
+
+    def compiler(
+        gm: fx.GraphModule,
+        example_inputs: Sequence[Any],
+        options: dict[str, Any] | None = None,
+        **kw: Any,
+    ) -> Callable[..., Any]:
+        return _compile(gm, example_inputs, backend_by_name(name), options, kw)
+
+    compiler.__name__ = compiler.__qualname__ = f"{_PREFIX}{name}"
+    compiler.__doc__ = f"Dynamo backend compiling for the embedl_dynamo Backend {name!r}."
+    return compiler
+
+
+embedl_tensorrt = make_dynamo_backend("tensorrt")
+embedl_onnxruntime = make_dynamo_backend("onnxruntime")
+embedl_lattice = make_dynamo_backend("lattice")
+
+
+def __getattr__(attr: str) -> Callable[..., Any]:
+    """``embedl_<name>`` for any discovered Backend (third-party targets)."""
+    if attr.startswith(_PREFIX):
+        name = attr[len(_PREFIX) :]
+        backends = discover_backends()
+        if name in backends:
+            fn = make_dynamo_backend(name)
+            globals()[attr] = fn
+            return fn
+        raise AttributeError(
+            f"no embedl_dynamo Backend named {name!r} for dynamo backend {attr!r}; known: "
+            f"{', '.join(_PREFIX + n for n in sorted(backends))}"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")

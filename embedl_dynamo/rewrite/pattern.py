@@ -1,0 +1,99 @@
+"""Declarative graph rewrites: :class:`Pattern`, the :class:`Match` it sees and its verdict.
+
+A pattern is four pieces of data and code, in the style of PT2E's pattern functions and the
+onnxscript rewriter's rules::
+
+    class ConvBN(Pattern):
+        '''Fold eval-mode BatchNorm into the convolution: w' = w*g/std, b' = (b-mean)*g/std + beta.'''
+        name = "conv_bn"
+        phase = "fusion"
+        qdq = QDQ(inputs={"x": Role.ACTIVATION})
+
+        @staticmethod
+        def target(x, w, b, mean, var, gamma, beta):
+            conv = F.conv2d(x, w, b)
+            bn = F.batch_norm(conv, mean, var, gamma, beta)
+            return bn, {"conv": conv, "bn": bn}
+
+        def check(self, m):
+            if not m.all_constant("w", "mean", "var"):
+                return m.fail("BatchNorm statistics are not constants")
+            return m.ok()
+
+        def replace(self, m):
+            return m.call_module(FusedConvBN.from_match(m), m["x"])
+
+``target`` is traced once and canonicalised like every graph, so any spelling of the same op
+matches. Literal arguments in ``target`` (strides, ``training=False``) are wildcards: ``check``
+says which values are acceptable, and *why* it declines (the reason shows up in the plan).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import fx
+
+from embedl_dynamo.rewrite.match import Match, MatchResult
+from embedl_dynamo.rewrite.matcher import compile_pattern
+from embedl_dynamo.rewrite.qdq import QDQ
+
+__all__ = ["PHASES", "Pattern"]
+
+PHASES = ("conversion", "fusion", "smooth", "quantized")
+
+
+class Pattern:
+    """Base class of all rewrites. Subclasses set ``name``, ``phase``, ``target`` and ``replace``.
+
+    Attributes:
+        name: short snake_case identifier, unique within a Backend.
+        phase: one of ``conversion``, ``fusion``, ``smooth``, ``quantized``.
+        qdq: where QDQ goes around the replacement (data for the quantization stage).
+        id_node: the match name whose module path names the match (default: the anchor).
+    """
+
+    name: ClassVar[str] = ""
+    phase: ClassVar[str] = ""
+    qdq: ClassVar[QDQ] = QDQ()
+    id_node: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.phase and cls.phase not in PHASES:
+            raise ValueError(f"{cls.__name__}.phase must be one of {PHASES}, got {cls.phase!r}")
+
+    @staticmethod
+    def target(*args: Any) -> tuple[Any, dict[str, Any]]:
+        """The subgraph to find, as a function: returns ``(output, {name: node, ...})``."""
+        raise NotImplementedError
+
+    def check(self, m: Match) -> MatchResult:
+        """Whether the rewrite is valid for this match; a failure carries the reason."""
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        """Build the replacement before ``m.anchor`` and return the node that replaces it."""
+        raise NotImplementedError
+
+    # -- matcher plumbing -----------------------------------------------------------------------
+    def compiled(self):
+        """The traced, canonicalised target graph (built once per pattern class)."""
+        return compile_pattern(type(self))
+
+    @property
+    def size(self) -> int:
+        """Number of operations in the target: longer patterns are matched first."""
+        return self.compiled().size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
