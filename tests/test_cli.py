@@ -25,7 +25,7 @@ from embedl_dynamo.cli import (
     main,
 )
 
-export_module = importlib.import_module("embedl_dynamo.deploy.export")
+verify_module = importlib.import_module("embedl_dynamo.deploy.verify")
 
 _NET = textwrap.dedent(
     """
@@ -163,8 +163,8 @@ def test_bad_input_shape_is_a_usage_error(capsys) -> None:
 
 
 def test_verification_failure_exits_4(tmp_path, net_py, monkeypatch, capsys) -> None:
-    real = export_module._run_onnx
-    monkeypatch.setattr(export_module, "_run_onnx", lambda p, a: [o * 2 + 1 for o in real(p, a)])
+    real = verify_module.run_onnx
+    monkeypatch.setattr(verify_module, "run_onnx", lambda p, a: [o * 2 + 1 for o in real(p, a)])
     argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o",
             str(tmp_path / "m.onnx"), "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
     assert main(argv) == EXIT_VERIFY
@@ -187,7 +187,7 @@ def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, c
     def _boom(args):
         raise KeyError("bug")
 
-    monkeypatch.setitem(cli._COMMANDS, "backends", _boom)
+    monkeypatch.setitem(cli.commands.COMMANDS, "backends", _boom)
     assert main(["backends"]) == EXIT_INTERNAL
     _one_line_error(capsys.readouterr().err, "internal error: KeyError")
     with pytest.raises(KeyError):

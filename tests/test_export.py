@@ -16,8 +16,7 @@ import embedl_dynamo
 from embedl_dynamo.deploy.export import ExportError, VerificationError, export, sidecar_path
 from tests.models import ResNetLike
 
-# the module; ``embedl_dynamo.export`` is the function
-export_module = importlib.import_module("embedl_dynamo.deploy.export")
+verify_module = importlib.import_module("embedl_dynamo.deploy.verify")
 
 
 def _model() -> nn.Module:
@@ -97,12 +96,12 @@ def test_export_is_reachable_from_the_package() -> None:
 def test_verification_mismatch_is_an_error_unless_verify_false(
     tmp_path, monkeypatch, caplog
 ) -> None:
-    real = export_module._run_onnx
+    real = verify_module.run_onnx
 
     def _off_by_one(path, args):
         return [o + 1.0 for o in real(path, args)]
 
-    monkeypatch.setattr(export_module, "_run_onnx", _off_by_one)
+    monkeypatch.setattr(verify_module, "run_onnx", _off_by_one)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)
     opts = {"cache_dir": tmp_path / "cache"}

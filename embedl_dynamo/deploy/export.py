@@ -27,7 +27,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,14 @@ import torch
 from torch import nn
 
 from embedl_dynamo.cache.keys import sha256_file
+from embedl_dynamo.deploy.verify import (
+    VerificationError,
+    flat_outputs,
+    float_tolerance,
+    int8_tolerance,
+    verify_onnx,
+)
+from embedl_dynamo.runtimes.onnx_export import ExportError
 
 __all__ = [
     "SIDECAR_FORMAT",
@@ -54,10 +61,6 @@ logger = logging.getLogger(__name__)
 SIDECAR_FORMAT = "embedl_dynamo.export/1"
 
 
-class ExportError(RuntimeError):
-    """The model could not be exported; the message says why and what to do."""
-
-
 class ExportArgumentError(ExportError, ValueError):
     """A bad argument to :func:`export` (model, inputs, path, backend, options)."""
 
@@ -66,41 +69,9 @@ class EngineUnavailableError(ExportError):
     """``engine=True`` where TensorRT or a CUDA GPU is missing."""
 
 
-class VerificationError(ExportError):
-    """The exported file does not reproduce PyTorch's outputs within tolerance."""
-
-
-def float_tolerance(reference_absmax: float) -> float:
-    """Max abs difference accepted for a float export: 1e-4 relative to the output scale.
-
-    ONNX Runtime's kernels and BatchNorm folding reorder float32 sums (ResNet-50 here: 2e-5 to
-    5e-5 on outputs of order one), so bit equality is not expected.
-    """
-    return 1e-4 * max(1.0, reference_absmax)
-
-
-def int8_tolerance(reference_absmax: float) -> float:
-    """Max abs difference accepted between the QDQ file on ORT and the fake-quant graph.
-
-    Both compute the same quantized arithmetic, but a value that lands on a rounding tie can
-    round to the neighbouring level in one of them, and the step propagates; 5% of the output
-    scale admits a few such flips and still catches a wrong scale or a missing QDQ pair.
-    """
-    return 5e-2 * max(1.0, reference_absmax)
-
-
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """The JSON sidecar of an exported file: ``model.onnx`` -> ``model.json``."""
     return Path(path).with_suffix(".json")
-
-
-@dataclass(frozen=True)
-class _Verification:
-    max_abs_diff: float
-    tolerance: float
-    compared_with: str
-    batch_sizes: tuple[int, ...]
-    cosine_to_float: float | None
 
 
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -114,87 +85,6 @@ def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
                 "(wrap other arguments in the model)"
             )
     return args
-
-
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in _flat(item)]
-    raise ExportError(f"the model returned a {type(out).__name__}; export needs tensor outputs")
-
-
-def _run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
-    from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
-
-    rep = EmbedlOnnxBackend.prepare(str(path), device="CPU")
-    return list(rep.run([a.detach().cpu().numpy() for a in args]))
-
-
-def _max_diff(got: Sequence[np.ndarray], want: Sequence[torch.Tensor]) -> tuple[float, float]:
-    """(max abs difference, max abs of the reference) over all outputs."""
-    if len(got) != len(want):
-        raise VerificationError(f"the ONNX file has {len(got)} outputs, PyTorch gives {len(want)}")
-    diff = absmax = 0.0
-    for g, w in zip(got, want):
-        w_np = w.detach().cpu().numpy()
-        if g.shape != w_np.shape:
-            raise VerificationError(
-                f"output shape {tuple(g.shape)} from ONNX Runtime, {tuple(w_np.shape)} from PyTorch"
-            )
-        if w_np.size:
-            diff = max(diff, float(np.max(np.abs(g.astype(np.float64) - w_np))))
-            absmax = max(absmax, float(np.max(np.abs(w_np))))
-    return diff, absmax
-
-
-def _cosine(a: Sequence[np.ndarray], b: Sequence[torch.Tensor]) -> float:
-    x = np.concatenate([np.ravel(v).astype(np.float64) for v in a])
-    y = np.concatenate([t.detach().cpu().numpy().ravel().astype(np.float64) for t in b])
-    denom = float(np.linalg.norm(x) * np.linalg.norm(y))
-    return float(np.dot(x, y) / denom) if denom else 1.0
-
-
-def _verify(
-    path: Path,
-    args: tuple[torch.Tensor, ...],
-    reference: Callable[..., Any],
-    float_model: nn.Module,
-    quantized: bool,
-    dynamic_batch: bool,
-    tolerance: float | None,
-) -> _Verification:
-    """Run the file in ORT on ``args`` (and on a doubled batch when dynamic) against PyTorch."""
-    batches = [args]
-    if dynamic_batch and args[0].dim() > 0:
-        batch = args[0].shape[0]
-        batches.append(
-            tuple(
-                torch.cat([a, a.flip(0)]) if a.dim() > 0 and a.shape[0] == batch else a
-                for a in args
-            )
-        )
-    worst = absmax = 0.0
-    cosine = None
-    for inputs in batches:
-        got = _run_onnx(path, inputs)
-        with torch.no_grad():
-            want = _flat(reference(*inputs))
-        diff, scale = _max_diff(got, want)
-        worst, absmax = max(worst, diff), max(absmax, scale)
-        if quantized and cosine is None:
-            with torch.no_grad():
-                cosine = _cosine(got, _flat(float_model(*inputs)))
-    limit = tolerance if tolerance is not None else (
-        int8_tolerance(absmax) if quantized else float_tolerance(absmax)
-    )  # fmt: skip
-    return _Verification(
-        max_abs_diff=worst,
-        tolerance=limit,
-        compared_with="fake-quant PyTorch graph" if quantized else "eager PyTorch model",
-        batch_sizes=tuple(b[0].shape[0] if b[0].dim() else 1 for b in batches),
-        cosine_to_float=cosine,
-    )
 
 
 def _jsonable(value: Any) -> Any:
@@ -348,7 +238,6 @@ def export(
     from embedl_dynamo.cache.store import atomic_write_text
     from embedl_dynamo.graph.capture import capture
     from embedl_dynamo.pipeline import run_pipeline
-    from embedl_dynamo.runtimes.onnx_export import ExportError as OnnxExportError
     from embedl_dynamo.runtimes.onnx_export import export_onnx, input_names, output_names
 
     if not isinstance(model, nn.Module):
@@ -406,7 +295,7 @@ def export(
         stages.set_postfix_str("onnx")
         t0 = time.perf_counter()
         with torch.no_grad():
-            outputs = _flat(result.model(*args))
+            outputs = flat_outputs(result.model(*args))
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
         os.close(fd)
         tmp = Path(tmp_name)
@@ -416,7 +305,7 @@ def export(
 
             onnx.checker.check_model(str(tmp))
             os.replace(tmp, path)
-        except OnnxExportError as exc:
+        except ExportError as exc:
             raise ExportError(
                 f"{exc}. The op stays in PyTorch under torch.compile; for export, replace it "
                 "or raise the opset (opset=...)"
@@ -430,7 +319,7 @@ def export(
         t0 = time.perf_counter()
         quantized = bool(result.report.get("quantized"))
         reference = result.model if quantized else model
-        check = _verify(path, args, reference, model, quantized, dynamic_batch, tolerance)
+        check = verify_onnx(path, args, reference, model, quantized, dynamic_batch, tolerance)
         timings["verify_s"] = time.perf_counter() - t0
         stages.update()
         logger.info(

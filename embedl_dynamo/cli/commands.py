@@ -1,0 +1,201 @@
+"""The subcommands: ``backends``, ``plan``, ``export`` and ``bench``; each returns an exit code."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+from embedl_dynamo.cli.inputs import (
+    EXIT_EXPORT,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    CliError,
+    backend_named,
+    build_model,
+    load_calibration,
+)
+
+__all__ = ["COMMANDS", "format_rows"]
+
+
+def run_backends(args: argparse.Namespace) -> int:
+    from embedl_dynamo.backend import discover_backends
+    from embedl_dynamo.runtimes import RUNTIME_CLASSES
+
+    backends = discover_backends()
+    if not backends:
+        print("no embedl_dynamo backends are installed")
+    rows = [("backend", "conversion", "fusion", "smooth", "quantized", "int8", "dynamo backend")]
+    for name in sorted(backends):
+        b = backends[name]
+        rows.append(
+            (
+                name,
+                str(len(b.conversion_patterns)),
+                str(len(b.fusion_patterns)),
+                str(len(b.smooth_patterns)),
+                str(len(b.quantized_patterns)),
+                "yes" if b.quantization is not None else "no",
+                f"embedl_{name}",
+            )
+        )
+    print(format_rows(rows))
+    for name in sorted(backends):
+        if backends[name].description:
+            print(f"  {name}: {backends[name].description}")
+    print()
+    rows = [("runtime", "available", "why not")]
+    for name, cls in RUNTIME_CLASSES.items():
+        missing = cls.missing()
+        rows.append((name, "yes" if missing is None else "no", missing or ""))
+    print(format_rows(rows))
+    return EXIT_OK
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from embedl_dynamo.graph.capture import capture
+    from embedl_dynamo.pipeline import run_pipeline
+
+    backend = backend_named(args.backend)
+    model, inputs = build_model(args.model, args.input_shape)
+    try:
+        result = run_pipeline(capture(model, inputs), inputs, backend)
+    except RuntimeError as exc:
+        raise CliError(f"{exc}", EXIT_EXPORT) from exc
+    print(result.plan)
+    summary = result.plan.summary()
+    print(
+        f"\n{summary['applied_count']} applied, {summary['skipped_count']} skipped "
+        f"(backend {backend.name}); disable entries by glob with plan.disable('<id glob>')"
+    )
+    return EXIT_OK
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import json
+
+    from embedl_dynamo.deploy.export import (
+        EngineUnavailableError,
+        ExportArgumentError,
+        ExportError,
+        VerificationError,
+        export,
+        sidecar_path,
+    )
+
+    backend_named(args.backend)
+    if args.calibration and not args.int8:
+        raise CliError("--calibration is only used with --int8; add --int8 or drop it")
+    model, inputs = build_model(args.model, args.input_shape)
+    calibration = (
+        load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
+    )
+    options: dict[str, Any] = {}
+    if args.cache_dir:
+        options["cache_dir"] = args.cache_dir
+    try:
+        path = export(
+            model,
+            inputs,
+            args.output,
+            backend=args.backend,
+            quantize="int8" if args.int8 else None,
+            calibration_data=calibration,
+            dynamic_batch=not args.static_batch,
+            opset=args.opset,
+            verify=not args.no_verify,
+            engine=args.engine,
+            options=options,
+            progress=not args.quiet,
+        )
+    except VerificationError as exc:
+        raise CliError(str(exc), EXIT_VERIFY) from exc
+    except EngineUnavailableError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    except ExportArgumentError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    except ExportError as exc:
+        raise CliError(str(exc), EXIT_EXPORT) from exc
+    side = json.loads(sidecar_path(path).read_text())
+    check = side["verification"]
+    print(f"wrote {path} and {sidecar_path(path).name}")
+    print(
+        f"  {side['plan']['applied_count']} plan entries applied, "
+        f"{'INT8 QDQ' if side['quantized'] else 'float'}, "
+        f"max abs diff {check['max_abs_diff']:.3g} vs {check['compared_with']} "
+        f"(tolerance {check['tolerance']:.3g})"
+    )
+    if side["quantized"]:
+        print(
+            f"  {len(side['quantization']['float_layers'])} layers left in float "
+            f"(see {sidecar_path(path).name}); cosine to float {check['cosine_to_float']:.5f}"
+        )
+    return EXIT_OK
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from embedl_dynamo.deploy.benchmark import format_table, measure, plot_latencies
+
+    backend_named(args.backend)
+    if not args.no_int8:
+        backend_named(args.int8_backend)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, inputs = build_model(args.model, args.input_shape)
+    cache = {"cache_dir": args.cache_dir} if args.cache_dir else {}
+    with torch.no_grad():
+        reference = model(*inputs)
+    reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
+    kw = {"warmup": args.warmup, "repeats": args.repeats, "reference": reference}
+    from embedl_dynamo.report import clear_reports, last_report
+
+    rows = [measure("eager", model, inputs, **kw)]
+    notes = []
+    torch._dynamo.reset()
+    clear_reports()
+    compiled = torch.compile(model, backend=f"embedl_{args.backend}", options=dict(cache))
+    rows.append(measure(f"embedl_{args.backend} float", compiled, inputs, **kw))
+    notes.append(f"{rows[-1].name}: {last_report()}")
+    if not args.no_int8:
+        torch._dynamo.reset()
+        calibration = (
+            load_calibration(args.calibration, inputs[0].shape[0])
+            if args.calibration
+            else [tuple(torch.randn_like(t) for t in inputs) for _ in range(8)]
+        )
+        options = {**cache, "quantize": "int8", "calibration_data": calibration}
+        clear_reports()
+        int8 = torch.compile(model, backend=f"embedl_{args.int8_backend}", options=options)
+        rows.append(measure(f"embedl_{args.int8_backend} int8", int8, inputs, **kw))
+        notes.append(f"{rows[-1].name}: {last_report()}")
+    shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
+    print(f"{args.model}  input {shapes}  threads {torch.get_num_threads()}  "
+          f"medians over {args.repeats} runs")  # fmt: skip
+    print(format_table(rows, baseline="eager"))
+    for note in notes:  # where each compiled variant really ran (eager fallbacks show here)
+        print(f"  {note}")
+    if args.plot:
+        plot_latencies(rows, args.plot, title=f"{args.model} ({shapes})")
+        print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def format_rows(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of strings as a left-aligned table with a rule under the header."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+COMMANDS = {
+    "backends": run_backends,
+    "plan": run_plan,
+    "export": run_export,
+    "bench": run_bench,
+}

@@ -1,0 +1,154 @@
+"""What the command line reads from the user: shapes, ``MODULE:FACTORY`` models, Backends,
+calibration files; and the exit codes with :class:`CliError`, the one-line failure."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "EXIT_EXPORT",
+    "EXIT_INTERNAL",
+    "EXIT_OK",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "EXIT_VERIFY",
+    "CliError",
+    "backend_named",
+    "build_model",
+    "load_calibration",
+    "load_factory",
+    "parse_shape",
+]
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_EXPORT = 3
+EXIT_VERIFY = 4
+EXIT_UNAVAILABLE = 5
+
+
+class CliError(Exception):
+    """A user-facing failure: one line of cause and fix, and the exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"1,3,224,224"`` -> ``(1, 3, 224, 224)``; a clear error for anything else."""
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(","))
+    except ValueError:
+        shape = ()
+    if not shape or any(d < 1 for d in shape):
+        raise argparse.ArgumentTypeError(
+            f"invalid input shape {text!r}; write positive sizes separated by commas, e.g. "
+            "1,3,224,224"
+        )
+    return shape
+
+
+def load_factory(spec: str) -> Any:
+    """Import ``MODULE:FACTORY`` and return the factory (not yet called).
+
+    ``MODULE`` is a dotted module name (importable from the current directory too) or a path to
+    a ``.py`` file.
+    """
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"model {spec!r} is not MODULE:FACTORY; e.g. examples/quickstart.py:resnet")
+    if module_name.endswith(".py") or Path(module_name).is_file():
+        path = Path(module_name)
+        if not path.is_file():
+            raise CliError(f"no such file {module_name!r}; check the path in {spec!r}")
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise CliError(
+                f"cannot import {module_name!r} ({exc}); run from the directory that holds it or "
+                "pass a .py path"
+            ) from exc
+    if not hasattr(module, attr):
+        public = sorted(
+            n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n])
+        )
+        raise CliError(
+            f"{module_name!r} has no {attr!r}; callables there: {', '.join(public[:20])}"
+        )
+    return getattr(module, attr)
+
+
+def build_model(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, tuple[Any, ...]]:
+    """Call the factory of ``spec`` and make seeded random inputs of ``shapes``."""
+    import torch
+    from torch import nn
+
+    factory = load_factory(spec)
+    model = factory()
+    if not isinstance(model, nn.Module):
+        raise CliError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
+    model.eval()  # our own instance: safe to switch to inference
+    generator = torch.Generator().manual_seed(0)
+    args = tuple(torch.randn(shape, generator=generator) for shape in shapes)
+    return model, args
+
+
+def backend_named(name: str) -> Any:
+    """The Backend ``name``, or a :class:`CliError` listing the known ones."""
+    from embedl_dynamo.backend import backend_by_name
+
+    try:
+        return backend_by_name(name)
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+
+
+def load_calibration(path_text: str, batch: int) -> list[Any]:
+    """Calibration batches from ``.npy`` (one array, split by the batch size) or ``.pt``.
+
+    A ``.pt`` file holds a tensor (split like an array) or a list/tuple of tensors (used as the
+    batches); it is read with ``torch.load(weights_only=True)``: tensors only, no pickled code.
+    """
+    import numpy as np
+    import torch
+
+    path = Path(path_text)
+    if not path.is_file():
+        raise CliError(f"calibration file {path_text!r} does not exist")
+    try:
+        if path.suffix == ".npy":
+            data: Any = torch.from_numpy(np.load(path, allow_pickle=False)).float()
+        elif path.suffix == ".pt":
+            data = torch.load(path, weights_only=True, map_location="cpu")
+        else:
+            raise CliError(f"calibration file {path.name!r}: expected .npy or .pt")
+    except CliError:
+        raise
+    except Exception as exc:
+        raise CliError(f"cannot read calibration file {path.name!r}: {exc}") from exc
+    if isinstance(data, torch.Tensor):
+        if data.dim() == 0 or data.shape[0] == 0:
+            raise CliError(f"calibration file {path.name!r} holds no samples")
+        return list(data.split(batch))
+    if isinstance(data, (list, tuple)) and data and all(isinstance(t, torch.Tensor) for t in data):
+        return list(data)
+    raise CliError(
+        f"calibration file {path.name!r} must hold a tensor [N, ...] or a list of tensors, "
+        f"not {type(data).__name__}"
+    )

@@ -1,0 +1,104 @@
+"""The ``embedl-dynamo`` argument parser and :func:`main`: dispatch, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from embedl_dynamo.cli.commands import COMMANDS
+from embedl_dynamo.cli.inputs import EXIT_INTERNAL, CliError, parse_shape
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every subcommand and its options."""
+    parser = argparse.ArgumentParser(
+        prog="embedl-dynamo",
+        description="Deploy PyTorch models: inspect backends and plans, export, benchmark.",
+        epilog="exit codes: 0 ok, 1 internal error, 2 usage, 3 export failed, "
+        "4 verification failed, 5 runtime unavailable",
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    sub.add_parser("backends", help="discovered Backends, pattern counts and runtimes here")
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="MODULE:FACTORY, e.g. mymodels:resnet50 or net.py:build")
+        p.add_argument(
+            "--input-shape",
+            type=parse_shape,
+            action="append",
+            required=True,
+            metavar="N,C,H,W",
+            help="shape of a random input; repeat for several",
+        )
+        p.add_argument("--backend", default="tensorrt", help="target Backend (default tensorrt)")
+        p.add_argument("--cache-dir", help="artifact/calibration cache (default: user cache)")
+
+    plan = sub.add_parser("plan", help="print the transformation plan table")
+    model_args(plan)
+
+    export = sub.add_parser("export", help="export to ONNX (+ JSON sidecar)")
+    model_args(export)
+    export.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    export.add_argument("--int8", action="store_true", help="INT8 QDQ export")
+    export.add_argument("--calibration", help="calibration data, .npy or .pt (with --int8)")
+    export.add_argument("--opset", type=int, help="ONNX opset (exporter default)")
+    export.add_argument("--static-batch", action="store_true", help="fix the batch size")
+    export.add_argument("--no-verify", action="store_true", help="keep a mismatching file")
+    export.add_argument("--engine", action="store_true", help="also build a TensorRT engine")
+    export.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+
+    bench = sub.add_parser("bench", help="latency of eager vs compiled float vs INT8")
+    model_args(bench)
+    bench.add_argument(
+        "--int8-backend",
+        default="onnxruntime",
+        help="Backend for the INT8 row (default onnxruntime: this CPU's placement)",
+    )
+    bench.add_argument("--no-int8", action="store_true", help="skip the INT8 row")
+    bench.add_argument("--calibration", help="INT8 calibration data, .npy or .pt")
+    bench.add_argument("--repeats", type=int, default=20, help="timed runs (default 20)")
+    bench.add_argument("--warmup", type=int, default=3, help="untimed runs (default 3)")
+    bench.add_argument("--threads", type=int, help="torch intra-op threads")
+    bench.add_argument("--plot", help="write a PNG bar chart of the medians")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (see the module docstring).
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed the usage error
+        return int(exc.code or 0)
+    if args.debug:
+        logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return COMMANDS[args.command](args)
+    except CliError as exc:
+        if args.debug:
+            raise
+        print(f"embedl-dynamo {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(
+            f"embedl-dynamo {args.command}: internal error: {type(exc).__name__}: {first}. "
+            "Rerun with --debug for the traceback and report it.",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
