@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from embedl_dynamo.runtimes.onnxruntime import create_session
+
 __all__ = ["ort_quantize_static"]
 
 
@@ -30,7 +32,6 @@ def ort_quantize_static(model: nn.Module, calibration: Sequence[torch.Tensor], w
         The ``onnxruntime.InferenceSession`` of the quantized model; its input is named ``x``
         and has a dynamic batch axis.
     """
-    import onnxruntime as ort
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -58,4 +59,4 @@ def ort_quantize_static(model: nn.Module, calibration: Sequence[torch.Tensor], w
         str(float_path), str(int8_path), _Reader(), quant_format=QuantFormat.QDQ,
         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
     )  # fmt: skip
-    return ort.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
+    return create_session(int8_path, ["CPUExecutionProvider"])

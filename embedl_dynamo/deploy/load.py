@@ -112,15 +112,10 @@ def _metadata(path: Path) -> dict[str, Any]:
 
 
 def _load_onnx(path: Path, device: str, num_threads: int | None) -> ExportedModule:
-    import onnxruntime as ort
-
     from embedl_dynamo.deploy.onnx_backend import providers_for
+    from embedl_dynamo.runtimes.onnxruntime import create_session
 
-    providers = providers_for(device)
-    options = ort.SessionOptions()
-    if num_threads is not None:
-        options.intra_op_num_threads = num_threads
-    session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
+    session = create_session(path, providers_for(device), num_threads=num_threads)
     used = session.get_providers()
     logger.info("loaded %s on onnxruntime with %s", path, used)
     return ExportedModule(

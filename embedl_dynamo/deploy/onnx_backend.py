@@ -27,6 +27,8 @@ import onnx
 from onnx import helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+from embedl_dynamo.runtimes.onnxruntime import create_session, ort_providers
+
 __all__ = [
     "SESSION_OPTIONS",
     "EmbedlOnnxBackend",
@@ -73,8 +75,6 @@ def providers_for(device: str = "CPU") -> list[str]:
     Raises:
         ValueError: the device is unknown or not available here (the message says why).
     """
-    from embedl_dynamo.runtimes.onnxruntime import ort_providers
-
     kind = Device(device).type
     preferred = ort_providers()  # the onnxruntime runtime's order: TensorRT EP > CUDA EP > CPU
     if kind == DeviceType.CPU:
@@ -182,8 +182,6 @@ class EmbedlOnnxBackend(Backend):
         Returns:
             The prepared :class:`EmbedlOnnxBackendRep`.
         """
-        import onnxruntime as ort
-
         providers = providers_for(device)
         options = _session_options(kwargs)
         if isinstance(model, str):
@@ -194,8 +192,7 @@ class EmbedlOnnxBackend(Backend):
                 model = onnx.load_from_string(model)
             super().prepare(model, device)  # runs onnx.checker.check_model
             source = fit_to_onnxruntime(model).SerializeToString()
-        session = ort.InferenceSession(source, sess_options=options, providers=providers)
-        return EmbedlOnnxBackendRep(session)
+        return EmbedlOnnxBackendRep(create_session(source, providers, options=options))
 
     @classmethod
     def run_model(
@@ -290,9 +287,7 @@ def ort_max_opset() -> int:
     for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
         model = _model(helper.make_graph([node], "probe", [x], [y]), opset)
         try:
-            ort.InferenceSession(
-                model.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]
-            )
+            create_session(model.SerializeToString(), ["CPUExecutionProvider"], options=options)
         except Exception:  # too new for this onnxruntime
             continue
         return opset

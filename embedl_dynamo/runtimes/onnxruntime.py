@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ from torch import fx
 from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
-__all__ = ["OnnxRuntime", "ort_providers"]
+__all__ = ["OnnxRuntime", "create_session", "ort_providers"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,38 @@ def ort_providers() -> list[str]:
     available = set(ort.get_available_providers())
     chosen = [p for p in _PREFERRED if p in available]
     return chosen or ["CPUExecutionProvider"]
+
+
+def create_session(
+    model: str | os.PathLike[str] | bytes,
+    providers: Sequence[str] | None = None,
+    *,
+    num_threads: int | None = None,
+    options: Any = None,
+) -> Any:
+    """An ``onnxruntime.InferenceSession``: the one place this package builds them.
+
+    Args:
+        model: an ``.onnx`` path or serialized model bytes.
+        providers: execution providers, best first; :func:`ort_providers` when None.
+        num_threads: intra-op threads (ONNX Runtime's default when None).
+        options: an ``onnxruntime.SessionOptions`` to start from; when None, full graph
+            optimisation (``ORT_ENABLE_ALL``) and warnings-and-above logging only.
+
+    Returns:
+        The session.
+    """
+    import onnxruntime as ort
+
+    if options is None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+    if num_threads is not None:
+        options.intra_op_num_threads = num_threads
+    source = model if isinstance(model, bytes) else os.fspath(model)
+    chosen = list(providers) if providers is not None else ort_providers()
+    return ort.InferenceSession(source, sess_options=options, providers=chosen)
 
 
 class OnnxRuntime(Runtime):
@@ -86,15 +119,8 @@ class OnnxRuntime(Runtime):
     def _activate(self) -> None:
         if getattr(self, "_session", None) is not None:
             return
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if self.settings.num_threads is not None:
-            options.intra_op_num_threads = self.settings.num_threads
-        options.log_severity_level = 3
-        self._session = ort.InferenceSession(
-            str(self._path), sess_options=options, providers=self.build_info["providers"]
+        self._session = create_session(
+            self._path, self.build_info["providers"], num_threads=self.settings.num_threads
         )
         self._input_names = [i.name for i in self._session.get_inputs()]
         self._output_names = [o.name for o in self._session.get_outputs()]
