@@ -5,44 +5,13 @@ from __future__ import annotations
 import expecttest
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import nn
 
 from embedl_dynamo import transform
 from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS
 from embedl_dynamo.patterns.fused_modules import FusedConv
+from tests.helpers import dynamo_frozen
 from tests.models import MobileNetLike, ResNetLike
-
-
-def dynamo_frozen(model: nn.Module, *args: torch.Tensor) -> tuple[fx.GraphModule, list]:
-    """Capture ``model`` with Dynamo and freeze its parameters into ``get_attr`` constants.
-
-    Returns the frozen graph module and its remaining (user) inputs.
-    """
-    captured: list[tuple[fx.GraphModule, list]] = []
-
-    def backend(gm, inputs, **kwargs):
-        captured.append((gm, list(inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(*args)
-    gm, inputs = captured[0]
-    graph = gm.graph
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    user_inputs = []
-    for node, value in zip(placeholders, inputs):
-        if "_dynamo_static_input_type" not in node.meta.get("tensor_dict", {}):
-            user_inputs.append(value)
-            continue
-        gm.register_buffer(node.name, value.detach().clone())
-        with graph.inserting_before(node):
-            const = graph.get_attr(node.name)
-        const.meta.update(node.meta)
-        node.replace_all_uses_with(const)
-        graph.erase_node(node)
-    gm.recompile()
-    return gm, user_inputs
-
 
 X = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 

@@ -24,6 +24,7 @@ from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.fused_modules import FusedConv
 from embedl_dynamo.rewrite.engine import MAX_CONVERSION_ROUNDS
 from embedl_dynamo.rewrite.matcher import find_matches
+from tests.helpers import dynamo_frozen
 from tests.models import MobileNetLike, ResNetLike
 
 X = torch.randn(2, 8, generator=torch.Generator().manual_seed(0))
@@ -324,8 +325,6 @@ def test_canonicalize_is_idempotent(factory) -> None:
 
 
 def test_canonicalize_is_idempotent_on_a_dynamo_graph() -> None:
-    from tests.test_architectures_cnn import dynamo_frozen
-
     gm, _ = dynamo_frozen(ResNetLike().eval(), IMAGE)
     canonicalize(gm)
     once = format_graph(gm, literals=True)

@@ -16,6 +16,7 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+from tests.helpers import assert_close_to_scale
 from tests.models import (
     GraphBreakNet,
     MobileNetLike,
@@ -26,14 +27,6 @@ from tests.models import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _assert_close_to_scale(actual, expected, rtol=1e-4):
-    """max |a - e| <= rtol * max|e| (1e-4 relative to the output scale)."""
-    actual, expected = actual.detach(), expected.detach()
-    scale = float(expected.abs().max())
-    err = float((actual - expected).abs().max())
-    assert err <= rtol * max(scale, 1e-6), f"max abs diff {err:.3g} vs scale {scale:.3g}"
 
 
 CASES = {
@@ -54,7 +47,7 @@ def test_architectures_equal_eager(name):
     with torch.no_grad():
         expected = model(x)
         actual = compiled(x)
-    _assert_close_to_scale(actual, expected)
+    assert_close_to_scale(actual, expected)
     report = embedl_dynamo.last_report()
     assert len(report) == (2 if name == "graph_break" else 1)
     assert all(s.status == "compiled" and s.runtime == "onnxruntime" for s in report)
@@ -87,7 +80,7 @@ def test_embedl_uses_the_env_selected_backend(monkeypatch):
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
-        _assert_close_to_scale(torch.compile(model, backend="embedl")(x), model(x))
+        assert_close_to_scale(torch.compile(model, backend="embedl")(x), model(x))
     assert embedl_dynamo.last_report()[0].backend == "onnxruntime"
 
 
@@ -100,7 +93,7 @@ def test_dynamic_batch_builds_once():
     with torch.no_grad():
         for batch in (2, 3, 4, 5, 1):
             x = torch.randn(batch, 3, 16, 16)
-            _assert_close_to_scale(compiled(x), model(x))
+            assert_close_to_scale(compiled(x), model(x))
     assert BUILD_COUNTS["onnx"] == 1
     subgraphs = embedl_dynamo.last_report().subgraphs
     # the static graph, the symbolic-batch recompile, and batch 1 (Dynamo specialises 0/1)
@@ -126,7 +119,7 @@ def test_dynamic_batch_with_batch_dependent_reshape_builds_twice_then_never():
     with torch.no_grad():
         for batch in (2, 3, 4, 5):
             x = torch.randn(batch, 3, 8, 8)
-            _assert_close_to_scale(compiled(x), model(x))
+            assert_close_to_scale(compiled(x), model(x))
             if batch == 3:
                 assert BUILD_COUNTS["onnx"] == 2
     assert BUILD_COUNTS["onnx"] == 2
@@ -189,7 +182,7 @@ def test_unsupported_op_falls_back_to_eager_and_is_reported(caplog):
     model = randomize_batchnorm(_Unsupported().eval())
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        _assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     (sub,) = embedl_dynamo.last_report()
     assert sub.status == "eager" and sub.runtime == "eager"
     assert "aten::cummax" in sub.reason and "onnxruntime failed" in sub.reason
@@ -209,7 +202,7 @@ def test_eager_runtime_runs_the_transformed_graph():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         y = torch.compile(model, backend="embedl_tensorrt", options={"runtime": "eager"})(x)
-    _assert_close_to_scale(y, model(x), rtol=1e-5)
+    assert_close_to_scale(y, model(x), rtol=1e-5)
     (sub,) = embedl_dynamo.last_report()
     assert sub.runtime == "eager" and sub.status == "compiled" and not BUILD_COUNTS
 
@@ -353,7 +346,7 @@ def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
         monkeypatch.setattr(
             dynamo_compile, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
         )
-        _assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     warm = embedl_dynamo.last_report()[-1]
     assert warm.cached and warm.status == "compiled" and not calls
     assert warm.pipeline["applied_count"] > 0
@@ -372,6 +365,6 @@ def test_int8_options_reach_the_quantization_step():
     options = {"quantize": "int8", "calibration_data": data}
     with torch.no_grad():
         y = torch.compile(model, backend="embedl_onnxruntime", options=options)(x)
-        _assert_close_to_scale(y, model(x), rtol=0.05)  # INT8: a few percent of the scale
+        assert_close_to_scale(y, model(x), rtol=0.05)  # INT8: a few percent of the scale
     (sub,) = embedl_dynamo.last_report()
     assert sub.pipeline["quantized"] is True and sub.runtime == "onnxruntime"

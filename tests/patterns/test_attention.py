@@ -31,21 +31,11 @@ from embedl_dynamo.patterns.attention_decompose import (
 from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
 from embedl_dynamo.rewrite.qdq import Role
 from embedl_dynamo.transform import trace
+from tests.helpers import assert_same_outputs, max_abs_diff
 
 G = torch.Generator().manual_seed(0)
 CONVERSIONS = (*ATTENTION_CONVERSION_PATTERNS, *CONVERSION_PATTERNS)
 ALL = (*CONVERSIONS, *ATTENTION_FUSION_PATTERNS)
-
-
-def _max_diff(expected, actual) -> float:
-    if isinstance(expected, tuple):
-        return max(_max_diff(e, a) for e, a in zip(expected, actual))
-    return (expected - actual).abs().max().item()
-
-
-def _assert_close(model: nn.Module, result, *args: torch.Tensor) -> None:
-    with torch.no_grad():
-        assert _max_diff(model(*args), result.model(*args)) <= 1e-5
 
 
 class SelfAttention(nn.Module):
@@ -128,7 +118,7 @@ return identity""",
         paths = [n.meta["embedl_path"] for n in traced.graph.nodes if n.op == "call_function"]
         assert paths == ["model.layers.0", "model.layers.1"]
         with torch.no_grad():
-            assert _max_diff(model(X), traced(X)) <= 1e-5
+            assert max_abs_diff(model(X), traced(X)) <= 1e-5
 
     def test_encoder_layer_with_unsupported_activation_stays_a_module(self) -> None:
         layer = nn.TransformerEncoderLayer(16, 2, 32, activation=F.silu, batch_first=True).eval()
@@ -164,14 +154,14 @@ linear_3 = linear(input=merge_heads, weight=$attn.out_proj.weight, bias=$attn.ou
 transpose_1 = .transpose(linear_3, 1, 0)
 return transpose_1""",
         )
-        _assert_close(model, result, X)
+        assert_same_outputs(model, result.model, X)
 
     def test_sequence_first_numerics(self) -> None:
         model = SelfAttention(batch_first=False).eval()
         x = X.transpose(0, 1).contiguous()
         result = transform(model, (x,), CONVERSIONS)
         assert result.plan["decompose_mha@attn"].applied
-        _assert_close(model, result, x)
+        assert_same_outputs(model, result.model, x)
 
     def test_no_match_when_attention_weights_are_used(self) -> None:
         model = CrossAttention(need_weights=True).eval()
@@ -179,7 +169,7 @@ return transpose_1""",
         entry = result.plan["decompose_mha@attn"]
         assert not entry.applied
         assert entry.reason == "attention weights are used (need_weights with output 1 read)"
-        _assert_close(model, result, X, MEMORY)
+        assert_same_outputs(model, result.model, X, MEMORY)
 
     def test_no_match_with_key_padding_mask(self) -> None:
         class Masked(CrossAttention):
@@ -304,7 +294,7 @@ return transpose_1""",
         )
         projection = next(m for m in result.model.modules() if isinstance(m, FusedQKVProjection))
         assert projection.weight.shape == (48, 16) and projection.sizes == [16, 16, 16]
-        _assert_close(model, result, X)
+        assert_same_outputs(model, result.model, X)
 
     def test_no_in_projection_fusion_for_cross_attention(self) -> None:
         model = CrossAttention().eval()
@@ -313,7 +303,7 @@ return transpose_1""",
         assert not entry.apply
         assert entry.reason == "q, k and v projections read different inputs (cross-attention)"
         assert result.plan["scaled_dot_product_attention@attn"].apply
-        _assert_close(model, result, X, MEMORY)
+        assert_same_outputs(model, result.model, X, MEMORY)
 
     def test_layer_norm_fuses(self) -> None:
         model = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16, eps=1e-6)).eval()
@@ -322,7 +312,7 @@ return transpose_1""",
         assert entry.apply and entry.reason == ""
         fused = [m for m in result.model.modules() if isinstance(m, FusedLayerNorm)]
         assert len(fused) == 1 and fused[0].eps == 1e-6
-        _assert_close(model, result, X)
+        assert_same_outputs(model, result.model, X)
 
     def test_no_layer_norm_fusion_with_weight_as_input(self) -> None:
         class Functional(nn.Module):
@@ -343,7 +333,7 @@ return transpose_1""",
         result = transform(Attn(), (q, k, v), [ScaledDotProductAttention()])
         (fused,) = [m for m in result.model.modules() if isinstance(m, FusedAttention)]
         assert (fused.is_causal, fused.scale) == (True, 0.3)
-        _assert_close(Attn(), result, q, k, v)
+        assert_same_outputs(Attn(), result.model, q, k, v)
 
     def test_no_sdpa_fusion_with_mask(self) -> None:
         class Masked(nn.Module):
@@ -390,7 +380,7 @@ def test_multihead_attention_variants_stay_equal(kwargs, batch_first) -> None:
     traced = canonicalize(trace(model, (x, memory)))
     assert not any(n.op == "call_module" for n in traced.graph.nodes)
     with torch.no_grad():
-        assert _max_diff(model(x, memory), traced(x, memory)) <= 1e-5
+        assert max_abs_diff(model(x, memory), traced(x, memory)) <= 1e-5
 
 
 @pytest.mark.parametrize(
@@ -411,7 +401,7 @@ def test_cross_attention_numerics(kwargs) -> None:
     model = Cross().eval()
     result = transform(model, (X, k, v), CONVERSIONS)
     assert result.plan["decompose_mha@attn"].applied
-    _assert_close(model, result, X, k, v)
+    assert_same_outputs(model, result.model, X, k, v)
 
 
 @pytest.mark.parametrize(
@@ -442,7 +432,7 @@ def test_encoder_layer_decomposition_numerics(norm_first: bool, activation: str)
     assert torch._transformer_encoder_layer_fwd not in targets
     assert F.scaled_dot_product_attention in targets
     assert (F.gelu if activation == "gelu" else torch.relu) in targets
-    _assert_close(layer, result, X)
+    assert_same_outputs(layer, result.model, X)
 
 
 def test_split_and_merge_heads_are_inverse() -> None:

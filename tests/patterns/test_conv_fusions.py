@@ -16,16 +16,11 @@ from embedl_dynamo.patterns.fused_modules import FusedConv, FusedConvAdd, FusedC
 from embedl_dynamo.patterns.pooling import POOLING_PATTERNS
 from embedl_dynamo.patterns.residual import RESIDUAL_PATTERNS
 from embedl_dynamo.rewrite.qdq import Role
+from tests.helpers import assert_same_outputs
 from tests.models import randomize_batchnorm
 
 ALL = (*POOLING_PATTERNS, *RESIDUAL_PATTERNS, *CONV_BN_PATTERNS, *CONV_PATTERNS)
 X = torch.randn(2, 4, 12, 12, generator=torch.Generator().manual_seed(0))
-
-
-def _close(model: nn.Module, result, *args: torch.Tensor) -> None:
-    with torch.no_grad():
-        expected, actual = model(*args), result.model(*args)
-    assert (expected - actual).abs().max().item() <= 1e-5
 
 
 class ConvBNAct(nn.Module):
@@ -59,7 +54,7 @@ def test_conv_bn_activation_fuses(act: nn.Module, name: str) -> None:
     fused = [m for m in result.model.modules() if isinstance(m, FusedConv)]
     assert len(fused) == 1 and fused[0].kind == name
     assert not any(n.target is F.batch_norm for n in result.model.graph.nodes)
-    _close(model, result, X)
+    assert_same_outputs(model, result.model, X)
 
 
 def test_conv_bn_training_mode_is_not_fused() -> None:
@@ -115,7 +110,7 @@ def test_stem_fuses_and_overlaps_shorter_matches() -> None:
     assert plan["conv_bn@conv1"].reason == "overlaps stem_conv_bn_relu_maxpool@conv1"
     (fused,) = [m for m in result.model.modules() if isinstance(m, FusedConv)]
     assert isinstance(fused, FusedConvMaxPool) and fused.pool["kernel_size"] == 3
-    _close(model, result, X)
+    assert_same_outputs(model, result.model, X)
 
 
 def test_stem_with_indices_is_not_fused() -> None:
@@ -157,7 +152,7 @@ def test_conv_bn_add_relu_fuses_either_operand_order(spelling: str) -> None:
     assert result.plan["conv_bn_add@conv"].reason == "overlaps conv_bn_add_relu@conv"
     (fused,) = [m for m in result.model.modules() if isinstance(m, FusedConv)]
     assert isinstance(fused, FusedConvAdd) and fused.activation == "relu"
-    _close(model, result, X)
+    assert_same_outputs(model, result.model, X)
 
 
 def test_conv_bn_add_without_relu_fuses() -> None:
@@ -166,7 +161,7 @@ def test_conv_bn_add_without_relu_fuses() -> None:
     assert result.plan["conv_bn_add@conv"].apply
     (fused,) = [m for m in result.model.modules() if isinstance(m, FusedConv)]
     assert isinstance(fused, FusedConvAdd) and fused.activation is None
-    _close(model, result, X)
+    assert_same_outputs(model, result.model, X)
 
 
 def test_broadcast_residual_is_not_fused() -> None:
@@ -207,7 +202,7 @@ def test_squeeze_excite_convs_fuse_with_their_activation() -> None:
     assert plan["conv_hardsigmoid@fc2"].apply
     assert plan["adaptive_avg_pool@pool"].apply
     assert plan["conv@fc1"].reason == "overlaps conv_relu@fc1"
-    _close(model, result, X)
+    assert_same_outputs(model, result.model, X)
 
 
 class Snapshots(expecttest.TestCase):
