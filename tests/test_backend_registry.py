@@ -19,7 +19,7 @@ from embedl_dynamo.backend import (
     set_backend,
 )
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
-from embedl_dynamo.patterns.conv_bn import ConvBN, ConvBNReLU
+from embedl_dynamo.patterns.conv_bn import CONV_BN, CONV_BN_RELU, ConvBNActivation
 
 BUILTIN = {"tensorrt", "onnxruntime", "lattice"}
 
@@ -44,9 +44,9 @@ def _install(root: Path, dist: str, module: str, source: str, entry_points: dict
 
 _MYACCEL = """
     from embedl_dynamo.backend import Backend
-    from embedl_dynamo.patterns.conv_bn import ConvBN
+    from embedl_dynamo.patterns.conv_bn import CONV_BN
 
-    BACKEND = Backend(name="myaccel", fusion_patterns=(ConvBN(),), description="a vendor chip")
+    BACKEND = Backend(name="myaccel", fusion_patterns=(CONV_BN,), description="a vendor chip")
 
     def make_backend():
         return Backend(name="myaccel_factory")
@@ -71,7 +71,7 @@ def test_builtin_backends_are_discovered() -> None:
 def test_third_party_backend_is_discovered(plugin: Path) -> None:
     backends = discover_backends()
     assert BUILTIN | {"myaccel"} <= set(backends)
-    assert backends["myaccel"].fusion_patterns == (ConvBN(),)
+    assert backends["myaccel"].fusion_patterns == (CONV_BN,)
     assert registry._registry.origins["myaccel"] == "myaccel_embedl:BACKEND (from myaccel-embedl)"
     assert set_backend("myaccel") is backends["myaccel"]
     assert get_backend().name == "myaccel"
@@ -187,7 +187,7 @@ def test_reset_backends_forgets_choice_and_rediscovers(
 
 def test_phase_mismatch_names_pattern_and_field() -> None:
     with pytest.raises(ValueError) as info:
-        Backend(name="bad", conversion_patterns=(ConvBNReLU(),))
+        Backend(name="bad", conversion_patterns=(CONV_BN_RELU,))
     assert str(info.value) == (
         "Backend 'bad': pattern 'conv_bn_relu' has phase 'fusion' but is listed in "
         "conversion_patterns (phase 'conversion')"
@@ -196,12 +196,12 @@ def test_phase_mismatch_names_pattern_and_field() -> None:
 
 def test_pattern_class_instead_of_instance_is_refused() -> None:
     with pytest.raises(TypeError, match="did you pass the class instead of an instance"):
-        Backend(name="bad", fusion_patterns=(ConvBN,))
+        Backend(name="bad", fusion_patterns=(ConvBNActivation,))
 
 
 def test_repeated_pattern_is_refused() -> None:
     with pytest.raises(ValueError, match=r"fusion_patterns repeats \['conv_bn'\]"):
-        Backend(name="bad", fusion_patterns=(ConvBN(), ConvBN()))
+        Backend(name="bad", fusion_patterns=(CONV_BN, CONV_BN))
 
 
 def test_to_dict_from_dict_round_trip() -> None:

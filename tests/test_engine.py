@@ -346,7 +346,7 @@ def test_positional_inplace_flag_is_canonicalised() -> None:
 def test_commutative_match_prefers_the_binding_that_can_be_rewritten() -> None:
     """``a + bn2(conv2(a))`` with ``a = bn1(conv1(x))``: both add inputs are BatchNorm outputs,
     but only ``bn2`` is private to the match (``a`` also feeds conv2)."""
-    from embedl_dynamo.patterns.residual import ConvBNAdd
+    from embedl_dynamo.patterns.residual import CONV_BN_ADD
     from tests.models import randomize_batchnorm
 
     class Chain(nn.Module):
@@ -361,7 +361,7 @@ def test_commutative_match_prefers_the_binding_that_can_be_rewritten() -> None:
             return a + self.bn2(self.conv2(a))
 
     model = Chain().eval()
-    result = transform(model, (IMAGE,), [ConvBNAdd()])
+    result = transform(model, (IMAGE,), [CONV_BN_ADD])
     (entry,) = result.plan.entries
     assert entry.id == "conv_bn_add@conv2" and entry.apply
     with torch.no_grad():

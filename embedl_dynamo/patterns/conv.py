@@ -9,6 +9,7 @@ and weight get TensorRT's QDQ. Only 2-d convolutions are matched.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -24,102 +25,74 @@ from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = [
+    "CONV",
+    "CONV_GELU",
+    "CONV_HARDSIGMOID",
+    "CONV_HARDSWISH",
     "CONV_PATTERNS",
-    "Conv",
-    "ConvGELU",
-    "ConvHardsigmoid",
-    "ConvHardswish",
-    "ConvReLU",
-    "ConvReLU6",
-    "ConvSiLU",
+    "CONV_RELU",
+    "CONV_RELU6",
+    "CONV_SILU",
+    "ConvActivation",
+    "conv_target",
 ]
 
 
-def _conv_act_target(act: Callable[..., torch.Tensor]):
+def conv_target(activation: Callable[..., torch.Tensor] | None) -> Callable[..., Any]:
+    """The target ``activation(conv(x, w, b))`` (or the bare ``conv(x, w, b)``)."""
+
     def target(x, w, b):
         conv = F.conv2d(x, w, b)
-        out = act(conv)
+        if activation is None:
+            return conv, {"conv": conv}
+        out = activation(conv)
         return out, {"conv": conv, "act": out}
 
-    return staticmethod(target)
+    return target
 
 
-class _ConvAct(Pattern):
-    """Conv -> activation becomes one FusedConv(activation=...)."""
+class ConvActivation(Pattern):
+    """Conv [-> activation] becomes one FusedConv(activation=...).
+
+    Args:
+        name: the pattern name.
+        activation: the canonical activation function, or None for a lone convolution.
+    """
 
     phase = "fusion"
     id_node = "conv"
     qdq = CONV_QDQ
+
+    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
+        self.name = name
+        self.activation = activation
+        self.target = conv_target(activation)
 
     def check(self, m: Match) -> MatchResult:
         result = check_conv(m)
-        return result if not result else check_activation(m)
+        if not result or self.activation is None:
+            return result
+        return check_activation(m)
 
     def replace(self, m: Match):
-        act = activation_name(m["act"])
+        act = activation_name(m["act"]) if self.activation is not None else None
         return m.call_module(fused_conv_from_match(m, act, self.name), m["x"])
 
 
-class ConvReLU(_ConvAct):
-    """Conv -> ReLU (squeeze-and-excitation reduce conv)."""
-
-    name = "conv_relu"
-    target = _conv_act_target(torch.relu)
-
-
-class ConvReLU6(_ConvAct):
-    name = "conv_relu6"
-    target = _conv_act_target(F.relu6)
-
-
-class ConvSiLU(_ConvAct):
-    name = "conv_silu"
-    target = _conv_act_target(F.silu)
-
-
-class ConvHardswish(_ConvAct):
-    name = "conv_hardswish"
-    target = _conv_act_target(F.hardswish)
-
-
-class ConvHardsigmoid(_ConvAct):
-    """Conv -> Hardsigmoid (squeeze-and-excitation expand conv, MobileNetV3)."""
-
-    name = "conv_hardsigmoid"
-    target = _conv_act_target(F.hardsigmoid)
-
-
-class ConvGELU(_ConvAct):
-    name = "conv_gelu"
-    target = _conv_act_target(F.gelu)
-
-
-class Conv(Pattern):
-    """A lone convolution becomes a FusedConv (no activation)."""
-
-    name = "conv"
-    phase = "fusion"
-    id_node = "conv"
-    qdq = CONV_QDQ
-
-    @staticmethod
-    def target(x, w, b):
-        conv = F.conv2d(x, w, b)
-        return conv, {"conv": conv}
-
-    def check(self, m: Match) -> MatchResult:
-        return check_conv(m)
-
-    def replace(self, m: Match):
-        return m.call_module(fused_conv_from_match(m, None, self.name), m["x"])
-
+CONV_RELU = ConvActivation("conv_relu", torch.relu)  # squeeze-and-excitation reduce conv
+CONV_RELU6 = ConvActivation("conv_relu6", F.relu6)
+CONV_SILU = ConvActivation("conv_silu", F.silu)
+CONV_HARDSWISH = ConvActivation("conv_hardswish", F.hardswish)
+CONV_HARDSIGMOID = ConvActivation("conv_hardsigmoid", F.hardsigmoid)  # MobileNetV3 SE expand
+CONV_GELU = ConvActivation("conv_gelu", F.gelu)
+CONV = ConvActivation("conv", None)
 
 CONV_PATTERNS = (
-    ConvReLU(),
-    ConvReLU6(),
-    ConvSiLU(),
-    ConvHardswish(),
-    ConvHardsigmoid(),
-    ConvGELU(),
-    Conv(),
+    CONV_RELU,
+    CONV_RELU6,
+    CONV_SILU,
+    CONV_HARDSWISH,
+    CONV_HARDSIGMOID,
+    CONV_GELU,
+    CONV,
 )

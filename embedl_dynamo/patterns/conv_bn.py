@@ -5,14 +5,16 @@
 TensorRT and ONNX Runtime run conv + bias + activation as one kernel; folding the BatchNorm
 removes a full pass over the activation tensor.
 
-One pattern class per activation (``conv_bn_relu``, ``conv_bn_relu6``, ``conv_bn_silu``,
-``conv_bn_hardswish``, ``conv_bn_gelu``) so that plan ids name the kernel and a user can toggle
-one kind with a glob (``plan.disable("conv_bn_gelu@*")``). Only 2-d convolutions are matched.
+One parametrised class, one instance per activation (``conv_bn_relu``, ``conv_bn_relu6``,
+``conv_bn_silu``, ``conv_bn_hardswish``, ``conv_bn_gelu``, and ``conv_bn`` without one) so that
+plan ids name the kernel and a user can toggle one kind with a glob
+(``plan.disable("conv_bn_gelu@*")``). Only 2-d convolutions are matched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,16 +25,19 @@ from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
+    "CONV_BN",
+    "CONV_BN_GELU",
+    "CONV_BN_HARDSWISH",
     "CONV_BN_PATTERNS",
-    "ConvBN",
-    "ConvBNGELU",
-    "ConvBNHardswish",
-    "ConvBNReLU",
-    "ConvBNReLU6",
-    "ConvBNSiLU",
+    "CONV_BN_RELU",
+    "CONV_BN_RELU6",
+    "CONV_BN_SILU",
+    "CONV_QDQ",
+    "ConvBNActivation",
     "check_activation",
     "check_conv",
     "check_conv_bn",
+    "conv_bn_target",
     "fused_conv_from_match",
 ]
 
@@ -93,93 +98,63 @@ def fused_conv_from_match(
     )
 
 
-def _conv_bn_act_target(act: Callable[..., torch.Tensor]):
+def conv_bn_target(activation: Callable[..., torch.Tensor] | None) -> Callable[..., Any]:
+    """The target ``activation(bn(conv(x, w, b)))`` (or ``bn(conv(...))`` without activation)."""
+
     def target(x, w, b, mean, var, gamma, beta):
         conv = F.conv2d(x, w, b)
         bn = F.batch_norm(conv, mean, var, gamma, beta)
-        out = act(bn)
+        if activation is None:
+            return bn, {"conv": conv, "bn": bn}
+        out = activation(bn)
         return out, {"conv": conv, "bn": bn, "act": out, "out": out}
 
-    return staticmethod(target)
+    return target
 
 
-class _ConvBNAct(Pattern):
-    """Conv -> BatchNorm -> activation becomes one FusedConv(activation=...)."""
+class ConvBNActivation(Pattern):
+    """Conv -> BatchNorm [-> activation] becomes one FusedConv (BatchNorm folded, activation fused).
+
+    One class, one instance per activation (``conv_bn_relu``, ``conv_bn_silu``, ... and
+    ``conv_bn`` without one), so plan ids name the kernel and a glob toggles one kind.
+
+    Args:
+        name: the pattern name (plan ids ``<name>@<module path>``).
+        activation: the canonical activation function, or None for conv + BatchNorm only.
+    """
 
     phase = "fusion"
     id_node = "conv"
     qdq = CONV_QDQ
+
+    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
+        self.name = name
+        self.activation = activation
+        self.target = conv_bn_target(activation)
 
     def check(self, m: Match) -> MatchResult:
         result = check_conv_bn(m)
-        return result if not result else check_activation(m)
+        if not result or self.activation is None:
+            return result
+        return check_activation(m)
 
     def replace(self, m: Match):
-        act = activation_name(m["act"])
+        act = activation_name(m["act"]) if self.activation is not None else None
         return m.call_module(fused_conv_from_match(m, act, self.name), m["x"])
 
 
-class ConvBNReLU(_ConvBNAct):
-    """Conv -> BatchNorm -> ReLU (ResNet)."""
-
-    name = "conv_bn_relu"
-    target = _conv_bn_act_target(torch.relu)
-
-
-class ConvBNReLU6(_ConvBNAct):
-    """Conv -> BatchNorm -> ReLU6 (MobileNetV2)."""
-
-    name = "conv_bn_relu6"
-    target = _conv_bn_act_target(F.relu6)
-
-
-class ConvBNSiLU(_ConvBNAct):
-    """Conv -> BatchNorm -> SiLU (EfficientNet, YOLO)."""
-
-    name = "conv_bn_silu"
-    target = _conv_bn_act_target(F.silu)
-
-
-class ConvBNHardswish(_ConvBNAct):
-    """Conv -> BatchNorm -> Hardswish (MobileNetV3)."""
-
-    name = "conv_bn_hardswish"
-    target = _conv_bn_act_target(F.hardswish)
-
-
-class ConvBNGELU(_ConvBNAct):
-    """Conv -> BatchNorm -> GELU (ConvNeXt-style stems); exact or tanh approximation."""
-
-    name = "conv_bn_gelu"
-    target = _conv_bn_act_target(F.gelu)
-
-
-class ConvBN(Pattern):
-    """Conv -> BatchNorm becomes one FusedConv with the BatchNorm folded into its weights."""
-
-    name = "conv_bn"
-    phase = "fusion"
-    id_node = "conv"
-    qdq = CONV_QDQ
-
-    @staticmethod
-    def target(x, w, b, mean, var, gamma, beta):
-        conv = F.conv2d(x, w, b)
-        bn = F.batch_norm(conv, mean, var, gamma, beta)
-        return bn, {"conv": conv, "bn": bn}
-
-    def check(self, m: Match) -> MatchResult:
-        return check_conv_bn(m)
-
-    def replace(self, m: Match):
-        return m.call_module(fused_conv_from_match(m, None, self.name), m["x"])
-
+CONV_BN_RELU = ConvBNActivation("conv_bn_relu", torch.relu)  # ResNet
+CONV_BN_RELU6 = ConvBNActivation("conv_bn_relu6", F.relu6)  # MobileNetV2
+CONV_BN_SILU = ConvBNActivation("conv_bn_silu", F.silu)  # EfficientNet, YOLO
+CONV_BN_HARDSWISH = ConvBNActivation("conv_bn_hardswish", F.hardswish)  # MobileNetV3
+CONV_BN_GELU = ConvBNActivation("conv_bn_gelu", F.gelu)  # ConvNeXt-style stems; exact or tanh
+CONV_BN = ConvBNActivation("conv_bn", None)
 
 CONV_BN_PATTERNS = (
-    ConvBNReLU(),
-    ConvBNReLU6(),
-    ConvBNSiLU(),
-    ConvBNHardswish(),
-    ConvBNGELU(),
-    ConvBN(),
+    CONV_BN_RELU,
+    CONV_BN_RELU6,
+    CONV_BN_SILU,
+    CONV_BN_HARDSWISH,
+    CONV_BN_GELU,
+    CONV_BN,
 )

@@ -8,6 +8,7 @@ output feature. One pattern per activation keeps plan ids readable (``linear_gel
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,13 +20,16 @@ from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
+    "LINEAR",
+    "LINEAR_GELU",
+    "LINEAR_HARDSWISH",
     "LINEAR_PATTERNS",
-    "Linear",
-    "LinearGELU",
-    "LinearHardswish",
-    "LinearReLU",
-    "LinearSiLU",
+    "LINEAR_QDQ",
+    "LINEAR_RELU",
+    "LINEAR_SILU",
+    "LinearActivation",
     "check_linear",
+    "linear_target",
 ]
 
 LINEAR_QDQ = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
@@ -40,75 +44,52 @@ def check_linear(m: Match) -> MatchResult:
     return m.ok()
 
 
-def _linear_act_target(act: Callable[..., torch.Tensor]):
+def linear_target(activation: Callable[..., torch.Tensor] | None) -> Callable[..., Any]:
+    """The target ``activation(linear(x, w, b))`` (or the bare ``linear(x, w, b)``)."""
+
     def target(x, w, b):
         linear = F.linear(x, w, b)
-        out = act(linear)
+        if activation is None:
+            return linear, {"linear": linear}
+        out = activation(linear)
         return out, {"linear": linear, "act": out}
 
-    return staticmethod(target)
+    return target
 
 
-class _LinearAct(Pattern):
-    """Linear -> activation becomes one FusedLinear(activation=...)."""
+class LinearActivation(Pattern):
+    """Linear [-> activation] becomes one FusedLinear(activation=...).
+
+    Args:
+        name: the pattern name.
+        activation: the canonical activation function, or None for a lone linear layer.
+    """
 
     phase = "fusion"
     id_node = "linear"
     qdq = LINEAR_QDQ
 
+    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
+        self.name = name
+        self.activation = activation
+        self.target = linear_target(activation)
+
     def check(self, m: Match) -> MatchResult:
         result = check_linear(m)
-        return result if not result else check_activation(m)
+        if not result or self.activation is None:
+            return result
+        return check_activation(m)
 
     def replace(self, m: Match):
-        act = activation_name(m["act"])
+        act = activation_name(m["act"]) if self.activation is not None else None
         fused = FusedLinear(m.value("w"), m.value("b"), activation=act, kind=self.name)
         return m.call_module(fused, m["x"])
 
 
-class LinearReLU(_LinearAct):
-    name = "linear_relu"
-    target = _linear_act_target(torch.relu)
+LINEAR_RELU = LinearActivation("linear_relu", torch.relu)
+LINEAR_GELU = LinearActivation("linear_gelu", F.gelu)  # transformer MLP; exact or tanh
+LINEAR_SILU = LinearActivation("linear_silu", F.silu)
+LINEAR_HARDSWISH = LinearActivation("linear_hardswish", F.hardswish)  # MobileNetV3 classifier
+LINEAR = LinearActivation("linear", None)
 
-
-class LinearGELU(_LinearAct):
-    """Linear -> GELU (transformer MLP); exact or tanh approximation."""
-
-    name = "linear_gelu"
-    target = _linear_act_target(F.gelu)
-
-
-class LinearSiLU(_LinearAct):
-    name = "linear_silu"
-    target = _linear_act_target(F.silu)
-
-
-class LinearHardswish(_LinearAct):
-    """Linear -> Hardswish (MobileNetV3 classifier)."""
-
-    name = "linear_hardswish"
-    target = _linear_act_target(F.hardswish)
-
-
-class Linear(Pattern):
-    """A lone linear layer becomes a FusedLinear (no activation)."""
-
-    name = "linear"
-    phase = "fusion"
-    id_node = "linear"
-    qdq = LINEAR_QDQ
-
-    @staticmethod
-    def target(x, w, b):
-        linear = F.linear(x, w, b)
-        return linear, {"linear": linear}
-
-    def check(self, m: Match) -> MatchResult:
-        return check_linear(m)
-
-    def replace(self, m: Match):
-        fused = FusedLinear(m.value("w"), m.value("b"), kind=self.name)
-        return m.call_module(fused, m["x"])
-
-
-LINEAR_PATTERNS = (LinearReLU(), LinearGELU(), LinearSiLU(), LinearHardswish(), Linear())
+LINEAR_PATTERNS = (LINEAR_RELU, LINEAR_GELU, LINEAR_SILU, LINEAR_HARDSWISH, LINEAR)

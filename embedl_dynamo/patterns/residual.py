@@ -10,6 +10,9 @@ broadcasting add is not an epilogue).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import fx
@@ -20,7 +23,15 @@ from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, Role
 
-__all__ = ["RESIDUAL_PATTERNS", "ConvBNAdd", "ConvBNAddReLU", "check_residual"]
+__all__ = [
+    "CONV_BN_ADD",
+    "CONV_BN_ADD_RELU",
+    "RESIDUAL_PATTERNS",
+    "RESIDUAL_QDQ",
+    "ConvBNAdd",
+    "check_residual",
+    "conv_bn_add_target",
+]
 
 RESIDUAL_QDQ = QDQ(
     inputs={"x": Role.ACTIVATION, "residual": Role.ACTIVATION}, weights={"w": Role.WEIGHT}
@@ -43,53 +54,48 @@ def check_residual(m: Match) -> MatchResult:
     return m.ok()
 
 
-class ConvBNAddReLU(Pattern):
-    """Conv -> BatchNorm -> Add(residual) -> ReLU becomes one FusedConvAdd(x, residual)."""
+def conv_bn_add_target(relu: bool) -> Callable[..., Any]:
+    """The target ``[relu](bn(conv(x, w, b)) + residual)``."""
 
-    name = "conv_bn_add_relu"
-    phase = "fusion"
-    id_node = "conv"
-    qdq = RESIDUAL_QDQ
-
-    @staticmethod
     def target(x, w, b, mean, var, gamma, beta, residual):
         conv = F.conv2d(x, w, b)
         bn = F.batch_norm(conv, mean, var, gamma, beta)
         add = bn + residual
+        if not relu:
+            return add, {"conv": conv, "bn": bn, "add": add}
         out = torch.relu(add)
         return out, {"conv": conv, "bn": bn, "add": add, "out": out}
 
-    def check(self, m: Match) -> MatchResult:
-        result = check_conv_bn(m)
-        return result if not result else check_residual(m)
-
-    def replace(self, m: Match):
-        fused = fused_conv_from_match(m, "relu", self.name, cls=FusedConvAdd)
-        return m.call_module(fused, m["x"], m["residual"])
+    return target
 
 
 class ConvBNAdd(Pattern):
-    """Conv -> BatchNorm -> Add(residual) becomes one FusedConvAdd(x, residual) (MobileNet)."""
+    """Conv -> BatchNorm -> Add(residual) [-> ReLU] becomes one FusedConvAdd(x, residual).
 
-    name = "conv_bn_add"
+    Args:
+        name: the pattern name.
+        relu: whether a ReLU follows the add (ResNet) or not (MobileNet's linear bottleneck).
+    """
+
     phase = "fusion"
     id_node = "conv"
     qdq = RESIDUAL_QDQ
 
-    @staticmethod
-    def target(x, w, b, mean, var, gamma, beta, residual):
-        conv = F.conv2d(x, w, b)
-        bn = F.batch_norm(conv, mean, var, gamma, beta)
-        add = bn + residual
-        return add, {"conv": conv, "bn": bn, "add": add}
+    def __init__(self, name: str, relu: bool) -> None:
+        self.name = name
+        self.relu = relu
+        self.target = conv_bn_add_target(relu)
 
     def check(self, m: Match) -> MatchResult:
         result = check_conv_bn(m)
         return result if not result else check_residual(m)
 
     def replace(self, m: Match):
-        fused = fused_conv_from_match(m, None, self.name, cls=FusedConvAdd)
+        fused = fused_conv_from_match(m, "relu" if self.relu else None, self.name, cls=FusedConvAdd)
         return m.call_module(fused, m["x"], m["residual"])
 
 
-RESIDUAL_PATTERNS = (ConvBNAddReLU(), ConvBNAdd())
+CONV_BN_ADD_RELU = ConvBNAdd("conv_bn_add_relu", relu=True)  # ResNet
+CONV_BN_ADD = ConvBNAdd("conv_bn_add", relu=False)  # MobileNet
+
+RESIDUAL_PATTERNS = (CONV_BN_ADD_RELU, CONV_BN_ADD)

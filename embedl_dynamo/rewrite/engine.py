@@ -25,9 +25,9 @@ from torch import fx, nn
 from embedl_dynamo.graph.canonicalize import canonicalize
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.rewrite.match import Match
-from embedl_dynamo.rewrite.matcher import escaping_node, find_matches, index_graph, match_at
+from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
 from embedl_dynamo.rewrite.pattern import Pattern
-from embedl_dynamo.rewrite.plan import OVERLAP_PREFIX, PatternMatch, TransformationPlan
+from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
 
 __all__ = [
     "MAX_CONVERSION_ROUNDS",
@@ -140,15 +140,6 @@ def _entry(m: Match, apply: bool, reason: str, check_reason: str = "") -> Patter
     )
 
 
-def _verdict(m: Match) -> str:
-    """Empty when the match may be rewritten, else the reason it may not."""
-    escaping = escaping_node(m)
-    if escaping is not None:
-        return f"intermediate value {escaping.name} is used outside the match"
-    result = m.pattern.check(m)
-    return "" if result.ok else (result.reason or "check failed")
-
-
 def _replace(m: Match) -> list[fx.Node]:
     """Apply one match: build the replacement, reroute users, drop the matched nodes.
 
@@ -197,7 +188,7 @@ def _run_conversions(
                 m = match_at(pattern, gm, node)
                 if m is None:
                     continue
-                reason = _verdict(m)
+                reason = verdict(m)
                 if reason:
                     if m.id not in declined:
                         declined.add(m.id)
@@ -243,26 +234,19 @@ def plan_transformation(
         (p for p in patterns if p.phase == "fusion"), key=lambda p: p.size, reverse=True
     )
     index = index_graph(gm)
-    claimed: dict[fx.Node, str] = {}
     for pattern in fusions:
         matches = find_matches(pattern, gm, index)
         ids = _dedupe_ids(matches)
         for m in matches:
-            reason = _verdict(m)
+            reason = verdict(m)
             entry = _entry(m, not reason, reason, check_reason=reason)
             entry.id = ids[id(m)]
-            if not reason:
-                clash = next((claimed[n] for n in m.nodes if n in claimed), None)
-                if clash is not None:
-                    entry.apply, entry.claimed_by = False, clash
-                    entry.reason = f"{OVERLAP_PREFIX}{clash}"
-                else:
-                    for n in m.nodes:
-                        claimed[n] = entry.id
             entries.append(entry)
+    plan = TransformationPlan(model=gm, entries=entries)
+    plan.resolve_overlaps()  # longest pattern first: earlier entries claim their nodes
     logger.debug("planned %d matches (%d conversions applied)", len(entries),
                  sum(e.applied for e in entries))  # fmt: skip
-    return TransformationPlan(model=gm, entries=entries)
+    return plan
 
 
 def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:

@@ -18,6 +18,7 @@ losing them; :func:`escaping_node` reports that as the reason to skip.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,15 @@ from embedl_dynamo.rewrite.match import Match
 if TYPE_CHECKING:
     from embedl_dynamo.rewrite.pattern import Pattern
 
-__all__ = ["CompiledPattern", "compile_pattern", "escaping_node", "find_matches", "match_at"]
+__all__ = [
+    "CompiledPattern",
+    "compile_target",
+    "escaping_node",
+    "find_matches",
+    "index_graph",
+    "match_at",
+    "verdict",
+]
 
 
 @dataclass
@@ -48,16 +57,20 @@ class CompiledPattern:
 
 
 @functools.cache
-def compile_pattern(pattern_cls: type) -> CompiledPattern:
-    """Trace ``pattern_cls.target`` and canonicalise it. Cached per pattern class."""
-    gm = fx.symbolic_trace(pattern_cls.target)
+def compile_target(target: Callable[..., Any]) -> CompiledPattern:
+    """Trace a pattern's ``target`` function and canonicalise it.
+
+    Cached per function: a pattern class's static ``target`` is traced once for the class, and
+    a parametrised pattern's ``target`` (built per instance) once per instance.
+    """
+    gm = fx.symbolic_trace(target)
     canonicalize(gm)
     graph = gm.graph
     output = next(n for n in graph.nodes if n.op == "output")
     result = output.args[0]
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], dict)):
         raise TypeError(
-            f"{pattern_cls.__name__}.target must return (output, {{name: node}}), got {result!r}"
+            f"{target.__qualname__} must return (output, {{name: node}}), got {result!r}"
         )
     anchor, named = result
     names: dict[str, fx.Node] = {n.name: n for n in graph.nodes if n.op == "placeholder"}
@@ -143,7 +156,7 @@ def match_at(pattern: Pattern, gm: fx.GraphModule, node: fx.Node) -> Match | Non
     # Several bindings (commutative inputs): ``bn + r`` where ``r`` is itself a BatchNorm output
     # binds either way. Prefer one that can be rewritten: no escaping value, check passing.
     clean = [m for m in matches if escaping_node(m) is None]
-    valid = [m for m in clean if pattern.check(m)]
+    valid = [m for m in clean if not verdict(m)]
     return (valid or clean or matches)[0]
 
 
@@ -156,6 +169,16 @@ def escaping_node(m: Match) -> fx.Node | None:
         if any(user not in matched for user in node.users):
             return node
     return None
+
+
+def verdict(m: Match) -> str:
+    """Why ``m`` may not be rewritten (an escaping intermediate value, or its pattern's check),
+    or ``""`` when it may. The one verdict every phase uses, so reasons read the same."""
+    escaping = escaping_node(m)
+    if escaping is not None:
+        return f"intermediate value {escaping.name} is used outside the match"
+    result = m.pattern.check(m)
+    return "" if result.ok else (result.reason or "check failed")
 
 
 def find_matches(pattern: Pattern, gm: fx.GraphModule, index: dict | None = None) -> list[Match]:

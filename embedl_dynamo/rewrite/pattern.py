@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 from torch import fx
 
 from embedl_dynamo.rewrite.match import Match, MatchResult
-from embedl_dynamo.rewrite.matcher import compile_pattern
+from embedl_dynamo.rewrite.matcher import CompiledPattern, compile_target
 from embedl_dynamo.rewrite.qdq import QDQ
 
 __all__ = ["PHASES", "Pattern"]
@@ -77,9 +77,9 @@ class Pattern:
         raise NotImplementedError
 
     # -- matcher plumbing -----------------------------------------------------------------------
-    def compiled(self):
-        """The traced, canonicalised target graph (built once per pattern class)."""
-        return compile_pattern(type(self))
+    def compiled(self) -> CompiledPattern:
+        """The traced, canonicalised target graph (built once per ``target`` function)."""
+        return compile_target(self.target)
 
     @property
     def size(self) -> int:
@@ -89,11 +89,24 @@ class Pattern:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}
 
+    def parameters(self) -> dict[str, Any]:
+        """What distinguishes this instance from others of its class (a variant's arguments)."""
+        return {k: v for k, v in vars(self).items() if k not in ("name", "target")}
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+        args = ", ".join(f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.parameters().items())
+        return (
+            f"{type(self).__name__}({args})"
+            if "name" not in vars(self)
+            else (f"{type(self).__name__}({self.name!r}{', ' + args if args else ''})")
+        )
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and vars(self) == vars(other)
+        return (
+            type(self) is type(other)
+            and self.name == other.name  # type: ignore[attr-defined]
+            and self.parameters() == other.parameters()  # type: ignore[attr-defined]
+        )
 
     def __hash__(self) -> int:
-        return hash(type(self))
+        return hash((type(self), self.name))

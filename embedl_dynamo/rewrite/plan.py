@@ -52,10 +52,6 @@ class PatternMatch:
     claimed_by: str = ""
 
     @property
-    def pattern_name(self) -> str:
-        return self.pattern.name
-
-    @property
     def phase(self) -> str:
         return self.pattern.phase
 
@@ -87,6 +83,8 @@ class TransformationPlan:
 
     @property
     def matches(self) -> dict[str, dict[str, PatternMatch]]:
+        """The entries as ``node name -> pattern name -> PatternMatch`` (the seed API's view);
+        setting ``.apply = False`` on one skips it, as :meth:`disable` does by glob."""
         table: dict[str, dict[str, PatternMatch]] = {}
         for entry in self.entries:
             table.setdefault(entry.node, {})[entry.pattern.name] = entry
@@ -128,10 +126,11 @@ class TransformationPlan:
         return selected
 
     def resolve_overlaps(self) -> None:
-        """Re-derive overlap skips in priority order after a toggle.
+        """Derive overlap skips in priority order: the one overlap resolver.
 
-        A match that was skipped only because a now-disabled match claimed its nodes becomes
-        applicable again; an enabled match takes precedence over later ones it overlaps.
+        Planning calls it once (entries are in priority order, longest pattern first), and every
+        toggle again: a match skipped only because a now-disabled match claimed its nodes
+        becomes applicable again; an enabled match takes precedence over later ones it overlaps.
         """
         claimed: dict[str, str] = {}
         for entry in self.entries:

@@ -175,10 +175,10 @@ def test_broadcast_residual_is_not_fused() -> None:
 
 
 def test_residual_qdq_quantizes_both_branches() -> None:
-    from embedl_dynamo.patterns.residual import ConvBNAddReLU
+    from embedl_dynamo.patterns.residual import CONV_BN_ADD_RELU
 
-    assert ConvBNAddReLU.qdq.inputs == {"x": Role.ACTIVATION, "residual": Role.ACTIVATION}
-    assert ConvBNAddReLU.qdq.weights == {"w": Role.WEIGHT}
+    assert CONV_BN_ADD_RELU.qdq.inputs == {"x": Role.ACTIVATION, "residual": Role.ACTIVATION}
+    assert CONV_BN_ADD_RELU.qdq.weights == {"w": Role.WEIGHT}
     assert FusedConvAdd.qdq.inputs == {"0": Role.ACTIVATION, "1": Role.ACTIVATION}
     assert FusedConv.qdq.weights == {"weight": Role.WEIGHT}
 

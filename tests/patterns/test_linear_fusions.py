@@ -11,7 +11,7 @@ from torch import fx, nn
 from embedl_dynamo import get_transformation_plan, transform
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.fused_modules import FusedLinear
-from embedl_dynamo.patterns.linear import LINEAR_PATTERNS, LinearReLU
+from embedl_dynamo.patterns.linear import LINEAR_PATTERNS, LINEAR_RELU
 from embedl_dynamo.rewrite.qdq import Role
 from tests.helpers import assert_same_outputs
 
@@ -60,7 +60,7 @@ def test_linear_relu_spellings_fuse() -> None:
             return self.fc(x).relu() + F.relu(self.fc(x * 2))
 
     model = Functional().eval()
-    result = transform(model, (X,), [LinearReLU()])
+    result = transform(model, (X,), [LINEAR_RELU])
     assert [e.id for e in result.plan.entries if e.apply] == ["linear_relu@fc", "linear_relu@fc#2"]
     assert_same_outputs(model, result.model, X)
 
@@ -98,8 +98,8 @@ def test_escaping_linear_output_is_not_fused() -> None:
 
 
 def test_linear_qdq_declares_input_and_per_channel_weight() -> None:
-    assert LinearReLU.qdq.inputs == {"x": Role.ACTIVATION}
-    assert LinearReLU.qdq.weights == {"w": Role.WEIGHT}
+    assert LINEAR_RELU.qdq.inputs == {"x": Role.ACTIVATION}
+    assert LINEAR_RELU.qdq.weights == {"w": Role.WEIGHT}
     assert FusedLinear.qdq.inputs == {"0": Role.ACTIVATION}
     assert FusedLinear.qdq.weights == {"weight": Role.WEIGHT}
 
