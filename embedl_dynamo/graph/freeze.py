@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,12 +71,10 @@ class FrozenGraph:
     Attributes:
         gm: the new GraphModule; its placeholders are the user inputs only.
         user_inputs: indices into ``example_inputs`` of the inputs the graph still takes.
-        constants: placeholder name -> fully qualified name of the frozen tensor.
     """
 
     gm: fx.GraphModule
     user_inputs: list[int]
-    constants: dict[str, str] = field(default_factory=dict)
 
 
 def is_lifted_constant(node: fx.Node, value: Any) -> bool:
@@ -280,4 +278,4 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
 
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
-    return FrozenGraph(gm=frozen, user_inputs=user_inputs, constants=constants)
+    return FrozenGraph(gm=frozen, user_inputs=user_inputs)

@@ -26,7 +26,6 @@ __all__ = [
     "module_path",
     "node_shape",
     "node_value_meta",
-    "set_module_path",
 ]
 
 PATH_KEY = "embedl_path"
@@ -119,11 +118,6 @@ def module_path(node: fx.Node) -> str:
         raw = last[0] if isinstance(last, tuple) else str(last)
         return normalize_dynamo_path(raw)
     return ""
-
-
-def set_module_path(node: fx.Node, path: str) -> None:
-    """Record ``path`` as the module path of ``node``."""
-    node.meta[PATH_KEY] = path
 
 
 def copy_meta(source: fx.Node, target: fx.Node) -> None:

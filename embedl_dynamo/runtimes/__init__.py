@@ -1,18 +1,17 @@
 """Runtimes: where a transformed graph runs (ONNX Runtime, TensorRT, Torch-TensorRT, eager).
 
-All follow one lifecycle (:class:`~.base.Runtime`); :func:`~.select.make_runtime` builds the
-one the settings ask for, ``auto`` picking the best available.
+All follow one lifecycle (:class:`~.base.Runtime`); :func:`~.select.resolve_runtime` picks the
+class the settings ask for, ``auto`` picking the best available.
 """
 
 from __future__ import annotations
 
 from embedl_dynamo.runtimes.base import Runtime, RuntimeUnavailableError
-from embedl_dynamo.runtimes.select import RUNTIME_CLASSES, make_runtime, resolve_runtime
+from embedl_dynamo.runtimes.select import RUNTIME_CLASSES, resolve_runtime
 
 __all__ = [
     "RUNTIME_CLASSES",
     "Runtime",
     "RuntimeUnavailableError",
-    "make_runtime",
     "resolve_runtime",
 ]

@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch import fx
 
 from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
+from embedl_dynamo.settings import Settings
 
 __all__ = ["OnnxRuntime", "create_session", "ort_providers"]
 
@@ -77,6 +79,12 @@ class OnnxRuntime(Runtime):
 
     name = "onnxruntime"
 
+    def __init__(self, settings: Settings | None = None) -> None:
+        super().__init__(settings)
+        self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
+        self._path: Path | None = None
+        self._session: Any = None
+
     @classmethod
     def missing(cls) -> str | None:
         if importlib.util.find_spec("onnxruntime") is None:
@@ -100,9 +108,8 @@ class OnnxRuntime(Runtime):
         return True
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        prebuilt = getattr(self, "_prebuilt", None)
-        if prebuilt is not None:
-            (path, key), built = prebuilt, False
+        if self._prebuilt is not None:
+            (path, key), built = self._prebuilt, False
         else:
             path, key, built = onnx_artifact(gm, example_inputs, self.settings)
         self.from_cache = not built
@@ -117,7 +124,7 @@ class OnnxRuntime(Runtime):
         check_outputs(expected, self._infer(example_inputs), "onnxruntime artifact", rtol=rtol)
 
     def _activate(self) -> None:
-        if getattr(self, "_session", None) is not None:
+        if self._session is not None:
             return
         self._session = create_session(
             self._path, self.build_info["providers"], num_threads=self.settings.num_threads

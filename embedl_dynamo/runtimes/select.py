@@ -14,9 +14,9 @@ from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
-from embedl_dynamo.settings import RUNTIMES, Settings
+from embedl_dynamo.settings import RUNTIMES
 
-__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "make_runtime", "resolve_runtime"]
+__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "resolve_runtime"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,3 @@ def resolve_runtime(name: str) -> type[Runtime]:
             return cls
         logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
     return EagerRuntime
-
-
-def make_runtime(settings: Settings) -> Runtime:
-    """A new, unbuilt runtime for ``settings.runtime``."""
-    return resolve_runtime(settings.runtime)(settings)
