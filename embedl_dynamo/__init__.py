@@ -2,6 +2,8 @@
 
 ``torch.compile(model, backend="embedl_tensorrt")`` runs conversions, fusions and (optionally)
 INT8 quantization on the Dynamo graph and hands it to ONNX Runtime, TensorRT or Torch-TensorRT.
+``export``/``load`` do the same ahead of time; ``transform``, ``quantize`` and ``prepare_qat``
+run the stages on a plain module.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from embedl_dynamo.backend import (
 )
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
+from embedl_dynamo.pipeline import prepare_qat, quantize
 from embedl_dynamo.report import explain, last_report
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
@@ -49,6 +52,8 @@ __all__ = [
     "get_transformation_plan",
     "last_report",
     "load",
+    "prepare_qat",
+    "quantize",
     "reset_backends",
     "set_backend",
     "trace",

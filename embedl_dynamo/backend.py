@@ -21,12 +21,18 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from embedl_dynamo.quant.quantizer import Quantizer
+from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.smooth import SmoothingRule
+from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.rewrite.pattern import PHASES, Pattern
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ENV_VAR",
     "Backend",
+    "as_backend",
+    "backend_by_name",
     "discover_backends",
     "get_backend",
     "reset_backends",
@@ -44,6 +50,13 @@ _FIELDS = {
     "smooth": "smooth_patterns",
     "quantized": "quantized_patterns",
 }
+# the protocol each phase's list holds (its own small protocol per phase)
+_PROTOCOLS: dict[str, tuple[type, ...]] = {
+    "conversion": (Pattern,),
+    "fusion": (Pattern,),
+    "smooth": (SmoothingRule,),
+    "quantized": (PlacementRule, PreparationRewrite),
+}
 
 
 @dataclass(frozen=True)
@@ -54,8 +67,10 @@ class Backend:
         name: the target's name (``tensorrt``); the dynamo backend is ``embedl_<name>``.
         conversion_patterns: structural rewrites, run to a fixpoint.
         fusion_patterns: operator fusions, matched longest first.
-        smooth_patterns: SmoothQuant-style scale migrations run before quantization.
-        quantized_patterns: quantization-specific rewrites and QDQ placement.
+        smooth_patterns: SmoothQuant-style scale migrations run before quantization
+            (:class:`~embedl_dynamo.quant.smooth.SmoothingRule`).
+        quantized_patterns: QDQ placement rules and preparation rewrites
+            (:mod:`embedl_dynamo.quant.rules`).
         quantization: the target's quantization config (dtype, symmetry, granularity per
             role; see :mod:`embedl_dynamo.quant`), or None when the target has no INT8 path.
         description: one line for ``embedl-dynamo backends``.
@@ -64,9 +79,9 @@ class Backend:
     name: str
     conversion_patterns: Sequence[Pattern] = ()
     fusion_patterns: Sequence[Pattern] = ()
-    smooth_patterns: Sequence[Pattern] = ()
-    quantized_patterns: Sequence[Pattern] = ()
-    quantization: Any = None
+    smooth_patterns: Sequence[SmoothingRule] = ()
+    quantized_patterns: Sequence[PlacementRule | PreparationRewrite] = ()
+    quantization: QuantizationConfig | None = None
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -75,10 +90,11 @@ class Backend:
         for phase, attr in _FIELDS.items():
             patterns = tuple(getattr(self, attr))
             for pattern in patterns:
-                if not isinstance(pattern, Pattern):
+                if not isinstance(pattern, _PROTOCOLS[phase]):
+                    kinds = " or ".join(t.__name__ for t in _PROTOCOLS[phase])
                     raise TypeError(
-                        f"Backend {self.name!r}: {attr} holds {pattern!r}, which is not a Pattern "
-                        "instance (did you pass the class instead of an instance?)"
+                        f"Backend {self.name!r}: {attr} holds {pattern!r}, which is not a "
+                        f"{kinds} instance (did you pass the class instead of an instance?)"
                     )
                 if pattern.phase != phase:
                     raise ValueError(
@@ -90,6 +106,27 @@ class Backend:
             if duplicates:
                 raise ValueError(f"Backend {self.name!r}: {attr} repeats {duplicates}")
             object.__setattr__(self, attr, patterns)
+        if self.quantization is not None and not isinstance(self.quantization, QuantizationConfig):
+            raise TypeError(
+                f"Backend {self.name!r}: quantization must be a QuantizationConfig or None, got "
+                f"{type(self.quantization).__name__}"
+            )
+
+    @property
+    def quantizer(self) -> Quantizer:
+        """This target's :class:`~embedl_dynamo.quant.quantizer.Quantizer`.
+
+        Raises:
+            ValueError: the target has no INT8 configuration (the message lists those that do).
+        """
+        if self.quantization is None:
+            with_int8 = sorted(n for n, b in discover_backends().items() if b.quantization)
+            raise ValueError(
+                f"backend {self.name!r} has no INT8 quantization config; use one of: {with_int8}"
+            )
+        return Quantizer(
+            self.name, self.quantization, self.quantized_patterns, self.smooth_patterns
+        )
 
     @property
     def patterns(self) -> tuple[Pattern, ...]:
@@ -101,8 +138,7 @@ class Backend:
         data: dict[str, Any] = {"name": self.name, "description": self.description}
         for attr in _FIELDS.values():
             data[attr] = [p.name for p in getattr(self, attr)]
-        quant = self.quantization
-        data["quantization"] = quant.to_dict() if hasattr(quant, "to_dict") else None
+        data["quantization"] = self.quantization.to_dict() if self.quantization else None
         return data
 
     @classmethod
@@ -127,8 +163,6 @@ class Backend:
                 resolved.append(by_name[(phase, name)])
             kwargs[attr] = tuple(resolved)
         if data.get("quantization") is not None:
-            from embedl_dynamo.quant.spec import QuantizationConfig
-
             kwargs["quantization"] = QuantizationConfig.from_dict(data["quantization"])
         return cls(**kwargs)
 
@@ -193,6 +227,17 @@ def backend_by_name(name: str) -> Backend:
     if name not in backends:
         raise _unknown(name, list(backends))
     return backends[name]
+
+
+def as_backend(backend: Backend | str | None) -> Backend:
+    """A Backend from an instance, a name, or None (the active one, :func:`get_backend`)."""
+    if backend is None:
+        return get_backend()
+    if isinstance(backend, str):
+        return backend_by_name(backend)
+    if not isinstance(backend, Backend):
+        raise TypeError(f"expected a Backend or a backend name, got {backend!r}")
+    return backend
 
 
 def set_backend(name: str | None) -> Backend | None:

@@ -6,27 +6,34 @@
 1. canonicalisation and the Backend's conversions to a fixpoint, then its fusions, planned
    longest first (:func:`~embedl_dynamo.rewrite.engine.plan_transformation` /
    :func:`~embedl_dynamo.rewrite.engine.apply_transformation_plan`);
-2. the quantization step (:func:`_quantize_step`), only when ``settings.quantize`` is set.
+2. the Backend's quantizer (:func:`~embedl_dynamo.quant.stage.quantize_graph`), only when
+   ``settings.quantize`` is set.
 
 It knows nothing about Dynamo or runtimes, so any caller that has a frozen graph can use it.
+:func:`quantize` and :func:`prepare_qat` run the same stages on a plain module and return the
+fake-quant GraphModule (for inspection, export or quantization-aware training).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import fx
+import torch
+from torch import fx, nn
 
-from embedl_dynamo.backend import Backend
+from embedl_dynamo.backend import Backend, as_backend
+from embedl_dynamo.quant.qat import make_trainable
+from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.stage import quantize_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.rewrite.plan import TransformationPlan
 from embedl_dynamo.settings import Settings
 
-__all__ = ["PipelineResult", "run_pipeline"]
+__all__ = ["PipelineResult", "prepare_qat", "quantize", "run_pipeline"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,43 +54,6 @@ class PipelineResult:
     plan: TransformationPlan
     report: dict[str, Any] = field(default_factory=dict)
     float_model: fx.GraphModule | None = None
-
-
-def _quantize_step(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Backend, settings: Settings
-) -> tuple[fx.GraphModule, dict[str, Any]]:
-    """INT8: delegate to :func:`embedl_dynamo.quant.quantize_for_pipeline`.
-
-    Returns:
-        The quantized GraphModule and the quantization report (may be empty).
-    """
-    from embedl_dynamo import quant
-
-    quantize_for_pipeline = getattr(quant, "quantize_for_pipeline", None)
-    if quantize_for_pipeline is None:
-        raise NotImplementedError(
-            "quantize='int8' needs embedl_dynamo.quant.quantize_for_pipeline(gm, example_inputs, "
-            "backend, settings), which this installation does not provide yet"
-        )
-    result = quantize_for_pipeline(gm, example_inputs, backend, settings)
-    if isinstance(result, fx.GraphModule):
-        return result, {}
-    if isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], fx.GraphModule):
-        return result[0], dict(result[1] or {})
-    if (
-        isinstance(result, tuple)
-        and len(result) == 2
-        and isinstance(result[0], fx.GraphModule)
-        and isinstance(result[1], dict)
-    ):
-        return result[0], dict(result[1])  # quant.quantize_for_pipeline: (model, report)
-    model = getattr(result, "model", None)
-    if not isinstance(model, fx.GraphModule):
-        raise TypeError(
-            f"quantize_for_pipeline returned {type(result).__name__}; expected a GraphModule, "
-            "a (GraphModule, report) pair or an object with a .model GraphModule"
-        )
-    return model, dict(getattr(result, "report", {}) or {})
 
 
 def run_pipeline(
@@ -116,7 +86,18 @@ def run_pipeline(
     report["quantized"] = False
     if settings.quantize is not None:
         start = time.perf_counter()
-        model, quant_report = _quantize_step(float_model, example_inputs, backend, settings)
+        data = settings.calibration_data
+        if data is None:  # one batch: the example inputs (torch.compile calibrates lazily instead)
+            data = [tuple(t for t in example_inputs if isinstance(t, torch.Tensor))]
+        model, quant_report = quantize_graph(
+            float_model,
+            backend.quantizer,
+            data,
+            observer=settings.observer,
+            cache_dir=settings.cache_dir if settings.calibration_cache else None,
+            use_cache=settings.calibration_cache,
+            progress=settings.progress,
+        )
         report["quantized"] = True
         report["quantization"] = quant_report
         report["quantize_s"] = round(time.perf_counter() - start, 4)
@@ -127,3 +108,76 @@ def run_pipeline(
         report["transform_s"],
     )
     return PipelineResult(model=model, plan=plan, report=report, float_model=float_model)
+
+
+def quantize(
+    model: nn.Module,
+    args: Sequence[Any],
+    config: QuantizationConfig | None = None,
+    forward_loop: Callable[[nn.Module], Any] | None = None,
+    *,
+    calibration_data: Iterable[Any] | None = None,
+    backend: Backend | str | None = None,
+    observer: str | None = None,
+    cache_dir: Any = None,
+    progress: bool | None = None,
+) -> fx.GraphModule:
+    """Fuse and quantize ``model``: the fake-quant GraphModule, for inspection, export or QAT.
+
+    Args:
+        model: an ``nn.Module`` or GraphModule (not modified).
+        args: example inputs.
+        config: quantization config; the backend's when None.
+        forward_loop: callable running calibration data through the model it is given.
+        calibration_data: batches instead of ``forward_loop`` (default: ``[args]``).
+        backend: Backend or name; the active one when None.
+        observer: activation observer override.
+        cache_dir: calibration cache root (None: no cache).
+        progress: tqdm bar.
+
+    Returns:
+        The quantized GraphModule; ``gm.meta["embedl_quantization"]`` holds the report.
+    """
+    target = as_backend(backend)
+    if forward_loop is not None and calibration_data is not None:
+        raise ValueError("give forward_loop or calibration_data, not both")
+    data = forward_loop if forward_loop is not None else calibration_data
+    if data is None:
+        data = [tuple(args)]
+    quantizer = target.quantizer if config is None else target.quantizer.with_config(config)
+    plan = plan_transformation(
+        model, [*target.conversion_patterns, *target.fusion_patterns], args=tuple(args)
+    )
+    fused = apply_transformation_plan(plan).model
+    quantized, _ = quantize_graph(
+        fused, quantizer, data, observer=observer, cache_dir=cache_dir,
+        use_cache=cache_dir is not None, progress=progress,
+    )  # fmt: skip
+    return quantized
+
+
+def prepare_qat(
+    model: nn.Module,
+    args: Sequence[Any],
+    config: QuantizationConfig | None = None,
+    forward_loop: Callable[[nn.Module], Any] | None = None,
+    *,
+    calibration_data: Iterable[Any] | None = None,
+    backend: Backend | str | None = None,
+    observer: str | None = None,
+) -> fx.GraphModule:
+    """A trainable fake-quant copy of ``model`` (``model`` itself is not modified).
+
+    Args:
+        model, args, config, forward_loop, calibration_data, backend, observer: as for
+            :func:`quantize`.
+
+    Returns:
+        A GraphModule in train mode whose float weights (the originals behind the weight
+        quantizers) require grad; fine-tune it with any optimizer, then ``eval()``.
+    """
+    qat = quantize(
+        model, args, config, forward_loop, calibration_data=calibration_data, backend=backend,
+        observer=observer,
+    )  # fmt: skip
+    return make_trainable(qat)

@@ -7,11 +7,11 @@ INT8 placement differs (uint8 activations, QDQ around conv outputs) and comes wi
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.backends.placement_rules import ONNXRUNTIME_QUANTIZED_PATTERNS
 from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS, TENSORRT_FUSION_PATTERNS
-from embedl_dynamo.patterns.quantized import ONNXRUNTIME_QUANTIZED_PATTERNS
 from embedl_dynamo.quant.spec import ONNXRUNTIME_INT8
 
-__all__ = ["BACKEND"]
+__all__ = ["BACKEND", "ONNXRUNTIME_QUANTIZED_PATTERNS"]
 
 BACKEND = Backend(
     name="onnxruntime",

@@ -1,13 +1,15 @@
-"""QDQ placement patterns (phase ``quantized``): where each target wants Quantize/Dequantize.
+"""The built-in targets' QDQ placement rules (phase ``quantized``): where each wants Q/DQ.
 
-A :class:`QuantizedPattern` rewrites nothing: it *annotates*. Its ``qdq`` says which match
-names are quantized on the way in (activations), which constant inputs are weights (per-channel),
-and whether the output is quantized; ``check`` says when an op stays in float, and why (the
-reason lands in the quantization report). ``module_types`` extends a pattern to fused modules
-(:class:`~embedl_dynamo.patterns.fused_modules.FusedConv`), whose own ``qdq`` names their inputs
-and weights; ``check_module`` applies the same policy to them.
+A :class:`~embedl_dynamo.quant.rules.PlacementRule` rewrites nothing: it *annotates*. Its ``qdq``
+says which match names are quantized on the way in (activations), which constant inputs are
+weights (per-channel), and whether the output is quantized; ``check`` says when an op stays in
+float, and why (the reason lands in the quantization report). ``module_types`` extends a rule to
+fused modules (:class:`~embedl_dynamo.patterns.fused_modules.FusedConv`), whose own ``qdq`` names
+their inputs and weights; ``check_module`` applies the same policy to them. A variant (ONNX
+Runtime's output Q/DQ) is an instance with other arguments, not a subclass.
 
-Two placements, measured on ONNX Runtime's CPU provider (see FACTS.md):
+Two placements, measured on ONNX Runtime's CPU provider (ResNet-50: 53 QLinearConv, 16
+QLinearAdd with the onnxruntime placement; none with TensorRT's):
 
 * **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul and on both inputs of a residual Add
   (TensorRT then fuses the Add into the conv); grouped convs whose channels are not multiples of
@@ -18,7 +20,7 @@ Two placements, measured on ONNX Runtime's CPU provider (see FACTS.md):
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,22 +35,19 @@ from embedl_dynamo.patterns.fused_modules import (
     FusedConvMaxPool,
     FusedLinear,
 )
+from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match, MatchResult
-from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
     "ONNXRUNTIME_QUANTIZED_PATTERNS",
+    "TENSORRT_ATTENTION_HEAD_SIZES",
     "TENSORRT_QUANTIZED_PATTERNS",
-    "QuantizedPattern",
-    "QuantAddORT",
     "QuantAttention",
     "QuantConv",
-    "QuantConvORT",
     "QuantFusedAttention",
     "QuantFusedModule",
     "QuantLinear",
-    "QuantLinearORT",
     "QuantMatMul",
     "QuantResidualAdd",
     "QuantSDPA",
@@ -56,27 +55,6 @@ __all__ = [
 ]
 
 TENSORRT_ATTENTION_HEAD_SIZES = (16, 32, 64)
-
-
-class QuantizedPattern(Pattern):
-    """Base of QDQ placement patterns: match, check, annotate (no rewrite)."""
-
-    phase = "quantized"
-    match_functions: ClassVar[bool] = True
-    module_types: ClassVar[tuple[type[nn.Module], ...]] = ()
-    # quantize the module's output too (``qdq.output`` for fused modules)
-    module_output: ClassVar[Role | None] = None
-
-    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
-        """Whether a fused module matched by type is quantized; ``(False, reason)`` if not."""
-        return True, ""
-
-    def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
-        """A quantization-specific rewrite of a fused module's call; True if it rewrote."""
-        return False
-
-    def replace(self, m: Match) -> fx.Node:
-        return m.anchor  # placement patterns annotate; the quantization stage inserts QDQ
 
 
 def _grouped_conv_reason(weight: torch.Tensor | None, groups: int) -> str:
@@ -91,12 +69,22 @@ def _grouped_conv_reason(weight: torch.Tensor | None, groups: int) -> str:
     return ""
 
 
-class QuantConv(QuantizedPattern):
-    """TensorRT: quantize a convolution's input and its weight (per output channel)."""
+class QuantConv(PlacementRule):
+    """Quantize a convolution's input and its weight (per output channel) [and its output].
 
-    name = "quant_conv"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
+    Args:
+        name: the rule name.
+        output: the role of the output's Q/DQ (ONNX Runtime wants it after the activation, to
+            form QLinearConv), or None (TensorRT).
+    """
+
     module_types = (FusedConv,)
+
+    def __init__(self, name: str, output: Role | None = None) -> None:
+        self.name = name
+        self.output = output
+        self.qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=output)
+        self.module_output = output
 
     @staticmethod
     def target(x, w, b):
@@ -109,25 +97,25 @@ class QuantConv(QuantizedPattern):
         reason = _grouped_conv_reason(m.value("w"), m.kwarg("conv", "groups"))
         return m.fail(reason) if reason else m.ok()
 
-    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
-        reason = _grouped_conv_reason(module.weight, module.groups)
-        return (not reason, reason)
+    def check_module(self, module: FusedModule, node: fx.Node) -> str:
+        return _grouped_conv_reason(module.weight, module.groups)
 
 
-class QuantConvORT(QuantConv):
-    """ONNX Runtime: as :class:`QuantConv`, plus Q/DQ on the output (after a fused activation)."""
+class QuantLinear(PlacementRule):
+    """Quantize a Linear's input and its weight (per output feature) [and its output].
 
-    name = "quant_conv_ort"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=Role.ACTIVATION)
-    module_output = Role.ACTIVATION
+    Args:
+        name: the rule name.
+        output: the role of the output's Q/DQ (ONNX Runtime: QGemm / QLinearMatMul), or None.
+    """
 
-
-class QuantLinear(QuantizedPattern):
-    """Quantize a Linear's input and its weight (per output feature)."""
-
-    name = "quant_linear"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
     module_types = (FusedLinear,)
+
+    def __init__(self, name: str, output: Role | None = None) -> None:
+        self.name = name
+        self.output = output
+        self.qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=output)
+        self.module_output = output
 
     @staticmethod
     def target(x, w, b):
@@ -140,15 +128,7 @@ class QuantLinear(QuantizedPattern):
         return m.ok()
 
 
-class QuantLinearORT(QuantLinear):
-    """ONNX Runtime: Linear with quantized input, weight and output (QGemm / QLinearMatMul)."""
-
-    name = "quant_linear_ort"
-    qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=Role.ACTIVATION)
-    module_output = Role.ACTIVATION
-
-
-class QuantMatMul(QuantizedPattern):
+class QuantMatMul(PlacementRule):
     """Quantize both inputs of a MatMul of two activations."""
 
     name = "quant_matmul"
@@ -171,11 +151,21 @@ def _is_residual(m: Match, a: str, b: str) -> str:
     return ""
 
 
-class QuantResidualAdd(QuantizedPattern):
-    """TensorRT: quantize both branches of a residual Add so it fuses into the convolution."""
+class QuantResidualAdd(PlacementRule):
+    """Quantize both branches of a residual Add [and its output].
 
-    name = "quant_residual_add"
-    qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION})
+    TensorRT fuses an Add whose inputs both carry Q/DQ into the convolution; ONNX Runtime forms
+    QLinearAdd when the output is quantized too.
+
+    Args:
+        name: the rule name.
+        output: the role of the output's Q/DQ, or None.
+    """
+
+    def __init__(self, name: str, output: Role | None = None) -> None:
+        self.name = name
+        self.output = output
+        self.qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION}, output=output)
 
     @staticmethod
     def target(a, b):
@@ -189,13 +179,6 @@ class QuantResidualAdd(QuantizedPattern):
         return m.fail(reason) if reason else m.ok()
 
 
-class QuantAddORT(QuantResidualAdd):
-    """ONNX Runtime: residual Add with quantized inputs and output (QLinearAdd)."""
-
-    name = "quant_add_ort"
-    qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION}, output=Role.ACTIVATION)
-
-
 def _head_size_reason(head_dim: Any) -> str:
     if head_dim not in TENSORRT_ATTENTION_HEAD_SIZES:
         return (
@@ -205,7 +188,7 @@ def _head_size_reason(head_dim: Any) -> str:
     return ""
 
 
-class QuantAttention(QuantizedPattern):
+class QuantAttention(PlacementRule):
     """TensorRT: nn.MultiheadAttention with quantized input and projection weights."""
 
     name = "quant_attention"
@@ -233,7 +216,7 @@ class QuantAttention(QuantizedPattern):
         return m.ok()
 
 
-class QuantSDPA(QuantizedPattern):
+class QuantSDPA(PlacementRule):
     """TensorRT: scaled-dot-product attention with quantized Q, K, V (head size permitting)."""
 
     name = "quant_sdpa"
@@ -252,57 +235,31 @@ class QuantSDPA(QuantizedPattern):
         return m.fail(reason) if reason else m.ok()
 
 
-class QuantFusedAttention(QuantizedPattern):
+class QuantFusedAttention(PlacementRule):
     """TensorRT: fused attention with quantized q, k, v when the head size suits its kernel."""
 
     name = "quant_fused_attention"
-    match_functions = False
     module_types = (FusedAttention,)
 
-    @staticmethod
-    def target(x):
-        out = torch.relu(x)
-        return out, {"out": out}
-
-    def check_module(self, module: nn.Module, node: fx.Node) -> tuple[bool, str]:
+    def check_module(self, module: FusedModule, node: fx.Node) -> str:
         shape = node_shape(node.args[0]) if node.args else None
         if shape is None:
-            return False, "attention head size unknown (no shape metadata)"
-        reason = _head_size_reason(int(shape[-1]))
-        return (not reason, reason)
+            return "attention head size unknown (no shape metadata)"
+        return _head_size_reason(int(shape[-1]))
 
 
-class QuantFusedModule(QuantizedPattern):
+class QuantFusedModule(PlacementRule):
     """TensorRT: any other fused module, quantized where its own ``qdq`` says (pooling...)."""
 
     name = "quant_fused_module"
-    match_functions = False
     module_types = (FusedModule,)
-
-    @staticmethod
-    def target(x):
-        out = torch.relu(x)
-        return out, {"out": out}
-
-
-TENSORRT_QUANTIZED_PATTERNS = (
-    QuantAttention(),
-    QuantSDPA(),
-    QuantConv(),
-    QuantLinear(),
-    QuantMatMul(),
-    QuantResidualAdd(),
-    QuantFusedAttention(),
-    QuantFusedModule(),
-)
-ONNXRUNTIME_QUANTIZED_PATTERNS = (QuantConvORT(), QuantLinearORT(), QuantAddORT())
 
 
 def _canonical_activation(name: str) -> Any:
     return next(target for target, label in ACTIVATIONS.items() if label == name)
 
 
-class SplitFusedForORT(QuantizedPattern):
+class SplitFusedForORT(PreparationRewrite):
     """ONNX Runtime: split fused conv groups whose inner conv output needs its own Q/DQ.
 
     ORT forms QLinearConv only when the conv's output is quantized right after the conv (or its
@@ -311,12 +268,6 @@ class SplitFusedForORT(QuantizedPattern):
     """
 
     name = "split_fused_for_ort"
-    match_functions = False
-
-    @staticmethod
-    def target(x):
-        out = torch.relu(x)
-        return out, {"out": out}
 
     def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
         """Replace ``node`` (a FusedConvAdd / FusedConvMaxPool call) by its split form."""
@@ -349,4 +300,19 @@ class SplitFusedForORT(QuantizedPattern):
         return True
 
 
-ONNXRUNTIME_QUANTIZED_PATTERNS = (SplitFusedForORT(), *ONNXRUNTIME_QUANTIZED_PATTERNS)
+TENSORRT_QUANTIZED_PATTERNS = (
+    QuantAttention(),
+    QuantSDPA(),
+    QuantConv("quant_conv"),
+    QuantLinear("quant_linear"),
+    QuantMatMul(),
+    QuantResidualAdd("quant_residual_add"),
+    QuantFusedAttention(),
+    QuantFusedModule(),
+)
+ONNXRUNTIME_QUANTIZED_PATTERNS = (
+    SplitFusedForORT(),
+    QuantConv("quant_conv_ort", output=Role.ACTIVATION),
+    QuantLinear("quant_linear_ort", output=Role.ACTIVATION),
+    QuantResidualAdd("quant_add_ort", output=Role.ACTIVATION),
+)

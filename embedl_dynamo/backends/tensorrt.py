@@ -1,5 +1,9 @@
 """The ``tensorrt`` target: the full pattern set (conversions, fusions, smooth, quantized).
 
+Its quantizer (``BACKEND.quantizer``) follows TensorRT's explicit-quantization rules: Q/DQ on
+the inputs of Conv/Gemm/MatMul and on both inputs of a residual Add, SmoothQuant before
+LayerNorm -> Linear (:mod:`embedl_dynamo.backends.placement_rules`).
+
 Pattern lists are ordered longest first; the engine sorts fusions by size anyway, so the order
 here only breaks ties.
 """
@@ -7,6 +11,7 @@ here only breaks ties.
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.backends.placement_rules import TENSORRT_QUANTIZED_PATTERNS
 from embedl_dynamo.patterns.attention import ATTENTION_FUSION_PATTERNS
 from embedl_dynamo.patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
 from embedl_dynamo.patterns.conv import CONV_PATTERNS
@@ -14,9 +19,8 @@ from embedl_dynamo.patterns.conv_bn import CONV_BN_PATTERNS
 from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
 from embedl_dynamo.patterns.linear import LINEAR_PATTERNS
 from embedl_dynamo.patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
-from embedl_dynamo.patterns.quantized import TENSORRT_QUANTIZED_PATTERNS as _QUANTIZED
 from embedl_dynamo.patterns.residual import RESIDUAL_PATTERNS
-from embedl_dynamo.patterns.smooth import SmoothLayerNormLinear
+from embedl_dynamo.quant.smooth import SmoothLayerNormLinear
 from embedl_dynamo.quant.spec import TENSORRT_INT8
 
 __all__ = [
@@ -40,7 +44,6 @@ _CONV_LINEAR_FUSIONS = (
 )
 TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS, *ATTENTION_FUSION_PATTERNS)
 TENSORRT_SMOOTH_PATTERNS = (SmoothLayerNormLinear(alpha=0.5),)
-TENSORRT_QUANTIZED_PATTERNS = _QUANTIZED
 TENSORRT_PATTERNS = (
     *TENSORRT_CONVERSION_PATTERNS,
     *TENSORRT_FUSION_PATTERNS,

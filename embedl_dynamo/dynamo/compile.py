@@ -29,6 +29,7 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report import SubgraphReport, next_index, record
 from embedl_dynamo.runtimes import Runtime, resolve_runtime
 from embedl_dynamo.runtimes.artifacts import (
@@ -169,7 +170,7 @@ def compile_subgraph(
         return runtime.infer
 
     if settings.quantize is not None and settings.calibration_data is None:
-        infer = _lazy_int8(result.model, inputs, backend, settings, _build)
+        infer = calibrate_then_build(result.model, inputs, backend.quantizer, settings, _build)
     else:
         infer = _build(result.model)
     report.status = report.status or "compiled"
@@ -242,22 +243,3 @@ def _warm_start(
     report.pipeline = dict(alias.get("pipeline") or {})
     report._plan_factory = lambda: run_pipeline(frozen, inputs, backend, settings).plan
     return runtime.infer
-
-
-def _lazy_int8(
-    float_gm: fx.GraphModule,
-    inputs: list[torch.Tensor],
-    backend: Backend,
-    settings: Settings,
-    build: Callable[[fx.GraphModule], Callable[..., Any]],
-) -> Callable[..., Any]:
-    """INT8 without calibration data: calibrate on the first real calls, then build."""
-    try:
-        from embedl_dynamo.quant.lazy import calibrate_then_build
-    except ImportError as exc:
-        raise NotImplementedError(
-            "quantize='int8' without calibration_data needs "
-            "embedl_dynamo.quant.lazy.calibrate_then_build, which this installation does not "
-            "provide yet; pass options={'calibration_data': ...}"
-        ) from exc
-    return calibrate_then_build(float_gm, inputs, backend, settings, build)

@@ -1,28 +1,33 @@
-"""INT8 quantization: QDQ specs, observers, calibration (cached on disk), QDQ insertion, QAT.
+"""INT8 quantization: QDQ specs, the per-target quantizer, observers, calibration (cached on
+disk), QDQ insertion, QAT and lazy calibration on a compiled model's first calls.
 
-Public entry points: :func:`quantize` (fuse + calibrate + fake-quant a module),
-:func:`prepare_qat` (the same, trainable), :func:`quantize_for_pipeline` (the pipeline's
-hook) and :func:`~.lazy.calibrate_then_build` (calibration on a compiled model's first calls).
+Entry points on a fused graph: :func:`quantize_graph` with a Backend's :class:`Quantizer`.
+On a module, :func:`embedl_dynamo.quantize` and :func:`embedl_dynamo.prepare_qat`.
 """
 
-from embedl_dynamo.quant.api import quantize, quantize_for_pipeline, quantize_graph
 from embedl_dynamo.quant.observers import NonFiniteError
-from embedl_dynamo.quant.qat import prepare_qat
+from embedl_dynamo.quant.qat import make_trainable
+from embedl_dynamo.quant.quantizer import Quantizer
+from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.smooth import SmoothingRule
 from embedl_dynamo.quant.spec import (
     ONNXRUNTIME_INT8,
     TENSORRT_INT8,
     QuantizationConfig,
     QuantizationSpec,
 )
+from embedl_dynamo.quant.stage import quantize_graph
 
 __all__ = [
     "ONNXRUNTIME_INT8",
     "TENSORRT_INT8",
     "NonFiniteError",
+    "PlacementRule",
+    "PreparationRewrite",
     "QuantizationConfig",
     "QuantizationSpec",
-    "prepare_qat",
-    "quantize",
-    "quantize_for_pipeline",
+    "Quantizer",
+    "SmoothingRule",
+    "make_trainable",
     "quantize_graph",
 ]

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.quant.api import quantize_graph
+from embedl_dynamo.quant.quantizer import Quantizer
+from embedl_dynamo.quant.stage import quantize_graph
+from embedl_dynamo.settings import Settings
 
 __all__ = ["LazyInt8", "calibrate_then_build"]
 
@@ -37,12 +39,12 @@ class LazyInt8:
     def __init__(
         self,
         float_gm: fx.GraphModule,
-        backend: Any,
-        settings: Any,
+        quantizer: Quantizer,
+        settings: Settings,
         build: Callable[[fx.GraphModule], Callable[..., Any]],
     ) -> None:
         self.float_gm = float_gm
-        self.backend = backend
+        self.quantizer = quantizer
         self.settings = settings
         self.build = build
         self.steps = int(settings.calibration_steps)
@@ -68,7 +70,7 @@ class LazyInt8:
         settings = self.settings
         quantized, self.report = quantize_graph(
             self.float_gm,
-            self.backend,
+            self.quantizer,
             self._batches,
             observer=settings.observer,
             cache_dir=settings.cache_dir if settings.calibration_cache else None,
@@ -88,8 +90,8 @@ class LazyInt8:
 def calibrate_then_build(
     float_gm: fx.GraphModule,
     example_inputs: Sequence[Any],
-    backend: Any,
-    settings: Any,
+    quantizer: Quantizer,
+    settings: Settings,
     build: Callable[[fx.GraphModule], Callable[..., Any]],
 ) -> LazyInt8:
     """Wrap ``float_gm`` so it calibrates on its first calls, then runs ``build(quantized)``.
@@ -97,11 +99,11 @@ def calibrate_then_build(
     Args:
         float_gm: the fused float graph.
         example_inputs: the first call's inputs (unused; real calls are the calibration data).
-        backend: the target Backend.
+        quantizer: the target's quantizer (``Backend.quantizer``).
         settings: compile settings (``calibration_steps``, ``observer``, cache options).
         build: turns the quantized GraphModule into the runtime callable.
 
     Returns:
         A :class:`LazyInt8` callable with a ``phase`` attribute.
     """
-    return LazyInt8(float_gm, backend, settings, build)
+    return LazyInt8(float_gm, quantizer, settings, build)

@@ -1,7 +1,7 @@
-"""Decide where QDQ goes, from the Backend's ``quantized_patterns``: annotation, not insertion.
+"""Decide where QDQ goes, from a target's placement rules: annotation, not insertion.
 
-As in PT2E, deciding is separate from inserting. :func:`plan_placement` runs each placement
-pattern (:mod:`embedl_dynamo.patterns.quantized`) over the fused graph and collects
+As in PT2E, deciding is separate from inserting. :func:`plan_placement` runs each
+:class:`~embedl_dynamo.quant.rules.PlacementRule` over the fused graph and collects
 
 * activation points: graph values quantized once for all their users (``Role.ACTIVATION`` /
   ``Role.OUTPUT``); an output point after a conv whose only user is its activation moves past
@@ -22,11 +22,12 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.patterns.fused_modules import ACTIVATIONS
-from embedl_dynamo.rewrite.matcher import escaping_node, find_matches, index_graph
-from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.rewrite.match import Match
+from embedl_dynamo.rewrite.matcher import find_matches, index_graph, verdict
 from embedl_dynamo.rewrite.qdq import FusedModule, Role
 
-__all__ = ["Placement", "WeightPoint", "plan_placement", "apply_quantized_rewrites"]
+__all__ = ["Placement", "WeightPoint", "apply_preparation", "plan_placement"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _add_activation(placement: Placement, value: Any, role: Role) -> None:
         placement.activations.setdefault(value.name, role)
 
 
-def _annotate_match(placement: Placement, pattern: Pattern, m: Any) -> None:
+def _annotate_match(placement: Placement, pattern: PlacementRule, m: Match) -> None:
     for name, role in pattern.qdq.inputs.items():
         _add_activation(placement, m[name], role)
     for name, role in pattern.qdq.weights.items():
@@ -108,20 +109,19 @@ def _annotate_module(
         _add_activation(placement, _past_activation(node), output)
 
 
-def apply_quantized_rewrites(gm: fx.GraphModule, patterns: Sequence[Pattern]) -> list[str]:
-    """Run the placement patterns' module rewrites (``rewrite_module``) on ``gm`` in place.
+def apply_preparation(gm: fx.GraphModule, rewrites: Sequence[PreparationRewrite]) -> list[str]:
+    """Run the preparation rewrites on every fused module call of ``gm``, in place.
 
     Returns:
         The names of the rewritten nodes.
     """
     rewritten = []
-    for pattern in patterns:
-        hook = getattr(pattern, "rewrite_module", None)
-        if hook is None:
-            continue
+    for rewrite in rewrites:
         modules = dict(gm.named_modules())
         for node in list(gm.graph.nodes):
-            if node.op == "call_module" and hook(gm, node, modules.get(str(node.target))):
+            if node.op == "call_module" and rewrite.rewrite_module(
+                gm, node, modules[str(node.target)]
+            ):
                 rewritten.append(node.name)
     if rewritten:
         gm.graph.lint()
@@ -130,12 +130,12 @@ def apply_quantized_rewrites(gm: fx.GraphModule, patterns: Sequence[Pattern]) ->
     return rewritten
 
 
-def plan_placement(gm: fx.GraphModule, patterns: Sequence[Pattern]) -> Placement:
-    """Annotate ``gm`` with the QDQ positions the placement ``patterns`` ask for.
+def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placement:
+    """Annotate ``gm`` with the QDQ positions the placement ``rules`` ask for.
 
     Args:
         gm: the fused, canonical graph; not modified.
-        patterns: the Backend's ``quantized_patterns`` (phase ``quantized``).
+        rules: the target's placement rules, in priority order.
 
     Returns:
         The :class:`Placement`.
@@ -143,41 +143,33 @@ def plan_placement(gm: fx.GraphModule, patterns: Sequence[Pattern]) -> Placement
     placement = Placement()
     index = index_graph(gm)
     modules = dict(gm.named_modules())
-    claimed: set[str] = set()  # fused-module nodes an earlier pattern already decided
-    for pattern in patterns:
-        if pattern.phase != "quantized":
-            raise ValueError(
-                f"pattern {pattern.name!r} has phase {pattern.phase!r}, not 'quantized'"
-            )
-        matches = (
-            find_matches(pattern, gm, index) if getattr(pattern, "match_functions", True) else []
-        )
-        for m in matches:
-            escaping = escaping_node(m)
-            verdict = pattern.check(m)
-            if escaping is not None or not verdict.ok:
-                reason = verdict.reason if not verdict.ok else f"{escaping.name} escapes"
+    claimed: set[str] = set()  # fused-module nodes an earlier rule already decided
+    for rule in rules:
+        for m in find_matches(rule, gm, index) if rule.matches_functions else []:
+            reason = verdict(m)
+            if reason:
                 placement.float_layers.append((m.id, reason))
                 continue
             placement.quantized_layers.append(m.id)
-            _annotate_match(placement, pattern, m)
-        types = getattr(pattern, "module_types", ())
-        if not types:
+            _annotate_match(placement, rule, m)
+        if not rule.module_types:
             continue
         for node in gm.graph.nodes:
-            if node.op != "call_module" or not isinstance(modules.get(node.target), types):
+            if node.op != "call_module" or not isinstance(
+                modules.get(node.target), rule.module_types
+            ):
                 continue
             if node.name in claimed:
                 continue
             claimed.add(node.name)
             module = modules[node.target]
-            if module.qdq.empty and getattr(pattern, "module_output", None) is None:
+            if module.qdq.empty and rule.module_output is None:
                 continue  # the module asks for no QDQ (LayerNorm stays in high precision)
-            ident = f"{pattern.name}@{module_path(node) or node.target}"
-            ok, reason = pattern.check_module(module, node)
-            if not ok:
+            ident = f"{rule.name}@{module_path(node) or node.target}"
+            reason = rule.check_module(module, node)
+            if reason:
                 placement.float_layers.append((ident, reason))
                 continue
             placement.quantized_layers.append(ident)
-            _annotate_module(placement, node, module, getattr(pattern, "module_output", None))
+            _annotate_module(placement, node, module, rule.module_output)
     return placement

@@ -1,7 +1,8 @@
 """Quantization-aware training: the fake-quant model made trainable.
 
-:func:`prepare_qat` fuses and calibrates like :func:`~.api.quantize` (BatchNorm is folded into
-the convolutions, i.e. frozen at its running statistics), then makes the weights trainable.
+:func:`embedl_dynamo.prepare_qat` fuses and calibrates like :func:`embedl_dynamo.quantize`
+(BatchNorm is folded into the convolutions, i.e. frozen at its running statistics), then
+:func:`make_trainable` makes the weights trainable.
 ``torch.fake_quantize_*`` pass gradients straight through inside the quantization range (the
 straight-through estimator) and zero outside it; weight and activation scales stay frozen at
 their calibrated values, so the exported model keeps constant scales.
@@ -9,41 +10,20 @@ their calibrated values, so the exported model keeps constant scales.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
-
 from torch import fx, nn
 
-from embedl_dynamo.quant.api import quantize
-from embedl_dynamo.quant.spec import QuantizationConfig
-
-__all__ = ["prepare_qat"]
+__all__ = ["make_trainable"]
 
 
-def prepare_qat(
-    model: nn.Module,
-    args: Sequence[Any],
-    config: QuantizationConfig | None = None,
-    forward_loop: Callable[[nn.Module], Any] | None = None,
-    *,
-    calibration_data: Iterable[Any] | None = None,
-    backend: Any = None,
-    observer: str | None = None,
-) -> fx.GraphModule:
-    """A trainable fake-quant copy of ``model`` (``model`` itself is not modified).
+def make_trainable(qat: fx.GraphModule) -> fx.GraphModule:
+    """Make a fake-quant graph trainable in place: weights require grad, BatchNorm stays frozen.
 
     Args:
-        model, args, config, forward_loop, calibration_data, backend, observer: as for
-            :func:`~.api.quantize`.
+        qat: a fake-quant GraphModule (``quantize``'s result).
 
     Returns:
-        A GraphModule in train mode whose float weights (the originals behind the weight
-        quantizers) require grad; fine-tune it with any optimizer, then ``eval()``.
+        ``qat`` in train mode; fine-tune it with any optimizer, then ``eval()``.
     """
-    qat = quantize(
-        model, args, config, forward_loop, calibration_data=calibration_data, backend=backend,
-        observer=observer,
-    )  # fmt: skip
     for param in qat.parameters():
         param.requires_grad_(True)
     for buf in qat.buffers():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from embedl_dynamo.rewrite.qdq import Role
+from embedl_dynamo.settings import OBSERVERS
 
 __all__ = [
     "DTYPES",
@@ -30,7 +31,6 @@ __all__ = [
 
 # dtype name -> (qmin, qmax)
 DTYPES: dict[str, tuple[int, int]] = {"int8": (-128, 127), "uint8": (0, 255)}
-OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 
 
 @dataclass(frozen=True)

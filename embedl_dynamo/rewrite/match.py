@@ -22,14 +22,14 @@ from embedl_dynamo.graph.nodes import (
 )
 
 if TYPE_CHECKING:
-    from embedl_dynamo.rewrite.pattern import Pattern
+    from embedl_dynamo.rewrite.pattern import MatchRule
 
 __all__ = ["Match", "MatchResult"]
 
 
 @dataclass(frozen=True)
 class MatchResult:
-    """The verdict of :meth:`Pattern.check`: ``ok``, or not with the reason why."""
+    """The verdict of a rule's ``check``: ``ok``, or not with the reason why."""
 
     ok: bool
     reason: str = ""
@@ -47,7 +47,7 @@ class Match:
 
     def __init__(
         self,
-        pattern: Pattern,
+        pattern: MatchRule,
         gm: fx.GraphModule,
         anchor: fx.Node,
         bindings: dict[str, Any],

@@ -29,7 +29,7 @@ from embedl_dynamo.graph.canonicalize import canonicalize
 from embedl_dynamo.rewrite.match import Match
 
 if TYPE_CHECKING:
-    from embedl_dynamo.rewrite.pattern import Pattern
+    from embedl_dynamo.rewrite.pattern import MatchRule
 
 __all__ = [
     "CompiledPattern",
@@ -136,7 +136,7 @@ def _match_node(
     return results
 
 
-def match_at(pattern: Pattern, gm: fx.GraphModule, node: fx.Node) -> Match | None:
+def match_at(pattern: MatchRule, gm: fx.GraphModule, node: fx.Node) -> Match | None:
     """Match ``pattern`` with its anchor at ``node``; the first consistent binding, or None."""
     compiled = pattern.compiled()
     states = _match_node(compiled.anchor, node, {}, {})
@@ -181,7 +181,7 @@ def verdict(m: Match) -> str:
     return "" if result.ok else (result.reason or "check failed")
 
 
-def find_matches(pattern: Pattern, gm: fx.GraphModule, index: dict | None = None) -> list[Match]:
+def find_matches(pattern: MatchRule, gm: fx.GraphModule, index: dict | None = None) -> list[Match]:
     """Every place ``pattern`` matches in ``gm``, in graph order (matches may overlap)."""
     compiled = pattern.compiled()
     op, target = compiled.anchor_key

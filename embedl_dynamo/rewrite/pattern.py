@@ -38,24 +38,25 @@ from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.matcher import CompiledPattern, compile_target
 from embedl_dynamo.rewrite.qdq import QDQ
 
-__all__ = ["PHASES", "Pattern"]
+__all__ = ["PHASES", "MatchRule", "Pattern"]
 
 PHASES = ("conversion", "fusion", "smooth", "quantized")
 
 
-class Pattern:
-    """Base class of all rewrites. Subclasses set ``name``, ``phase``, ``target`` and ``replace``.
+class MatchRule:
+    """Something that finds a subgraph and judges each occurrence: ``target`` and ``check``.
+
+    :class:`Pattern` (conversions, fusions) adds a replacement; the quantization stage's
+    placement and smoothing rules (:mod:`embedl_dynamo.quant.rules`) add annotations instead.
 
     Attributes:
-        name: short snake_case identifier, unique within a Backend.
+        name: short snake_case identifier, unique within a Backend's list.
         phase: one of ``conversion``, ``fusion``, ``smooth``, ``quantized``.
-        qdq: where QDQ goes around the replacement (data for the quantization stage).
         id_node: the match name whose module path names the match (default: the anchor).
     """
 
     name: ClassVar[str] = ""
     phase: ClassVar[str] = ""
-    qdq: ClassVar[QDQ] = QDQ()
     id_node: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -69,14 +70,9 @@ class Pattern:
         raise NotImplementedError
 
     def check(self, m: Match) -> MatchResult:
-        """Whether the rewrite is valid for this match; a failure carries the reason."""
+        """Whether the match qualifies; a failure carries the reason."""
         return m.ok()
 
-    def replace(self, m: Match) -> fx.Node:
-        """Build the replacement before ``m.anchor`` and return the node that replaces it."""
-        raise NotImplementedError
-
-    # -- matcher plumbing -----------------------------------------------------------------------
     def compiled(self) -> CompiledPattern:
         """The traced, canonicalised target graph (built once per ``target`` function)."""
         return compile_target(self.target)
@@ -86,20 +82,18 @@ class Pattern:
         """Number of operations in the target: longer patterns are matched first."""
         return self.compiled().size
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}
-
     def parameters(self) -> dict[str, Any]:
         """What distinguishes this instance from others of its class (a variant's arguments)."""
         return {k: v for k, v in vars(self).items() if k not in ("name", "target")}
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "phase": self.phase}
+
     def __repr__(self) -> str:
-        args = ", ".join(f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.parameters().items())
-        return (
-            f"{type(self).__name__}({args})"
-            if "name" not in vars(self)
-            else (f"{type(self).__name__}({self.name!r}{', ' + args if args else ''})")
-        )
+        args = [f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.parameters().items()]
+        if "name" in vars(self):
+            args.insert(0, repr(self.name))
+        return f"{type(self).__name__}({', '.join(args)})"
 
     def __eq__(self, other: object) -> bool:
         return (
@@ -110,3 +104,20 @@ class Pattern:
 
     def __hash__(self) -> int:
         return hash((type(self), self.name))
+
+
+class Pattern(MatchRule):
+    """A rewrite rule (phase ``conversion`` or ``fusion``): ``target``, ``check``, ``replace``.
+
+    Attributes:
+        qdq: where QDQ goes around the replacement (data for the quantization stage).
+    """
+
+    qdq: ClassVar[QDQ] = QDQ()
+
+    def replace(self, m: Match) -> fx.Node:
+        """Build the replacement before ``m.anchor`` and return the node that replaces it."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
-from embedl_dynamo.quant import quantize
+from embedl_dynamo import quantize
 from tests.models import ResNetLike, randomize_batchnorm
 
 _SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
-    from embedl_dynamo.quant import quantize
+    from embedl_dynamo import quantize
     from embedl_dynamo.quant.calibrate import forward_pass_count
     from tests.models import ResNetLike, randomize_batchnorm
 

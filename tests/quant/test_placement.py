@@ -12,8 +12,8 @@ import torch
 from expecttest import TestCase
 from torch import nn
 
+from embedl_dynamo import quantize
 from embedl_dynamo.graph.printer import format_graph
-from embedl_dynamo.quant import quantize
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 
 

@@ -6,10 +6,9 @@ import pytest
 import torch
 from torch import nn
 
+from embedl_dynamo import quantize
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.patterns.smooth import SmoothLayerNormLinear, smoothing_scales
-from embedl_dynamo.quant import quantize
-from embedl_dynamo.quant.smooth import apply_smoothing
+from embedl_dynamo.quant.smooth import SmoothLayerNormLinear, apply_smoothing, smoothing_scales
 from embedl_dynamo.rewrite.matcher import find_matches
 from embedl_dynamo.transform import trace
 from tests.models import ViTLike

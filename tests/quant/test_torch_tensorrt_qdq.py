@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from embedl_dynamo.quant import quantize
+from embedl_dynamo import quantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from tests.models import ResNetLike
 
