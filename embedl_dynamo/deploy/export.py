@@ -34,7 +34,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedl_dynamo.cache.keys import sha256_file
+from embedl_dynamo.backend import backend_by_name
+from embedl_dynamo.cache.keys import content_key, library_versions, sha256_file
+from embedl_dynamo.cache.store import ArtifactCache, atomic_write_bytes, atomic_write_text
 from embedl_dynamo.deploy.verify import (
     VerificationError,
     flat_outputs,
@@ -42,7 +44,11 @@ from embedl_dynamo.deploy.verify import (
     int8_tolerance,
     verify_onnx,
 )
-from embedl_dynamo.runtimes.onnx_export import ExportError
+from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx, input_names, output_names
+from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
+from embedl_dynamo.settings import Settings
 
 __all__ = [
     "SIDECAR_FORMAT",
@@ -126,9 +132,7 @@ def _settings(
     dynamic_batch: bool,
     options: Mapping[str, Any] | None,
     progress: bool | None,
-) -> Any:
-    from embedl_dynamo.settings import Settings
-
+) -> Settings:
     merged = dict(options or {})
     clash = sorted({"quantize", "calibration_data", "dynamic_batch"} & set(merged))
     if clash:
@@ -142,18 +146,15 @@ def _settings(
         raise ExportArgumentError(str(exc)) from exc
 
 
-def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any) -> Path:
-    """A TensorRT engine next to the ONNX file, built by the tensorrt runtime's builder.
+def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Settings) -> Path:
+    """A TensorRT engine next to the ONNX file, built by the tensorrt runtime's public builder.
 
-    The builder is :class:`~embedl_dynamo.runtimes.tensorrt.TensorRTRuntime`'s (ONNX parser,
-    one optimisation profile over the dynamic batch, INT8 taken from the explicit QDQ nodes);
-    the engine is cached in the artifact cache keyed by the ONNX file's bytes, the TensorRT
-    version, the GPU and the profile, then copied next to the ONNX file.
+    :func:`~embedl_dynamo.runtimes.tensorrt.build_engine` parses the file into a strongly typed
+    network with one optimisation profile over the dynamic batch
+    (:func:`~embedl_dynamo.runtimes.tensorrt.engine_profile`); INT8 comes from the explicit QDQ
+    nodes. The engine is cached in the artifact cache keyed by the ONNX file's bytes, the
+    TensorRT version, the GPU and the profile, then copied next to the ONNX file.
     """
-    from embedl_dynamo.cache.keys import content_key
-    from embedl_dynamo.cache.store import ArtifactCache, atomic_write_bytes
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
-
     missing = TensorRTRuntime.missing()
     if missing is not None:
         raise EngineUnavailableError(
@@ -164,7 +165,7 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any
     import tensorrt as trt
 
     device = torch.device("cuda", torch.cuda.current_device())
-    profile = TensorRTRuntime(settings)._profile(list(args))
+    profile = engine_profile(list(args), settings.dynamic_batch)
     key = content_key(
         "trt_engine_export",
         sha256_file(onnx_path),
@@ -175,7 +176,7 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Any
     )
 
     def _build(target: Path) -> None:
-        target.write_bytes(TensorRTRuntime._build_engine(trt, onnx_path, profile))
+        target.write_bytes(build_engine(trt, onnx_path, profile))
 
     cached, built = ArtifactCache(settings.cache_dir, "trt_engine").get_or_build(
         key, _build, ".engine"
@@ -232,13 +233,6 @@ def export(
         VerificationError: ``verify`` is on and the outputs differ beyond tolerance.
     """
     from tqdm.auto import tqdm
-
-    from embedl_dynamo.backend import backend_by_name
-    from embedl_dynamo.cache.keys import library_versions
-    from embedl_dynamo.cache.store import atomic_write_text
-    from embedl_dynamo.graph.capture import capture
-    from embedl_dynamo.pipeline import run_pipeline
-    from embedl_dynamo.runtimes.onnx_export import export_onnx, input_names, output_names
 
     if not isinstance(model, nn.Module):
         raise ExportArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -82,6 +83,8 @@ class Runtime(ABC):
     """
 
     name: ClassVar[str] = ""
+    #: file suffixes of prebuilt artifacts :meth:`load_artifact` takes (``load()`` maps on them)
+    artifact_suffixes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings if settings is not None else Settings()
@@ -108,6 +111,34 @@ class Runtime(ABC):
         missing = cls.missing()
         if missing is not None:
             raise RuntimeUnavailableError(f"runtime {cls.name!r} is unavailable: {missing}")
+
+    @classmethod
+    def load_artifact(cls, path: Path, settings: Settings | None = None, **options: Any) -> Runtime:
+        """A built, active runtime over a prebuilt artifact file (for ``embedl_dynamo.load``).
+
+        Args:
+            path: the artifact (one of :attr:`artifact_suffixes`).
+            settings: the settings (threads...).
+            options: runtime-specific choices (ONNX Runtime: ``providers``).
+        """
+        raise RuntimeUnavailableError(f"runtime {cls.name!r} does not load artifact files")
+
+    def mark_loaded(self, artifact: Path, **info: Any) -> None:
+        """Record that :meth:`load_artifact` gave this runtime a prebuilt ``artifact``, then
+        activate it."""
+        self.built, self.from_cache = True, True
+        self.build_info = {"artifact": str(artifact), **info}
+        self.activate()
+
+    @property
+    def input_names(self) -> list[str]:
+        """The artifact's input names, in call order (after build or load)."""
+        return []
+
+    @property
+    def output_names(self) -> list[str]:
+        """The artifact's output names, in return order (after build or load)."""
+        return []
 
     # lifecycle ----------------------------------------------------------------------------
     @property

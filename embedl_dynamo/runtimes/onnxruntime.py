@@ -78,12 +78,15 @@ class OnnxRuntime(Runtime):
     """ONNX Runtime ``InferenceSession`` over the cached ONNX artifact."""
 
     name = "onnxruntime"
+    artifact_suffixes = (".onnx",)
 
     def __init__(self, settings: Settings | None = None) -> None:
         super().__init__(settings)
         self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
         self._path: Path | None = None
         self._session: Any = None
+        self._input_names: list[str] = []
+        self._output_names: list[str] = []
 
     @classmethod
     def missing(cls) -> str | None:
@@ -94,6 +97,34 @@ class OnnxRuntime(Runtime):
     @property
     def is_jit(self) -> bool:
         return False
+
+    @classmethod
+    def load_artifact(
+        cls,
+        path: Path,
+        settings: Settings | None = None,
+        *,
+        providers: Sequence[str] | None = None,
+    ) -> OnnxRuntime:
+        """An active session over an ``.onnx`` file (``providers``: :func:`ort_providers`)."""
+        cls.require()
+        runtime = cls(settings)
+        runtime._path = Path(path)
+        runtime.mark_loaded(runtime._path, providers=list(providers or ort_providers()))
+        return runtime
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._input_names)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self._output_names)
+
+    @property
+    def providers(self) -> list[str]:
+        """The execution providers the session really uses."""
+        return list(self._session.get_providers()) if self._session is not None else []
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.

@@ -8,6 +8,7 @@ its choice at INFO. A forced runtime that cannot run raises
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager import EagerRuntime
@@ -16,7 +17,7 @@ from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
 from embedl_dynamo.settings import RUNTIMES
 
-__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "resolve_runtime"]
+__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "resolve_runtime", "runtime_for_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +54,20 @@ def resolve_runtime(name: str) -> type[Runtime]:
             return cls
         logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
     return EagerRuntime
+
+
+def runtime_for_file(path: Path) -> type[Runtime]:
+    """The runtime class that loads an artifact with ``path``'s suffix.
+
+    Raises:
+        ValueError: no runtime takes that suffix (the message lists the known ones).
+    """
+    suffix = Path(path).suffix.lower()
+    for cls in RUNTIME_CLASSES.values():
+        if suffix in cls.artifact_suffixes:
+            return cls
+    known = [f"{s} ({cls.name})" for cls in RUNTIME_CLASSES.values() for s in cls.artifact_suffixes]
+    raise ValueError(
+        f"cannot load {Path(path).name}: expected .onnx or a TensorRT engine; known suffixes: "
+        f"{', '.join(known)}"
+    )

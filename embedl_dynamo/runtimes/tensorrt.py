@@ -1,12 +1,13 @@
 """The ``tensorrt`` runtime: ONNX -> TensorRT engine (``tensorrt`` Python API) on CUDA tensors.
 
-Build: the cached ONNX artifact is parsed with ``trt.OnnxParser`` into a network, one
-optimisation profile covers batch sizes ``1..max(8, 2*batch)`` on the dynamic axis (``opt`` is
-the example batch), ``builder.build_serialized_network`` makes the engine and the serialized
-engine is stored in the artifact cache (namespace ``trt_engine``, keyed by the ONNX key, the
-TensorRT version, the GPU and the profile). Run: ``IExecutionContext.set_input_shape`` /
-``set_tensor_address`` on torch CUDA tensors and ``execute_async_v3`` on torch's current
-stream, so no host round trip happens.
+Build: the ONNX artifact (exported from a CPU copy of the graph, so weights and inputs share a
+device) is parsed with ``trt.OnnxParser`` into a *strongly typed* network (the network's own
+dtypes, Q/DQ nodes included, decide precision: the only mode of TensorRT 11, and valid on 10),
+one optimisation profile (:func:`engine_profile`) covers the dynamic batch, and
+:func:`build_engine` serializes the engine, which is stored in the artifact cache (namespace
+``trt_engine``, keyed by the ONNX key, the TensorRT version, the GPU and the profile). Run:
+``set_input_shape`` / ``set_tensor_address`` by tensor *name* on torch CUDA tensors and
+``execute_async_v3`` on the runtime's own CUDA stream, ordered after torch's current stream.
 
 ``tensorrt`` is imported lazily; :meth:`TensorRTRuntime.missing` names what is absent (the
 package, a CUDA device, TensorRT >= 10).
@@ -14,6 +15,7 @@ package, a CUDA device, TensorRT >= 10).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import logging
@@ -28,8 +30,9 @@ from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
+from embedl_dynamo.settings import Settings
 
-__all__ = ["TensorRTRuntime"]
+__all__ = ["MIN_TENSORRT_MAJOR", "TensorRTRuntime", "build_engine", "engine_profile"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,25 +58,106 @@ def _missing() -> str | None:
     return None
 
 
+# TensorRT dtype name -> torch dtype; names absent from an older TensorRT are skipped
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+    "fp8": torch.float8_e4m3fn,
+}
+
+
 def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
-    table = {
-        trt.float32: torch.float32,
-        trt.float16: torch.float16,
-        trt.int32: torch.int32,
-        trt.int8: torch.int8,
-        trt.bool: torch.bool,
-    }
-    if hasattr(trt, "int64"):
-        table[trt.int64] = torch.int64
-    if hasattr(trt, "bfloat16"):
-        table[trt.bfloat16] = torch.bfloat16
-    return table[dtype]
+    for name, torch_dtype in _DTYPES.items():
+        if name in vars(trt) and vars(trt)[name] == dtype:
+            return torch_dtype
+    raise TypeError(f"TensorRT tensor dtype {dtype} has no torch equivalent here")
+
+
+def engine_profile(
+    example_inputs: Sequence[torch.Tensor], dynamic_batch: bool, max_batch: int | None = None
+) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """(min, opt, max) shape per input for one optimisation profile.
+
+    Dim 0 is dynamic exactly where the ONNX export declares it (``dynamic_batch`` and the
+    input's batch equals the first input's, as :func:`~.artifacts.input_specs` keys it): from 1
+    to ``max_batch`` (default ``max(8, 2 * batch)``), ``opt`` the example batch. Every other
+    axis is fixed at the example's size.
+    """
+    first = next((t for t in example_inputs if t.dim() > 0), None)
+    shapes = []
+    for t in example_inputs:
+        opt = tuple(int(d) for d in t.shape)
+        dynamic = dynamic_batch and first is not None and t.dim() > 0 and opt[0] == first.shape[0]
+        if dynamic:
+            top = max_batch if max_batch is not None else max(8, 2 * opt[0])
+            if top < opt[0]:
+                raise ValueError(f"max_batch={top} is smaller than the example batch {opt[0]}")
+            shapes.append(((1, *opt[1:]), opt, (top, *opt[1:])))
+        else:
+            shapes.append((opt, opt, opt))
+    return shapes
+
+
+def build_engine(
+    trt: Any,
+    onnx_path: Path,
+    profile: Sequence[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]],
+) -> bytes:
+    """Parse ``onnx_path`` into a strongly typed network and serialize its engine.
+
+    Args:
+        trt: the imported ``tensorrt`` module.
+        onnx_path: the ONNX file (QDQ nodes carry INT8, the graph's dtypes FP16/BF16).
+        profile: (min, opt, max) per network input, in the network's input order.
+
+    Raises:
+        RuntimeError: the parser rejects the model, the profile does not fit its inputs, or
+            the build fails; the message says which.
+    """
+    trt_logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(trt_logger)
+    flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    network = builder.create_network(flags)
+    parser = trt.OnnxParser(network, trt_logger)
+    if not parser.parse(onnx_path.read_bytes()):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise RuntimeError(f"TensorRT's ONNX parser rejected the model: {errors}")
+    if network.num_inputs != len(profile):
+        raise RuntimeError(
+            f"the network has {network.num_inputs} inputs but {len(profile)} shapes were given "
+            "(the exporter dropped an unused input?)"
+        )
+    config = builder.create_builder_config()
+    opt_profile = builder.create_optimization_profile()
+    for i, (lo, opt, hi) in enumerate(profile):
+        opt_profile.set_shape(network.get_input(i).name, lo, opt, hi)
+    config.add_optimization_profile(opt_profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError("TensorRT could not build an engine (see TensorRT's log)")
+    return bytes(serialized)
 
 
 class TensorRTRuntime(Runtime):
     """A TensorRT engine built from the ONNX artifact, run on torch CUDA tensors."""
 
     name = "tensorrt"
+    artifact_suffixes = (".engine", ".plan", ".trt")
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        super().__init__(settings)
+        self._engine_path: Path | None = None
+        self._engine: Any = None
+        self._context: Any = None
+        self._stream: Any = None
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
 
     @classmethod
     def missing(cls) -> str | None:
@@ -83,24 +167,34 @@ class TensorRTRuntime(Runtime):
     def is_jit(self) -> bool:
         return False
 
-    def _profile(self, example_inputs: list[torch.Tensor]) -> list[tuple[tuple, tuple, tuple]]:
-        shapes = []
-        for t in example_inputs:
-            opt = tuple(t.shape)
-            if self.settings.dynamic_batch and t.dim() > 0:
-                lo, hi = (1, *opt[1:]), (max(8, 2 * opt[0]), *opt[1:])
-            else:
-                lo, hi = opt, opt
-            shapes.append((lo, opt, hi))
-        return shapes
+    @classmethod
+    def load_artifact(cls, path: Path, settings: Settings | None = None) -> TensorRTRuntime:
+        """An active execution context over a serialized engine file."""
+        cls.require()
+        runtime = cls(settings)
+        runtime._engine_path = Path(path)
+        runtime.mark_loaded(runtime._engine_path)
+        return runtime
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self._inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self._outputs)
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         import tensorrt as trt
 
         device = torch.device("cuda", torch.cuda.current_device())
         inputs = [t.to(device) for t in example_inputs]
-        onnx_path, onnx_key, _ = onnx_artifact(gm, [t.cpu() for t in example_inputs], self.settings)
-        profile = self._profile(inputs)
+        # export a CPU copy with CPU inputs: weights and inputs on one device, ``gm`` untouched
+        cpu_gm = copy.deepcopy(gm).cpu()
+        onnx_path, onnx_key, _ = onnx_artifact(
+            cpu_gm, [t.cpu() for t in example_inputs], self.settings
+        )
+        profile = engine_profile(inputs, self.settings.dynamic_batch)
         key = content_key(
             "trt_engine",
             onnx_key,
@@ -111,44 +205,25 @@ class TensorRTRuntime(Runtime):
         )
         cache = ArtifactCache(self.settings.cache_dir, "trt_engine")
 
-        def _build_engine(path: Path) -> None:
-            path.write_bytes(self._build_engine(trt, onnx_path, profile))
+        def _write_engine(path: Path) -> None:
+            path.write_bytes(build_engine(trt, onnx_path, profile))
             count_build("trt_engine")
             logger.info("built TensorRT engine %s", key[:16])
 
-        engine_path, built = cache.get_or_build(key, _build_engine, ".engine")
+        engine_path, built = cache.get_or_build(key, _write_engine, ".engine")
         self.from_cache = not built
         self._engine_path = engine_path
         self.build_info = {"key": key, "artifact": str(engine_path), "onnx": str(onnx_path)}
         self._activate()
         with torch.no_grad():
-            expected = gm.to(device)(*inputs)
+            expected = copy.deepcopy(gm).to(device)(*inputs)
         expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-        check_outputs(expected, self._infer(inputs), "TensorRT engine", rtol=1e-2)
-
-    @staticmethod
-    def _build_engine(
-        trt: Any, onnx_path: Path, profile: list[tuple[tuple, tuple, tuple]]
-    ) -> bytes:
-        trt_logger = trt.Logger(trt.Logger.WARNING)
-        builder = trt.Builder(trt_logger)
-        network = builder.create_network(0)  # explicit batch is the only mode in TensorRT 10
-        parser = trt.OnnxParser(network, trt_logger)
-        if not parser.parse(onnx_path.read_bytes()):
-            errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-            raise RuntimeError(f"TensorRT's ONNX parser rejected the model: {errors}")
-        config = builder.create_builder_config()
-        opt_profile = builder.create_optimization_profile()
-        for i, (lo, opt, hi) in enumerate(profile):
-            opt_profile.set_shape(network.get_input(i).name, lo, opt, hi)
-        config.add_optimization_profile(opt_profile)
-        serialized = builder.build_serialized_network(network, config)
-        if serialized is None:
-            raise RuntimeError("TensorRT could not build an engine (see TensorRT's log)")
-        return bytes(serialized)
+        # INT8: integer kernels and the fake-quant graph may round ties differently (as for ORT)
+        rtol = 5e-2 if "embedl_quantization" in gm.meta else 1e-3
+        check_outputs(expected, self._infer(inputs), "TensorRT engine", rtol=rtol)
 
     def _activate(self) -> None:
-        if getattr(self, "_context", None) is not None:
+        if self._context is not None:
             return
         import tensorrt as trt
 
@@ -158,6 +233,7 @@ class TensorRTRuntime(Runtime):
         if self._engine is None:
             raise RuntimeError(f"TensorRT could not deserialize {self._engine_path}")
         self._context = self._engine.create_execution_context()
+        self._stream = torch.cuda.Stream()
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         mode = trt.TensorIOMode.INPUT
         self._inputs = [n for n in names if self._engine.get_tensor_mode(n) == mode]
@@ -166,14 +242,26 @@ class TensorRTRuntime(Runtime):
     def _deactivate(self) -> None:
         self._context = None
         self._engine = None
+        self._stream = None
 
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if len(args) != len(self._inputs):
+            raise ValueError(
+                f"the engine takes {len(self._inputs)} inputs {self._inputs}, got {len(args)}"
+            )
         device = torch.device("cuda", torch.cuda.current_device())
         keep = []
         for name, t in zip(self._inputs, args):
+            want = _torch_dtype(self._trt, self._engine.get_tensor_dtype(name))
+            if t.dtype != want:
+                raise TypeError(f"engine input {name!r} is {want}, got a {t.dtype} tensor")
             t = t.detach().to(device).contiguous()
             keep.append(t)
-            self._context.set_input_shape(name, tuple(t.shape))
+            if not self._context.set_input_shape(name, tuple(t.shape)):
+                raise ValueError(
+                    f"input {name!r} of shape {tuple(t.shape)} is outside the engine's "
+                    "optimisation profile; rebuild with a larger max_batch"
+                )
             self._context.set_tensor_address(name, t.data_ptr())
         outputs = []
         for name in self._outputs:
@@ -182,7 +270,10 @@ class TensorRTRuntime(Runtime):
             out = torch.empty(shape, dtype=dtype, device=device)
             self._context.set_tensor_address(name, out.data_ptr())
             outputs.append(out)
-        stream = torch.cuda.current_stream(device)
-        if not self._context.execute_async_v3(stream.cuda_stream):
+        current = torch.cuda.current_stream(device)
+        self._stream.wait_stream(current)  # inputs written on torch's stream come first
+        if not self._context.execute_async_v3(self._stream.cuda_stream):
             raise RuntimeError("TensorRT execute_async_v3 failed")
-        return tuple(outputs)
+        current.wait_stream(self._stream)
+        source = args[0].device if args else device
+        return tuple(o.to(source) for o in outputs)
