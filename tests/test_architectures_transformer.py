@@ -50,8 +50,6 @@ decompose_mha@blocks.0.attn                 decompose_mha                 applie
 decompose_mha@blocks.1.attn                 decompose_mha                 applied
 remove_dropout@blocks.0.mlp.2               remove_dropout                applied
 remove_dropout@blocks.1.mlp.2               remove_dropout                applied
-remove_identity@blocks.0.attn               remove_identity               applied
-remove_identity@blocks.1.attn               remove_identity               applied
 mha_in_projection@blocks.0.attn             mha_in_projection             yes
 mha_in_projection@blocks.1.attn             mha_in_projection             yes
 linear_gelu@blocks.0.mlp.0                  linear_gelu                   yes

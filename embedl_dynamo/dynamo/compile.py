@@ -27,6 +27,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.lazy import calibrate_then_build
@@ -118,17 +119,18 @@ def compile_subgraph(
     inputs = [example_inputs[i] for i in user]
     if any(not isinstance(t, torch.Tensor) for t in inputs):
         return _eager("eager", "the graph takes non-tensor inputs that are not batch sizes")
+    axes = dynamic_axes(gm, user, inputs, settings.dynamic_batch)
 
     source_key = None
     if settings.quantize is None and runtime_cls is OnnxRuntime:
-        source_key = _source_key(frozen.gm, inputs, backend, settings)
-        infer = _warm_start(source_key, frozen.gm, inputs, backend, settings, report)
+        source_key = _source_key(frozen.gm, inputs, axes, backend, settings)
+        infer = _warm_start(source_key, frozen.gm, inputs, axes, backend, settings, report)
         if infer is not None:
             report.status = "compiled"
             report.compile_s = time.perf_counter() - start
             record(report)
             logger.info("%s", report)
-            return _wrap(gm, infer, user, report)
+            return _wrap(gm, infer, user, report, settings)
 
     float_settings = (
         dataclasses.replace(settings, quantize=None)
@@ -145,8 +147,9 @@ def compile_subgraph(
         return _eager("eager", f"transformation failed: {_first_line(exc)}")
     report.plan, report.pipeline = result.plan, result.report
 
-    def _build(model: fx.GraphModule) -> Callable[..., Any]:
-        runtime: Runtime = runtime_cls(settings)
+    def _build(model: fx.GraphModule) -> Callable[..., Any] | None:
+        """The runtime's infer, or None when it fails and the original graph runs instead."""
+        runtime: Runtime = runtime_cls(settings, axes)
         try:
             runtime.build(model, inputs)
         except Exception as exc:
@@ -161,9 +164,10 @@ def compile_subgraph(
                 runtime_cls.name,
                 _first_line(exc),
             )
-            report.status = "eager"
+            logger.debug("subgraph %d: runtime failure", report.index, exc_info=True)
+            report.status, report.runtime = "eager", "eager"
             report.reason = f"{runtime_cls.name} failed: {_first_line(exc)}"
-            runtime = EagerRuntime(settings).build(model, inputs)
+            return None  # the original Dynamo graph runs: no rewrite can break the fallback
         report.runtime = runtime.name
         report.cached = runtime.from_cache
         report.runtime_info = dict(runtime.build_info)
@@ -182,29 +186,62 @@ def compile_subgraph(
         store_alias(
             source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
         )
-    return _wrap(gm, infer, user, report)
+    return _wrap(gm, infer, user, report, settings)
 
 
 def _wrap(
-    gm: fx.GraphModule, infer: Callable[..., Any], user: list[int], report: SubgraphReport
+    gm: fx.GraphModule,
+    infer: Callable[..., Any] | None,
+    user: list[int],
+    report: SubgraphReport,
+    settings: Settings,
 ) -> Callable[..., Any]:
-    """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments."""
+    """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
+
+    Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
+    cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
+    with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
+    runtime.
+    """
+    if infer is None:
+        return gm.forward
+    warned = False
 
     def compiled(*args: Any) -> Any:
-        return _as_output(gm, infer(*[args[i] for i in user]))
+        nonlocal warned
+        try:
+            outputs = infer(*[args[i] for i in user])
+        except Exception as exc:
+            if settings.fallback == "raise":
+                raise
+            if not warned:
+                warned = True
+                logger.warning(
+                    "subgraph %d: the %s runtime failed on a call (%s); such calls run in "
+                    "PyTorch", report.index, report.runtime, _first_line(exc),
+                )  # fmt: skip
+                logger.debug("subgraph %d: call failure", report.index, exc_info=True)
+                report.reason = f"some calls ran in PyTorch: {_first_line(exc)}"
+            return gm.forward(*args)
+        return _as_output(gm, outputs)
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
 
 
 def _source_key(
-    frozen: fx.GraphModule, inputs: list[torch.Tensor], backend: Backend, settings: Settings
+    frozen: fx.GraphModule,
+    inputs: list[torch.Tensor],
+    axes: DynamicAxes,
+    backend: Backend,
+    settings: Settings,
 ) -> str:
     """Key of a subgraph *before* transformation: graph, weights, inputs, patterns, code."""
     return content_key(
         "subgraph",
         fingerprint_graph(frozen),
-        input_specs(inputs, settings.dynamic_batch),
+        input_specs(inputs, axes),
+        axes.to_json(),
         backend.to_dict(),
         settings.key_dict(),
         code_fingerprint(),
@@ -216,6 +253,7 @@ def _warm_start(
     source_key: str,
     frozen: fx.GraphModule,
     inputs: list[torch.Tensor],
+    axes: DynamicAxes,
     backend: Backend,
     settings: Settings,
     report: SubgraphReport,
@@ -229,7 +267,7 @@ def _warm_start(
     alias = lookup_alias(source_key, settings)
     if alias is None:
         return None
-    runtime = OnnxRuntime(settings)
+    runtime = OnnxRuntime(settings, axes)
     if not runtime.use_cached(alias["onnx_key"]):
         return None
     try:

@@ -7,7 +7,7 @@ other hand, inlines them. The rewrites below expand a leaf into exactly the node
 
 * ``nn.MultiheadAttention``: ``transpose(1, 0)`` of the inputs when ``batch_first``, then
   ``F.multi_head_attention_forward(...)`` (canonical, keyword-only), ``getitem`` 0 / 1 and, for
-  the output, ``transpose(1, 0)`` and ``contiguous`` (canonical ``identity``), mirroring
+  the output, ``transpose(1, 0)`` and ``contiguous``, mirroring
   ``nn.MultiheadAttention.forward``'s slow path.
 * ``nn.TransformerEncoderLayer``: one ``torch._transformer_encoder_layer_fwd(...)`` node (the
   inference fast path) when the layer qualifies for it (eval, ``batch_first``, relu/gelu, in-proj
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from embedl_dynamo.graph.canonical_ops import identity
+from embedl_dynamo.graph import canonical_ops
 from embedl_dynamo.graph.meta import infer_meta
 from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, node_shape
 
@@ -173,7 +173,7 @@ def _multihead_attention(
         with graph.inserting_after(user):
             back = _transpose(graph, user, path)
         with graph.inserting_after(back):
-            contiguous = canonical_call(graph, identity, path, input=back)
+            contiguous = canonical_call(graph, canonical_ops.contiguous, path, input=back)
         user.replace_all_uses_with(contiguous, delete_user_cb=lambda n, back=back: n is not back)
         user_nodes += [back, contiguous]
     infer_meta(gm, created)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 __all__ = [
     "COMMUTATIVE",
     "SIGNATURES",
+    "contiguous",
     "identity",
     "signature_of",
 ]
@@ -28,6 +29,15 @@ __all__ = [
 def identity(input: torch.Tensor) -> torch.Tensor:  # noqa: A002 - mirrors torch's argument name
     """Return ``input`` unchanged: the canonical form of ``nn.Identity`` and friends."""
     return input
+
+
+def contiguous(
+    input: torch.Tensor,  # noqa: A002
+    memory_format: torch.memory_format = torch.contiguous_format,
+) -> torch.Tensor:
+    """``input.contiguous(memory_format)``: not a no-op, since a later ``view`` may need it
+    (ShuffleNet's channel shuffle: ``transpose -> contiguous -> view``)."""
+    return input.contiguous(memory_format=memory_format)
 
 
 _REQUIRED = inspect.Parameter.empty
@@ -114,6 +124,7 @@ SIGNATURES: dict[Callable[..., Any], tuple[tuple[str, Any], ...]] = {
         ("enable_gqa", False),
     ),
     identity: (("input", _REQUIRED),),
+    contiguous: (("input", _REQUIRED), ("memory_format", torch.contiguous_format)),
 }
 
 

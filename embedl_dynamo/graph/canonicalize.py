@@ -78,7 +78,7 @@ _METHOD_ALIASES: dict[str, Callable[..., Any]] = {
     "matmul": torch.matmul,
     "flatten": torch.flatten,
     "softmax": F.softmax,
-    "contiguous": identity,
+    "contiguous": canonical_ops.contiguous,
 }
 _INPLACE_METHODS = {"relu_", "sigmoid_", "add_", "mul_"}
 

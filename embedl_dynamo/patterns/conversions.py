@@ -5,7 +5,8 @@
   ``y[n, o] = sum_c W[o, c] x[n, c, 0, 0] + b[o]``. The classifier then runs as a 1x1
   convolution, which TensorRT fuses and quantizes like the rest of the network.
 * ``remove_dropout``: ``dropout(x, training=False)`` is ``x``.
-* ``remove_identity``: ``identity(x)`` (``nn.Identity``, ``x.contiguous()``) is ``x``.
+* ``remove_identity``: ``identity(x)`` (``nn.Identity``) is ``x``; ``x.contiguous()`` is not an
+  identity (a later ``view`` may need its layout) and stays.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class RemoveDropout(Pattern):
 
 
 class RemoveIdentity(Pattern):
-    """``identity(x)`` (``nn.Identity``, ``x.contiguous()``) is replaced by ``x``."""
+    """``identity(x)`` (``nn.Identity``) is replaced by ``x``."""
 
     name = "remove_identity"
     phase = "conversion"

@@ -41,7 +41,7 @@ class LazyInt8:
         float_gm: fx.GraphModule,
         quantizer: Quantizer,
         settings: Settings,
-        build: Callable[[fx.GraphModule], Callable[..., Any]],
+        build: Callable[[fx.GraphModule], Callable[..., Any] | None],
     ) -> None:
         self.float_gm = float_gm
         self.quantizer = quantizer
@@ -78,7 +78,12 @@ class LazyInt8:
             progress=settings.progress,
         )
         self._batches = []
-        self._infer = self.build(quantized)
+        infer = self.build(quantized)
+        if infer is None:  # the runtime could not take the INT8 graph: stay in float
+            logger.warning("INT8: the runtime could not take the quantized graph; staying in float")
+            self._infer, self.phase = self.float_gm, "float"
+            return
+        self._infer = infer
         self.phase = "quantized"
         logger.info(
             "INT8: calibrated on %d calls (ranges from %s); now running the quantized model",
@@ -92,7 +97,7 @@ def calibrate_then_build(
     example_inputs: Sequence[Any],
     quantizer: Quantizer,
     settings: Settings,
-    build: Callable[[fx.GraphModule], Callable[..., Any]],
+    build: Callable[[fx.GraphModule], Callable[..., Any] | None],
 ) -> LazyInt8:
     """Wrap ``float_gm`` so it calibrates on its first calls, then runs ``build(quantized)``.
 
@@ -101,7 +106,7 @@ def calibrate_then_build(
         example_inputs: the first call's inputs (unused; real calls are the calibration data).
         quantizer: the target's quantizer (``Backend.quantizer``).
         settings: compile settings (``calibration_steps``, ``observer``, cache options).
-        build: turns the quantized GraphModule into the runtime callable.
+        build: turns the quantized GraphModule into the runtime callable (None: it cannot).
 
     Returns:
         A :class:`LazyInt8` callable with a ``phase`` attribute.

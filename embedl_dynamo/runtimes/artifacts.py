@@ -15,6 +15,7 @@ from torch import fx
 
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx
 from embedl_dynamo.settings import Settings
 
@@ -41,40 +42,48 @@ def count_build(kind: str) -> None:
         BUILD_COUNTS[kind] = BUILD_COUNTS.get(kind, 0) + 1
 
 
-def input_specs(example_inputs: list[torch.Tensor], dynamic_batch: bool) -> list[Any]:
-    """dtype and shape per input; dim 0 reads ``batch`` when the batch axis is dynamic."""
-    first = next((t for t in example_inputs if t.dim() > 0), None)
+def input_specs(example_inputs: list[torch.Tensor], axes: DynamicAxes) -> list[Any]:
+    """dtype and shape per input, each dynamic axis read as its name (``batch``, ``s1``...)."""
     specs = []
-    for t in example_inputs:
-        shape: list[Any] = list(t.shape)
-        if dynamic_batch and first is not None and t.dim() > 0 and t.shape[0] == first.shape[0]:
-            shape[0] = "batch"
+    for t, dynamic in zip(example_inputs, axes.inputs, strict=True):
+        shape: list[Any] = [dynamic.get(axis, size) for axis, size in enumerate(t.shape)]
         specs.append({"dtype": str(t.dtype), "shape": shape})
     return specs
 
 
 def onnx_artifact(
-    gm: fx.GraphModule, example_inputs: list[torch.Tensor], settings: Settings
+    gm: fx.GraphModule,
+    example_inputs: list[torch.Tensor],
+    settings: Settings,
+    axes: DynamicAxes | None = None,
 ) -> tuple[Path, str, bool]:
     """The ONNX file for ``gm`` from the artifact cache, exported under the key's lock if absent.
+
+    Args:
+        gm: the transformed graph.
+        example_inputs: one tensor per input.
+        settings: the settings (cache directory, dynamic batch).
+        axes: the dynamic axes (Dynamo's symbolic sizes); dim 0 by ``settings.dynamic_batch``
+            when None.
 
     Returns:
         ``(path, key, built)``.
     """
+    if axes is None:  # outputs' axes are decided by the export, which runs the graph anyway
+        axes = batch_axes(example_inputs, (), settings.dynamic_batch)
     key = content_key(
         "onnx",
         fingerprint_graph(gm),
-        input_specs(example_inputs, settings.dynamic_batch),
-        {"dynamic_batch": settings.dynamic_batch, "opset": DEFAULT_OPSET},
+        input_specs(example_inputs, axes),
+        axes.to_json(),
+        {"opset": DEFAULT_OPSET},
         library_versions(),
     )
     cache = ArtifactCache(settings.cache_dir, "onnx")
 
     def _build(path: Path) -> None:
         # the TorchScript exporter only: torch.export inside a Dynamo backend upsets Dynamo state
-        export_onnx(
-            gm, example_inputs, path, dynamic_batch=settings.dynamic_batch, exporter="torchscript"
-        )
+        export_onnx(gm, example_inputs, path, exporter="torchscript", dynamic_axes=axes)
         count_build("onnx")
         logger.info("built ONNX artifact %s", key[:16])
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OutputMismatchError", "Runtime", "RuntimeUnavailableError", "check_outputs"]
@@ -80,14 +81,19 @@ class Runtime(ABC):
 
     Args:
         settings: the compile settings (cache directory, threads, dynamic batch...).
+        dynamic_axes: the axes the artifact must keep dynamic (from the Dynamo graph's symbolic
+            sizes); None: dim 0 where ``settings.dynamic_batch`` says.
     """
 
     name: ClassVar[str] = ""
     #: file suffixes of prebuilt artifacts :meth:`load_artifact` takes (``load()`` maps on them)
     artifact_suffixes: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
+    ) -> None:
         self.settings = settings if settings is not None else Settings()
+        self.dynamic_axes = dynamic_axes  # Dynamo's symbolic axes; dim 0 by the settings if None
         self.built = False
         self.active = False
         self.deployed = False

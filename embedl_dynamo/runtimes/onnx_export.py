@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+
 __all__ = ["DEFAULT_OPSET", "ExportError", "export_onnx", "input_names", "output_names"]
 
 logger = logging.getLogger(__name__)
@@ -70,26 +72,6 @@ def _check_io(example_inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
             raise ExportError(f"output {i} is a {type(value).__name__}, not a tensor")
 
 
-def _batch_axes(
-    example_inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
-) -> tuple[dict[str, dict[int, str]], list[bool]]:
-    first = next((t for t in example_inputs if t.dim() > 0), None)
-    if first is None:
-        return {}, [False] * len(example_inputs)
-    batch = first.shape[0]
-    axes: dict[str, dict[int, str]] = {}
-    marked = []
-    for name, t in zip(input_names(len(example_inputs)), example_inputs):
-        dynamic = t.dim() > 0 and t.shape[0] == batch
-        marked.append(dynamic)
-        if dynamic:
-            axes[name] = {0: "batch"}
-    for name, t in zip(output_names(len(outputs)), outputs):
-        if t.dim() > 0 and t.shape[0] == batch:
-            axes[name] = {0: "batch"}
-    return axes, marked
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -123,11 +105,15 @@ def _export_dynamo(
     args: tuple[torch.Tensor, ...],
     path: Path,
     opset: int,
-    marked: list[bool],
+    axes: DynamicAxes,
     n_out: int,
 ) -> None:
-    batch = torch.export.Dim("batch")
-    shapes = tuple({0: batch} if m else None for m in marked) if any(marked) else None
+    dims = {name: torch.export.Dim(name) for a in axes.inputs for name in a.values()}
+    shapes = (
+        tuple({axis: dims[name] for axis, name in a.items()} or None for a in axes.inputs)
+        if any(axes.inputs)
+        else None
+    )
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -151,6 +137,7 @@ def export_onnx(
     dynamic_batch: bool = True,
     opset: int | None = None,
     exporter: str = "auto",
+    dynamic_axes: DynamicAxes | None = None,
 ) -> Path:
     """Export ``gm`` to a single ONNX file with constants as initializers.
 
@@ -159,7 +146,9 @@ def export_onnx(
             flat tuple/list of tensors; not modified.
         example_inputs: one tensor per placeholder.
         path: where to write the ``.onnx`` file.
-        dynamic_batch: name dim 0 ``batch`` and leave it dynamic.
+        dynamic_batch: name dim 0 ``batch`` and leave it dynamic (when ``dynamic_axes`` is None).
+        dynamic_axes: every dynamic axis by name (Dynamo's symbolic sizes); overrides
+            ``dynamic_batch``.
         opset: ONNX opset (:data:`DEFAULT_OPSET` when None).
         exporter: ``auto`` (TorchScript exporter, then ``torch.export`` if it fails),
             ``torchscript`` or ``dynamo``.
@@ -181,7 +170,14 @@ def export_onnx(
     with torch.no_grad():
         outputs = module(*args)
     _check_io(args, outputs)
-    axes, marked = _batch_axes(args, outputs) if dynamic_batch else ({}, [False] * len(args))
+    axes = dynamic_axes if dynamic_axes is not None else batch_axes(args, outputs, dynamic_batch)
+    if len(axes.outputs) != len(outputs):  # inputs' axes only: outputs follow the batch
+        batch = any(a.get(0) == BATCH for a in axes.inputs)
+        axes = DynamicAxes(axes.inputs, batch_axes(args, outputs, batch).outputs)
+    named = {
+        **{n: dict(a) for n, a in zip(input_names(len(args)), axes.inputs) if a},
+        **{n: dict(a) for n, a in zip(output_names(len(outputs)), axes.outputs) if a},
+    }
     order = {"auto": ("torchscript", "dynamo"), "torchscript": ("torchscript",)}.get(
         exporter, ("dynamo",)
     )
@@ -191,9 +187,9 @@ def export_onnx(
         try:
             with torch.no_grad():
                 if name == "torchscript":
-                    _export_torchscript(module, args, path, opset, axes, len(outputs))
+                    _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
-                    _export_dynamo(module, args, path, opset, marked, len(outputs))
+                    _export_dynamo(module, args, path, opset, axes, len(outputs))
             onnx.checker.check_model(str(path))
         except Exception as exc:
             errors.append(f"{name} exporter: {_first_line(exc)}")

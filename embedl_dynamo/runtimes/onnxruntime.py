@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
 from embedl_dynamo.settings import Settings
@@ -80,8 +81,10 @@ class OnnxRuntime(Runtime):
     name = "onnxruntime"
     artifact_suffixes = (".onnx",)
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        super().__init__(settings)
+    def __init__(
+        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
+    ) -> None:
+        super().__init__(settings, dynamic_axes)
         self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
         self._path: Path | None = None
         self._session: Any = None
@@ -142,7 +145,7 @@ class OnnxRuntime(Runtime):
         if self._prebuilt is not None:
             (path, key), built = self._prebuilt, False
         else:
-            path, key, built = onnx_artifact(gm, example_inputs, self.settings)
+            path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
         self.from_cache = not built
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}

@@ -28,6 +28,7 @@ from torch import fx
 
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
 from embedl_dynamo.settings import Settings
@@ -150,8 +151,10 @@ class TensorRTRuntime(Runtime):
     name = "tensorrt"
     artifact_suffixes = (".engine", ".plan", ".trt")
 
-    def __init__(self, settings: Settings | None = None) -> None:
-        super().__init__(settings)
+    def __init__(
+        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
+    ) -> None:
+        super().__init__(settings, dynamic_axes)
         self._engine_path: Path | None = None
         self._engine: Any = None
         self._context: Any = None

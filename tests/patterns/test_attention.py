@@ -104,8 +104,8 @@ transpose = .transpose(x, 1, 0)
 multi_head_attention_forward = multi_head_attention_forward(query=transpose, key=transpose, value=transpose, in_proj_weight=$attn.in_proj_weight, in_proj_bias=$attn.in_proj_bias, out_proj_weight=$attn.out_proj.weight, out_proj_bias=$attn.out_proj.bias)
 getitem = getitem(multi_head_attention_forward, 0)
 transpose_1 = .transpose(getitem, 1, 0)
-identity = identity(input=transpose_1)
-return identity""",
+contiguous = contiguous(input=transpose_1)
+return contiguous""",
         )
 
     def test_transformer_encoder_matches_dynamo(self) -> None:
@@ -152,7 +152,8 @@ scaled_dot_product_attention = scaled_dot_product_attention(query=getitem_1, key
 merge_heads = merge_heads(scaled_dot_product_attention)
 linear_3 = linear(input=merge_heads, weight=$attn.out_proj.weight, bias=$attn.out_proj.bias)
 transpose_1 = .transpose(linear_3, 1, 0)
-return transpose_1""",
+contiguous = contiguous(input=transpose_1)
+return contiguous""",
         )
         assert_same_outputs(model, result.model, X)
 
@@ -290,7 +291,8 @@ scaled_dot_product_attention_attn = FusedAttention(getitem_1, getitem_2, getitem
 merge_heads = merge_heads(scaled_dot_product_attention_attn)
 linear_3 = linear(input=merge_heads, weight=$attn.out_proj.weight, bias=$attn.out_proj.bias)
 transpose_1 = .transpose(linear_3, 1, 0)
-return transpose_1""",
+contiguous = contiguous(input=transpose_1)
+return contiguous""",
         )
         projection = next(m for m in result.model.modules() if isinstance(m, FusedQKVProjection))
         assert projection.weight.shape == (48, 16) and projection.sizes == [16, 16, 16]

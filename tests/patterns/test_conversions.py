@@ -107,17 +107,13 @@ class TestRemoveDropoutAndIdentity(expecttest.TestCase):
             """\
 input x
 linear = linear(input=x, weight=$fc.weight, bias=$fc.bias)
-relu_1 = relu(input=linear)
+contiguous_1 = contiguous(input=linear)
+relu_1 = relu(input=contiguous_1)
 return relu_1""",
         )
         applied = sorted(e.id for e in result.plan.entries if e.applied)
-        # functional calls at the root are named by their node
-        assert applied == [
-            "remove_dropout@drop",
-            "remove_dropout@dropout_2",
-            "remove_identity@identity",
-            "remove_identity@out",
-        ]
+        # functional calls at the root are named by their node; contiguous() is not an identity
+        assert applied == ["remove_dropout@drop", "remove_dropout@dropout_2", "remove_identity@out"]
         assert_same_outputs(model, result.model, x)
 
     def test_training_dropout_is_kept_with_reason(self) -> None:
@@ -130,8 +126,12 @@ return relu_1""",
 
     def test_identity_reading_a_graph_input(self) -> None:
         class Only(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.same = nn.Identity()
+
             def forward(self, x):
-                return nn.functional.relu(x.contiguous())
+                return nn.functional.relu(self.same(x))
 
         x = torch.randn(3, generator=G)
         result = transform(Only(), (x,), [RemoveIdentity()])
@@ -143,3 +143,19 @@ relu_1 = relu(input=x)
 return relu_1""",
         )
         assert torch.equal(result.model(x), torch.relu(x))
+
+
+class ChannelShuffle(nn.Module):
+    """ShuffleNetV2's channel shuffle: the view after transpose needs contiguous()."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        y = x.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
+        return y.view(b, c, h, w)
+
+
+def test_contiguous_is_kept_because_a_later_view_needs_it() -> None:
+    x = torch.randn(2, 4, 3, 3, generator=G)
+    result = transform(ChannelShuffle(), (x,), CONVERSION_PATTERNS)
+    assert not any(e.pattern.name == "remove_identity" for e in result.plan.entries)
+    assert_same_outputs(ChannelShuffle(), result.model, x)

@@ -1,0 +1,138 @@
+"""Which axes of a Dynamo graph's inputs and outputs are dynamic, with one name per size.
+
+Dynamo marks an axis symbolic (a ``SymInt`` in the placeholder's fake tensor) once it has seen
+it change, and recompiles once; every such axis must stay dynamic in the exported artifact, or
+the next new size fails inside the runtime. On top of that, with ``dynamic_batch`` dim 0 of the
+inputs that share the first input's batch size is dynamic from the first compile on, named
+``batch`` (so the static first graph and the symbolic recompile key to the same artifact).
+
+Equal symbols get equal names, so ONNX Runtime and TensorRT know that two axes have one size;
+an output axis that is an expression of sizes (``s0 - 2``) gets a name of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+__all__ = ["BATCH", "DynamicAxes", "batch_axes", "dynamic_axes"]
+
+BATCH = "batch"
+
+
+@dataclass(frozen=True)
+class DynamicAxes:
+    """Dynamic axes per input and per output: ``{axis: name}``, in graph order."""
+
+    inputs: tuple[Mapping[int, str], ...]
+    outputs: tuple[Mapping[int, str], ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return any(self.inputs) or any(self.outputs)
+
+    def to_json(self) -> dict[str, Any]:
+        """For content keys: lists of ``[axis, name]`` pairs."""
+        return {
+            "inputs": [sorted(a.items()) for a in self.inputs],
+            "outputs": [sorted(a.items()) for a in self.outputs],
+        }
+
+
+def _fake(node: fx.Node) -> Any:
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def _name(size: Any, names: dict[str, str]) -> str | None:
+    """The axis name of a symbolic ``size`` (None when it is a plain int)."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    text = str(size)
+    if text not in names:
+        names[text] = re.sub(r"\W+", "_", text).strip("_") or f"dim{len(names)}"
+    return names[text]
+
+
+def dynamic_axes(
+    gm: fx.GraphModule,
+    user_inputs: Sequence[int],
+    example_inputs: Sequence[torch.Tensor],
+    dynamic_batch: bool,
+) -> DynamicAxes:
+    """The dynamic axes of the Dynamo graph ``gm`` for the inputs it keeps after freezing.
+
+    Args:
+        gm: the graph Dynamo gave the backend (placeholders carry fake tensors).
+        user_inputs: indices of the placeholders that stay inputs (``FrozenGraph.user_inputs``).
+        example_inputs: the real tensors of those inputs, in order.
+        dynamic_batch: also make dim 0 dynamic where it equals the first input's batch.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    names: dict[str, str] = {}
+    first = next((t for t in example_inputs if t.dim() > 0), None)
+    if first is not None:
+        index = list(example_inputs).index(first)
+        fake = _fake(placeholders[user_inputs[index]])
+        size = fake.shape[0] if fake is not None and fake.dim() > 0 else None
+        if isinstance(size, torch.SymInt):
+            names[str(size)] = BATCH
+    inputs = []
+    for index, tensor in zip(user_inputs, example_inputs):
+        fake = _fake(placeholders[index])
+        axes: dict[int, str] = {}
+        shape = fake.shape if fake is not None else ()
+        for axis, size in enumerate(shape):
+            name = _name(size, names)
+            if name is not None:
+                axes[axis] = name
+        heuristic_batch = (
+            first is not None and tensor.dim() > 0 and tensor.shape[0] == first.shape[0]
+        )
+        if dynamic_batch and heuristic_batch and 0 not in axes:
+            axes[0] = BATCH
+        inputs.append(axes)
+    outputs = []
+    output_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = output_node.args[0]
+    values = returned if isinstance(returned, (tuple, list)) else (returned,)
+    for position, value in enumerate(values):
+        fake = _fake(value) if isinstance(value, fx.Node) else None
+        axes = {}
+        for axis, size in enumerate(fake.shape if isinstance(fake, torch.Tensor) else ()):
+            if isinstance(size, torch.SymInt):
+                text = str(size)
+                axes[axis] = names.get(text) or f"output{position}_dim{axis}"
+            elif (
+                axis == 0
+                and dynamic_batch
+                and first is not None
+                and int(size) == first.shape[0]
+                and BATCH in {a.get(0) for a in inputs}
+            ):
+                axes[0] = BATCH
+        outputs.append(axes)
+    return DynamicAxes(tuple(inputs), tuple(outputs))
+
+
+def batch_axes(
+    example_inputs: Sequence[torch.Tensor],
+    outputs: Sequence[torch.Tensor],
+    dynamic_batch: bool,
+) -> DynamicAxes:
+    """Dim 0 named ``batch`` wherever it equals the first input's batch (or nothing dynamic).
+
+    For graphs without Dynamo's fake tensors (``export``, a plain GraphModule).
+    """
+    first = next((t for t in example_inputs if t.dim() > 0), None)
+    if not dynamic_batch or first is None:
+        return DynamicAxes(tuple({} for _ in example_inputs), tuple({} for _ in outputs))
+
+    def axes(t: torch.Tensor) -> dict[int, str]:
+        return {0: BATCH} if t.dim() > 0 and t.shape[0] == first.shape[0] else {}
+
+    return DynamicAxes(tuple(axes(t) for t in example_inputs), tuple(axes(t) for t in outputs))

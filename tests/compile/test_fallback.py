@@ -1,0 +1,62 @@
+"""What stays in PyTorch runs the *original* graph, and ops with layout semantics survive."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx, nn
+
+import embedl_dynamo
+import embedl_dynamo.dynamo.compile as dynamo_compile
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from tests.helpers import assert_close_to_scale
+
+
+class _ShuffleBlock(nn.Module):
+    """ShuffleNetV2-style: conv, then channel shuffle (transpose -> contiguous -> view)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x))
+        b, c, h, w = y.shape
+        y = y.view(b, 2, c // 2, h, w).transpose(1, 2).contiguous()
+        return y.view(b, c, h, w)
+
+
+def test_channel_shuffle_compiles_and_runs_on_the_runtime():
+    model = _ShuffleBlock().eval()
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_onnxruntime")(x), model(x))
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert (sub.status, sub.runtime) == ("compiled", "onnxruntime"), sub.reason
+
+
+def test_a_runtime_that_cannot_build_leaves_the_original_graph_running(monkeypatch):
+    real = dynamo_compile.run_pipeline
+
+    def broken_pipeline(*args, **kwargs):
+        result = real(*args, **kwargs)
+
+        class Broken(fx.GraphModule):
+            def forward(self, *a):
+                raise AssertionError("the transformed graph must not run in the fallback")
+
+        result.model = Broken(result.model, result.model.graph)
+        return result
+
+    def failing_build(self, gm, inputs):
+        raise RuntimeError("export failed: unsupported op")
+
+    monkeypatch.setattr(dynamo_compile, "run_pipeline", broken_pipeline)
+    monkeypatch.setattr(OnnxRuntime, "_build", failing_build)
+    model = _ShuffleBlock().eval()
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_onnxruntime")(x), model(x))
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert (
+        sub.runtime == "eager" and "onnxruntime failed: RuntimeError: export failed" in sub.reason
+    )
