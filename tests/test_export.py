@@ -213,3 +213,30 @@ def test_int8_export_has_qdq_scales_and_uses_the_calibration_cache(tmp_path, bac
     again = export(model, x, tmp_path / "q2.onnx", backend=backend, quantize="int8",
                    calibration_data=_calibration(), options=opts)  # fmt: skip
     assert json.loads(sidecar_path(again).read_text())["quantization"]["ranges_from"] == "cache"
+
+
+def test_a_failed_verification_leaves_existing_files_untouched(tmp_path, monkeypatch) -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opts = {"cache_dir": tmp_path / "cache"}
+    path = export(model, x, tmp_path / "model.onnx", options=opts)
+    before = (path.read_bytes(), sidecar_path(path).read_bytes())
+    real = verify_module.run_onnx
+    monkeypatch.setattr(verify_module, "run_onnx", lambda p, a: [o + 1.0 for o in real(p, a)])
+    with pytest.raises(VerificationError, match=r"untouched"):
+        export(nn.Sequential(nn.Conv2d(3, 4, 3)).eval(), x, path, options=opts)
+    assert (path.read_bytes(), sidecar_path(path).read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == [
+        "model.json",
+        "model.onnx",
+    ]
+
+
+def test_export_refuses_to_overwrite_a_json_file_that_is_not_its_sidecar(tmp_path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"learning_rate": 0.1}')
+    model = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
+    with pytest.raises(ExportError, match=r"config.json exists and is not an embedl_dynamo"):
+        export(model, torch.randn(1, 3, 8, 8), tmp_path / "config.onnx")
+    assert config.read_text() == '{"learning_rate": 0.1}'
+    assert not (tmp_path / "config.onnx").exists()

@@ -38,6 +38,8 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "default_cache_dir",
+    "file_mode",
+    "is_content_key",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
 _HEX_KEY = re.compile(r"^[0-9a-f]{16,128}$")
 _SUFFIX = re.compile(r"^(\.[A-Za-z0-9_]{1,16}){0,3}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (warn once each)
 
 
 def default_cache_dir() -> Path:
@@ -61,12 +64,20 @@ def default_cache_dir() -> Path:
     return Path(base) / "embedl_dynamo"
 
 
+def file_mode() -> int:
+    """The mode a new file gets under the process umask (``0o666 & ~umask``), as ``open`` does."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 would ignore the user's umask
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -82,6 +93,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def is_content_key(value: object) -> bool:
+    """Whether ``value`` is a well-formed content key (16-128 lowercase hex characters)."""
+    return isinstance(value, str) and bool(_HEX_KEY.match(value))
 
 
 class ArtifactCache:
@@ -103,6 +119,7 @@ class ArtifactCache:
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.namespace = namespace
         self.dir = (self.root / namespace).resolve()
+        self._unusable: str | None = None  # why the directory cannot be written, once found
 
     def __repr__(self) -> str:
         return f"ArtifactCache({str(self.root)!r}, {self.namespace!r})"
@@ -121,10 +138,9 @@ class ArtifactCache:
             )
         if not _SUFFIX.match(suffix):
             raise ValueError(f"invalid cache suffix {suffix!r}: expected e.g. '.onnx' or '.json'")
-        path = (self.dir / key[:2] / f"{key}{suffix}").resolve()
-        if self.dir not in path.parents:  # defence in depth; the regexes already forbid it
-            raise ValueError(f"cache path {path} escapes the cache directory {self.dir}")
-        return path
+        # not resolved: the regexes forbid separators, and a planted symbolic link is refused by
+        # get() instead of being followed out of the cache
+        return self.dir / key[:2] / f"{key}{suffix}"
 
     @staticmethod
     def _meta_path(path: Path) -> Path:
@@ -135,6 +151,10 @@ class ArtifactCache:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 
+    def remove(self, key: str, suffix: str = "") -> None:
+        """Delete the entry for ``key`` (a bad artifact must be replaced, not reused)."""
+        self._remove(self.path(key, suffix))
+
     def get(self, key: str, suffix: str = "") -> Path | None:
         """The verified artifact path for ``key``, or None if absent or corrupt.
 
@@ -143,6 +163,16 @@ class ArtifactCache:
         """
         path = self.path(key, suffix)
         meta_path = self._meta_path(path)
+        if self._unusable is not None:
+            return None
+        links = [p for p in (path.parent, path, meta_path) if p.is_symlink()]
+        if links:
+            logger.warning(
+                "cache entry %s is a symbolic link; removing it and rebuilding", links[0]
+            )
+            for link in links:
+                link.unlink()
+            return None
         if not path.exists() and not meta_path.exists():
             return None
         problem = self._verify(path, meta_path)
@@ -220,6 +250,25 @@ class ArtifactCache:
         atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
         return path
 
+    def _build_uncached(
+        self, key: str, build: Callable[[Path], None], suffix: str, exc: OSError
+    ) -> Path:
+        """Build into a private temporary directory: the cache directory cannot be written."""
+        reason = f"{type(exc).__name__}: {exc.strerror or exc}"
+        if str(self.root) not in _WARNED_UNUSABLE:
+            _WARNED_UNUSABLE.add(str(self.root))
+            logger.warning(
+                "cache directory %s is unusable (%s); compiling without a cache. Set "
+                "EMBEDL_DYNAMO_CACHE_DIR or options={'cache_dir': ...} to a writable directory.",
+                self.root, reason,
+            )  # fmt: skip
+        self._unusable = reason
+        target = Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")) / f"{key}{suffix}"
+        build(target)
+        if not target.exists():
+            raise RuntimeError(f"cache builder for {key} did not write {target}")
+        return target
+
     @contextlib.contextmanager
     def lock(self, key: str) -> Iterator[None]:
         """Hold an exclusive per-key file lock (blocks while another process holds it)."""
@@ -256,6 +305,10 @@ class ArtifactCache:
         found = self.get(key, suffix)
         if found is not None:
             return found, False
+        try:
+            self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return self._build_uncached(key, build, suffix, exc), True
         with self.lock(key):
             found = self.get(key, suffix)  # another process may have built it meanwhile
             if found is not None:

@@ -31,12 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
 from embedl_dynamo.backend import backend_by_name
 from embedl_dynamo.cache.keys import content_key, library_versions, sha256_file
-from embedl_dynamo.cache.store import ArtifactCache, atomic_write_bytes, atomic_write_text
+from embedl_dynamo.cache.store import (
+    ArtifactCache,
+    atomic_write_bytes,
+    atomic_write_text,
+    file_mode,
+)
 from embedl_dynamo.deploy.verify import (
     VerificationError,
     flat_outputs,
@@ -78,6 +84,21 @@ class EngineUnavailableError(ExportError):
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """The JSON sidecar of an exported file: ``model.onnx`` -> ``model.json``."""
     return Path(path).with_suffix(".json")
+
+
+def _refuse_foreign_sidecar(side: Path) -> None:
+    """Refuse to overwrite a JSON file that is not a sidecar we wrote (``config.json``...)."""
+    if not side.exists():
+        return
+    try:
+        ours = json.loads(side.read_text()).get("format") == SIDECAR_FORMAT
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise ExportArgumentError(
+            f"{side} exists and is not an embedl_dynamo export sidecar; exporting there would "
+            "overwrite it. Choose another file name or move that file."
+        )
 
 
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -247,6 +268,7 @@ def export(
         raise ExportArgumentError(f"path must end in .onnx, got {str(path)!r}")
     if not path.parent.is_dir():
         raise ExportArgumentError(f"directory {str(path.parent)!r} does not exist; create it first")
+    _refuse_foreign_sidecar(sidecar_path(path))
     try:
         target = backend_by_name(backend)
     except ValueError as exc:
@@ -290,32 +312,47 @@ def export(
         t0 = time.perf_counter()
         with torch.no_grad():
             outputs = flat_outputs(result.model(*args))
+        # everything is written beside the target first and renamed into place only once it
+        # verifies, so a failed export never destroys a file that was there before
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+        os.chmod(tmp_name, file_mode())  # like any file the user writes: honour the umask
         os.close(fd)
         tmp = Path(tmp_name)
         try:
-            export_onnx(result.model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
-            import onnx
+            try:
+                export_onnx(result.model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
+                onnx.checker.check_model(str(tmp))
+            except ExportError as exc:
+                raise ExportError(
+                    f"{exc}. The op stays in PyTorch under torch.compile; for export, replace "
+                    "it or raise the opset (opset=...)"
+                ) from exc
+            timings["onnx_s"] = time.perf_counter() - t0
+            stages.update()
 
-            onnx.checker.check_model(str(tmp))
+            stages.set_postfix_str("verify")
+            t0 = time.perf_counter()
+            quantized = bool(result.report.get("quantized"))
+            reference = result.model if quantized else model
+            check = verify_onnx(tmp, args, reference, model, quantized, dynamic_batch, tolerance)
+            timings["verify_s"] = time.perf_counter() - t0
+            stages.update()
+            passed = check.max_abs_diff <= check.tolerance
+            message = (
+                f"{path.name} differs from PyTorch by {check.max_abs_diff:.3g} (max abs, vs the "
+                f"{check.compared_with}; tolerance {check.tolerance:.3g})"
+            )
+            if not passed and verify:
+                raise VerificationError(
+                    f"{message}. Nothing was written (files already at {path.name} are "
+                    "untouched); disable the plan entry at fault, or pass verify=False to write "
+                    "the file anyway."
+                )
             os.replace(tmp, path)
-        except ExportError as exc:
-            raise ExportError(
-                f"{exc}. The op stays in PyTorch under torch.compile; for export, replace it "
-                "or raise the opset (opset=...)"
-            ) from exc
         finally:
             tmp.unlink(missing_ok=True)
-        timings["onnx_s"] = time.perf_counter() - t0
-        stages.update()
-
-        stages.set_postfix_str("verify")
-        t0 = time.perf_counter()
-        quantized = bool(result.report.get("quantized"))
-        reference = result.model if quantized else model
-        check = verify_onnx(path, args, reference, model, quantized, dynamic_batch, tolerance)
-        timings["verify_s"] = time.perf_counter() - t0
-        stages.update()
+        if not passed:
+            logger.warning("%s; kept because verify=False", message)
         logger.info(
             "exported %s: max abs diff %.3g vs %s (tolerance %.3g)",
             path, check.max_abs_diff, check.compared_with, check.tolerance,
@@ -358,22 +395,11 @@ def export(
             "compared_with": check.compared_with,
             "batch_sizes": list(check.batch_sizes),
             "cosine_to_float": check.cosine_to_float,
-            "passed": check.max_abs_diff <= check.tolerance,
+            "passed": passed,
         },
         "settings": settings.to_dict(),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "versions": library_versions(),
     }
     atomic_write_text(sidecar_path(path), json.dumps(_jsonable(sidecar), indent=2))
-    if check.max_abs_diff > check.tolerance:
-        message = (
-            f"{path} differs from PyTorch by {check.max_abs_diff:.3g} (max abs, vs the "
-            f"{check.compared_with}; tolerance {check.tolerance:.3g})"
-        )
-        if verify:
-            raise VerificationError(
-                f"{message}. Inspect the sidecar {sidecar_path(path).name}, disable the plan "
-                "entry at fault, or pass verify=False to keep the file anyway."
-            )
-        logger.warning("%s; kept because verify=False", message)
     return path

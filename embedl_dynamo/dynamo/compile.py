@@ -35,6 +35,7 @@ from embedl_dynamo.report import SubgraphReport, next_index, record
 from embedl_dynamo.runtimes import Runtime, resolve_runtime
 from embedl_dynamo.runtimes.artifacts import (
     code_fingerprint,
+    forget_alias,
     input_specs,
     lookup_alias,
     store_alias,
@@ -264,7 +265,11 @@ def _warm_start(
     The artifact is checked against the frozen (untransformed) graph on the example inputs.
     Returns None when there is nothing usable in the cache.
     """
-    alias = lookup_alias(source_key, settings)
+    try:
+        alias = lookup_alias(source_key, settings)
+    except (OSError, ValueError) as exc:  # an unreadable cache must not stop the compile
+        logger.warning("subgraph %d: warm cache unusable (%s); compiling", report.index, exc)
+        return None
     if alias is None:
         return None
     runtime = OnnxRuntime(settings, axes)
@@ -273,8 +278,9 @@ def _warm_start(
     try:
         runtime.build(frozen, inputs)
     except Exception as exc:
-        logger.warning("cached artifact for subgraph %d unusable (%s); rebuilding",
+        logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
                        report.index, _first_line(exc))  # fmt: skip
+        forget_alias(source_key, alias["onnx_key"], settings)
         return None
     report.runtime, report.cached = runtime.name, True
     report.runtime_info = dict(runtime.build_info)

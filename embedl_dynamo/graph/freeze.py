@@ -134,8 +134,9 @@ def _training_flag(node: fx.Node) -> bool:
 def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """Why this graph must not be frozen for inference, or None when it may.
 
-    Returns a reason when an op trains (``batch_norm``/``dropout`` with ``training=True``) or a
-    user input requires grad while grad mode is on.
+    Returns a reason when an op trains (``batch_norm``/``dropout`` with ``training=True``), or
+    when grad mode is on and a user input or a parameter requires grad (freezing would detach
+    the output, so ``backward()`` would fail).
     """
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _TRAINING_FUNCTIONS:
@@ -146,14 +147,18 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
                     "compile for inference"
                 )
     if torch.is_grad_enabled():
+        # frozen weights would silently detach the output and break backward()
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         for node, value in zip(placeholders, example_inputs):
             if isinstance(value, torch.Tensor) and value.requires_grad:
-                if not is_lifted_constant(node, value):
-                    return (
-                        f"input {node.name} requires grad; wrap the call in torch.no_grad() or "
-                        "torch.inference_mode() to compile for inference"
-                    )
+                if is_lifted_constant(node, value):
+                    what = f"parameter {_source_fqn(node) or node.name}"
+                else:
+                    what = f"input {node.name}"
+                return (
+                    f"{what} requires grad while grad mode is on; wrap the call in "
+                    "torch.no_grad() or torch.inference_mode() to compile for inference"
+                )
     return None
 
 

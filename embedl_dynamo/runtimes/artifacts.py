@@ -14,7 +14,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
-from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.cache.store import ArtifactCache, is_content_key
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx
 from embedl_dynamo.settings import Settings
@@ -24,6 +24,7 @@ __all__ = [
     "cached_onnx",
     "code_fingerprint",
     "input_specs",
+    "forget_alias",
     "lookup_alias",
     "onnx_artifact",
     "store_alias",
@@ -119,10 +120,27 @@ def lookup_alias(source_key: str, settings: Settings) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("onnx_key"), str) else None
+    if not isinstance(data, dict) or not is_content_key(data.get("onnx_key")):
+        logger.warning("ignoring malformed subgraph alias %s; rebuilding", path.name)
+        cache.remove(source_key, ".json")
+        return None
+    return data
+
+
+def forget_alias(source_key: str, onnx_key: str, settings: Settings) -> None:
+    """Remove an alias and the ONNX artifact it names: the artifact failed its check, so the
+    rebuild must replace it rather than find it again."""
+    ArtifactCache(settings.cache_dir, "subgraph").remove(source_key, ".json")
+    ArtifactCache(settings.cache_dir, "onnx").remove(onnx_key, ".onnx")
 
 
 def store_alias(source_key: str, data: dict[str, Any], settings: Settings) -> None:
-    """Record which artifact a subgraph (keyed before transformation) compiled to."""
+    """Record which artifact a subgraph (keyed before transformation) compiled to.
+
+    The alias only saves work: a cache that cannot be written skips it (logged at DEBUG).
+    """
     cache = ArtifactCache(settings.cache_dir, "subgraph")
-    cache.put(source_key, json.dumps(data, sort_keys=True).encode(), ".json")
+    try:
+        cache.put(source_key, json.dumps(data, sort_keys=True).encode(), ".json")
+    except OSError as exc:
+        logger.debug("subgraph alias not stored: %s", exc)

@@ -368,3 +368,17 @@ def test_int8_options_reach_the_quantization_step():
         assert_close_to_scale(y, model(x), rtol=0.05)  # INT8: a few percent of the scale
     (sub,) = embedl_dynamo.last_report()
     assert sub.pipeline["quantized"] is True and sub.runtime == "onnxruntime"
+
+
+def test_parameters_requiring_grad_in_grad_mode_run_eager_and_backward_works():
+    model = ResNetLike().eval()  # parameters require grad, as every fresh model's do
+    x = torch.randn(2, 3, 16, 16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = torch.compile(model, backend="embedl_tensorrt")(x)
+    ours = [w for w in caught if "embedl_tensorrt" in str(w.message)]
+    assert len(ours) == 1 and "parameter" in str(ours[0].message)
+    assert "requires grad" in str(ours[0].message) and "torch.no_grad()" in str(ours[0].message)
+    y.sum().backward()  # not silently detached
+    assert model.conv1.weight.grad is not None
+    assert not BUILD_COUNTS

@@ -78,10 +78,14 @@ def test_input_requiring_grad_is_detected():
         assert inference_blocker(gm, inputs) is None
 
 
-def test_eval_model_has_no_blocker():
+def test_eval_model_has_no_blocker_under_no_grad_but_trainable_weights_block_grad_mode():
     model = ResNetLike().eval()
     gm, inputs = _dynamo_graph(model, torch.randn(2, 3, 16, 16))
-    assert inference_blocker(gm, inputs) is None
+    with torch.no_grad():
+        assert inference_blocker(gm, inputs) is None
+    reason = inference_blocker(gm, inputs)  # grad mode on, weights require grad
+    assert reason is not None and reason.startswith("parameter ")
+    assert "requires grad while grad mode is on" in reason
 
 
 def test_freeze_checks_input_count():
