@@ -81,6 +81,9 @@ def run_pipeline(
     result = apply_transformation_plan(plan)
     report: dict[str, Any] = dict(result.report)
     report["backend"] = backend.name
+    report["applied_by_pattern"] = {
+        name: counts["applied"] for name, counts in report["patterns"].items() if counts["applied"]
+    }
     report["transform_s"] = round(time.perf_counter() - start, 4)
     model = float_model = result.model
     report["quantized"] = False

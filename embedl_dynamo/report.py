@@ -84,9 +84,46 @@ class CompileReport:
     subgraphs: list[SubgraphReport] = field(default_factory=list)
 
     def __str__(self) -> str:
+        return self.summary()
+
+    def summary(self, max_subgraphs: int = 8) -> str:
+        """The first screen (a dozen lines): where each subgraph ran, the rewrites applied by
+        kind, the precision mix and the compile time; the full plan is one call away."""
         if not self.subgraphs:
             return "no subgraph compiled by an embedl_* backend yet"
-        return "\n".join(str(s) for s in self.subgraphs)
+        subs = self.subgraphs
+        compiled = [s for s in subs if s.status == "compiled" and s.runtime != "eager"]
+        runtimes = sorted({s.runtime for s in compiled})
+        lines = [
+            f"embedl_dynamo: {len(subs)} subgraph{'s' if len(subs) != 1 else ''}, "
+            f"{len(compiled)} compiled ({', '.join(runtimes) or 'none'}), "
+            f"{len(subs) - len(compiled)} in PyTorch; "
+            f"compile {sum(s.compile_s for s in subs):.1f} s"
+        ]
+        lines += [f"  {s}" for s in subs[:max_subgraphs]]
+        if len(subs) > max_subgraphs:
+            lines.append(f"  ... {len(subs) - max_subgraphs} more (report.subgraphs)")
+        kinds: dict[str, int] = {}
+        for s in subs:
+            for name, count in s.pipeline.get("applied_by_pattern", {}).items():
+                kinds[name] = kinds.get(name, 0) + count
+        if kinds:
+            ranked = sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0]))
+            shown = ", ".join(f"{name} x{count}" for name, count in ranked[:6])
+            more = f", +{len(ranked) - 6} kinds" if len(ranked) > 6 else ""
+            lines.append(f"rewrites: {shown}{more}")
+        lines.append(f"precision: {self.precision_mix()}")
+        lines.append("full plan: print(report[i].plan)")
+        return "\n".join(lines)
+
+    def precision_mix(self) -> str:
+        """``fp32`` or how many layers run INT8 and how many stay in float."""
+        quantized = [s.pipeline for s in self.subgraphs if s.pipeline.get("quantized")]
+        if not quantized:
+            return "fp32"
+        int8 = sum(len(q.get("quantization", {}).get("quantized_layers", [])) for q in quantized)
+        kept = sum(len(q.get("quantization", {}).get("float_layers", [])) for q in quantized)
+        return f"int8 ({int8} layers int8, {kept} left in float)"
 
     def __len__(self) -> int:
         return len(self.subgraphs)

@@ -184,6 +184,7 @@ def compile_subgraph(
     logger.info("%s", report)
     if source_key is not None and report.status == "compiled" and report.runtime_info.get("key"):
         summary = {k: v for k, v in result.report.items() if isinstance(v, (int, float, str))}
+        summary["applied_by_pattern"] = result.report.get("applied_by_pattern", {})
         store_alias(
             source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
         )

@@ -1,0 +1,44 @@
+"""The first screen a user sees: ``print(embedl_dynamo.last_report())``, short and complete."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+
+import expecttest
+import torch
+
+import embedl_dynamo
+from tests.models import ResNetLike, randomize_batchnorm
+
+
+def _normalised(text: str) -> str:
+    """Timings vary from run to run; everything else is pinned."""
+    return re.sub(r"\d+\.\d+ s\b", "<t> s", text)
+
+
+class TestFirstScreen(expecttest.TestCase):
+    def test_a_small_model_fits_on_one_screen(self) -> None:
+        embedl_dynamo.report.clear_reports()
+        torch._dynamo.reset()
+        model = randomize_batchnorm(ResNetLike().eval())
+        with tempfile.TemporaryDirectory() as cache, torch.no_grad():  # a cold cache
+            options = {"cache_dir": cache}
+            torch.compile(model, backend="embedl_onnxruntime", options=options)(
+                torch.randn(2, 3, 16, 16)
+            )
+        text = str(embedl_dynamo.last_report())
+        assert len(text.splitlines()) <= 25
+        self.assertExpectedInline(
+            _normalised(text),
+            """\
+embedl_dynamo: 1 subgraph, 1 compiled (onnxruntime), 0 in PyTorch; compile <t> s
+  subgraph 0: compiled on onnxruntime (backend onnxruntime, 37 ops, 13 rewrites, <t> s)
+rewrites: conv_bn_add_relu x4, conv_bn_relu x4, adaptive_avg_pool x1, conv x1, conv_bn x1, flatten_linear x1, +1 kinds
+precision: fp32
+full plan: print(report[i].plan)""",
+        )
+
+    def test_nothing_compiled_says_so(self) -> None:
+        embedl_dynamo.report.clear_reports()
+        assert str(embedl_dynamo.last_report()) == "no subgraph compiled by an embedl_* backend yet"
