@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 _RUNS = {
-    "quickstart": ["quickstart.py", "--small", "--repeats", "3"],
+    "quickstart": ["quickstart.py", "--small", "--repeats", "3", "--plan"],
     "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
     "export_and_load": ["export_and_load.py", "--small"],
     "plan_inspection": ["plan_inspection.py", "--small"],
@@ -70,8 +70,9 @@ def _ok(run: subprocess.CompletedProcess) -> str:
 
 def test_quickstart_prints_plan_and_comparison(runs) -> None:
     out = _ok(runs["quickstart"])
-    assert "compiled on" in out  # the subgraph report
-    assert "conv_bn_relu@layer1.0.conv1" in out  # the plan table
+    first_screen = out.split("id ", 1)[0]  # everything before the full plan table (--plan)
+    assert "compiled on" in first_screen and "rewrites: conv_bn_relu x" in first_screen
+    assert "conv_bn_relu@layer1.0.conv1" in out  # the plan table, asked for with --plan
     assert "same top-1: True" in out
     assert "embedl_tensorrt" in out and "median ms" in out
 
