@@ -28,7 +28,7 @@ __all__ = [
 
 ENV_RUNTIME = "EMBEDL_DYNAMO_RUNTIME"
 
-RUNTIMES = ("auto", "onnxruntime", "tensorrt", "torch_tensorrt", "eager")
+RUNTIMES = ("auto", "onnxruntime", "openvino", "tensorrt", "torch_tensorrt", "eager")
 FALLBACKS = ("eager", "raise")
 QUANTIZE_MODES = (None, "int8")
 OBSERVERS = ("minmax", "percentile", "mse", "entropy")
@@ -58,8 +58,8 @@ class Settings:
     """Settings of one ``torch.compile`` call.
 
     Attributes:
-        runtime: ``auto`` (best available), ``onnxruntime``, ``tensorrt``, ``torch_tensorrt``
-            or ``eager``.
+        runtime: ``auto`` (best available), ``onnxruntime``, ``openvino``, ``tensorrt``,
+            ``torch_tensorrt`` or ``eager``.
         cache_dir: the artifact cache root.
         fallback: ``eager`` runs a subgraph the runtime cannot take in PyTorch (and reports
             why); ``raise`` raises.
@@ -72,6 +72,8 @@ class Settings:
         calibration_steps: how many batches calibration uses.
         observer: range estimator: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
         calibration_cache: keep calibrated ranges in the cache directory.
+        accuracy_budget: the least cosine similarity an INT8 artifact's outputs must have to
+            the float model's on the build sample; below it the float artifact runs instead.
         progress: show progress bars (None: only when stderr is a terminal).
     """
 
@@ -86,6 +88,7 @@ class Settings:
     calibration_steps: int = 32
     observer: str = "minmax"
     calibration_cache: bool = True
+    accuracy_budget: float = 0.99
     progress: bool | None = None
 
     def __post_init__(self) -> None:
@@ -99,6 +102,12 @@ class Settings:
             _int("num_threads", self.num_threads, 1)
         _bool("dynamic_batch", self.dynamic_batch)
         _bool("calibration_cache", self.calibration_cache)
+        budget = self.accuracy_budget
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
+            raise ValueError(
+                f"invalid accuracy_budget={budget!r}; expected a cosine similarity in (0, 1], "
+                "e.g. 0.99"
+            )
         _bool("progress", self.progress, optional=True)
         if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
             raise ValueError(f"invalid cache_dir={self.cache_dir!r}; expected a directory path")

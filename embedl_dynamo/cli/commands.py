@@ -160,7 +160,7 @@ def run_bench(args: argparse.Namespace) -> int:
     clear_reports()
     compiled = torch.compile(model, backend=f"embedl_{args.backend}", options=dict(cache))
     rows.append(measure(f"embedl_{args.backend} float", compiled, inputs, **kw))
-    notes.append(f"{rows[-1].name}: {last_report()}")
+    notes.append(f"{rows[-1].name}: " + "; ".join(str(s) for s in last_report()))
     if not args.no_int8:
         torch._dynamo.reset()
         calibration = (
@@ -172,7 +172,7 @@ def run_bench(args: argparse.Namespace) -> int:
         clear_reports()
         int8 = torch.compile(model, backend=f"embedl_{args.int8_backend}", options=options)
         rows.append(measure(f"embedl_{args.int8_backend} int8", int8, inputs, **kw))
-        notes.append(f"{rows[-1].name}: {last_report()}")
+        notes.append(f"{rows[-1].name}: " + "; ".join(str(s) for s in last_report()))
     shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
     print(f"{args.model}  input {shapes}  threads {torch.get_num_threads()}  "
           f"medians over {args.repeats} runs")  # fmt: skip

@@ -40,6 +40,7 @@ from embedl_dynamo.runtimes.artifacts import (
     lookup_alias,
     store_alias,
 )
+from embedl_dynamo.runtimes.base import OutputMismatchError, output_cosine
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.settings import Settings
@@ -148,12 +149,27 @@ def compile_subgraph(
         return _eager("eager", f"transformation failed: {_first_line(exc)}")
     report.plan, report.pipeline = result.plan, result.report
 
-    def _build(model: fx.GraphModule) -> Callable[..., Any] | None:
-        """The runtime's infer, or None when it fails and the original graph runs instead."""
+    def _build(
+        model: fx.GraphModule, float_model: fx.GraphModule | None = None
+    ) -> Callable[..., Any] | None:
+        """The runtime's infer, or None when it fails and the original graph runs instead.
+
+        ``float_model`` marks ``model`` as INT8: its artifact must agree with the float model
+        within ``accuracy_budget``, or the float artifact runs instead (never fake-quant).
+        """
         runtime: Runtime = runtime_cls(settings, axes)
         try:
             runtime.build(model, inputs)
+            if float_model is not None:
+                _check_int8(runtime, float_model, inputs, settings.accuracy_budget)
         except Exception as exc:
+            if float_model is not None and settings.fallback != "raise":
+                logger.warning(
+                    "subgraph %d: INT8 %s artifact rejected (%s); running the float artifact",
+                    report.index, runtime_cls.name, _first_line(exc),
+                )  # fmt: skip
+                report.reason = f"INT8 rejected, float runs: {_first_line(exc)}"
+                return _build(float_model)
             if settings.fallback == "raise" or runtime_cls is EagerRuntime:
                 raise RuntimeError(
                     f"embedl_{backend.name}: the {runtime_cls.name} runtime cannot take this "
@@ -175,7 +191,15 @@ def compile_subgraph(
         return runtime.infer
 
     if settings.quantize is not None and settings.calibration_data is None:
-        infer = calibrate_then_build(result.model, inputs, backend.quantizer, settings, _build)
+        infer = calibrate_then_build(
+            result.model,
+            inputs,
+            backend.quantizer,
+            settings,
+            lambda quantized: _build(quantized, float_model=result.model),
+        )
+    elif settings.quantize is not None:
+        infer = _build(result.model, float_model=result.float_model)
     else:
         infer = _build(result.model)
     report.status = report.status or "compiled"
@@ -189,6 +213,21 @@ def compile_subgraph(
             source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
         )
     return _wrap(gm, infer, user, report, settings)
+
+
+def _check_int8(
+    runtime: Runtime, float_model: fx.GraphModule, inputs: list[torch.Tensor], budget: float
+) -> None:
+    """Raise :class:`OutputMismatchError` unless the INT8 artifact's outputs have cosine
+    similarity >= ``budget`` to the float model's on the build sample."""
+    with torch.no_grad():
+        expected = float_model(*inputs)
+    expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+    cosine = output_cosine(expected, runtime.infer(*inputs))
+    if not cosine >= budget:  # NaN fails too
+        raise OutputMismatchError(
+            f"cosine {cosine:.4f} to the float model < accuracy_budget {budget:g}"
+        )
 
 
 def _wrap(

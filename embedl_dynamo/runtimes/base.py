@@ -26,7 +26,14 @@ from torch import fx
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OutputMismatchError", "Runtime", "RuntimeUnavailableError", "check_outputs"]
+__all__ = [
+    "OutputMismatchError",
+    "Runtime",
+    "RuntimeUnavailableError",
+    "check_finite",
+    "check_outputs",
+    "output_cosine",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +81,24 @@ def check_outputs(
             )
         worst = max(worst, err)
     return worst
+
+
+def check_finite(outputs: Sequence[torch.Tensor], what: str) -> None:
+    """Raise :class:`OutputMismatchError` naming the first output that holds NaN or infinity."""
+    for i, out in enumerate(outputs):
+        if out.is_floating_point() and not torch.isfinite(out).all():
+            bad = int((~torch.isfinite(out)).sum())
+            raise OutputMismatchError(f"{what}: output {i} holds {bad} NaN/inf value(s)")
+
+
+def output_cosine(expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor]) -> float:
+    """Cosine similarity of two output lists, flattened and concatenated (NaN propagates)."""
+    e = torch.cat([t.detach().reshape(-1).double().cpu() for t in expected])
+    a = torch.cat([t.detach().reshape(-1).double().cpu() for t in actual])
+    denom = float(e.norm() * a.norm())
+    if not denom:
+        return 1.0 if torch.equal(e, a) else 0.0
+    return float(e @ a) / denom
 
 
 class Runtime(ABC):

@@ -13,6 +13,7 @@ from pathlib import Path
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
 from embedl_dynamo.settings import RUNTIMES
@@ -23,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 RUNTIME_CLASSES: dict[str, type[Runtime]] = {
     "onnxruntime": OnnxRuntime,
+    "openvino": OpenVINORuntime,
     "tensorrt": TensorRTRuntime,
     "torch_tensorrt": TorchTensorRTRuntime,
     "eager": EagerRuntime,

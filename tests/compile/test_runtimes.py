@@ -130,7 +130,7 @@ def test_auto_picks_onnxruntime_on_this_cpu(caplog):
 
 
 def test_unknown_runtime_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid runtimes: auto, onnxruntime, tensorrt"):
+    with pytest.raises(ValueError, match="valid runtimes: auto, onnxruntime, openvino, tensorrt"):
         resolve_runtime("tvm")
 
 

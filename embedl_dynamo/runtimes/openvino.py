@@ -1,0 +1,105 @@
+"""The ``openvino`` runtime: the same ONNX artifact, compiled by OpenVINO's CPU plugin.
+
+OpenVINO reads the ONNX file the ONNX Runtime path exports (float, or QDQ INT8, which its
+low-precision transformations turn into integer kernels), with every dynamic axis kept
+dynamic. Precision is pinned to ``f32`` (``INFERENCE_PRECISION_HINT``): on CPUs that expose
+bf16 OpenVINO would otherwise compute in bf16, which is slower on this kind of machine and
+changes the numbers. ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
+
+OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
+error); this runtime is a working route from ``torch.compile`` to OpenVINO.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.runtimes.artifacts import onnx_artifact
+from embedl_dynamo.runtimes.base import Runtime, check_finite, check_outputs
+from embedl_dynamo.settings import Settings
+
+__all__ = ["OpenVINORuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+class OpenVINORuntime(Runtime):
+    """OpenVINO ``CompiledModel`` over the cached ONNX artifact, on the CPU."""
+
+    name = "openvino"
+
+    def __init__(
+        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
+    ) -> None:
+        super().__init__(settings, dynamic_axes)
+        self._path: Path | None = None
+        self._compiled: Any = None
+        self._request: Any = None
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("openvino") is None:
+            return "the openvino package is not installed (pip install embedl-dynamo[openvino])"
+        return None
+
+    @property
+    def is_jit(self) -> bool:
+        return False
+
+    @property
+    def input_names(self) -> list[str]:
+        return [p.any_name for p in self._compiled.inputs] if self._compiled else []
+
+    @property
+    def output_names(self) -> list[str]:
+        return [p.any_name for p in self._compiled.outputs] if self._compiled else []
+
+    def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
+        self.from_cache = not built
+        self._path = path
+        self.build_info = {"key": key, "artifact": str(path), "device": "CPU"}
+        self._activate()
+        with torch.no_grad():
+            expected = gm(*example_inputs)
+        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+        actual = self._infer(example_inputs)
+        if "embedl_quantization" in gm.meta:  # INT8: judged against float by the caller
+            check_finite(actual, "INT8 OpenVINO model")
+        else:
+            check_outputs(expected, actual, "OpenVINO model")
+
+    def _activate(self) -> None:
+        if self._compiled is not None:
+            return
+        import openvino as ov
+
+        core = ov.Core()
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
+        if self.settings.num_threads is not None:
+            config["INFERENCE_NUM_THREADS"] = self.settings.num_threads
+        self._compiled = core.compile_model(core.read_model(str(self._path)), "CPU", config)
+        self._request = self._compiled.create_infer_request()
+
+    def _deactivate(self) -> None:
+        self._compiled = None
+        self._request = None
+
+    def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        if len(args) != len(self._compiled.inputs):
+            raise ValueError(f"expected {len(self._compiled.inputs)} inputs, got {len(args)}")
+        device = args[0].device if args else torch.device("cpu")
+        feeds = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in args]
+        results = self._request.infer(feeds)
+        outputs = [results[port] for port in self._compiled.outputs]
+        # copies: the request reuses its output buffers on the next call
+        return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
