@@ -132,7 +132,7 @@ def compile_subgraph(
             report.compile_s = time.perf_counter() - start
             record(report)
             logger.info("%s", report)
-            return _wrap(gm, infer, user, report, settings)
+            return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
     float_settings = (
         dataclasses.replace(settings, quantize=None)
@@ -212,7 +212,7 @@ def compile_subgraph(
         store_alias(
             source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
         )
-    return _wrap(gm, infer, user, report, settings)
+    return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
 
 def _check_int8(
@@ -236,6 +236,8 @@ def _wrap(
     user: list[int],
     report: SubgraphReport,
     settings: Settings,
+    backend: Backend,
+    example_inputs: Sequence[Any],
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
@@ -243,13 +245,27 @@ def _wrap(
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
     with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
     runtime.
+
+    The weights were frozen into the artifact, so each call first checks that none of them
+    changed since (``load_state_dict``, an optimizer step, ``weight.mul_(2)`` bump a tensor's
+    version counter; a few integer reads per call) and recompiles the subgraph if one did.
     """
     if infer is None:
         return gm.forward
     warned = False
+    frozen = _weight_versions(example_inputs, user)
+    rebuilt: Callable[..., Any] | None = None  # the recompiled subgraph, once weights changed
 
     def compiled(*args: Any) -> Any:
-        nonlocal warned
+        nonlocal warned, rebuilt
+        if rebuilt is not None:
+            return rebuilt(*args)
+        changed = _changed_weight(args, frozen)
+        if changed is not None:
+            logger.info("subgraph %d: weight %s changed since compile; rebuilding",
+                        report.index, changed)  # fmt: skip
+            rebuilt = compile_subgraph(gm, args, backend, settings)
+            return rebuilt(*args)
         try:
             outputs = infer(*[args[i] for i in user])
         except Exception as exc:
@@ -268,6 +284,25 @@ def _wrap(
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
+
+
+def _weight_versions(args: Sequence[Any], user: list[int]) -> list[tuple[int, int, int]]:
+    """(index, tensor id, version counter) of every frozen weight among Dynamo's arguments."""
+    users = set(user)
+    return [
+        (i, id(t), t._version)
+        for i, t in enumerate(args)
+        if i not in users and isinstance(t, torch.Tensor)
+    ]
+
+
+def _changed_weight(args: Sequence[Any], frozen: list[tuple[int, int, int]]) -> str | None:
+    """The first frozen weight replaced or modified in place since compile, or None."""
+    for index, ident, version in frozen:
+        t = args[index]
+        if id(t) != ident or t._version != version:
+            return f"argument {index}"
+    return None
 
 
 def _source_key(

@@ -22,6 +22,7 @@ The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -131,6 +132,30 @@ def _training_flag(node: fx.Node) -> bool:
     return _DEFAULT_TRAINING.get(node.target, False)
 
 
+_INPLACE_OPERATORS = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem,
+}  # fmt: skip
+
+
+def _mutated_placeholder(node: fx.Node) -> fx.Node | None:
+    """The graph input (user input, parameter or buffer) ``node`` modifies in place, if any.
+
+    Freezing makes parameters and buffers constants and canonicalisation makes in-place ops
+    functional, so such a write would be lost; the graph must run in PyTorch instead.
+    """
+    if node.op not in ("call_function", "call_method") or not node.args:
+        return None
+    first = node.args[0]
+    if not isinstance(first, fx.Node) or first.op != "placeholder":
+        return None
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    in_place = node.target in _INPLACE_OPERATORS or (
+        name.endswith("_") and not name.endswith("__") and not name.startswith("_")
+    )
+    return first if in_place else None
+
+
 def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """Why this graph must not be frozen for inference, or None when it may.
 
@@ -146,6 +171,14 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
                     f"{name} runs in training mode (node {node.name}); call model.eval() to "
                     "compile for inference"
                 )
+    for node in gm.graph.nodes:
+        mutated = _mutated_placeholder(node)
+        if mutated is not None:
+            name = _source_fqn(mutated) or mutated.name
+            return (
+                f"the graph mutates {name} in place; it runs in PyTorch so the change is kept "
+                "(buffers updated in forward, inputs modified in place)"
+            )
     if torch.is_grad_enabled():
         # frozen weights would silently detach the output and break backward()
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

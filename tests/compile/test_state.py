@@ -1,0 +1,92 @@
+"""State the compiled graph does not own: weights changed after compiling, buffers and inputs
+mutated in forward. PyTorch's semantics are kept: rebuild, or run in PyTorch."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+from tests.helpers import assert_close_to_scale
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+X = torch.randn(2, 3, 8, 8)
+
+
+def test_weights_changed_in_place_after_compiling_are_picked_up():
+    model = _Net().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        compiled(X)
+        model.fc.weight.mul_(2)
+        assert_close_to_scale(compiled(X), model(X))
+        assert_close_to_scale(compiled(X), model(X))  # the rebuilt artifact, no further build
+    assert BUILD_COUNTS["onnx"] == 2
+
+
+def test_load_state_dict_after_compiling_is_picked_up():
+    model, other = _Net().eval(), _Net().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        compiled(X)
+        model.load_state_dict(other.state_dict())
+        assert_close_to_scale(compiled(X), other(X))
+
+
+class _Counter(nn.Module):
+    """Counts its calls in a buffer and scales the output by the count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.steps += 1
+        return self.fc(x) * self.steps
+
+
+def test_a_buffer_updated_in_forward_keeps_counting():
+    model, reference = _Counter().eval(), _Counter().eval()
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            assert_close_to_scale(compiled(x), reference(x))
+    assert float(model.steps) == 3.0
+    assert any("mutates steps in place" in str(w.message) for w in caught)
+
+
+class _InPlaceInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return self.fc(x)
+
+
+def test_an_input_modified_in_place_is_modified_for_the_caller():
+    model = _InPlaceInput().eval()
+    x, x_eager = torch.zeros(2, 4), torch.zeros(2, 4)
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_onnxruntime")(x)
+        model(x_eager)
+    assert torch.equal(x, x_eager)
+    assert embedl_dynamo.last_report().subgraphs[0].runtime == "eager"
