@@ -12,6 +12,7 @@ The phase change is logged at INFO.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,18 +54,23 @@ class LazyInt8:
         self.report: dict[str, Any] | None = None
         self._batches: list[tuple[torch.Tensor, ...]] = []
         self._infer: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
         logger.info("INT8: calibrating on the first %d calls (running in float)", self.steps)
 
     def __call__(self, *args: Any) -> Any:
         if self._infer is not None:
             return self._infer(*args)
-        with torch.no_grad():
-            out = self.float_gm(*args)
-        self._batches.append(tuple(a.detach().clone() for a in args if isinstance(a, torch.Tensor)))
-        self.steps_seen += 1
-        if self.steps_seen >= self.steps:
-            self._finish()
-        return out
+        with self._lock:  # threads share one calibration: steps counted once, built once
+            if self._infer is None:
+                with torch.no_grad():
+                    out = self.float_gm(*args)
+                batch = tuple(a.detach().clone() for a in args if isinstance(a, torch.Tensor))
+                self._batches.append(batch)
+                self.steps_seen += 1
+                if self.steps_seen >= self.steps:
+                    self._finish()
+                return out
+        return self._infer(*args)
 
     def _finish(self) -> None:
         settings = self.settings

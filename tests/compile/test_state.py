@@ -90,3 +90,27 @@ def test_an_input_modified_in_place_is_modified_for_the_caller():
         model(x_eager)
     assert torch.equal(x, x_eager)
     assert embedl_dynamo.last_report().subgraphs[0].runtime == "eager"
+
+
+def test_lazy_int8_calibrates_once_across_threads(tmp_path):
+    import threading
+
+    from embedl_dynamo.backends.onnxruntime import BACKEND
+    from embedl_dynamo.quant.lazy import calibrate_then_build
+    from embedl_dynamo.settings import Settings
+
+    patterns = [*BACKEND.conversion_patterns, *BACKEND.fusion_patterns]
+    fused = embedl_dynamo.transform(_Net().eval(), (X,), patterns).model
+    built = []
+    settings = Settings(calibration_steps=4, cache_dir=tmp_path)
+    lazy = calibrate_then_build(
+        fused, [X], BACKEND.quantizer, settings, lambda q: built.append(q) or q
+    )
+    threads = [threading.Thread(target=lambda: [lazy(X) for _ in range(5)]) for _ in range(4)]
+    with torch.no_grad():
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(built) == 1 and lazy.steps_seen == 4 and lazy.phase == "quantized"
+    assert lazy.report["calibration_forward_passes"] == 4
