@@ -119,14 +119,57 @@ def _hash_value(h: Any, value: Any) -> None:
         h.update(type(value).__qualname__.encode())
 
 
-def data_fingerprint(data: CalibrationData | Sequence[tuple[torch.Tensor, ...]]) -> str:
-    """sha256 of calibration data: tensor bytes of every batch, or a forward_loop's identity.
+class _Probed(Exception):
+    """Raised by :class:`_InputProbe` once it has seen enough batches."""
 
-    A callable is identified by its name, bytecode and the tensors/literals it closes over;
-    data it reads from elsewhere (a file, a global loader) is not seen.
+
+class _InputProbe(nn.Module):
+    """Stands in for the model a forward_loop drives: records the first batches it is fed."""
+
+    def __init__(self, model: nn.Module, batches: int) -> None:
+        super().__init__()
+        self.model, self.limit, self.seen = model, batches, []
+
+    def forward(self, *args: Any) -> Any:
+        self.seen.append(args)
+        if len(self.seen) >= self.limit:
+            raise _Probed
+        return self.model(*args)
+
+
+def data_fingerprint(
+    data: CalibrationData | Sequence[tuple[torch.Tensor, ...]],
+    model: nn.Module | None = None,
+    probe_batches: int = 2,
+) -> str | None:
+    """sha256 of calibration data: the tensor bytes of every batch.
+
+    A ``forward_loop`` is fingerprinted by what it feeds the model: it runs on ``model`` until
+    it has fed ``probe_batches`` batches, whose bytes are hashed with the loop's code. Data the
+    loop reads from a file or a loader is seen that way too (rescaled data gives another key).
+
+    Returns:
+        The fingerprint, or None when a loop cannot be fingerprinted (no model given, the loop
+        fails, or it feeds nothing): such data must not be cached.
     """
     if callable(data) and not isinstance(data, (list, tuple)):
-        return "loop:" + _callable_fingerprint(data)
+        if model is None:
+            return None
+        probe = _InputProbe(model, probe_batches)
+        try:
+            with torch.no_grad():
+                data(probe)
+        except _Probed:
+            pass
+        except Exception as exc:  # the real calibration run will report it
+            logger.debug("forward_loop cannot be fingerprinted: %s", exc)
+            return None
+        if not probe.seen:
+            return None
+        h = hashlib.sha256(_callable_fingerprint(data).encode())
+        for batch in probe.seen:
+            _hash_value(h, batch)
+        return "loop:" + h.hexdigest()
     h = hashlib.sha256()
     for batch in data:
         _hash_value(h, batch)

@@ -68,7 +68,11 @@ def quantize_graph(
     placement = quantizer.annotate(gm)
     quantizer.validate(gm, placement)
 
-    key = calibration_key(gm, config, placement, data_fingerprint(source))
+    fingerprint = data_fingerprint(source, gm)
+    if fingerprint is None and use_cache and cache_dir is not None:
+        logger.info("calibration data cannot be fingerprinted; its ranges are not cached")
+        use_cache = False
+    key = calibration_key(gm, config, placement, fingerprint or "uncached")
     ranges = None
     if use_cache and cache_dir is not None:
         ranges = load_ranges(cache_dir, key, placement)

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from embedl_dynamo import quantize
 from tests.models import ResNetLike, randomize_batchnorm
@@ -53,10 +54,12 @@ def _run(cache_dir: Path) -> dict:
 
 
 def test_second_process_runs_zero_calibration_passes(tmp_path):
+    # the loop is keyed by what it feeds: its first two batches are hashed (a probe that stops
+    # the loop there), then calibration runs all three
     first = _run(tmp_path)
-    assert first["from"] == "calibrated" and first["loop_calls"] == 3 and first["passes"] == 3
+    assert first["from"] == "calibrated" and first["loop_calls"] == 2 + 3 and first["passes"] == 3
     second = _run(tmp_path)
-    assert second == {**first, "from": "cache", "loop_calls": 0, "passes": 0}
+    assert second == {**first, "from": "cache", "loop_calls": 2, "passes": 0}
 
 
 def _model_and_data():
@@ -111,3 +114,48 @@ def test_corrupt_entry_is_recalibrated_with_a_warning(tmp_path, caplog):
     assert torch.equal(q1(data[0]), q2(data[0]))
     _, third = _report(model, data, tmp_path, backend="onnxruntime")
     assert third["ranges_from"] == "cache"
+
+
+def _loop_report(model, loop, cache_dir):
+    x = torch.randn(2, 3, 8, 8)
+    q = quantize(model, (x,), forward_loop=loop, cache_dir=cache_dir, backend="onnxruntime")
+    return q.meta["embedl_quantization"]
+
+
+def test_a_forward_loop_is_keyed_by_what_it_feeds(tmp_path):
+    """Same loop code and container, data rescaled 100x: a different key, not a stale hit."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    data = [torch.randn(2, 3, 8, 8) for _ in range(3)]
+
+    def loop_over(batches):
+        def forward_loop(m):
+            for b in batches:
+                m(b)
+
+        return forward_loop
+
+    first = _loop_report(model, loop_over(data), tmp_path)
+    again = _loop_report(model, loop_over(data), tmp_path)
+    scaled = _loop_report(model, loop_over([b * 100 for b in data]), tmp_path)
+    assert (first["ranges_from"], again["ranges_from"]) == ("calibrated", "cache")
+    assert (
+        scaled["ranges_from"] == "calibrated"
+        and scaled["calibration_key"] != first["calibration_key"]
+    )
+
+
+def test_a_loop_that_cannot_be_fingerprinted_is_not_cached(tmp_path, caplog):
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    state = {"calls": 0}
+
+    def flaky_loop(m):  # fails the first time it runs (the fingerprint probe), then works
+        state["calls"] += 1
+        if state["calls"] == 1:
+            raise RuntimeError("loader not ready")
+        m(torch.randn(2, 3, 8, 8))
+
+    with caplog.at_level(logging.INFO, logger="embedl_dynamo.quant"):
+        report = _loop_report(model, flaky_loop, tmp_path)
+    assert report["ranges_from"] == "calibrated" and report["calibration_cache_file"] is None
+    assert "cannot be fingerprinted" in caplog.text
