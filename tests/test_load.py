@@ -110,3 +110,18 @@ def test_engine_file_without_tensorrt_is_a_clear_error(tmp_path) -> None:
     engine.write_bytes(b"not an engine")
     with pytest.raises(RuntimeError, match=r"TensorRT engine, which needs TensorRT .*\.onnx file"):
         load(engine)
+
+
+def test_a_file_changed_after_export_is_refused_unless_asked(tmp_path) -> None:
+    import onnx
+    from onnx import numpy_helper
+
+    model = nn.Sequential(nn.Linear(4, 3)).eval()
+    path = export(model, torch.randn(2, 4), tmp_path / "m.onnx")
+    proto = onnx.load(str(path))
+    weight = proto.graph.initializer[0]
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 2, weight.name))
+    onnx.save(proto, str(path))  # tampered weights, sidecar untouched
+    with pytest.raises(ValueError, match=r"m.onnx does not match the sha256 .*check_sha256=False"):
+        load(path)
+    assert load(path, check_sha256=False)(torch.randn(1, 4)).shape == (1, 3)

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embedl_dynamo.cache.keys import sha256_file
 from embedl_dynamo.deploy.export import sidecar_path
 from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, providers_for
 from embedl_dynamo.runtimes.base import Runtime
@@ -96,7 +97,10 @@ def _metadata(path: Path) -> dict[str, Any]:
 
 
 def load(
-    path: str | os.PathLike[str], device: str = "auto", num_threads: int | None = None
+    path: str | os.PathLike[str],
+    device: str = "auto",
+    num_threads: int | None = None,
+    check_sha256: bool = True,
 ) -> ExportedModule:
     """Load an artifact written by :func:`embedl_dynamo.export`.
 
@@ -107,13 +111,15 @@ def load(
         path: an ``.onnx`` file, or a TensorRT engine (``.engine``/``.plan``/``.trt``).
         device: ``auto`` (a GPU provider when installed, else CPU), ``CPU`` or ``CUDA``.
         num_threads: ONNX Runtime intra-op threads (its default when None).
+        check_sha256: refuse a file whose bytes differ from the ``onnx_sha256`` its sidecar
+            recorded at export (changed weights load silently otherwise).
 
     Returns:
         An :class:`ExportedModule` in eval mode.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an unknown suffix or device.
+        ValueError: an unknown suffix or device, or a file that no longer matches its sidecar.
         RuntimeError: an engine file where TensorRT is not available.
     """
     path = Path(path)
@@ -122,6 +128,14 @@ def load(
             f"no artifact at {str(path)!r}; export one with embedl_dynamo.export"
         )
     runtime_cls = runtime_for_file(path)
+    metadata = _metadata(path)
+    recorded = metadata.get("onnx_sha256") if metadata.get("onnx_file") == path.name else None
+    if check_sha256 and recorded and sha256_file(path) != recorded:
+        raise ValueError(
+            f"{path.name} does not match the sha256 its sidecar {sidecar_path(path).name} "
+            "recorded at export: it was changed since. Export it again, or pass "
+            "check_sha256=False to load it anyway."
+        )
     settings = Settings(num_threads=num_threads)
     if runtime_cls is TensorRTRuntime:
         missing = TensorRTRuntime.missing()
@@ -138,4 +152,4 @@ def load(
             raise ValueError(f"invalid device={device!r}; valid values: auto, CPU, CUDA")
         runtime = OnnxRuntime.load_artifact(path, settings, providers=providers_for(device.upper()))
         logger.info("loaded %s on onnxruntime with %s", path, runtime.providers)
-    return ExportedModule(path, runtime, _metadata(path)).eval()
+    return ExportedModule(path, runtime, metadata).eval()
