@@ -208,3 +208,29 @@ def test_console_script_runs_in_a_subprocess(tmp_path) -> None:
     )
     assert bad.returncode == EXIT_USAGE
     _one_line_error(bad.stderr, "cannot import 'no_such_module_xyz'")
+
+
+def test_a_user_file_named_like_a_package_does_not_shadow_it(tmp_path, capsys) -> None:
+    user = tmp_path / "onnx.py"  # the user's own onnx.py must not replace the onnx package
+    user.write_text(_NET)
+    argv = ["export", f"{user}:build", "--input-shape", "1,3,8,8", "-o", str(tmp_path / "m.onnx"),
+            "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    import onnx
+
+    assert Path(onnx.__file__).parent.name == "onnx" and hasattr(onnx, "load")
+
+
+@pytest.mark.parametrize(
+    ("source", "text"),
+    [
+        ("def build(width):\n    return width\n", "build() failed: TypeError"),
+        ("def build():\n    raise RuntimeError('no weights')\n", "build() failed: RuntimeError"),
+        ("import not_a_module_anywhere\n", "fails to import: ModuleNotFoundError"),
+    ],
+)
+def test_factory_problems_are_usage_errors(tmp_path, capsys, source, text) -> None:
+    path = tmp_path / "bad.py"
+    path.write_text(source)
+    assert main(["plan", f"{path}:build", "--input-shape", "1,3,8,8"]) == EXIT_USAGE
+    _one_line_error(capsys.readouterr().err, text)

@@ -4,6 +4,7 @@ calibration files; and the exit codes with :class:`CliError`, the one-line failu
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.util
 import sys
@@ -69,14 +70,22 @@ def load_factory(spec: str) -> Any:
         path = Path(module_name)
         if not path.is_file():
             raise CliError(f"no such file {module_name!r}; check the path in {spec!r}")
-        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert mod_spec is not None and mod_spec.loader is not None
+        # a private module name: a user file called onnx.py must not shadow the onnx package
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
+        private = f"_embedl_dynamo_user_{digest}"
+        mod_spec = importlib.util.spec_from_file_location(private, path)
+        if mod_spec is None or mod_spec.loader is None:
+            raise CliError(f"cannot load {module_name!r} as a Python file")
         module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[path.stem] = module
-        mod_spec.loader.exec_module(module)
+        sys.modules[private] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[private]
+            raise CliError(f"{module_name} fails to import: {type(exc).__name__}: {exc}") from exc
     else:
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
+            sys.path.append(str(Path.cwd()))  # last: installed packages are not shadowed
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
@@ -100,7 +109,13 @@ def build_model(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, tupl
     from torch import nn
 
     factory = load_factory(spec)
-    model = factory()
+    try:
+        model = factory()
+    except Exception as exc:
+        raise CliError(
+            f"{spec}() failed: {type(exc).__name__}: {exc}. The factory must build the model "
+            "with no arguments"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise CliError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
     model.eval()  # our own instance: safe to switch to inference
