@@ -234,3 +234,29 @@ def test_factory_problems_are_usage_errors(tmp_path, capsys, source, text) -> No
     path.write_text(source)
     assert main(["plan", f"{path}:build", "--input-shape", "1,3,8,8"]) == EXIT_USAGE
     _one_line_error(capsys.readouterr().err, text)
+
+
+@pytest.mark.parametrize("opset", ["5", "99"])
+def test_an_opset_outside_the_writable_range_is_a_usage_error_and_writes_nothing(
+    tmp_path, net_py, capsys, opset
+) -> None:
+    out = tmp_path / "m.onnx"
+    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o", str(out), "--opset",
+            opset, "-q"]  # fmt: skip
+    assert main(argv) == EXIT_USAGE
+    _one_line_error(capsys.readouterr().err, f"invalid opset={opset}")
+    assert not out.exists() and not out.with_suffix(".json").exists()
+
+
+def test_the_sidecar_records_the_opset_in_the_file(tmp_path, net_py) -> None:
+    import json
+
+    import onnx
+
+    out = tmp_path / "m.onnx"
+    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o", str(out), "-q"]
+    assert main(argv) == EXIT_OK
+    (default,) = [
+        o.version for o in onnx.load(str(out)).opset_import if o.domain in ("", "ai.onnx")
+    ]
+    assert json.loads(out.with_suffix(".json").read_text())["opset"] == default

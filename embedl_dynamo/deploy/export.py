@@ -26,11 +26,10 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -42,6 +41,13 @@ from embedl_dynamo.cache.store import (
     atomic_write_bytes,
     atomic_write_text,
     file_mode,
+)
+from embedl_dynamo.deploy.sidecar import (
+    SIDECAR_FORMAT,
+    io_specs,
+    jsonable,
+    refuse_foreign_sidecar,
+    sidecar_path,
 )
 from embedl_dynamo.deploy.verify import (
     VerificationError,
@@ -57,6 +63,7 @@ from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engin
 from embedl_dynamo.settings import Settings
 
 __all__ = [
+    "MIN_OPSET",
     "SIDECAR_FORMAT",
     "EngineUnavailableError",
     "ExportArgumentError",
@@ -70,7 +77,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SIDECAR_FORMAT = "embedl_dynamo.export/1"
+MIN_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
 
 
 class ExportArgumentError(ExportError, ValueError):
@@ -79,26 +86,6 @@ class ExportArgumentError(ExportError, ValueError):
 
 class EngineUnavailableError(ExportError):
     """``engine=True`` where TensorRT or a CUDA GPU is missing."""
-
-
-def sidecar_path(path: str | os.PathLike[str]) -> Path:
-    """The JSON sidecar of an exported file: ``model.onnx`` -> ``model.json``."""
-    return Path(path).with_suffix(".json")
-
-
-def _refuse_foreign_sidecar(side: Path) -> None:
-    """Refuse to overwrite a JSON file that is not a sidecar we wrote (``config.json``...)."""
-    if not side.exists():
-        return
-    try:
-        ours = json.loads(side.read_text()).get("format") == SIDECAR_FORMAT
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        raise ExportArgumentError(
-            f"{side} exists and is not an embedl_dynamo export sidecar; exporting there would "
-            "overwrite it. Choose another file name or move that file."
-        )
 
 
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -112,39 +99,6 @@ def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
                 "(wrap other arguments in the model)"
             )
     return args
-
-
-def _jsonable(value: Any) -> Any:
-    """Report values made JSON-safe: tensors to lists, paths to strings, unknowns to repr."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
-
-
-def _io_specs(
-    names: list[str], tensors: Sequence[torch.Tensor], batch: int | None, dynamic: bool
-) -> list[dict[str, Any]]:
-    specs = []
-    for name, t in zip(names, tensors):
-        shape: list[Any] = list(t.shape)
-        if dynamic and shape and batch is not None and shape[0] == batch:
-            shape[0] = "batch"
-        specs.append({"name": name, "shape": shape, "dtype": str(t.dtype).replace("torch.", "")})
-    return specs
 
 
 def _settings(
@@ -268,11 +222,24 @@ def export(
         raise ExportArgumentError(f"path must end in .onnx, got {str(path)!r}")
     if not path.parent.is_dir():
         raise ExportArgumentError(f"directory {str(path.parent)!r} does not exist; create it first")
-    _refuse_foreign_sidecar(sidecar_path(path))
+    try:
+        refuse_foreign_sidecar(sidecar_path(path))
+    except FileExistsError as exc:
+        raise ExportArgumentError(str(exc)) from exc
     try:
         target = backend_by_name(backend)
     except ValueError as exc:
         raise ExportArgumentError(str(exc)) from exc
+    if opset is not None and (
+        isinstance(opset, bool)
+        or not isinstance(opset, int)
+        or not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version()
+    ):
+        raise ExportArgumentError(
+            f"invalid opset={opset!r}: this onnx writes opsets {MIN_OPSET} to "
+            f"{onnx.defs.onnx_opset_version()} (QuantizeLinear per channel needs {MIN_OPSET}); "
+            "leave it None for the exporter's default"
+        )
     settings = _settings(quantize, calibration_data, dynamic_batch, options, progress)
     if quantize is not None and target.quantization is None:
         raise ExportArgumentError(
@@ -348,6 +315,11 @@ def export(
                     "untouched); disable the plan entry at fault, or pass verify=False to write "
                     "the file anyway."
                 )
+            written_opset = next(
+                (o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
+                 if o.domain in ("", "ai.onnx")),
+                None,
+            )  # fmt: skip
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -374,9 +346,9 @@ def export(
         "onnx_sha256": sha256_file(path),
         "engine_file": engine_path.name if engine_path else None,
         "backend": target.to_dict(),
-        "inputs": _io_specs(input_names(len(args)), args, batch, dynamic_batch),
-        "outputs": _io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
-        "opset": opset,
+        "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
+        "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
+        "opset": written_opset,
         "quantized": quantized,
         "plan": result.plan.summary(),
         "report": {k: v for k, v in result.report.items() if k != "quantization"},
@@ -401,5 +373,5 @@ def export(
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "versions": library_versions(),
     }
-    atomic_write_text(sidecar_path(path), json.dumps(_jsonable(sidecar), indent=2))
+    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar), indent=2))
     return path

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from embedl_dynamo.cache.keys import sha256_file
-from embedl_dynamo.deploy.export import sidecar_path
 from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, providers_for
+from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.select import runtime_for_file
