@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.placement_rules import TENSORRT_QUANTIZED_PATTERNS
+from embedl_dynamo.patterns.adaptive_pool import ADAPTIVE_POOL_PATTERNS
 from embedl_dynamo.patterns.attention import ATTENTION_FUSION_PATTERNS
 from embedl_dynamo.patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
 from embedl_dynamo.patterns.conv import CONV_PATTERNS
@@ -32,7 +33,11 @@ __all__ = [
     "TENSORRT_SMOOTH_PATTERNS",
 ]
 
-TENSORRT_CONVERSION_PATTERNS = (*ATTENTION_CONVERSION_PATTERNS, *CONVERSION_PATTERNS)
+TENSORRT_CONVERSION_PATTERNS = (
+    *ATTENTION_CONVERSION_PATTERNS,
+    *CONVERSION_PATTERNS,
+    *ADAPTIVE_POOL_PATTERNS,
+)
 # conv / linear / pooling fusions, longest first (stem and residual: 4 nodes, conv-bn-act: 3...)
 _CONV_LINEAR_FUSIONS = (
     StemConvBNReLUMaxPool(),
