@@ -43,6 +43,7 @@ __all__ = [
     "ONNXRUNTIME_QUANTIZED_PATTERNS",
     "TENSORRT_ATTENTION_HEAD_SIZES",
     "TENSORRT_QUANTIZED_PATTERNS",
+    "WeightedOpRule",
     "QuantAttention",
     "QuantConv",
     "QuantFusedAttention",
@@ -69,7 +70,23 @@ def _grouped_conv_reason(weight: torch.Tensor | None, groups: int) -> str:
     return ""
 
 
-class QuantConv(PlacementRule):
+class WeightedOpRule(PlacementRule):
+    """Q/DQ on an op's input ``x`` and its constant weight ``w`` (per output channel), and on
+    its output when ``output`` is a role (ONNX Runtime's placement).
+
+    Args:
+        name: the rule name.
+        output: the role of the output's Q/DQ, or None.
+    """
+
+    def __init__(self, name: str, output: Role | None = None) -> None:
+        self.name = name
+        self.output = output
+        self.qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=output)
+        self.module_output = output
+
+
+class QuantConv(WeightedOpRule):
     """Quantize a convolution's input and its weight (per output channel) [and its output].
 
     Args:
@@ -79,12 +96,6 @@ class QuantConv(PlacementRule):
     """
 
     module_types = (FusedConv,)
-
-    def __init__(self, name: str, output: Role | None = None) -> None:
-        self.name = name
-        self.output = output
-        self.qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=output)
-        self.module_output = output
 
     @staticmethod
     def target(x, w, b):
@@ -101,7 +112,7 @@ class QuantConv(PlacementRule):
         return _grouped_conv_reason(module.weight, module.groups)
 
 
-class QuantLinear(PlacementRule):
+class QuantLinear(WeightedOpRule):
     """Quantize a Linear's input and its weight (per output feature) [and its output].
 
     Args:
@@ -110,12 +121,6 @@ class QuantLinear(PlacementRule):
     """
 
     module_types = (FusedLinear,)
-
-    def __init__(self, name: str, output: Role | None = None) -> None:
-        self.name = name
-        self.output = output
-        self.qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT}, output=output)
-        self.module_output = output
 
     @staticmethod
     def target(x, w, b):

@@ -195,6 +195,24 @@ class Runtime(ABC):
         self.activate()
         return self
 
+    def check_artifact(
+        self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
+    ) -> None:
+        """Run the built artifact once on the sample and hold it to ``gm``.
+
+        A float artifact must match ``gm`` (:func:`check_outputs`); an INT8 one (``gm`` carries
+        ``embedl_quantization``) must be finite here and is judged against the float model by
+        the caller, within ``accuracy_budget``.
+        """
+        actual = self._infer(list(example_inputs))
+        if "embedl_quantization" in gm.meta:
+            check_finite(actual, f"INT8 {what}")
+            return
+        with torch.no_grad():
+            expected = gm(*example_inputs)
+        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
+        check_outputs(expected, actual, what)
+
     @abstractmethod
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         """Produce the artifact; subclasses fill ``self.build_info``."""

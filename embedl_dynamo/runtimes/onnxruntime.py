@@ -24,7 +24,7 @@ from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime, check_finite, check_outputs
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OnnxRuntime", "create_session", "ort_providers"]
@@ -150,14 +150,7 @@ class OnnxRuntime(Runtime):
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
         self._activate()
-        with torch.no_grad():
-            expected = gm(*example_inputs)
-        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-        actual = self._infer(example_inputs)
-        if "embedl_quantization" in gm.meta:  # INT8: judged against float by the caller
-            check_finite(actual, "INT8 onnxruntime artifact")
-        else:
-            check_outputs(expected, actual, "onnxruntime artifact")
+        self.check_artifact(gm, example_inputs, "onnxruntime artifact")
 
     def _activate(self) -> None:
         if self._session is not None:

@@ -24,7 +24,7 @@ from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime, check_finite, check_outputs
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OpenVINORuntime"]
@@ -69,14 +69,7 @@ class OpenVINORuntime(Runtime):
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "device": "CPU"}
         self._activate()
-        with torch.no_grad():
-            expected = gm(*example_inputs)
-        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-        actual = self._infer(example_inputs)
-        if "embedl_quantization" in gm.meta:  # INT8: judged against float by the caller
-            check_finite(actual, "INT8 OpenVINO model")
-        else:
-            check_outputs(expected, actual, "OpenVINO model")
+        self.check_artifact(gm, example_inputs, "OpenVINO model")
 
     def _activate(self) -> None:
         if self._compiled is not None:

@@ -30,7 +30,7 @@ from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime, check_finite, check_outputs
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["MIN_TENSORRT_MAJOR", "TensorRTRuntime", "build_engine", "engine_profile"]
@@ -218,14 +218,8 @@ class TensorRTRuntime(Runtime):
         self._engine_path = engine_path
         self.build_info = {"key": key, "artifact": str(engine_path), "onnx": str(onnx_path)}
         self._activate()
-        with torch.no_grad():
-            expected = copy.deepcopy(gm).to(device)(*inputs)
-        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-        actual = self._infer(inputs)
-        if "embedl_quantization" in gm.meta:  # INT8: judged against float by the caller
-            check_finite(actual, "INT8 TensorRT engine")
-        else:
-            check_outputs(expected, actual, "TensorRT engine")
+        # a copy on the GPU: the graph the eager fallback uses is not moved in place
+        self.check_artifact(copy.deepcopy(gm).to(device), inputs, "TensorRT engine")
 
     def _activate(self) -> None:
         if self._context is not None:
