@@ -1,4 +1,4 @@
-"""Runtimes: where a transformed graph runs (ONNX Runtime, TensorRT, Torch-TensorRT, eager).
+"""Runtimes: where a transformed graph runs (ONNX Runtime, OpenVINO, TensorRT, Torch-TensorRT, eager).
 
 All follow one lifecycle (:class:`~.base.Runtime`); :func:`~.select.resolve_runtime` picks the
 class the settings ask for, ``auto`` picking the best available.
