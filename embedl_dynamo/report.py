@@ -11,13 +11,17 @@ and why), whether the artifact came from the cache, and why it stayed in PyTorch
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from embedl_dynamo.report_html import write_html
 
 __all__ = ["CompileReport", "SubgraphReport", "clear_reports", "explain", "last_report"]
 
@@ -115,6 +119,10 @@ class CompileReport:
         lines.append(f"precision: {self.precision_mix()}")
         lines.append("full plan: print(report[i].plan)")
         return "\n".join(lines)
+
+    def to_html(self, path: str | os.PathLike[str]) -> Path:
+        """Write the report as one self-contained HTML page (see :mod:`.report_html`)."""
+        return write_html(self, path)
 
     def precision_mix(self) -> str:
         """``fp32`` or how many layers run INT8 and how many stay in float."""

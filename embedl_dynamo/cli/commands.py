@@ -71,6 +71,18 @@ def run_plan(args: argparse.Namespace) -> int:
         f"\n{summary['applied_count']} applied, {summary['skipped_count']} skipped "
         f"(backend {backend.name}); disable entries by glob with plan.disable('<id glob>')"
     )
+    if args.html:
+        from embedl_dynamo.report import CompileReport, SubgraphReport
+
+        ops = sum(n.op.startswith("call") for n in result.plan.model.graph.nodes)
+        sub = SubgraphReport(index=0, backend=backend.name, runtime="none (planned only)",
+                             ops=ops, status="planned", pipeline=result.report)  # fmt: skip
+        sub.plan = result.plan
+        try:
+            path = CompileReport([sub]).to_html(args.html)
+        except OSError as exc:
+            raise CliError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_USAGE) from exc
+        print(f"wrote {path}")
     return EXIT_OK
 
 

@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = sub.add_parser("plan", help="print the transformation plan table")
     model_args(plan)
+    plan.add_argument("--html", help="also write the plan as a self-contained HTML page")
 
     export = sub.add_parser("export", help="export to ONNX (+ JSON sidecar)")
     model_args(export)

@@ -1,0 +1,139 @@
+"""One self-contained HTML page for a :class:`~embedl_dynamo.report.CompileReport`.
+
+No network, no scripts: inline CSS and SVG only, so the file can be mailed, attached to a CI
+run or opened offline. It shows the first screen's summary, every plan entry of every subgraph
+(id, pattern, applied or why not, precision and why, sensitivity and latency where known), a bar
+chart of per-layer latency coloured by precision when latencies were measured, and what stayed in
+PyTorch and why. The layout reflows from a phone's width to a 4k monitor.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the report imports this renderer for its to_html
+    from embedl_dynamo.report import CompileReport, SubgraphReport
+
+__all__ = ["layer_rows", "render_html", "write_html"]
+
+_COLOURS = {"int8": "#2f7d32", "fp16": "#1565c0", "bf16": "#6a1b9a", "fp32": "#757575"}
+
+_CSS = """
+:root { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; color: #1c1c1c; }
+body { margin: 0 auto; padding: clamp(8px, 2vw, 32px); max-width: 1600px;
+       font-size: clamp(14px, 0.6vw + 11px, 20px); line-height: 1.4; }
+h1 { font-size: 1.5em; margin: 0 0 .4em; } h2 { font-size: 1.2em; margin: 1.4em 0 .4em; }
+pre { background: #f5f5f5; padding: .8em; overflow-x: auto; white-space: pre-wrap; }
+.scroll { overflow-x: auto; }
+table { border-collapse: collapse; width: 100%; font-size: .9em; }
+th, td { text-align: left; padding: .3em .6em; border-bottom: 1px solid #ddd; vertical-align: top; }
+th { background: #fafafa; position: sticky; top: 0; }
+td.id { font-family: ui-monospace, monospace; word-break: break-all; }
+.applied { color: #2f7d32; } .skipped { color: #8d6e63; }
+svg { max-width: 100%; height: auto; }
+"""
+
+
+def layer_rows(sub: SubgraphReport) -> list[dict[str, Any]]:
+    """One row per plan entry: id, pattern, state, reason, precision (+why), sensitivity, latency.
+
+    Precision comes from the quantization report when the subgraph was quantized (``int8`` for
+    quantized layers, ``fp32`` with the reason for those left in float), else ``fp32``.
+    """
+    quant = sub.pipeline.get("quantization") or {}
+    int8 = set(quant.get("quantized_layers", []))
+    kept = {f["id"]: f["reason"] for f in quant.get("float_layers", [])}
+    per_layer = {r.get("id"): r for r in sub.pipeline.get("layers", [])}
+    rows = []
+    plan = sub.plan
+    for entry in plan.entries if plan is not None else []:
+        path = entry.id.split("@", 1)[-1]
+        extra = per_layer.get(entry.id, {})
+        precision, why = "fp32", "float model"
+        if any(i.endswith("@" + path) for i in int8):
+            precision, why = "int8", "quantized"
+        elif any(i.endswith("@" + path) for i in kept):
+            why = next(r for i, r in kept.items() if i.endswith("@" + path))
+        rows.append(
+            {
+                "id": entry.id,
+                "pattern": entry.pattern.name,
+                "state": "applied" if (entry.applied or entry.apply) else "skipped",
+                "reason": entry.reason,
+                "precision": extra.get("precision", precision),
+                "precision_reason": extra.get("reason", why),
+                "sensitivity": extra.get("sensitivity"),
+                "latency_ms": extra.get("latency_ms"),
+            }
+        )
+    return rows
+
+
+def _chart(rows: list[dict[str, Any]]) -> str:
+    timed = [r for r in rows if isinstance(r.get("latency_ms"), (int, float))]
+    if not timed:
+        return "<p>No per-layer latency was measured for this report.</p>"
+    top = max(r["latency_ms"] for r in timed) or 1.0
+    height, width = 18, 600
+    bars = []
+    for i, r in enumerate(timed):
+        w = max(1.0, width * r["latency_ms"] / top)
+        colour = _COLOURS.get(r["precision"], "#9e9e9e")
+        label = html.escape(f"{r['id']} {r['latency_ms']:.3f} ms ({r['precision']})")
+        bars.append(
+            f'<rect x="0" y="{i * height}" width="{w:.1f}" height="{height - 4}" '
+            f'fill="{colour}"><title>{label}</title></rect>'
+        )
+    return (
+        f'<svg role="img" aria-label="latency per layer" viewBox="0 0 {width} '
+        f'{len(timed) * height}" xmlns="http://www.w3.org/2000/svg">{"".join(bars)}</svg>'
+    )
+
+
+def render_html(report: CompileReport, title: str = "embedl_dynamo compile report") -> str:
+    """The page as a string."""
+    esc = html.escape
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<h1>{esc(title)}</h1>",
+        f'<section id="summary"><pre>{esc(report.summary())}</pre></section>',
+    ]
+    fallbacks = [s for s in report.subgraphs if s.runtime == "eager" or s.reason]
+    if fallbacks:
+        parts.append('<section id="fallbacks"><h2>What stayed in PyTorch, and why</h2><ul>')
+        parts += [f"<li>subgraph {s.index}: {esc(s.reason or s.status)}</li>" for s in fallbacks]
+        parts.append("</ul></section>")
+    for sub in report.subgraphs:
+        rows = layer_rows(sub)
+        parts.append(f'<section class="subgraph" id="subgraph-{sub.index}">')
+        parts.append(f"<h2>Subgraph {sub.index}: {esc(sub.status)} on {esc(sub.runtime)}</h2>")
+        parts.append(_chart(rows))
+        parts.append('<div class="scroll"><table><thead><tr>')
+        headers = ("id", "pattern", "applied", "reason", "precision", "why", "sensitivity", "ms")
+        parts += [f"<th>{h}</th>" for h in headers]
+        parts.append("</tr></thead><tbody>")
+        for r in rows:
+            sens = "" if r["sensitivity"] is None else f"{r['sensitivity']:.4g}"
+            ms = "" if r["latency_ms"] is None else f"{r['latency_ms']:.3f}"
+            parts.append(
+                f'<tr><td class="id">{esc(r["id"])}</td><td>{esc(r["pattern"])}</td>'
+                f'<td class="{r["state"]}">{r["state"]}</td><td>{esc(r["reason"])}</td>'
+                f"<td>{esc(r['precision'])}</td><td>{esc(r['precision_reason'])}</td>"
+                f"<td>{sens}</td><td>{ms}</td></tr>"
+            )
+        parts.append("</tbody></table></div></section>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def write_html(report: CompileReport, path: str | os.PathLike[str]) -> Path:
+    """Write :func:`render_html` to ``path`` (UTF-8) and return it."""
+    target = Path(path)
+    target.write_text(render_html(report), encoding="utf-8")
+    return target
