@@ -18,6 +18,10 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
+import sys
+import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -35,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 18
 _EXPORTERS = ("auto", "torchscript", "dynamo")
+_FD_LOCK = threading.Lock()  # file descriptors 1 and 2 are process-wide
 
 
 class ExportError(RuntimeError):
@@ -77,6 +82,34 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+@contextlib.contextmanager
+def _native_output_to_debug():
+    """Send what C++ writes to stdout/stderr meanwhile to the DEBUG log, not the terminal.
+
+    The TorchScript exporter turns its native ONNX log on unconditionally (torch 2.13's
+    ``setup_onnx_logging`` tests a function, not its result) and writes the whole TorchScript
+    graph to stderr when an op fails to export; :func:`export_onnx` raises one line instead.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with _FD_LOCK, tempfile.TemporaryFile() as sink:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            text = sink.read().decode(errors="replace").strip()
+            if text:
+                logger.debug("ONNX exporter output:\n%s", text)
+
+
 def _export_torchscript(
     module: nn.Module,
     args: tuple[torch.Tensor, ...],
@@ -85,7 +118,11 @@ def _export_torchscript(
     axes: dict[str, dict[int, str]],
     n_out: int,
 ) -> None:
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        _native_output_to_debug(),
+    ):
         warnings.simplefilter("ignore")
         torch.onnx.export(
             module,

@@ -68,3 +68,21 @@ def test_bad_exporter_name(fused, tmp_path):
     _, gm, x = fused
     with pytest.raises(ValueError, match="valid values: auto, torchscript, dynamo"):
         export_onnx(gm, [x], tmp_path / "m.onnx", exporter="tvm")
+
+
+def test_failed_export_prints_no_graph_and_logs_one_line(tmp_path, capfd, caplog):
+    """Regression (issue 12 item 17): the TorchScript exporter wrote a ~170-line IR graph to
+    stderr on failure. The error names the op in one line; the native output goes to DEBUG."""
+    gm = fx.symbolic_trace(_Bessel())
+    with caplog.at_level("DEBUG", logger="embedl_dynamo.runtimes.onnx_export"):
+        with pytest.raises(ExportError, match="special_bessel_j0") as info:
+            export_onnx(gm, [torch.randn(1, 4)], tmp_path / "m.onnx", exporter="torchscript")
+    err = capfd.readouterr().err
+    assert "Torch IR graph" not in err and "graph(" not in err
+    assert "\n" not in str(info.value)
+    assert any("Torch IR graph" in r.getMessage() for r in caplog.records if r.levelname == "DEBUG")
+
+
+class _Bessel(nn.Module):
+    def forward(self, x):
+        return torch.special.bessel_j0(x).relu() + 1
