@@ -15,6 +15,9 @@ Safety rules, all enforced here:
 * keys must be lowercase hex and suffixes plain extensions, so no path escapes the cache root;
 * a per-key ``fcntl.flock`` lock makes concurrent processes that build the same key wait for
   one builder and then read its result instead of racing;
+* the lock file is removed by its holder before release, so locks do not pile up;
+* the whole root is kept within a size budget, least recently used entries evicted first
+  (:mod:`embedl_dynamo.cache.budget`: 5 GB unless ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` says otherwise);
 * only bytes and JSON are stored: no pickle.
 """
 
@@ -30,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
 from embedl_dynamo.cache.keys import jsonable, sha256_file
 
 __all__ = [
@@ -177,6 +181,8 @@ class ArtifactCache:
             return None
         problem = self._verify(path, meta_path)
         if problem is None:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # its last use, for least-recently-used eviction
             return path
         logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding", path, problem)
         self._remove(path)
@@ -248,6 +254,7 @@ class ArtifactCache:
                 raise
         record = {"sha256": sha256_file(path), "size": path.stat().st_size, "meta": meta or {}}
         atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
+        evict_to_budget(self.root, max_cache_bytes(), keep=path)
         return path
 
     def _build_uncached(
@@ -281,6 +288,10 @@ class ArtifactCache:
             try:
                 yield
             finally:
+                # removed while still held: a process waiting on this file then finds the entry
+                # built; a newcomer locks a fresh file (at worst two build, and put is atomic)
+                with contextlib.suppress(OSError):
+                    lock_path.unlink()
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def get_or_build(

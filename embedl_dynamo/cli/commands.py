@@ -1,4 +1,4 @@
-"""The subcommands: ``backends``, ``plan``, ``export`` and ``bench``; each returns an exit code."""
+"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``cache``; each returns an exit code."""
 
 from __future__ import annotations
 
@@ -197,6 +197,33 @@ def run_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_cache(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from embedl_dynamo.cache.budget import cache_entries, clear_cache, max_cache_bytes
+    from embedl_dynamo.cache.store import default_cache_dir
+
+    root = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
+    if args.action == "clear":
+        freed = clear_cache(root)
+        print(f"cleared {root}: {_megabytes(freed)} freed")
+        return EXIT_OK
+    entries = cache_entries(root)
+    rows = [("namespace", "entries", "size")]
+    for name in sorted({e.namespace for e in entries}):
+        mine = [e for e in entries if e.namespace == name]
+        rows.append((name, str(len(mine)), _megabytes(sum(e.size for e in mine))))
+    rows.append(("total", str(len(entries)), _megabytes(sum(e.size for e in entries))))
+    budget = max_cache_bytes()
+    print(f"cache {root} (budget {'unlimited' if budget is None else _megabytes(budget)})")
+    print(format_rows(rows))
+    return EXIT_OK
+
+
+def _megabytes(n: int) -> str:
+    return f"{n / 1024**2:.1f} MB"
+
+
 def format_rows(rows: Sequence[Sequence[str]]) -> str:
     """Rows of strings as a left-aligned table with a rule under the header."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -210,4 +237,5 @@ COMMANDS = {
     "plan": run_plan,
     "export": run_export,
     "bench": run_bench,
+    "cache": run_cache,
 }

@@ -54,6 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--engine", action="store_true", help="also build a TensorRT engine")
     export.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
+    cache = sub.add_parser("cache", help="the artifact cache: size per namespace, or clear it")
+    cache.add_argument(
+        "action",
+        choices=("info", "clear"),
+        help="info: entries and size per namespace; clear: delete them",
+    )
+    cache.add_argument("--cache-dir", help="the cache root (default: user cache)")
+
     bench = sub.add_parser("bench", help="latency of eager vs compiled float vs INT8")
     model_args(bench)
     bench.add_argument(

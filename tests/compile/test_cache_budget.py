@@ -1,0 +1,84 @@
+"""The cache's size budget: LRU eviction, lock files removed, ``embedl-dynamo cache info|clear``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from embedl_dynamo.cache.budget import (
+    DEFAULT_MAX_BYTES,
+    ENV_CACHE_MAX_SIZE,
+    cache_entries,
+    max_cache_bytes,
+    parse_size,
+)
+from embedl_dynamo.cache.keys import content_key
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.cli import EXIT_OK, main
+
+
+def _age(path, seconds):
+    st = path.stat()
+    os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+def test_put_evicts_least_recently_used_entries_over_budget(tmp_path, monkeypatch):
+    """Regression (issue 12 item 18): the cache grew without limit."""
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "3000")
+    cache = ArtifactCache(tmp_path, "onnx")
+    keys = [content_key("entry", i) for i in range(3)]
+    paths = [cache.put(k, b"x" * 900, ".onnx") for k in keys[:2]]
+    _age(paths[0], 100)
+    _age(paths[1], 50)
+    assert cache.get(keys[0], ".onnx") is not None  # a hit makes entry 0 the most recent
+    cache.put(keys[2], b"y" * 900, ".onnx")  # ~2.9 KB with sidecars: over 3000 bytes
+    assert cache.get(keys[1], ".onnx") is None  # the least recently used went
+    assert cache.get(keys[0], ".onnx") is not None and cache.get(keys[2], ".onnx") is not None
+    assert sum(e.size for e in cache_entries(tmp_path)) <= 3000
+
+
+def test_budget_spans_namespaces_and_keeps_the_entry_just_written(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "1KB")
+    old = ArtifactCache(tmp_path, "calibration").put(content_key("a"), b"a" * 600, ".json")
+    _age(old, 10)
+    new = ArtifactCache(tmp_path, "onnx").put(content_key("b"), b"b" * 2000, ".onnx")
+    assert not old.exists() and new.exists()  # larger than the budget, yet just built: kept
+
+
+def test_lock_files_are_removed_after_a_build(tmp_path):
+    """Regression (issue 12 item 18): one .lock file per key stayed forever."""
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("locked")
+    cache.get_or_build(key, lambda p: p.write_bytes(b"built"), ".onnx")
+    assert list(tmp_path.rglob("*.lock")) == []
+    assert cache.get(key, ".onnx").read_bytes() == b"built"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1048576", 1048576), ("500MB", 500 * 1024**2), ("5 GB", 5 * 1024**3), ("none", None)],
+)
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+def test_bad_size_names_the_fix(monkeypatch):
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "lots")
+    with pytest.raises(ValueError, match="'500MB'"):
+        max_cache_bytes()
+    monkeypatch.delenv(ENV_CACHE_MAX_SIZE)
+    assert max_cache_bytes() == DEFAULT_MAX_BYTES
+
+
+def test_cli_cache_info_and_clear(tmp_path, capsys):
+    ArtifactCache(tmp_path, "onnx").put(content_key("c"), b"z" * 2048, ".onnx")
+    unrelated = tmp_path / "notes.txt"
+    unrelated.write_text("mine")
+    assert main(["cache", "info", "--cache-dir", str(tmp_path)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "onnx" in out and "total" in out and " 1 " in out
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == EXIT_OK
+    assert cache_entries(tmp_path) == [] and unrelated.read_text() == "mine"
+    assert main(["cache", "info", "--cache-dir", str(tmp_path)]) == EXIT_OK
+    assert "total      0" in capsys.readouterr().out
