@@ -75,7 +75,7 @@ def quantize_graph(
     key = calibration_key(gm, config, placement, fingerprint or "uncached")
     ranges = None
     if use_cache and cache_dir is not None:
-        ranges = load_ranges(cache_dir, key, placement)
+        ranges = load_ranges(cache_dir, key, placement, config)
     passes = 0
     origin = "cache" if ranges is not None else "calibrated"
     if ranges is None:

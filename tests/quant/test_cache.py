@@ -159,3 +159,35 @@ def test_a_loop_that_cannot_be_fingerprinted_is_not_cached(tmp_path, caplog):
         report = _loop_report(model, flaky_loop, tmp_path)
     assert report["ranges_from"] == "calibrated" and report["calibration_cache_file"] is None
     assert "cannot be fingerprinted" in caplog.text
+
+
+def _resign(path: Path, document: dict) -> None:
+    """Rewrite an entry and its checksum sidecar, as someone editing the cache would."""
+    from embedl_dynamo.cache.store import ArtifactCache
+
+    key = path.name[: -len(".json")]
+    ArtifactCache(path.parents[2], path.parents[1].name).put(
+        key, json.dumps(document).encode(), ".json"
+    )
+
+
+def test_tampered_scales_with_a_resigned_sidecar_are_recalibrated(tmp_path, caplog):
+    """Regression (issue 12 item 9): scales ×100 and a re-signed sidecar were trusted."""
+    model, data = _model_and_data()
+    q1, report = _report(model, data, tmp_path, backend="onnxruntime")
+    path = Path(report["calibration_cache_file"])
+    original = json.loads(path.read_text())
+    for edit in (
+        lambda e: e.update(scale=e["scale"] * 100),  # inconsistent with the stored min/max
+        lambda e: e.update(min=-1e12, max=1e12, scale=1e12 * 2 / 255, zero_point=128),  # unbounded
+        lambda e: e.update(scale=float("nan")),
+    ):
+        document = json.loads(json.dumps(original))
+        edit(next(iter(document["ranges"].values())))
+        _resign(path, document)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            q2, again = _report(model, data, tmp_path, backend="onnxruntime")
+        assert again["ranges_from"] == "calibrated", edit
+        assert any("invalid" in r.getMessage() for r in caplog.records)
+        assert torch.equal(q1(data[0]), q2(data[0]))
