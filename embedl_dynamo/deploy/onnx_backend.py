@@ -13,10 +13,16 @@ checker's message rather than deep inside ONNX Runtime. A model written for a ne
 installed onnxruntime runs (onnx releases lead onnxruntime's) is converted down with
 ``onnx.version_converter`` to the newest opset onnxruntime runs, and its IR version lowered to the
 oldest one that allows that opset; ops that did not change between the two opsets are untouched.
+
+float8, bfloat16, float4 and int4/int2 arrays (``ml_dtypes`` numpy types, as onnx's reference
+uses) are fed as ``OrtValue``s built from their bytes with their ONNX element type, since
+onnxruntime's numpy conversion knows only numpy's own dtypes; outputs of those types come back
+as the same ``ml_dtypes`` arrays (through ``onnx.numpy_helper``, which packs int4/int2).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 from collections.abc import Sequence
@@ -24,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from embedl_dynamo.runtimes.onnxruntime import create_session, ort_providers
@@ -61,6 +67,51 @@ SESSION_OPTIONS = frozenset(
 )
 
 _GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+
+# ONNX element types whose numpy form is an ml_dtypes type, by onnxruntime's type string
+_BYTE_FED_TYPES = {
+    f"tensor({name.lower()})": getattr(TensorProto, name)
+    for name in (
+        "BFLOAT16",
+        "FLOAT8E4M3FN",
+        "FLOAT8E4M3FNUZ",
+        "FLOAT8E5M2",
+        "FLOAT8E5M2FNUZ",
+        "FLOAT8E8M0",
+        "FLOAT4E2M1",
+        "INT4",
+        "UINT4",
+        "INT2",
+        "UINT2",
+    )
+    if hasattr(TensorProto, name)  # newer onnx releases add types
+}
+
+
+def _as_ort_value(array: np.ndarray) -> Any:
+    """An ``OrtValue`` of ``array``; ml_dtypes arrays go in as bytes with their ONNX type."""
+    import onnxruntime as ort
+
+    elem = helper.np_dtype_to_tensor_dtype(array.dtype)
+    if elem not in _BYTE_FED_TYPES.values():
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+    raw = numpy_helper.from_array(array).raw_data  # int4/int2 packed two/four to a byte
+    # onnxruntime wants an array of the element's size and reads the (packed) bytes from its start
+    buffer = np.zeros(array.shape, f"u{array.dtype.itemsize}")
+    flat = buffer.reshape(-1).view(np.uint8)
+    flat[: len(raw)] = np.frombuffer(raw, np.uint8)[: flat.size]
+    return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(buffer, elem)
+
+
+def _from_ort_value(value: Any, type_string: str) -> np.ndarray:
+    """The numpy array of an output; ml_dtypes types are rebuilt from the raw bytes."""
+    elem = _BYTE_FED_TYPES.get(type_string)
+    if elem is None:
+        return value.numpy()
+    # onnxruntime's numpy conversion has no float8e5m2/int4/int2 form: read the CPU buffer's bytes
+    raw = ctypes.string_at(value.data_ptr(), value.tensor_size_in_bytes())
+    tensor = helper.make_tensor("output", elem, value.shape(), raw, raw=True)
+    return numpy_helper.to_array(tensor)
 
 
 def providers_for(device: str = "CPU") -> list[str]:
@@ -120,7 +171,17 @@ class EmbedlOnnxBackendRep(BackendRep):
             A namedtupledict of numpy arrays, indexable by position or output name.
         """
         feeds = self._feeds(inputs)
-        outputs = self.session.run(self.output_names, feeds)
+        types = {o.name: o.type for o in self.session.get_outputs()}
+        if any(
+            helper.np_dtype_to_tensor_dtype(a.dtype) in _BYTE_FED_TYPES.values()
+            for a in feeds.values()
+        ) or any(t in _BYTE_FED_TYPES for t in types.values()):
+            values = self.session.run_with_ort_values(
+                self.output_names, {k: _as_ort_value(a) for k, a in feeds.items()}
+            )
+            outputs = [_from_ort_value(v, types[n]) for v, n in zip(values, self.output_names)]
+        else:
+            outputs = self.session.run(self.output_names, feeds)
         return namedtupledict("Outputs", self.output_names)(*outputs)
 
     def _feeds(self, inputs: Any) -> dict[str, Any]:
