@@ -240,3 +240,39 @@ def test_export_refuses_to_overwrite_a_json_file_that_is_not_its_sidecar(tmp_pat
         export(model, torch.randn(1, 3, 8, 8), tmp_path / "config.onnx")
     assert config.read_text() == '{"learning_rate": 0.1}'
     assert not (tmp_path / "config.onnx").exists()
+
+
+class _ClassTokenNet(nn.Module):
+    """ViT/DeiT's class token: ``expand(x.shape[0], -1, -1)`` then a concat with the patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(3, 16, 4, 4)
+        self.cls = nn.Parameter(torch.randn(1, 1, 16))
+        self.pos = nn.Parameter(torch.randn(1, 5, 16))
+        self.head = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1) + self.pos
+        return self.head(tokens[:, 0])
+
+
+def test_a_file_that_fails_at_batch_2_is_an_export_error_naming_the_node(tmp_path, capfd):
+    """Regression (issue 12 item 19): a raw ONNX Runtime ``Concat`` error escaped verification.
+
+    The class token's expand is captured at batch 1, so the file cannot run batch 2; the error
+    names the node, the batch and the way out, and no ORT log line reaches the terminal.
+    """
+    path = tmp_path / "vit.onnx"
+    path.write_bytes(b"keep me")
+    with pytest.raises(VerificationError, match=r"batch 2.*Concat.*'/gm/Concat") as info:
+        export(_ClassTokenNet().eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime")
+    assert "dynamic_batch=False" in str(info.value) and "\n" not in str(info.value)
+    assert path.read_bytes() == b"keep me"
+    assert "onnxruntime" not in capfd.readouterr().err
+    export(
+        _ClassTokenNet().eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime",
+        dynamic_batch=False,
+    )  # fmt: skip
+    assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1

@@ -8,6 +8,7 @@ the file is also run on a doubled batch.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +80,25 @@ def run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """The ONNX file's outputs on ``args``, run by ONNX Runtime on the CPU."""
     from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
 
-    rep = EmbedlOnnxBackend.prepare(str(path), device="CPU")
+    rep = EmbedlOnnxBackend.prepare(str(path), device="CPU", log_severity_level=4)
     return list(rep.run([a.detach().cpu().numpy() for a in args]))
+
+
+_ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?")
+
+
+def _run_failure(exc: Exception, batch: int) -> VerificationError:
+    """One line naming the node ONNX Runtime failed in, the batch size, and the way out."""
+    text = " ".join(str(exc).split())
+    found = _ORT_NODE.search(text)
+    where = f"{found.group(1)} node '{found.group(2)}'" if found else "a node"
+    detail = (found.group(3) or "") if found else text
+    return VerificationError(
+        f"the exported file fails at batch {batch} in {where}: {detail.strip()[:300]}. A size the "
+        "model computes from its input (e.g. a class token's expand(x.shape[0], ...)) was "
+        "captured as a constant; export with dynamic_batch=False (--static-batch) for a file "
+        "of this batch size"
+    )
 
 
 def max_diff(got: Sequence[np.ndarray], want: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -130,7 +148,10 @@ def verify_onnx(
     worst = absmax = 0.0
     cosine_to_float = None
     for inputs in batches:
-        got = run_onnx(path, inputs)
+        try:
+            got = run_onnx(path, inputs)
+        except Exception as exc:  # ORT raises Fail/InvalidArgument/RuntimeException per node
+            raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1) from exc
         with torch.no_grad():
             want = flat_outputs(reference(*inputs))
         diff, scale = max_diff(got, want)
