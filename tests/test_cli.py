@@ -190,8 +190,8 @@ def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, c
     monkeypatch.setitem(cli.commands.COMMANDS, "backends", _boom)
     assert main(["backends"]) == EXIT_INTERNAL
     _one_line_error(capsys.readouterr().err, "internal error: KeyError")
-    with pytest.raises(KeyError):
-        main(["--debug", "backends"])
+    assert main(["--debug", "backends"]) == EXIT_INTERNAL  # --debug never changes the code
+    assert "Traceback" in capsys.readouterr().err
 
 
 def test_console_script_runs_in_a_subprocess(tmp_path) -> None:
@@ -260,3 +260,32 @@ def test_the_sidecar_records_the_opset_in_the_file(tmp_path, net_py) -> None:
         o.version for o in onnx.load(str(out)).opset_import if o.domain in ("", "ai.onnx")
     ]
     assert json.loads(out.with_suffix(".json").read_text())["opset"] == default
+
+
+def test_a_wrong_input_shape_is_a_shape_problem_whatever_debug_says(tmp_path, net_py, capsys):
+    """Regression (issue 12 item 20): it read "remove the graph break", and --debug changed 3 to 1."""
+    linear = tmp_path / "linear.py"
+    linear.write_text("from torch import nn\ndef build():\n    return nn.Linear(8, 4)\n")
+    for command in (["export", "-o", str(tmp_path / "m.onnx"), "-q"], ["plan"]):
+        argv = [command[0], f"{linear}:build", "--input-shape", "2,9", *command[1:]]
+        assert main(argv) == EXIT_USAGE
+        _one_line_error(
+            capsys.readouterr().err, "fails in PyTorch itself on inputs of shape (2, 9)"
+        )
+        assert main(["--debug", *argv]) == EXIT_USAGE
+        last = capsys.readouterr().err.strip().splitlines()[-1]  # after the traceback
+        assert "shape (2, 9)" in last and "graph break" not in last
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_an_unwritable_output_directory_exits_3(tmp_path, net_py, capsys, monkeypatch):
+    """Regression (issue 12 item 20): an unwritable -o was an internal error (exit 1)."""
+    import tempfile
+
+    def _denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "mkstemp", _denied)  # root ignores chmod, so deny the write
+    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o", str(tmp_path / "m.onnx")]
+    assert main([*argv, "-q"]) == EXIT_EXPORT
+    _one_line_error(capsys.readouterr().err, "cannot write to directory")

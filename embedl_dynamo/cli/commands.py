@@ -63,6 +63,8 @@ def run_plan(args: argparse.Namespace) -> int:
     model, inputs = build_model(args.model, args.input_shape)
     try:
         result = run_pipeline(capture(model, inputs), inputs, backend)
+    except ValueError as exc:  # the model rejects the inputs: a shape problem, not a capture one
+        raise CliError(f"{exc}", EXIT_USAGE) from exc
     except RuntimeError as exc:
         raise CliError(f"{exc}", EXIT_EXPORT) from exc
     print(result.plan)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from embedl_dynamo.cli.commands import COMMANDS
@@ -94,8 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except CliError as exc:
-        if args.debug:
-            raise
+        if args.debug:  # the traceback, then the same exit code as without --debug
+            traceback.print_exc()
         print(f"embedl-dynamo {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
@@ -103,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:
         if args.debug:
-            raise
+            traceback.print_exc()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(
             f"embedl-dynamo {args.command}: internal error: {type(exc).__name__}: {first}. "

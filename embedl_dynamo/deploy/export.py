@@ -222,6 +222,8 @@ def export(
         raise ExportArgumentError(f"path must end in .onnx, got {str(path)!r}")
     if not path.parent.is_dir():
         raise ExportArgumentError(f"directory {str(path.parent)!r} does not exist; create it first")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write to directory {str(path.parent)!r}; choose a writable path")
     try:
         refuse_foreign_sidecar(sidecar_path(path))
     except FileExistsError as exc:
@@ -261,6 +263,8 @@ def export(
         stages.set_postfix_str("capture")
         try:
             gm = capture(model, args)
+        except ValueError as exc:  # the model rejects the example inputs
+            raise ExportArgumentError(str(exc)) from exc
         except RuntimeError as exc:
             raise ExportError(
                 f"{exc}. Export needs one graph: remove the graph break (see "
@@ -281,7 +285,15 @@ def export(
             outputs = flat_outputs(result.model(*args))
         # everything is written beside the target first and renamed into place only once it
         # verifies, so a failed export never destroys a file that was there before
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+        try:
+            fd, tmp_name = tempfile.mkstemp(
+                prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent
+            )
+        except OSError as exc:
+            raise ExportError(
+                f"cannot write to directory {str(path.parent)!r} ({exc.strerror}); "
+                "choose a writable path"
+            ) from exc
         os.chmod(tmp_name, file_mode())  # like any file the user writes: honour the umask
         os.close(fd)
         tmp = Path(tmp_name)

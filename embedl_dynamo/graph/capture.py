@@ -47,6 +47,16 @@ def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
         with torch.no_grad():
             compiled(*args)
     except Exception as exc:
+        try:  # is it the inputs, not the capture? then say so, not "remove the graph break"
+            with torch.no_grad():
+                model(*args)
+        except Exception as eager_exc:
+            shapes = ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
+            first = str(eager_exc).strip().splitlines()[0] if str(eager_exc).strip() else ""
+            raise ValueError(
+                f"{type(model).__name__} fails in PyTorch itself on inputs of shape {shapes}: "
+                f"{type(eager_exc).__name__}: {first}. Pass inputs of the shape the model takes"
+            ) from eager_exc
         raise RuntimeError(
             f"Dynamo could not capture {type(model).__name__} as one graph: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
