@@ -4,7 +4,9 @@ Dynamo marks an axis symbolic (a ``SymInt`` in the placeholder's fake tensor) on
 it change, and recompiles once; every such axis must stay dynamic in the exported artifact, or
 the next new size fails inside the runtime. On top of that, with ``dynamic_batch`` dim 0 of the
 inputs that share the first input's batch size is dynamic from the first compile on, named
-``batch`` (so the static first graph and the symbolic recompile key to the same artifact).
+``batch`` (so the static first graph and the symbolic recompile key to the same artifact),
+except once Dynamo has made the batch symbolic: a dim 0 it kept static beside it is not tied
+to the batch, however equal their sizes are in the call that compiled.
 
 Equal symbols get equal names, so ONNX Runtime and TensorRT know that two axes have one size;
 an output axis that is an expression of sizes (``s0 - 2``) gets a name of its own.
@@ -93,6 +95,10 @@ def dynamic_axes(
         heuristic_batch = (
             first is not None and tensor.dim() > 0 and tensor.shape[0] == first.shape[0]
         )
+        # Dynamo gives equal symbolic sizes one symbol: a dim 0 it kept static beside a
+        # symbolic batch is another axis that only happens to have the batch's size now
+        if fake is not None and tensor is not first and BATCH in names.values():
+            heuristic_batch = False
         if dynamic_batch and heuristic_batch and 0 not in axes:
             axes[0] = BATCH
         inputs.append(axes)

@@ -114,3 +114,72 @@ def test_fallback_raise_lets_a_call_failure_through(monkeypatch):
         monkeypatch.setattr(OnnxRuntime, "_infer", _fail)
         with pytest.raises(RuntimeError, match="boom"):
             compiled(x)
+
+
+class _TwoOutputs(nn.Module):
+    """Two inputs, one output each: the second input's dim 0 never changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(6, 5)
+        self.b = nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(self.a(x)) * 2.0, torch.tanh(self.b(y)) + 1.0
+
+
+def _input_dims(path: str) -> list[list[str | int]]:
+    import onnx
+
+    graph = onnx.load(path, load_external_data=False).graph
+    return [[d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim] for i in graph.input]
+
+
+def test_a_static_dim_beside_a_symbolic_batch_is_not_tied_to_it(caplog):
+    """x's batch goes 3 -> 4 -> 5 while y's dim 0 stays 4. At the recompile (x=4, y=4) Dynamo
+    makes x's batch symbolic and keeps y's dim 0 static; naming both ``batch`` because they
+    were equal then made ONNX Runtime reject (5, 4) and every such call ran in PyTorch."""
+    model = _TwoOutputs().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        for bx in (3, 4, 5, 6):
+            x, y = torch.randn(bx, 6), torch.randn(4, 6)
+            for got, want in zip(compiled(x, y), model(x, y)):
+                assert_close_to_scale(got, want)
+    assert "run in PyTorch" not in caplog.text
+    symbolic = embedl_dynamo.last_report().subgraphs[-1]
+    assert _input_dims(symbolic.runtime_info["artifact"]) == [["batch", 6], [4, 6]]
+    assert BUILD_COUNTS["onnx"] == 2
+
+
+class _SelfAttention(nn.Module):
+    """BERT-style attention: the sequence length is used as a value in ``view``/``reshape``."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, dim = x.shape
+        q, k, v = self.qkv(x).view(b, length, 3, self.heads, dim // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / (dim // self.heads) ** 0.5
+        attended = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(b, length, dim)
+        return self.norm(x + self.out(attended))
+
+
+def test_attention_sequence_lengths_32_to_80_run_in_the_artifact(caplog):
+    """Lengths 32, 48, 64, 80: two builds, and no call quietly falls back to PyTorch."""
+    model = _SelfAttention().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        for length in (32, 48, 64, 80, 48, 7):
+            x = torch.randn(2, length, 32)
+            assert_close_to_scale(compiled(x), model(x))
+    assert "run in PyTorch" not in caplog.text
+    assert BUILD_COUNTS["onnx"] == 2
+    dims = _input_dims(embedl_dynamo.last_report().subgraphs[-1].runtime_info["artifact"])
+    assert dims[0][0] == "batch" and isinstance(dims[0][1], str) and dims[0][2] == 32
