@@ -23,15 +23,15 @@ _COLOURS = {"int8": "#2f7d32", "fp16": "#1565c0", "bf16": "#6a1b9a", "fp32": "#7
 
 _CSS = """
 :root { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; color: #1c1c1c; }
-body { margin: 0 auto; padding: clamp(8px, 2vw, 32px); max-width: 1600px;
-       font-size: clamp(14px, 0.6vw + 11px, 20px); line-height: 1.4; }
+body { margin: 0 auto; padding: clamp(8px, 2vw, 40px); max-width: 2400px;
+       font-size: clamp(14px, 0.5vw + 11px, 24px); line-height: 1.4; }
 h1 { font-size: 1.5em; margin: 0 0 .4em; } h2 { font-size: 1.2em; margin: 1.4em 0 .4em; }
 pre { background: #f5f5f5; padding: .8em; overflow-x: auto; white-space: pre-wrap; }
 .scroll { overflow-x: auto; }
-table { border-collapse: collapse; width: 100%; font-size: .9em; }
+table { border-collapse: collapse; width: 100%; min-width: 44em; font-size: .9em; }
 th, td { text-align: left; padding: .3em .6em; border-bottom: 1px solid #ddd; vertical-align: top; }
 th { background: #fafafa; position: sticky; top: 0; }
-td.id { font-family: ui-monospace, monospace; word-break: break-all; }
+td.id { font-family: ui-monospace, monospace; overflow-wrap: anywhere; min-width: 14em; }
 .applied { color: #2f7d32; } .skipped { color: #8d6e63; }
 svg { max-width: 100%; height: auto; }
 """
@@ -53,7 +53,9 @@ def layer_rows(sub: SubgraphReport) -> list[dict[str, Any]]:
         path = entry.id.split("@", 1)[-1]
         extra = per_layer.get(entry.id, {})
         precision, why = "fp32", "float model"
-        if any(i.endswith("@" + path) for i in int8):
+        if not (entry.applied or entry.apply):
+            precision, why = "", ""  # not in the graph: no precision of its own
+        elif any(i.endswith("@" + path) for i in int8):
             precision, why = "int8", "quantized"
         elif any(i.endswith("@" + path) for i in kept):
             why = next(r for i, r in kept.items() if i.endswith("@" + path))
