@@ -71,6 +71,10 @@ class SubgraphReport:
     def plan(self, value: Any) -> None:
         self._plan = value
 
+    def plan_later(self, factory: Callable[[], Any]) -> None:
+        """Compute the plan with ``factory`` on first access (a warm start skipped planning)."""
+        self._plan, self._plan_factory = None, factory
+
     def __str__(self) -> str:
         applied = self.pipeline.get("applied_count", 0)
         line = (

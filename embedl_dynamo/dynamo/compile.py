@@ -360,5 +360,5 @@ def _warm_start(
     report.runtime, report.cached = runtime.name, True
     report.runtime_info = dict(runtime.build_info)
     report.pipeline = dict(alias.get("pipeline") or {})
-    report._plan_factory = lambda: run_pipeline(frozen, inputs, backend, settings).plan
+    report.plan_later(lambda: run_pipeline(frozen, inputs, backend, settings).plan)
     return runtime.infer
