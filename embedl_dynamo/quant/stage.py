@@ -68,8 +68,10 @@ def quantize_graph(
     placement = quantizer.annotate(gm)
     quantizer.validate(gm, placement)
 
-    fingerprint = data_fingerprint(source, gm)
-    if fingerprint is None and use_cache and cache_dir is not None:
+    caching = use_cache and cache_dir is not None
+    # probing a forward_loop costs two forward passes: only worth it when the key is used
+    fingerprint = data_fingerprint(source, gm if caching else None)
+    if fingerprint is None and caching:
         logger.info("calibration data cannot be fingerprinted; its ranges are not cached")
         use_cache = False
     key = calibration_key(gm, config, placement, fingerprint or "uncached")
