@@ -32,6 +32,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+from embedl_dynamo.runtimes.int8_weights import store_weights_as_int8
 
 __all__ = ["DEFAULT_OPSET", "ExportError", "export_onnx", "input_names", "output_names"]
 
@@ -227,13 +228,15 @@ def export_onnx(
                     _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
                     _export_dynamo(module, args, path, opset, axes, len(outputs))
+            folded = store_weights_as_int8(path)
             onnx.checker.check_model(str(path))
         except Exception as exc:
             errors.append(f"{name} exporter: {_first_line(exc)}")
             logger.debug("ONNX export with the %s exporter failed: %s", name, exc)
             continue
         logger.debug(
-            "exported %s with the %s exporter in %.2f s", path, name, time.perf_counter() - start
-        )
+            "exported %s with the %s exporter in %.2f s (%d weights stored as int8)",
+            path, name, time.perf_counter() - start, folded,
+        )  # fmt: skip
         return path
     raise ExportError("ONNX export failed: " + "; ".join(errors))
