@@ -30,7 +30,9 @@ def test_int8_export_stores_weights_as_int8_and_is_four_times_smaller(tmp_path):
     assert not q_of_constant  # no float weight quantized at load time
     int8_weights = [a for a in initializers.values() if a.dtype == np.int8 and a.ndim >= 2]
     assert len(int8_weights) >= 10
-    assert int8.stat().st_size < 0.4 * fp32.stat().st_size  # 0.36 here: scales and graph are overhead
+    assert (
+        int8.stat().st_size < 0.4 * fp32.stat().st_size
+    )  # 0.36 here: scales and graph are overhead
     ops = collections.Counter(n.op_type for n in proto.graph.node)
     assert ops["DequantizeLinear"] > ops["QuantizeLinear"]  # weights: DQ only
     session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
