@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ QUANTIZE_MODES = (None, "int8")
 OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 
 # options that are never part of a cache key (data, or purely cosmetic)
+_READ_ONCE: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _NOT_KEYED = ("calibration_data", "progress", "cache_dir")
 
 
@@ -118,6 +120,16 @@ class Settings:
                 f"invalid calibration_data of type {type(data).__name__}; expected an iterable "
                 "of input tensors/tuples or a callable forward_loop(model)"
             )
+        if data is not None and not callable(data) and iter(data) is data:
+            # a one-shot iterator (a generator): read it once, so every subgraph, recompile and
+            # later compile given the same object calibrates on the same batches
+            try:
+                batches = _READ_ONCE.get(data)
+                if batches is None:
+                    batches = _READ_ONCE[data] = list(data)
+            except TypeError:  # not weak-referenceable: read it for this use only
+                batches = list(data)
+            object.__setattr__(self, "calibration_data", batches)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

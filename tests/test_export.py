@@ -276,3 +276,30 @@ def test_a_file_that_fails_at_batch_2_is_an_export_error_naming_the_node(tmp_pat
         dynamic_batch=False,
     )  # fmt: skip
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
+
+
+class _ClassToken(nn.Module):
+    """A ViT/DeiT-style class token: ``expand(x.shape[0], ...)`` must follow the batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Conv2d(3, 8, 4, stride=4)
+        self.cls = nn.Parameter(torch.randn(1, 1, 8))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1)
+        return self.head(tokens[:, 0])
+
+
+def test_a_class_token_expand_keeps_the_batch_dynamic(tmp_path) -> None:
+    model = _ClassToken().eval()
+    x = torch.randn(2, 3, 16, 16)
+    path = export(model, x, tmp_path / "vit.onnx", options={"cache_dir": tmp_path / "c"})
+    loaded = embedl_dynamo.load(path)
+    for batch in (1, 2, 5):
+        y = torch.randn(batch, 3, 16, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(y), model(y), atol=1e-4, rtol=1e-4)
+    assert not x.__dict__.get("_dynamo_dynamic_indices")  # the caller's tensor is not tagged

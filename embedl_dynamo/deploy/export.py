@@ -262,7 +262,7 @@ def export(
     try:
         stages.set_postfix_str("capture")
         try:
-            gm = capture(model, args)
+            gm = capture(model, args, dynamic_batch=dynamic_batch)
         except ValueError as exc:  # the model rejects the example inputs
             raise ExportArgumentError(str(exc)) from exc
         except RuntimeError as exc:

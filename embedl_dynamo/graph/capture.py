@@ -9,6 +9,7 @@ under their original paths. The export helper and :func:`embedl_dynamo.transform
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,13 +20,19 @@ from embedl_dynamo.graph.freeze import FrozenGraph, freeze
 
 __all__ = ["capture"]
 
+logger = logging.getLogger(__name__)
 
-def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
+
+def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) -> fx.GraphModule:
     """Trace ``model`` on ``args`` with Dynamo as a single graph and freeze its weights.
 
     Args:
         model: the model; it is run once on ``args`` (under ``torch.no_grad``), not modified.
         args: positional example inputs.
+        dynamic_batch: capture dim 0 of the inputs that share the first input's batch (of at
+            least 2) as a symbolic size, so sizes computed from it (a class token's
+            ``expand(x.shape[0], ...)``) stay symbolic instead of baking the example batch in.
+            A model that pins its batch is captured statically instead.
 
     Returns:
         A GraphModule taking the tensor inputs of ``args`` (in order) and returning what the
@@ -35,6 +42,24 @@ def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
         RuntimeError: Dynamo cannot capture the model as one graph (a graph break); the message
             carries Dynamo's reason.
     """
+    if dynamic_batch:
+        first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+        if first is not None and first.shape[0] >= 2:
+            marked = []
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == first.shape[0]:
+                    a = a.clone()  # mark_dynamic tags the tensor: never the caller's
+                    torch._dynamo.mark_dynamic(a, 0)
+                marked.append(a)
+            try:
+                return _capture(model, marked, dynamic=None)
+            except (RuntimeError, ValueError) as exc:
+                logger.debug("dynamic-batch capture failed (%s); capturing statically", exc)
+    return _capture(model, args, dynamic=False)
+
+
+def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.GraphModule:
+    """One Dynamo capture of ``model(*args)``, frozen; see :func:`capture`."""
     captured: list[tuple[FrozenGraph, list[Any]]] = []
 
     def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
@@ -42,7 +67,7 @@ def capture(model: nn.Module, args: Sequence[Any]) -> fx.GraphModule:
         captured.append((freeze(gm, example_inputs), list(example_inputs)))
         return gm.forward
 
-    compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=False)
+    compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=dynamic)
     try:
         with torch.no_grad():
             compiled(*args)

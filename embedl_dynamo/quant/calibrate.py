@@ -16,7 +16,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.quant.observers import Calibrator, NonFiniteError, scale_zero_point
+from embedl_dynamo.quant.observers import (
+    CalibrationDataError,
+    Calibrator,
+    NonFiniteError,
+    scale_zero_point,
+)
 from embedl_dynamo.quant.placement import Placement
 from embedl_dynamo.quant.spec import QuantizationConfig
 
@@ -57,7 +62,7 @@ class _Counting(nn.Module):
 def as_batches(data: Iterable[Any]) -> list[tuple[torch.Tensor, ...]]:
     """Materialise an iterable of tensors or tuples of tensors as a list of argument tuples."""
     if isinstance(data, torch.Tensor):
-        raise TypeError(
+        raise CalibrationDataError(
             "calibration_data is a single tensor; pass an iterable of batches, e.g. "
             "list(tensor.split(32)), or a callable forward_loop(model)"
         )
@@ -68,12 +73,15 @@ def as_batches(data: Iterable[Any]) -> list[tuple[torch.Tensor, ...]]:
         elif isinstance(batch, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in batch):
             batches.append(tuple(batch))
         else:
-            raise TypeError(
+            raise CalibrationDataError(
                 f"calibration batch of type {type(batch).__name__} is not a tensor or a tuple of "
                 "tensors; pass batches of model inputs or a callable forward_loop(model)"
             )
     if not batches:
-        raise ValueError("calibration_data is empty: give at least one batch")
+        raise CalibrationDataError(
+            "calibration_data is empty: give at least one batch (a generator can be consumed "
+            "only once; pass a list to calibrate several models)"
+        )
     return batches
 
 
@@ -199,7 +207,12 @@ def calibrate(
     before = _COUNTER["forward_passes"]
     with torch.no_grad():
         if callable(data) and not isinstance(data, (list, tuple)):
-            data(model)
+            try:
+                data(model)
+            except Exception as exc:
+                raise CalibrationDataError(
+                    f"the calibration forward_loop raised {type(exc).__name__}: {exc}"
+                ) from exc
         else:
             from tqdm.auto import tqdm
 
@@ -210,7 +223,7 @@ def calibrate(
                 model(*batch)
     passes = _COUNTER["forward_passes"] - before
     if passes == 0:
-        raise ValueError("the calibration forward_loop never called the model")
+        raise CalibrationDataError("the calibration forward_loop never called the model")
     logger.info("calibrated on %d forward passes", passes)
     return passes
 

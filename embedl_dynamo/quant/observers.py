@@ -25,6 +25,7 @@ __all__ = [
     "Calibrator",
     "HistogramCalibrator",
     "MinMaxCalibrator",
+    "CalibrationDataError",
     "NonFiniteError",
     "PercentileCalibrator",
     "make_calibrator",
@@ -32,7 +33,11 @@ __all__ = [
 ]
 
 
-class NonFiniteError(ValueError):
+class CalibrationDataError(ValueError):
+    """The calibration data cannot calibrate this graph; the message says why and the fix."""
+
+
+class NonFiniteError(CalibrationDataError):
     """Calibration data holds NaN or infinity."""
 
 

@@ -87,7 +87,10 @@ def quantize_graph(
     quantized, weights = insert_fake_quant(gm, placement, config, ranges)
     cache_path = None
     if use_cache and cache_dir is not None and origin == "calibrated":
-        cache_path = store_ranges(cache_dir, key, ranges, config, weights)
+        try:
+            cache_path = store_ranges(cache_dir, key, ranges, config, weights)
+        except OSError as exc:  # the INT8 model is built all the same
+            logger.warning("calibration ranges not cached (%s); they will be recomputed", exc)
     for ident, reason in placement.float_layers:
         logger.info("left in float: %s (%s)", ident, reason)
     report = {

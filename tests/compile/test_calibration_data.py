@@ -1,0 +1,99 @@
+"""INT8 asked for is INT8 delivered, or a clear error: never float eager in silence."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.quant import stage
+
+X = torch.randn(2, 3, 8, 8)
+
+
+class _Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def _int8(model: nn.Module, data, **options):
+    compiled = torch.compile(
+        model, backend="embedl_onnxruntime",
+        options={"quantize": "int8", "calibration_data": data, **options},
+    )  # fmt: skip
+    with torch.no_grad():
+        return compiled(X)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ([torch.full((2, 3, 8, 8), float("nan"))], "non-finite values"),
+        ([], "calibration_data is empty"),
+        (lambda m: (_ for _ in ()).throw(OSError("loader gone")), "forward_loop raised OSError"),
+    ],
+)
+def test_bad_calibration_data_is_a_clear_error(data, message):
+    with pytest.raises(Exception, match=message):
+        _int8(_Net().eval(), data)
+
+
+def test_a_generator_serves_every_compile():
+    batches = (torch.randn(2, 3, 8, 8) for _ in range(2))
+    _int8(_Net().eval(), batches)
+    torch._dynamo.reset()
+    embedl_dynamo.report.clear_reports()
+    _int8(_Net().eval(), batches)  # the same generator object, reused
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert sub.pipeline["quantized"] and sub.runtime == "onnxruntime"
+
+
+def test_a_failed_cache_write_still_builds_int8_and_warns(monkeypatch, caplog, tmp_path):
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(stage, "store_ranges", no_space)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
+        _int8(_Net().eval(), [torch.randn(2, 3, 8, 8)], cache_dir=tmp_path)
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert sub.pipeline["quantized"] and "not cached" in caplog.text
+
+
+class _Broken(nn.Module):
+    """A graph break: the second subgraph sees (2, 4) features, not the (2, 3, 8, 8) images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc1 = nn.Linear(4, 8)
+        self.fc2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.conv(x)).mean((2, 3))
+        torch._dynamo.graph_break()
+        return self.fc2(torch.relu(self.fc1(y)))
+
+
+def test_a_subgraph_after_a_graph_break_calibrates_on_what_reaches_it(caplog):
+    model = _Broken().eval()
+    data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
+    compiled = torch.compile(
+        model, backend="embedl_onnxruntime",
+        options={"quantize": "int8", "calibration_data": data, "calibration_steps": 2,
+                 "min_subgraph_size": 1},
+    )  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"), torch.no_grad():
+        for _ in range(3):
+            compiled(X)
+    assert any("does not fit its inputs" in r.getMessage() for r in caplog.records)
+    subs = embedl_dynamo.last_report().subgraphs
+    assert subs[0].pipeline["quantized"]  # the first subgraph used the batches it was given
+    assert all(s.runtime == "onnxruntime" for s in subs)
