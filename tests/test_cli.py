@@ -289,3 +289,21 @@ def test_an_unwritable_output_directory_exits_3(tmp_path, net_py, capsys, monkey
     argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o", str(tmp_path / "m.onnx")]
     assert main([*argv, "-q"]) == EXIT_EXPORT
     _one_line_error(capsys.readouterr().err, "cannot write to directory")
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (torch.randn(8, 3, 9, 9), "calibration_data does not fit the model's inputs"),
+        (torch.full((8, 3, 16, 16), float("nan")), "non-finite values"),
+    ],
+)
+def test_bad_calibration_files_are_usage_errors(tmp_path, net_py, capsys, data, text) -> None:
+    calib = tmp_path / "calib.npy"
+    np.save(calib, data.numpy())
+    out = tmp_path / "q.onnx"
+    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out), "--int8",
+            "--calibration", str(calib), "--backend", "onnxruntime", "-q"]  # fmt: skip
+    assert main(argv) == EXIT_USAGE
+    _one_line_error(capsys.readouterr().err, text)
+    assert not out.exists()

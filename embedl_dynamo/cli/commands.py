@@ -99,6 +99,7 @@ def run_export(args: argparse.Namespace) -> int:
         export,
         sidecar_path,
     )
+    from embedl_dynamo.quant.observers import CalibrationDataError
 
     backend_named(args.backend)
     if args.calibration and not args.int8:
@@ -129,7 +130,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise CliError(str(exc), EXIT_VERIFY) from exc
     except EngineUnavailableError as exc:
         raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
-    except ExportArgumentError as exc:
+    except (ExportArgumentError, CalibrationDataError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     except ExportError as exc:
         raise CliError(str(exc), EXIT_EXPORT) from exc

@@ -58,6 +58,7 @@ from embedl_dynamo.deploy.verify import (
 )
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx, input_names, output_names
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
 from embedl_dynamo.settings import Settings
@@ -243,6 +244,12 @@ def export(
             "leave it None for the exporter's default"
         )
     settings = _settings(quantize, calibration_data, dynamic_batch, options, progress)
+    mismatch = calibration_mismatch(calibration_data, args) if calibration_data is not None else ""
+    if mismatch:
+        raise ExportArgumentError(
+            f"calibration_data does not fit the model's inputs: {mismatch}; give batches shaped "
+            "like example_inputs"
+        )
     if quantize is not None and target.quantization is None:
         raise ExportArgumentError(
             f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "

@@ -30,7 +30,7 @@ from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_ver
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.quant.calibrate import as_batches
+from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
@@ -137,7 +137,7 @@ def compile_subgraph(
             return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
     if settings.quantize is not None and settings.calibration_data is not None:
-        mismatch = _calibration_mismatch(settings.calibration_data, inputs)
+        mismatch = calibration_mismatch(settings.calibration_data, inputs)
         if mismatch:  # e.g. a subgraph after a graph break: it sees other tensors
             logger.warning(
                 "subgraph %d: calibration_data does not fit its inputs (%s); it calibrates on "
@@ -220,29 +220,6 @@ def compile_subgraph(
             source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
         )
     return _wrap(gm, infer, user, report, settings, backend, example_inputs)
-
-
-def _calibration_mismatch(data: Any, inputs: list[torch.Tensor]) -> str:
-    """Why calibration batches cannot feed a subgraph with these ``inputs`` ("" if they can).
-
-    Only batch lists are checked (a forward_loop drives whatever it drives); the batch axis may
-    differ, every other size and the dtype must match.
-    """
-    if callable(data) and not isinstance(data, (list, tuple)):
-        return ""
-    batches = as_batches(data) if isinstance(data, (list, tuple)) else None
-    if not batches:
-        return ""
-    batch = batches[0]
-    if len(batch) != len(inputs):
-        return f"{len(batch)} tensors per batch, the subgraph takes {len(inputs)}"
-    for i, (given, wanted) in enumerate(zip(batch, inputs)):
-        if given.dtype != wanted.dtype or tuple(given.shape[1:]) != tuple(wanted.shape[1:]):
-            return (
-                f"input {i} is {given.dtype} {tuple(given.shape)}, the subgraph takes "
-                f"{wanted.dtype} {tuple(wanted.shape)}"
-            )
-    return ""
 
 
 def _check_int8(

@@ -30,6 +30,7 @@ __all__ = [
     "as_batches",
     "calibrate",
     "check_batches_finite",
+    "calibration_mismatch",
     "data_fingerprint",
     "forward_pass_count",
     "ranges_from_calibrators",
@@ -83,6 +84,29 @@ def as_batches(data: Iterable[Any]) -> list[tuple[torch.Tensor, ...]]:
             "only once; pass a list to calibrate several models)"
         )
     return batches
+
+
+def calibration_mismatch(data: Any, inputs: Sequence[torch.Tensor]) -> str:
+    """Why calibration batches cannot feed a subgraph with these ``inputs`` ("" if they can).
+
+    Only batch lists are checked (a forward_loop drives whatever it drives); the batch axis may
+    differ, every other size and the dtype must match.
+    """
+    if callable(data) and not isinstance(data, (list, tuple)):
+        return ""
+    batches = as_batches(data) if isinstance(data, (list, tuple)) else None
+    if not batches:
+        return ""
+    batch = batches[0]
+    if len(batch) != len(inputs):
+        return f"{len(batch)} tensors per batch, the subgraph takes {len(inputs)}"
+    for i, (given, wanted) in enumerate(zip(batch, inputs)):
+        if given.dtype != wanted.dtype or tuple(given.shape[1:]) != tuple(wanted.shape[1:]):
+            return (
+                f"input {i} is {given.dtype} {tuple(given.shape)}, the subgraph takes "
+                f"{wanted.dtype} {tuple(wanted.shape)}"
+            )
+    return ""
 
 
 def check_batches_finite(batches: Sequence[tuple[torch.Tensor, ...]]) -> None:
