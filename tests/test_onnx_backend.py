@@ -13,7 +13,7 @@ import onnx.backend.test
 import pytest
 from onnx import helper
 
-from embedl_dynamo.deploy import onnx_backend
+from embedl_dynamo.deploy import onnx_backend, onnx_opsets
 from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, EmbedlOnnxBackendRep
 
 # Node tests of the ops that our fusions, conversions and QDQ insertion produce in ONNX.
@@ -63,11 +63,12 @@ _backend_test = onnx.backend.test.BackendTest(EmbedlOnnxBackend, __name__)
 for _op in _OPS:
     _backend_test.include(rf"^test_{_op}(_.*)?_cpu$")
 
-# Expected failures, each with its reason (onnxruntime 1.31's CPU provider against onnx 1.23's
-# cases; models at opsets newer than onnxruntime's are converted down by the backend and pass).
+# Expected failures, each with its reason (onnxruntime 1.31/1.32's CPU provider against onnx 1.23's
+# cases). Models at opsets newer than onnxruntime's, or using an op version it has no kernel for
+# (1.32 has no QuantizeLinear-28), are converted down by the backend and pass.
 _EXPECTED_FAILURES = {
     r"^test_(cast|quantizelinear|dequantizelinear)_.*(FLOAT4E2M1|float4e2m1).*_cpu$": (
-        "onnxruntime 1.31's CPU execution provider has no float4e2m1 kernel for Cast, "
+        "onnxruntime's CPU execution provider (1.31, 1.32) has no float4e2m1 kernel for Cast, "
         "QuantizeLinear or DequantizeLinear (NOT_IMPLEMENTED); the float8, bfloat16, int4/uint4 "
         "and int2/uint2 cases run, fed as OrtValues of their ONNX type"
     ),
@@ -162,6 +163,83 @@ def test_run_node_with_outputs_info_and_qdq() -> None:
         outputs_info=[(np.int8, (4,))],
     )
     np.testing.assert_array_equal(out.q, np.array([0, 1, -2, 127], np.int8))
+
+
+def _quantize_model(opset: int) -> onnx.ModelProto:
+    node = helper.make_node("QuantizeLinear", ["x", "scale", "zero"], ["y"])
+    graph = helper.make_graph(
+        [node],
+        "quantize",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.INT8, ["n", 3])],
+        initializer=[
+            onnx.numpy_helper.from_array(np.array(0.5, np.float32), "scale"),
+            onnx.numpy_helper.from_array(np.array(0, np.int8), "zero"),
+        ],
+    )
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = helper.find_min_ir_version_for(opsets)
+    return model
+
+
+def test_missing_kernel_for_a_new_op_version_lowers_the_model(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ORT can run an opset yet lack one op's newest kernel there (1.32: QuantizeLinear-28)."""
+    onnx_opsets.ort_max_opset()  # probed with the real onnxruntime before the stand-in
+    real = onnx_opsets.create_session
+    seen_opsets: list[int] = []
+
+    def no_quantize_21_kernel(source: bytes, providers: list[str], options: object) -> object:
+        opset = onnx.load_from_string(source).opset_import[0].version
+        seen_opsets.append(opset)
+        if opset >= 21:
+            raise RuntimeError(
+                "[ONNXRuntimeError] : 9 : NOT_IMPLEMENTED : Could not find an implementation "
+                "for QuantizeLinear(21) node with name ''"
+            )
+        return real(source, providers, options=options)
+
+    monkeypatch.setattr(onnx_opsets, "create_session", no_quantize_21_kernel)
+    with caplog.at_level("INFO", logger=onnx_opsets.__name__):
+        rep = EmbedlOnnxBackend.prepare(_quantize_model(opset=21))
+    assert seen_opsets == [21, 20]
+    assert "no QuantizeLinear-21 kernel" in caplog.text
+    x = np.array([[-1.0, 0.5, 2.0]], dtype=np.float32)
+    np.testing.assert_array_equal(rep.run([x]).y, np.array([[-2, 1, 4]], np.int8))
+
+
+def test_a_file_whose_op_version_lacks_a_kernel_is_loaded_and_lowered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    onnx_opsets.ort_max_opset()
+    real = onnx_opsets.create_session
+
+    def no_quantize_21_kernel(source: object, providers: list[str], options: object) -> object:
+        model = onnx.load(source) if isinstance(source, str) else onnx.load_from_string(source)
+        if model.opset_import[0].version >= 21:
+            raise RuntimeError("NOT_IMPLEMENTED : Failed to find kernel for QuantizeLinear(21)")
+        return real(source, providers, options=options)
+
+    monkeypatch.setattr(onnx_opsets, "create_session", no_quantize_21_kernel)
+    monkeypatch.setattr(onnx_backend, "create_session", no_quantize_21_kernel)
+    path = tmp_path / "quantize.onnx"
+    onnx.save(_quantize_model(opset=21), str(path))
+    rep = EmbedlOnnxBackend.prepare(str(path))
+    x = np.array([[1.0, -0.5, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(rep.run([x]).y, np.array([[2, -1, 0]], np.int8))
+
+
+def test_an_error_naming_no_missing_kernel_is_raised_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(source: bytes, providers: list[str], options: object) -> object:
+        raise RuntimeError("INVALID_GRAPH : something else")
+
+    monkeypatch.setattr(onnx_opsets, "create_session", broken)
+    with pytest.raises(RuntimeError, match="something else"):
+        EmbedlOnnxBackend.prepare(_relu_model(opset=17))
 
 
 def test_supports_device() -> None:

@@ -9,10 +9,8 @@ preference (TensorRT EP > CUDA EP > CPU, whichever exist here) and the same sess
     outputs = rep.run([x])          # a namedtupledict: outputs[0] or outputs["logits"]
 
 ``prepare`` validates the model with ``onnx.checker`` first, so a malformed file fails with the
-checker's message rather than deep inside ONNX Runtime. A model written for a newer opset than the
-installed onnxruntime runs (onnx releases lead onnxruntime's) is converted down with
-``onnx.version_converter`` to the newest opset onnxruntime runs, and its IR version lowered to the
-oldest one that allows that opset; ops that did not change between the two opsets are untouched.
+checker's message rather than deep inside ONNX Runtime. A model written for a newer opset, or
+op version, than the installed onnxruntime runs is lowered first (see ``deploy.onnx_opsets``).
 
 float8, bfloat16, float4 and int4/int2 arrays (``ml_dtypes`` numpy types, as onnx's reference
 uses) are fed as ``OrtValue``s built from their bytes with their ONNX element type, since
@@ -23,7 +21,6 @@ as the same ``ml_dtypes`` arrays (through ``onnx.numpy_helper``, which packs int
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -33,6 +30,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
+from embedl_dynamo.deploy.onnx_opsets import (
+    fit_to_onnxruntime,
+    fitted_session,
+    model_at_opset,
+    names_missing_kernel,
+    ort_max_opset,
+)
 from embedl_dynamo.runtimes.onnxruntime import create_session, ort_providers
 
 __all__ = [
@@ -247,13 +251,16 @@ class EmbedlOnnxBackend(Backend):
         options = _session_options(kwargs)
         if isinstance(model, str):
             onnx.checker.check_model(model)
-            source: str | bytes = model
-        else:
-            if isinstance(model, bytes):
-                model = onnx.load_from_string(model)
-            super().prepare(model, device)  # runs onnx.checker.check_model
-            source = fit_to_onnxruntime(model).SerializeToString()
-        return EmbedlOnnxBackendRep(create_session(source, providers, options=options))
+            try:  # a file is handed to ONNX Runtime as a path (external data stays on disk)
+                return EmbedlOnnxBackendRep(create_session(model, providers, options=options))
+            except Exception as exc:  # ORT raises several exception types for unsupported models
+                if not names_missing_kernel(exc):
+                    raise
+            model = onnx.load(model)
+        elif isinstance(model, bytes):
+            model = onnx.load_from_string(model)
+        super().prepare(model, device)  # runs onnx.checker.check_model
+        return EmbedlOnnxBackendRep(fitted_session(model, providers, options))
 
     @classmethod
     def run_model(
@@ -301,7 +308,7 @@ class EmbedlOnnxBackend(Backend):
         ]
         graph_outputs = _output_infos(node, graph_inputs, outputs_info, opset)
         graph = helper.make_graph([node], f"run_node_{node.op_type}", graph_inputs, graph_outputs)
-        model = _model(graph, opset)
+        model = model_at_opset(graph, opset)
         return cls.run_model(model, arrays, device, **kwargs)
 
 
@@ -319,7 +326,7 @@ def _output_infos(
             )
             for name, (dtype, shape) in zip(outputs, outputs_info)
         ]
-    probe = _model(helper.make_graph([node], "probe", graph_inputs, []), opset)
+    probe = model_at_opset(helper.make_graph([node], "probe", graph_inputs, []), opset)
     inferred = {v.name: v for v in onnx.shape_inference.infer_shapes(probe).graph.value_info}
     infos = []
     for name in outputs:
@@ -329,68 +336,6 @@ def _output_infos(
             )
         infos.append(inferred[name])
     return infos
-
-
-@functools.cache
-def ort_max_opset() -> int:
-    """The newest default-domain opset the installed onnxruntime officially runs.
-
-    ORT trails onnx by a release or two; it is asked (a one-node model per candidate opset,
-    newest first) rather than hard-coded, so an upgrade of either package needs no edit here.
-    """
-    import onnxruntime as ort
-
-    node = helper.make_node("Relu", ["x"], ["y"])
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
-        model = _model(helper.make_graph([node], "probe", [x], [y]), opset)
-        try:
-            create_session(model.SerializeToString(), ["CPUExecutionProvider"], options=options)
-        except Exception:  # too new for this onnxruntime
-            continue
-        return opset
-    raise RuntimeError("onnxruntime runs no default-domain opset >= 7; reinstall onnxruntime")
-
-
-def fit_to_onnxruntime(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model``, or a down-converted copy when its default opset is newer than onnxruntime runs.
-
-    Args:
-        model: the model (not modified).
-
-    Returns:
-        The same object when it already fits, else a converted copy.
-
-    Raises:
-        ValueError: onnx's version converter cannot express the model at the older opset.
-    """
-    from onnx import version_converter
-
-    target = ort_max_opset()
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    if current <= target:
-        return model
-    try:
-        converted = version_converter.convert_version(model, target)
-    except Exception as exc:  # the converter raises RuntimeError/ValueError per adapter
-        raise ValueError(
-            f"the model uses opset {current} but onnxruntime runs opsets up to {target}, and "
-            f"onnx's version converter cannot lower it: {exc}. Export with opset={target}."
-        ) from exc
-    converted.ir_version = helper.find_min_ir_version_for(list(converted.opset_import))
-    logger.info("converted the model from opset %d to %d for onnxruntime", current, target)
-    return converted
-
-
-def _model(graph: onnx.GraphProto, opset: int) -> onnx.ModelProto:
-    """A model importing ``opset``, with the oldest IR version that allows it."""
-    opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = helper.find_min_ir_version_for(opsets)
-    return model
 
 
 # Module-level functions, as ONNX's backend modules expose them (``backend.prepare(...)``).
