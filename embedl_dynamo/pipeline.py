@@ -6,8 +6,9 @@
 1. canonicalisation and the Backend's conversions to a fixpoint, then its fusions, planned
    longest first (:func:`~embedl_dynamo.rewrite.engine.plan_transformation` /
    :func:`~embedl_dynamo.rewrite.engine.apply_transformation_plan`);
-2. the Backend's quantizer (:func:`~embedl_dynamo.quant.stage.quantize_graph`), only when
-   ``settings.quantize`` is set.
+2. the precision stage: for ``fp16``/``bf16``, half-precision casting with the sensitive ops
+   in fp32 (:func:`~embedl_dynamo.quant.half_precision.cast_graph`); for ``int8``/``mixed``,
+   the Backend's quantizer (:func:`~embedl_dynamo.quant.stage.quantize_graph`).
 
 It knows nothing about Dynamo or runtimes, so any caller that has a frozen graph can use it.
 :func:`quantize` and :func:`prepare_qat` run the same stages on a plain module and return the
@@ -26,6 +27,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.backend import Backend, as_backend
+from embedl_dynamo.quant.half_precision import HALF_DTYPES, cast_graph
 from embedl_dynamo.quant.qat import make_trainable
 from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.quant.stage import quantize_graph
@@ -46,8 +48,11 @@ class PipelineResult:
         model: the transformed (and, if asked, quantized) GraphModule.
         plan: the transformation plan (``print(plan)`` shows every match and why it was or was
             not applied).
-        report: counts from the plan plus ``quantized`` and per-step timings in seconds.
-        float_model: the transformed model before quantization (same as ``model`` for float).
+        report: counts from the plan plus ``precision``, ``quantized``, ``layers`` (one record
+            per layer whose precision was decided: id, precision, reason) and per-step timings
+            in seconds.
+        float_model: the transformed model before the precision stage (same as ``model`` for
+            fp32).
     """
 
     model: fx.GraphModule
@@ -86,7 +91,12 @@ def run_pipeline(
     }
     report["transform_s"] = round(time.perf_counter() - start, 4)
     model = float_model = result.model
+    report["precision"] = settings.precision
     report["quantized"] = False
+    if settings.precision in HALF_DTYPES:
+        start = time.perf_counter()
+        model, report["layers"] = cast_graph(float_model, list(example_inputs), settings.precision)
+        report["cast_s"] = round(time.perf_counter() - start, 4)
     if settings.quantize is not None:
         start = time.perf_counter()
         data = settings.calibration_data

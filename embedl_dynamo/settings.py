@@ -1,7 +1,8 @@
 """Typed, immutable settings of the ``embedl_*`` dynamo backends.
 
 Each value comes from, in order: ``torch.compile(..., options={...})``, then an environment
-variable (``EMBEDL_DYNAMO_RUNTIME``, ``EMBEDL_DYNAMO_CACHE_DIR``), then the default. Unknown keys
+variable (``EMBEDL_DYNAMO_RUNTIME``, ``EMBEDL_DYNAMO_PRECISION``, ``EMBEDL_DYNAMO_CACHE_DIR``),
+then the default. Unknown keys
 and bad values raise ``ValueError`` listing what is valid. :class:`Settings` is a frozen
 dataclass: derive a changed copy with :func:`dataclasses.replace`, never mutate.
 """
@@ -19,19 +20,23 @@ from typing import Any
 from embedl_dynamo.cache.store import ENV_CACHE_DIR, default_cache_dir
 
 __all__ = [
+    "ENV_PRECISION",
     "ENV_RUNTIME",
     "FALLBACKS",
     "OBSERVERS",
+    "PRECISIONS",
     "QUANTIZE_MODES",
     "RUNTIMES",
     "Settings",
 ]
 
 ENV_RUNTIME = "EMBEDL_DYNAMO_RUNTIME"
+ENV_PRECISION = "EMBEDL_DYNAMO_PRECISION"
 
 RUNTIMES = ("auto", "onnxruntime", "openvino", "tensorrt", "torch_tensorrt", "eager")
 FALLBACKS = ("eager", "raise")
 QUANTIZE_MODES = (None, "int8")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "mixed")
 OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 
 # options that are never part of a cache key (data, or purely cosmetic)
@@ -68,7 +73,12 @@ class Settings:
         min_subgraph_size: subgraphs with fewer operations stay in PyTorch.
         dynamic_batch: export with a dynamic batch axis so a new batch size does not rebuild.
         num_threads: ONNX Runtime intra-op threads (its default when None).
-        quantize: None (float) or ``int8``.
+        precision: ``fp32`` (default); ``fp16``/``bf16`` (compute in half precision, with
+            reductions, normalisation statistics, softmax and the outputs kept in fp32);
+            ``int8`` (every layer the target quantizes); ``mixed`` (INT8 per layer where it is
+            faster and the output stays within ``accuracy_budget``, the rest fp32).
+        quantize: the older spelling of ``precision="int8"``: ``int8`` or None; always
+            ``int8`` when ``precision`` is ``int8`` or ``mixed``.
         calibration_data: iterable of input tensors / tuples, or a callable
             ``forward_loop(model)``; None calibrates on the first real calls.
         calibration_steps: how many batches calibration uses.
@@ -85,6 +95,7 @@ class Settings:
     min_subgraph_size: int = 3
     dynamic_batch: bool = True
     num_threads: int | None = None
+    precision: str = "fp32"
     quantize: str | None = None
     calibration_data: Any = field(default=None, compare=False, repr=False)
     calibration_steps: int = 32
@@ -97,6 +108,17 @@ class Settings:
         _choice("runtime", self.runtime, RUNTIMES)
         _choice("fallback", self.fallback, FALLBACKS)
         _choice("quantize", self.quantize, QUANTIZE_MODES)
+        _choice("precision", self.precision, PRECISIONS)
+        if self.quantize == "int8" and self.precision in ("fp16", "bf16"):
+            raise ValueError(
+                f"quantize='int8' conflicts with precision={self.precision!r}; give one: "
+                "precision='int8' (every layer the target quantizes) or 'mixed' (INT8 where "
+                "it pays, the rest float)"
+            )
+        if self.quantize == "int8" and self.precision == "fp32":
+            object.__setattr__(self, "precision", "int8")
+        if self.precision in ("int8", "mixed"):
+            object.__setattr__(self, "quantize", "int8")
         _choice("observer", self.observer, OBSERVERS)
         _int("min_subgraph_size", self.min_subgraph_size, 0)
         _int("calibration_steps", self.calibration_steps, 1)
@@ -130,6 +152,10 @@ class Settings:
             except TypeError:  # not weak-referenceable: read it for this use only
                 batches = list(data)
             object.__setattr__(self, "calibration_data", batches)
+
+    def float_copy(self) -> Settings:
+        """These settings at ``precision="fp32"`` (the float build an INT8 one is judged by)."""
+        return dataclasses.replace(self, precision="fp32", quantize=None)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -166,6 +192,13 @@ class Settings:
                     f"invalid {ENV_RUNTIME}={runtime!r}; valid values: {', '.join(RUNTIMES)}"
                 )
             kwargs["runtime"] = runtime
+        if env.get(ENV_PRECISION) and not {"precision", "quantize"} & set(options):
+            precision = env[ENV_PRECISION]
+            if precision not in PRECISIONS:
+                raise ValueError(
+                    f"invalid {ENV_PRECISION}={precision!r}; valid values: {', '.join(PRECISIONS)}"
+                )
+            kwargs["precision"] = precision
         if env.get(ENV_CACHE_DIR):
             kwargs["cache_dir"] = Path(env[ENV_CACHE_DIR])
         kwargs.update(options)
@@ -187,6 +220,7 @@ class Settings:
     def key_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` less the fields that do not change built artifacts."""
         data = self.to_dict()
+        data.pop("quantize", None)  # implied by precision
         for name in _NOT_KEYED:
             data.pop(name, None)
         return data

@@ -141,7 +141,7 @@ def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
          EXIT_USAGE, "unknown backend 'gpu9'; known backends: lattice, onnxruntime, tensorrt"),
         (["plan", "{net}:not_a_model", "--input-shape", "1"], EXIT_USAGE, "not a torch.nn.Module"),
         (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx",
-          "--calibration", "{tmp}/c.npy"], EXIT_USAGE, "only used with --int8"),
+          "--calibration", "{tmp}/c.npy"], EXIT_USAGE, "only used with --precision int8/mixed"),
         (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx", "--int8",
           "--calibration", "{tmp}/missing.npy"], EXIT_USAGE, "does not exist"),
         (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.txt"],

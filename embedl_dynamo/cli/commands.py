@@ -102,8 +102,11 @@ def run_export(args: argparse.Namespace) -> int:
     from embedl_dynamo.quant.observers import CalibrationDataError
 
     backend_named(args.backend)
-    if args.calibration and not args.int8:
-        raise CliError("--calibration is only used with --int8; add --int8 or drop it")
+    precision = "int8" if args.int8 else args.precision
+    if args.int8 and args.precision not in (None, "int8"):
+        raise CliError(f"--int8 conflicts with --precision {args.precision}; give one")
+    if args.calibration and precision not in ("int8", "mixed"):
+        raise CliError("--calibration is only used with --precision int8/mixed; add one or drop it")
     model, inputs = build_model(args.model, args.input_shape)
     calibration = (
         load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
@@ -117,7 +120,7 @@ def run_export(args: argparse.Namespace) -> int:
             inputs,
             args.output,
             backend=args.backend,
-            quantize="int8" if args.int8 else None,
+            precision=precision,
             calibration_data=calibration,
             dynamic_batch=not args.static_batch,
             opset=args.opset,

@@ -47,7 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="export to ONNX (+ JSON sidecar)")
     model_args(export)
     export.add_argument("-o", "--output", required=True, help="the .onnx file to write")
-    export.add_argument("--int8", action="store_true", help="INT8 QDQ export")
+    export.add_argument(
+        "--precision",
+        choices=("fp32", "fp16", "bf16", "int8", "mixed"),
+        help="precision in the file (default fp32, or EMBEDL_DYNAMO_PRECISION)",
+    )
+    export.add_argument("--int8", action="store_true", help="same as --precision int8")
     export.add_argument("--calibration", help="calibration data, .npy or .pt (with --int8)")
     export.add_argument("--opset", type=int, help="ONNX opset (exporter default)")
     export.add_argument("--static-batch", action="store_true", help="fix the batch size")

@@ -103,6 +103,7 @@ def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
 
 
 def _settings(
+    precision: str | None,
     quantize: str | None,
     calibration_data: Any,
     dynamic_batch: bool,
@@ -110,10 +111,12 @@ def _settings(
     progress: bool | None,
 ) -> Settings:
     merged = dict(options or {})
-    clash = sorted({"quantize", "calibration_data", "dynamic_batch"} & set(merged))
+    clash = sorted({"precision", "quantize", "calibration_data", "dynamic_batch"} & set(merged))
     if clash:
         raise ExportArgumentError(f"pass {clash} as export() arguments, not in options")
     merged.update(quantize=quantize, calibration_data=calibration_data, dynamic_batch=dynamic_batch)
+    if precision is not None:
+        merged["precision"] = precision
     if progress is not None:
         merged.setdefault("progress", progress)
     try:
@@ -169,6 +172,7 @@ def export(
     path: str | os.PathLike[str],
     *,
     backend: str = "tensorrt",
+    precision: str | None = None,
     quantize: str | None = None,
     calibration_data: Iterable[Any] | Callable[[nn.Module], Any] | None = None,
     dynamic_batch: bool = True,
@@ -187,7 +191,11 @@ def export(
         path: the ``.onnx`` file to write (its directory must exist); the sidecar goes to
             :func:`sidecar_path` (``model.json``).
         backend: the target whose patterns are used (``tensorrt``, ``onnxruntime``, ...).
-        quantize: None (float) or ``"int8"`` (QDQ nodes, weight scales as constants).
+        precision: ``fp32``, ``fp16``/``bf16`` (half types in the file, with normalisation,
+            softmax, reductions and outputs in fp32), ``int8`` (QDQ nodes, int8 weights) or
+            ``mixed`` (INT8 per layer where it pays within ``accuracy_budget``); None reads
+            ``EMBEDL_DYNAMO_PRECISION``, else ``fp32``.
+        quantize: the older spelling of ``precision="int8"``.
         calibration_data: INT8 calibration batches (tensors or tuples) or a callable
             ``forward_loop(model)``; the example inputs when None.
         dynamic_batch: leave dim 0 dynamic (``batch``) in the file.
@@ -243,17 +251,17 @@ def export(
             f"{onnx.defs.onnx_opset_version()} (QuantizeLinear per channel needs {MIN_OPSET}); "
             "leave it None for the exporter's default"
         )
-    settings = _settings(quantize, calibration_data, dynamic_batch, options, progress)
+    settings = _settings(precision, quantize, calibration_data, dynamic_batch, options, progress)
     mismatch = calibration_mismatch(calibration_data, args) if calibration_data is not None else ""
     if mismatch:
         raise ExportArgumentError(
             f"calibration_data does not fit the model's inputs: {mismatch}; give batches shaped "
             "like example_inputs"
         )
-    if quantize is not None and target.quantization is None:
+    if settings.quantize is not None and target.quantization is None:
         raise ExportArgumentError(
             f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "
-            "'onnxruntime' for quantize='int8'"
+            f"'onnxruntime' for precision={settings.precision!r}"
         )
 
     show = settings.progress
@@ -319,8 +327,10 @@ def export(
             stages.set_postfix_str("verify")
             t0 = time.perf_counter()
             quantized = bool(result.report.get("quantized"))
-            reference = result.model if quantized else model
-            check = verify_onnx(tmp, args, reference, model, quantized, dynamic_batch, tolerance)
+            reference = result.model if result.model is not result.float_model else model
+            check = verify_onnx(
+                tmp, args, reference, model, settings.precision, dynamic_batch, tolerance
+            )
             timings["verify_s"] = time.perf_counter() - t0
             stages.update()
             passed = check.max_abs_diff <= check.tolerance
@@ -368,7 +378,9 @@ def export(
         "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
         "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
         "opset": written_opset,
+        "precision": settings.precision,
         "quantized": quantized,
+        "layers": result.report.get("layers", []),
         "plan": result.plan.summary(),
         "report": {k: v for k, v in result.report.items() if k != "quantization"},
         "quantization": {

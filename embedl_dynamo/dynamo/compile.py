@@ -126,7 +126,7 @@ def compile_subgraph(
     axes = dynamic_axes(gm, user, inputs, settings.dynamic_batch)
 
     source_key = None
-    if settings.quantize is None and runtime_cls is OnnxRuntime:
+    if settings.precision == "fp32" and runtime_cls is OnnxRuntime:
         source_key = _source_key(frozen.gm, inputs, axes, backend, settings)
         infer = _warm_start(source_key, frozen.gm, inputs, axes, backend, settings, report)
         if infer is not None:
@@ -145,7 +145,7 @@ def compile_subgraph(
             )  # fmt: skip
             settings = dataclasses.replace(settings, calibration_data=None)
     lazy_int8 = settings.quantize is not None and settings.calibration_data is None
-    float_settings = dataclasses.replace(settings, quantize=None) if lazy_int8 else settings
+    float_settings = settings.float_copy() if lazy_int8 else settings
     try:
         result = run_pipeline(frozen.gm, inputs, backend, float_settings)
     except (NotImplementedError, CalibrationDataError):
@@ -161,21 +161,22 @@ def compile_subgraph(
     ) -> Callable[..., Any] | None:
         """The runtime's infer, or None when it fails and the original graph runs instead.
 
-        ``float_model`` marks ``model`` as INT8: its artifact must agree with the float model
-        within ``accuracy_budget``, or the float artifact runs instead (never fake-quant).
+        ``float_model`` marks ``model`` as lower precision (INT8, FP16, BF16): its artifact must
+        agree with the float model within ``accuracy_budget``, or the float artifact runs
+        instead (never fake-quant).
         """
         runtime: Runtime = runtime_cls(settings, axes)
         try:
             runtime.build(model, inputs)
             if float_model is not None:
-                _check_int8(runtime, float_model, inputs, settings.accuracy_budget)
+                _check_precision(runtime, float_model, inputs, settings.accuracy_budget)
         except Exception as exc:
             if float_model is not None and settings.fallback != "raise":
                 logger.warning(
-                    "subgraph %d: INT8 %s artifact rejected (%s); running the float artifact",
-                    report.index, runtime_cls.name, _first_line(exc),
+                    "subgraph %d: %s %s artifact rejected (%s); running the float artifact",
+                    report.index, settings.precision, runtime_cls.name, _first_line(exc),
                 )  # fmt: skip
-                report.reason = f"INT8 rejected, float runs: {_first_line(exc)}"
+                report.reason = f"{settings.precision} rejected, fp32 runs: {_first_line(exc)}"
                 return _build(float_model)
             if settings.fallback == "raise" or runtime_cls is EagerRuntime:
                 raise RuntimeError(
@@ -205,7 +206,7 @@ def compile_subgraph(
             settings,
             lambda quantized: _build(quantized, float_model=result.model),
         )
-    elif settings.quantize is not None:
+    elif result.model is not result.float_model:
         infer = _build(result.model, float_model=result.float_model)
     else:
         infer = _build(result.model)
@@ -222,11 +223,11 @@ def compile_subgraph(
     return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
 
-def _check_int8(
+def _check_precision(
     runtime: Runtime, float_model: fx.GraphModule, inputs: list[torch.Tensor], budget: float
 ) -> None:
-    """Raise :class:`OutputMismatchError` unless the INT8 artifact's outputs have cosine
-    similarity >= ``budget`` to the float model's on the build sample."""
+    """Raise :class:`OutputMismatchError` unless the lower-precision artifact's outputs have
+    cosine similarity >= ``budget`` to the float model's on the build sample."""
     with torch.no_grad():
         expected = float_model(*inputs)
     expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)

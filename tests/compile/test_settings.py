@@ -54,11 +54,33 @@ def test_unknown_option_lists_valid_ones():
         ({"dynamic_batch": "yes"}, "expected True or False"),
         ({"progress": 1}, "expected True, False or None"),
         ({"calibration_data": 3}, "expected an iterable"),
+        ({"precision": "fp8"}, "invalid precision='fp8'; valid values: 'fp32', 'fp16', 'bf16'"),
+        (
+            {"precision": "fp16", "quantize": "int8"},
+            "quantize='int8' conflicts with precision='fp16'; give one: precision='int8'",
+        ),
     ],
 )
 def test_bad_values(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Settings.from_options(options, env={})
+
+
+def test_precision_default_alias_and_environment():
+    assert Settings.from_options({}, env={}).precision == "fp32"
+    alias = Settings.from_options({"quantize": "int8"}, env={})
+    assert (alias.precision, alias.quantize) == ("int8", "int8")
+    mixed = Settings.from_options({"precision": "mixed"}, env={})
+    assert mixed.quantize == "int8"  # mixed quantizes, per layer
+    env = {"EMBEDL_DYNAMO_PRECISION": "fp16"}
+    assert Settings.from_options({}, env=env).precision == "fp16"
+    assert Settings.from_options({"quantize": "int8"}, env=env).precision == "int8"  # option wins
+    assert Settings.from_options({"precision": "fp32"}, env=env).precision == "fp32"
+    with pytest.raises(ValueError, match="invalid EMBEDL_DYNAMO_PRECISION='half'"):
+        Settings.from_options({}, env={"EMBEDL_DYNAMO_PRECISION": "half"})
+    float_copy = mixed.float_copy()
+    assert (float_copy.precision, float_copy.quantize) == ("fp32", None)
+    assert alias.key_dict() == Settings.from_options({"precision": "int8"}, env={}).key_dict()
 
 
 def test_bad_env_value_names_the_variable():

@@ -1,0 +1,203 @@
+"""FP16 / BF16 in the graph: matmul-class layers in half precision, the sensitive rest in FP32.
+
+:func:`cast_graph` rewrites a fused, canonical graph so the dtype decision is part of the graph
+(and so of the ONNX file or TensorRT engine built from it; TensorRT 11 networks are strongly
+typed, so FP16 has to live in the network's own types, not in a builder flag):
+
+* **half**: convolutions, linears and matmuls (fused modules with a weight, ``F.linear``,
+  ``torch.matmul``/``bmm``/``addmm``/``baddbmm``, scaled-dot-product attention), whose
+  accumulations TensorRT and cuDNN keep in FP32 anyway; their weights are stored in half;
+* **fp32**: normalisation (LayerNorm/GroupNorm/BatchNorm statistics), softmax, reductions
+  (mean/sum/var/norm, global average pooling), exp/log/pow, and every layer that produces a
+  graph output (the logits), as PyTorch's autocast op lists and NVIDIA's mixed-precision
+  guidance keep them;
+* everything else follows its inputs (PyTorch's type promotion: half + fp32 is fp32).
+
+Casts (``x.to(dtype)``, ONNX ``Cast``) are inserted only where a value changes precision, once
+per value and dtype, and the graph's outputs are cast back to their original dtype, so callers
+see the dtypes they always saw. Each decided layer gets a record (id, precision, reason).
+"""
+
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
+
+from embedl_dynamo.graph.nodes import module_path
+
+__all__ = ["FP32_FUNCTIONS", "FP32_METHODS", "HALF_DTYPES", "HALF_FUNCTIONS", "cast_graph"]
+
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+HALF_FUNCTIONS = frozenset(
+    {
+        F.linear,
+        torch.conv1d,
+        torch.conv2d,
+        torch.conv3d,
+        torch.matmul,
+        torch.bmm,
+        torch.mm,
+        torch.addmm,
+        torch.baddbmm,
+        F.scaled_dot_product_attention,
+    }
+)
+FP32_FUNCTIONS = frozenset(
+    {
+        F.layer_norm,
+        F.group_norm,
+        F.batch_norm,
+        F.instance_norm,
+        F.normalize,
+        torch.softmax,
+        F.softmax,
+        torch.log_softmax,
+        F.log_softmax,
+        torch.mean,
+        torch.sum,
+        torch.var,
+        torch.std,
+        torch.norm,
+        torch.cumsum,
+        torch.logsumexp,
+        torch.exp,
+        torch.log,
+        torch.pow,
+        torch.rsqrt,
+        F.adaptive_avg_pool1d,
+        F.adaptive_avg_pool2d,
+        F.adaptive_avg_pool3d,
+    }
+)
+FP32_METHODS = frozenset(
+    {"softmax", "log_softmax", "mean", "sum", "var", "std", "norm", "exp", "log", "pow", "rsqrt"}
+)
+
+
+def _is_float(node: Any) -> bool:
+    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
+    return meta is not None and hasattr(meta, "dtype") and meta.dtype.is_floating_point
+
+
+def _has_matrix_weight(module: Any) -> bool:
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, torch.Tensor) and weight.is_floating_point() and weight.dim() >= 2
+
+
+def _layer_id(node: fx.Node, module: Any) -> str:
+    kind = getattr(module, "kind", None) if module is not None else None
+    name = kind or (node.target if isinstance(node.target, str) else node.target.__name__)
+    return f"{name}@{module_path(node) or node.name}"
+
+
+def cast_graph(
+    gm: fx.GraphModule, example_inputs: list[Any], precision: str
+) -> tuple[fx.GraphModule, list[dict[str, str]]]:
+    """A copy of ``gm`` computing in ``precision`` (``fp16``/``bf16``) where that is safe.
+
+    Args:
+        gm: the fused, canonical float graph; not modified.
+        example_inputs: one input per placeholder (dtypes are propagated from them).
+        precision: ``fp16`` or ``bf16``.
+
+    Returns:
+        ``(graph, layers)``: the cast graph, and one record per decided layer with ``id``,
+        ``precision`` and ``reason``.
+    """
+    half = HALF_DTYPES[precision]
+    gm = copy.deepcopy(gm)
+    ShapeProp(gm).propagate(*example_inputs)
+    modules = dict(gm.named_modules())
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    feeds_output = {n for n in output.all_input_nodes}
+    dtype_of: dict[fx.Node, torch.dtype] = {}  # float nodes' dtype in the cast graph
+    casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+    layers: list[dict[str, str]] = []
+
+    def cast(value: Any, dtype: torch.dtype, before: fx.Node) -> Any:
+        if not isinstance(value, fx.Node) or value not in dtype_of or dtype_of[value] == dtype:
+            return value
+        if value.op == "get_attr" and all(_decision(u)[0] == dtype for u in value.users):
+            tensor = operator.attrgetter(str(value.target))(gm)
+            _set_attr(gm, str(value.target), tensor.to(dtype))
+            dtype_of[value] = dtype
+            return value
+        if (value, dtype) not in casts:
+            with gm.graph.inserting_before(before):
+                node = gm.graph.call_method("to", (value, dtype))
+            node.meta = {**value.meta, "embedl_cast": str(dtype)}
+            casts[(value, dtype)] = node
+        return casts[(value, dtype)]
+
+    def _decision(node: fx.Node) -> tuple[torch.dtype | None, str]:
+        module = modules.get(node.target) if node.op == "call_module" else None
+        if node.op == "call_module" and _has_matrix_weight(module):
+            kind = half
+        elif node.op == "call_function" and node.target in HALF_FUNCTIONS:
+            kind = half
+        elif node.op == "call_function" and node.target in FP32_FUNCTIONS:
+            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+        elif node.op == "call_method" and node.target in FP32_METHODS:
+            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+        elif node.op == "call_module" and "Norm" in type(module).__name__:
+            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+        elif node.op == "call_module" and "Pool" in type(module).__name__:
+            return torch.float32, "global pooling is a reduction: fp32"
+        else:
+            return None, ""
+        if node in feeds_output:
+            return torch.float32, "produces a graph output (logits stay fp32)"
+        return kind, f"matmul-class layer: {precision} compute, fp32 accumulation"
+
+    for node in list(gm.graph.nodes):
+        if node.op in ("placeholder", "get_attr"):
+            if _is_float(node):
+                dtype_of[node] = node.meta["tensor_meta"].dtype
+            continue
+        if node.op == "output" or node.meta.get("embedl_cast"):
+            continue
+        dtype, reason = _decision(node)
+        if dtype is not None and _is_float(node):
+            node.args = fx.node.map_arg(node.args, lambda a, d=dtype, n=node: cast(a, d, n))
+            node.kwargs = fx.node.map_arg(node.kwargs, lambda a, d=dtype, n=node: cast(a, d, n))
+            if node.op == "call_module" and dtype == half:
+                target = str(node.target)
+                _set_attr(gm, target, copy.deepcopy(modules[target]).to(half))
+            dtype_of[node] = dtype
+            module = modules.get(node.target) if node.op == "call_module" else None
+            name = "fp32" if dtype == torch.float32 else precision
+            layers.append({"id": _layer_id(node, module), "precision": name, "reason": reason})
+        elif _is_float(node):
+            inputs = [dtype_of[a] for a in node.all_input_nodes if a in dtype_of]
+            dtype_of[node] = torch.float32 if torch.float32 in inputs or not inputs else half
+
+    def restore(value: Any) -> Any:
+        if isinstance(value, fx.Node) and value in dtype_of:
+            original = value.meta["tensor_meta"].dtype
+            return cast(value, original, output)
+        return value
+
+    output.args = fx.node.map_arg(output.args, restore)
+    gm.graph.lint()
+    gm.recompile()
+    return gm, layers
+
+
+def _set_attr(gm: fx.GraphModule, target: str, value: Any) -> None:
+    owner_path, _, name = target.rpartition(".")
+    owner = gm.get_submodule(owner_path) if owner_path else gm
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        if name in owner._buffers:
+            owner._buffers[name] = value
+            return
+        if name in owner._parameters:
+            owner._parameters[name] = torch.nn.Parameter(value, requires_grad=False)
+            return
+    setattr(owner, name, value)
