@@ -27,7 +27,7 @@ from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, verdict
 from embedl_dynamo.rewrite.qdq import FusedModule, Role
 
-__all__ = ["Placement", "WeightPoint", "apply_preparation", "plan_placement"]
+__all__ = ["LayerPoints", "Placement", "WeightPoint", "apply_preparation", "plan_placement"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,16 @@ class WeightPoint:
 
 
 @dataclass
+class LayerPoints:
+    """What one quantized layer asked for: its node, its module (if fused) and its QDQ points."""
+
+    node: str
+    module: str = ""
+    activations: list[str] = field(default_factory=list)
+    weights: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Placement:
     """Where QDQ goes in one graph.
 
@@ -54,12 +64,30 @@ class Placement:
         weights: weight key -> :class:`WeightPoint`.
         float_layers: ``(id, reason)`` for ops a pattern matched but left in float.
         quantized_layers: ids of the matches that were quantized.
+        layers: quantized layer id -> its :class:`LayerPoints` (a point two layers share is
+            listed under both).
     """
 
     activations: dict[str, Role] = field(default_factory=dict)
     weights: dict[str, WeightPoint] = field(default_factory=dict)
     float_layers: list[tuple[str, str]] = field(default_factory=list)
     quantized_layers: list[str] = field(default_factory=list)
+    layers: dict[str, LayerPoints] = field(default_factory=dict)
+
+    def without(self, layers: set[str], reason: str) -> Placement:
+        """This placement with ``layers`` moved to float (``reason``): their points are dropped
+        unless a layer still quantized needs them too."""
+        kept = [i for i in self.quantized_layers if i not in layers]
+        activations = {n for i in kept for n in self.layers[i].activations}
+        weights = {k for i in kept for k in self.layers[i].weights}
+        return Placement(
+            activations={n: r for n, r in self.activations.items() if n in activations},
+            weights={k: w for k, w in self.weights.items() if k in weights},
+            float_layers=[*self.float_layers, *((i, reason) for i in self.quantized_layers
+                                                if i in layers)],
+            quantized_layers=kept,
+            layers={i: self.layers[i] for i in kept},
+        )  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,35 +106,45 @@ def _past_activation(node: fx.Node) -> fx.Node:
     return node
 
 
-def _add_activation(placement: Placement, value: Any, role: Role) -> None:
+def _add_activation(placement: Placement, layer: LayerPoints, value: Any, role: Role) -> None:
     if isinstance(value, fx.Node) and value.op != "get_attr":
         placement.activations.setdefault(value.name, role)
+        layer.activations.append(value.name)
 
 
-def _annotate_match(placement: Placement, pattern: PlacementRule, m: Match) -> None:
+def _add_weight(placement: Placement, layer: LayerPoints, point: WeightPoint) -> None:
+    placement.weights.setdefault(point.key, point)
+    layer.weights.append(point.key)
+
+
+def _annotate_match(
+    placement: Placement, pattern: PlacementRule, m: Match, layer: LayerPoints
+) -> None:
     for name, role in pattern.qdq.inputs.items():
-        _add_activation(placement, m[name], role)
+        _add_activation(placement, layer, m[name], role)
     for name, role in pattern.qdq.weights.items():
         node = m[name]
         if isinstance(node, fx.Node) and node.op == "get_attr":
-            point = WeightPoint(str(node.target), role, consumer=m.anchor.name)
-            placement.weights.setdefault(point.key, point)
+            _add_weight(
+                placement, layer, WeightPoint(str(node.target), role, consumer=m.anchor.name)
+            )
     if pattern.qdq.output is not None:
-        _add_activation(placement, _past_activation(m.anchor), pattern.qdq.output)
+        _add_activation(placement, layer, _past_activation(m.anchor), pattern.qdq.output)
 
 
 def _annotate_module(
-    placement: Placement, node: fx.Node, module: FusedModule, output: Role | None
-) -> None:
+    placement: Placement, node: fx.Node, module: FusedModule, output: Role | None,
+    layer: LayerPoints,
+) -> None:  # fmt: skip
     for position, role in module.qdq.inputs.items():
         index = int(position)
         if index < len(node.args):
-            _add_activation(placement, node.args[index], role)
+            _add_activation(placement, layer, node.args[index], role)
     for param, role in module.qdq.weights.items():
         point = WeightPoint(f"{node.target}.{param}", role, str(node.target), param, node.name)
-        placement.weights.setdefault(point.key, point)
+        _add_weight(placement, layer, point)
     if output is not None and not any(u.target is operator.getitem for u in node.users):
-        _add_activation(placement, _past_activation(node), output)
+        _add_activation(placement, layer, _past_activation(node), output)
 
 
 def apply_preparation(gm: fx.GraphModule, rewrites: Sequence[PreparationRewrite]) -> list[str]:
@@ -151,7 +189,8 @@ def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placem
                 placement.float_layers.append((m.id, reason))
                 continue
             placement.quantized_layers.append(m.id)
-            _annotate_match(placement, rule, m)
+            layer = placement.layers.setdefault(m.id, LayerPoints(m.anchor.name))
+            _annotate_match(placement, rule, m, layer)
         if not rule.module_types:
             continue
         for node in gm.graph.nodes:
@@ -171,5 +210,6 @@ def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placem
                 placement.float_layers.append((ident, reason))
                 continue
             placement.quantized_layers.append(ident)
-            _annotate_module(placement, node, module, rule.module_output)
+            layer = placement.layers.setdefault(ident, LayerPoints(node.name, str(node.target)))
+            _annotate_module(placement, node, module, rule.module_output, layer)
     return placement

@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import fx, nn
@@ -24,14 +25,86 @@ from embedl_dynamo.quant.calibrate import (
     ranges_from_calibrators,
 )
 from embedl_dynamo.quant.insert import insert_fake_quant, insert_observers
+from embedl_dynamo.quant.placement import Placement
 from embedl_dynamo.quant.quantizer import Quantizer
+from embedl_dynamo.quant.spec import QuantizationConfig
 
-__all__ = ["quantize_graph"]
+__all__ = ["CalibratedGraph", "calibrate_graph", "quantize_graph"]
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass
+class CalibratedGraph:
+    """A prepared graph with its placement and calibrated ranges: any subset of its layers can
+    be turned into a fake-quant graph without calibrating again (mixed precision needs many).
+
+    Attributes:
+        gm: the graph after the quantizer's preparation (SmoothQuant, rewrites).
+        placement: where the target puts QDQ.
+        config: the quantization config used.
+        ranges: calibrated activation ranges, by node name.
+        report: what :func:`quantize_graph` reports (without the per-build layer lists).
+    """
+
+    gm: fx.GraphModule
+    placement: Placement
+    config: QuantizationConfig
+    ranges: dict[str, Any]
+    report: dict[str, Any]
+
+    def build(self, keep_float: Mapping[str, str] | None = None) -> tuple[fx.GraphModule, dict]:
+        """The fake-quant graph with every placed layer INT8 except ``keep_float`` (id -> why).
+
+        Returns:
+            ``(fake-quant GraphModule, report)``; see :func:`quantize_graph`.
+        """
+        placement = self.placement
+        for reason in sorted(set((keep_float or {}).values())):
+            ids = {i for i, r in (keep_float or {}).items() if r == reason}
+            placement = placement.without(ids, reason)
+        quantized, weights = insert_fake_quant(self.gm, placement, self.config, self.ranges)
+        for ident, reason in placement.float_layers:
+            logger.debug("left in float: %s (%s)", ident, reason)
+        report = {
+            **self.report,
+            "quantized_layers": placement.quantized_layers,
+            "float_layers": [{"id": i, "reason": r} for i, r in placement.float_layers],
+            "activation_count": len(placement.activations),
+            "weight_count": len(placement.weights),
+            "weights": weights,
+        }
+        quantized.meta["embedl_quantization"] = report
+        return quantized, report
+
+
 def quantize_graph(
+    gm: fx.GraphModule,
+    quantizer: Quantizer,
+    data: Iterable[Any] | Callable[[nn.Module], Any],
+    **options: Any,
+) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """Quantize a fused, canonical graph with a target's ``quantizer``: every layer its
+    placement rules choose is INT8.
+
+    Args:
+        gm: the graph after conversions and fusions (not modified).
+        quantizer: the target's :class:`~.quantizer.Quantizer` (``Backend.quantizer``).
+        data: calibration batches (tensors or tuples) or a callable ``forward_loop(model)``.
+        options: as for :func:`calibrate_graph`.
+
+    Returns:
+        ``(fake-quant GraphModule, report)``; the report lists quantized layers, layers left in
+        float and why, the ranges' source (``calibrated`` or ``cache``) and the scales.
+    """
+    quantized, report = calibrate_graph(gm, quantizer, data, **options).build()
+    report.pop("weights", None)
+    for item in report["float_layers"]:
+        logger.info("left in float: %s (%s)", item["id"], item["reason"])
+    return quantized, report
+
+
+def calibrate_graph(
     gm: fx.GraphModule,
     quantizer: Quantizer,
     data: Iterable[Any] | Callable[[nn.Module], Any],
@@ -40,8 +113,8 @@ def quantize_graph(
     cache_dir: str | os.PathLike[str] | None = None,
     use_cache: bool = True,
     progress: bool | None = None,
-) -> tuple[fx.GraphModule, dict[str, Any]]:
-    """Quantize a fused, canonical graph with a target's ``quantizer``.
+) -> CalibratedGraph:
+    """Prepare, annotate and calibrate ``gm`` for ``quantizer`` (ranges from the cache if kept).
 
     Args:
         gm: the graph after conversions and fusions (not modified).
@@ -53,8 +126,7 @@ def quantize_graph(
         progress: tqdm bar over batches (None/True: only on a TTY).
 
     Returns:
-        ``(fake-quant GraphModule, report)``; the report lists quantized layers, layers left in
-        float and why, the ranges' source (``calibrated`` or ``cache``) and the scales.
+        The :class:`CalibratedGraph`.
     """
     config = quantizer.config.with_observer(observer) if observer else quantizer.config
     is_loop = callable(data) and not isinstance(data, (list, tuple))
@@ -84,15 +156,13 @@ def quantize_graph(
         observed, calibrators = insert_observers(gm, placement, config)
         passes = calibrate(observed, source, progress=True if progress is None else progress)
         ranges = ranges_from_calibrators(calibrators, placement, config)
-    quantized, weights = insert_fake_quant(gm, placement, config, ranges)
     cache_path = None
     if use_cache and cache_dir is not None and origin == "calibrated":
+        weights = insert_fake_quant(gm, placement, config, ranges)[1]  # frozen scales, to read
         try:
             cache_path = store_ranges(cache_dir, key, ranges, config, weights)
         except OSError as exc:  # the INT8 model is built all the same
             logger.warning("calibration ranges not cached (%s); they will be recomputed", exc)
-    for ident, reason in placement.float_layers:
-        logger.info("left in float: %s (%s)", ident, reason)
     report = {
         "backend": quantizer.name,
         "config": config.to_dict(),
@@ -102,11 +172,6 @@ def quantize_graph(
         "calibration_cache_file": cache_path,
         "smoothed": prepared["smoothed"],
         "rewritten": prepared["rewritten"],
-        "quantized_layers": placement.quantized_layers,
-        "float_layers": [{"id": i, "reason": r} for i, r in placement.float_layers],
-        "activation_count": len(placement.activations),
-        "weight_count": len(placement.weights),
         "ranges": ranges,
     }
-    quantized.meta["embedl_quantization"] = report
-    return quantized, report
+    return CalibratedGraph(gm, placement, config, ranges, report)
