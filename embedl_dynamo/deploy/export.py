@@ -59,6 +59,7 @@ from embedl_dynamo.deploy.verify import (
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
+from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx, input_names, output_names
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
 from embedl_dynamo.settings import Settings
@@ -290,7 +291,11 @@ def export(
 
         stages.set_postfix_str("pipeline")
         t0 = time.perf_counter()
-        result = run_pipeline(gm, args, target, settings)
+        if settings.precision == "mixed":
+            result = run_pipeline(gm, args, target, settings.float_copy())
+            result = apply_mixed(result, args, target.quantizer, settings)
+        else:
+            result = run_pipeline(gm, args, target, settings)
         timings["pipeline_s"] = time.perf_counter() - t0
         stages.update()
 

@@ -44,6 +44,7 @@ from embedl_dynamo.runtimes.artifacts import (
 )
 from embedl_dynamo.runtimes.base import OutputMismatchError, output_cosine
 from embedl_dynamo.runtimes.eager import EagerRuntime
+from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.settings import Settings
 
@@ -144,10 +145,13 @@ def compile_subgraph(
                 "its first %d calls instead", report.index, mismatch, settings.calibration_steps,
             )  # fmt: skip
             settings = dataclasses.replace(settings, calibration_data=None)
-    lazy_int8 = settings.quantize is not None and settings.calibration_data is None
-    float_settings = settings.float_copy() if lazy_int8 else settings
+    lazy_int8 = settings.precision == "int8" and settings.calibration_data is None
+    mixed = settings.precision == "mixed"
+    float_settings = settings.float_copy() if lazy_int8 or mixed else settings
     try:
         result = run_pipeline(frozen.gm, inputs, backend, float_settings)
+        if mixed:
+            result = apply_mixed(result, inputs, backend.quantizer, settings)
     except (NotImplementedError, CalibrationDataError):
         raise  # bad calibration data is the user's to fix: never a silent float fallback
     except Exception as exc:

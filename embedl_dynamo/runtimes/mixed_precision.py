@@ -1,0 +1,295 @@
+"""``precision="mixed"``: INT8 per layer where it is faster on the runtime, within the budget.
+
+Given a calibrated graph (every layer the target would quantize, with its ranges), each layer
+is decided from two measurements:
+
+1. **Latency in context** (:mod:`.layer_profile`): ONNX Runtime's profiler times the float
+   and the all-INT8 graph node by node. A layer with a module of its own is a candidate when
+   its INT8 time, plus its share of the activation Q/DQ it adds, is below its float time. A
+   layer without one (a residual add) is INT8 only when every value it quantizes is quantized
+   for an INT8 neighbour anyway, so it adds no Q/DQ of its own.
+2. **Sensitivity**: the cosine similarity of the model's outputs to the float model's on the
+   calibration batches with that layer alone in INT8. While the candidates together fall
+   below ``accuracy_budget``, the most sensitive one goes back to float.
+
+Finally the chosen graph is timed whole against float; if it is not faster, everything stays
+float (so ``mixed`` is never slower than ``fp32``). Every decision is recorded per layer (id,
+precision, reason, sensitivity, latency) and cached next to the calibration ranges, keyed by
+the calibration key, the budget and the library versions: a second process measures nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from embedl_dynamo.cache.keys import content_key, library_versions
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.pipeline import PipelineResult
+from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
+from embedl_dynamo.quant.quantizer import Quantizer
+from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
+from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph
+from embedl_dynamo.settings import Settings
+
+__all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 1
+_SAMPLE_BATCHES = 2
+
+
+class MixedChoice:
+    """The outcome: the graph to build, its quantization report and one record per layer."""
+
+    def __init__(self, model: fx.GraphModule, report: dict[str, Any] | None, layers: list) -> None:
+        self.model = model
+        self.report = report
+        self.layers = layers
+
+
+def _outputs(model: fx.GraphModule, batches: Sequence[tuple[torch.Tensor, ...]]) -> torch.Tensor:
+    flat = []
+    with torch.no_grad():
+        for batch in batches:
+            out = model(*batch)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            flat.extend(o.detach().flatten().double() for o in outs if isinstance(o, torch.Tensor))
+    return torch.cat(flat)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    value = float(F.cosine_similarity(a, b, dim=0))
+    return value if value == value else -1.0  # NaN counts as the worst
+
+
+def _latencies(
+    calibrated: CalibratedGraph, float_times: LayerTimes, int8_times: LayerTimes
+) -> dict[str, tuple[float, float] | None]:
+    """Layer id -> (float ms, INT8 ms incl. its share of Q/DQ), None where not attributable."""
+    sharing = Counter(a for p in calibrated.placement.layers.values() for a in set(p.activations))
+    result: dict[str, tuple[float, float] | None] = {}
+    for ident, points in calibrated.placement.layers.items():
+        float_ms = float_times.module_ms(points.module) if points.module else None
+        int8_ms = int8_times.module_ms(points.module) if points.module else None
+        if float_ms is None or int8_ms is None:
+            result[ident] = None
+            continue
+        qdq = sum(int8_times.quantizer_ms(a) / sharing[a] for a in set(points.activations))
+        result[ident] = (float_ms, int8_ms + qdq)
+    return result
+
+
+def _decide(
+    calibrated: CalibratedGraph,
+    batches: Sequence[tuple[torch.Tensor, ...]],
+    budget: float,
+    latency: dict[str, tuple[float, float] | None],
+) -> tuple[list[str], dict[str, str], dict[str, float], float]:
+    """(INT8 ids, float id -> reason, id -> sensitivity, the INT8 set's output cosine).
+
+    Per-layer sensitivity (one forward pass over the sample per layer) is measured only when
+    the candidates together miss the budget, which is when it decides something.
+    """
+    layers = list(calibrated.placement.layers)
+    reasons: dict[str, str] = {}
+    sensitivity: dict[str, float] = {}
+    candidates = []
+    for ident in layers:
+        times = latency[ident]
+        if times is None:
+            continue
+        float_ms, int8_ms = times
+        if int8_ms < float_ms:
+            candidates.append(ident)
+        else:
+            reasons[ident] = f"int8 not faster here ({int8_ms:.3f} ms with Q/DQ vs {float_ms:.3f})"
+    reference = _outputs(calibrated.gm, batches)
+
+    def cosine_with(int8: list[str]) -> float:
+        keep = {i: "mixed: fp32" for i in layers if i not in int8}
+        return _cosine(_outputs(calibrated.build(keep)[0], batches), reference)
+
+    chosen = list(candidates)
+    cosine = cosine_with(chosen + _free_riders(calibrated, chosen, latency)) if chosen else 1.0
+    if cosine < budget:  # only now is each layer's sensitivity worth its forward passes
+        for ident in candidates:
+            sensitivity[ident] = cosine_with([ident])
+        chosen.sort(key=lambda i: sensitivity[i])  # most sensitive first
+    while chosen and cosine < budget:
+        dropped = chosen.pop(0)
+        reasons[dropped] = (
+            f"too sensitive: alone in INT8 its output cosine is {sensitivity[dropped]:.4f}; "
+            f"the INT8 set reached {cosine:.4f} < accuracy_budget {budget:g}"
+        )
+        if chosen:
+            cosine = cosine_with(chosen + _free_riders(calibrated, chosen, latency))
+    int8 = chosen + _free_riders(calibrated, chosen, latency) if chosen else []
+    for ident in layers:
+        if ident not in int8 and ident not in reasons:
+            reasons[ident] = "adds Q/DQ no INT8 neighbour needs (latency not attributable)"
+    return int8, reasons, sensitivity, cosine
+
+
+def _free_riders(
+    calibrated: CalibratedGraph, chosen: list[str], latency: dict[str, Any]
+) -> list[str]:
+    """Layers without a timing of their own whose every Q/DQ point an INT8 layer already has."""
+    covered = {a for i in chosen for a in calibrated.placement.layers[i].activations}
+    return [
+        ident
+        for ident, points in calibrated.placement.layers.items()
+        if latency[ident] is None and points.activations and set(points.activations) <= covered
+    ]
+
+
+def choose_mixed(
+    calibrated: CalibratedGraph,
+    inputs: Sequence[torch.Tensor],
+    batches: Sequence[tuple[torch.Tensor, ...]],
+    budget: float,
+    *,
+    cache_dir: Any = None,
+    num_threads: int | None = None,
+) -> MixedChoice:
+    """Decide INT8 or fp32 per layer of ``calibrated`` (see the module docstring).
+
+    Args:
+        calibrated: the calibrated graph (:func:`~embedl_dynamo.quant.stage.calibrate_graph`).
+        inputs: one input per placeholder, for timing.
+        batches: calibration batches, for sensitivity (the first few are used).
+        budget: the least output cosine to the float model the INT8 set may have.
+        cache_dir: where decisions are cached (None: not cached).
+        num_threads: ONNX Runtime intra-op threads for timing.
+
+    Returns:
+        The :class:`MixedChoice`; its model is ``calibrated.gm`` (float) when no INT8 pays.
+    """
+    sample = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches[:_SAMPLE_BATCHES]]
+    key = content_key(
+        "mixed", calibrated.report["calibration_key"], budget, num_threads, library_versions()
+    )
+    cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE) if cache_dir is not None else None
+    cached = _load(cache, key, calibrated)
+    if cached is not None:
+        int8, records = cached
+        logger.info("mixed precision decisions loaded from the cache")
+    else:
+        int8, records = _measure(calibrated, inputs, sample, budget, num_threads)
+        if cache is not None:
+            document = {"format": _FORMAT, "int8": int8, "layers": records}
+            try:
+                cache.put(key, json.dumps(document, indent=1).encode(), ".json",
+                          meta={"kind": "mixed precision decisions"})  # fmt: skip
+            except OSError as exc:
+                logger.warning("mixed precision decisions not cached (%s)", exc)
+    if not int8:
+        return MixedChoice(calibrated.gm, None, records)
+    keep = {r["id"]: r["reason"] for r in records if r["precision"] == "fp32"}
+    model, report = calibrated.build(keep)
+    return MixedChoice(model, report, records)
+
+
+def _measure(
+    calibrated: CalibratedGraph,
+    inputs: Sequence[torch.Tensor],
+    sample: list[tuple[torch.Tensor, ...]],
+    budget: float,
+    num_threads: int | None,
+) -> tuple[list[str], list[dict[str, Any]]]:
+    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads)
+    int8_times = profile_graph(calibrated.build()[0], inputs, num_threads=num_threads)
+    latency = _latencies(calibrated, float_times, int8_times)
+    int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, budget, latency)
+    if int8:
+        keep = {i: "mixed: fp32" for i in calibrated.placement.layers if i not in int8}
+        mixed_ms = profile_graph(calibrated.build(keep)[0], inputs, num_threads=num_threads)
+        if mixed_ms.total_ms >= float_times.total_ms:
+            why = (
+                f"the INT8 set was not faster as a whole ({mixed_ms.total_ms:.3f} ms vs fp32 "
+                f"{float_times.total_ms:.3f} ms)"
+            )
+            reasons.update({i: why for i in int8})
+            int8 = []
+    records = []
+    for ident in calibrated.placement.layers:
+        times = latency[ident]
+        is_int8 = ident in int8
+        records.append(
+            {
+                "id": ident,
+                "precision": "int8" if is_int8 else "fp32",
+                "reason": f"faster in INT8 on onnxruntime; output cosine {set_cosine:.4f} "
+                "with the INT8 set, within the budget"
+                if is_int8
+                else reasons[ident],
+                "sensitivity": sensitivity.get(ident),
+                "latency_ms": None if times is None else round(times[1 if is_int8 else 0], 4),
+                "latency_fp32_ms": None if times is None else round(times[0], 4),
+                "latency_int8_ms": None if times is None else round(times[1], 4),
+            }
+        )
+    logger.info("mixed precision: %d of %d layers INT8", len(int8), len(records))
+    return int8, records
+
+
+def _load(
+    cache: ArtifactCache | None, key: str, calibrated: CalibratedGraph
+) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """Cached decisions for ``key``; a corrupt or stale entry is removed and re-measured."""
+    if cache is None:
+        return None
+    path = cache.get(key, ".json")
+    if path is None:
+        return None
+    try:
+        document = json.loads(path.read_text())
+        int8, records = list(document["int8"]), list(document["layers"])
+        known = set(calibrated.placement.layers)
+        if document.get("format") != _FORMAT or not set(int8) <= known:
+            raise ValueError("it names layers this graph does not have")
+        if {r["id"] for r in records} != known:
+            raise ValueError("its layers differ from this graph's")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.warning("mixed precision cache entry %s is invalid (%s); re-measuring", path, exc)
+        cache.remove(key, ".json")
+        return None
+    return int8, records
+
+
+def apply_mixed(
+    result: PipelineResult, inputs: Sequence[torch.Tensor], quantizer: Quantizer, settings: Settings
+) -> PipelineResult:
+    """``result`` (a float pipeline result) with its model replaced by the mixed choice.
+
+    Calibrates on ``settings.calibration_data`` (the example inputs when None: one batch),
+    through the calibration cache when it is on, then :func:`choose_mixed`. The report gets
+    ``precision="mixed"``, ``quantization`` (when any layer is INT8) and ``layers``.
+    """
+    data = settings.calibration_data
+    if data is None:
+        logger.info("precision='mixed' without calibration_data: calibrating on the inputs")
+        data = [tuple(inputs)]
+    cache_dir = settings.cache_dir if settings.calibration_cache else None
+    calibrated = calibrate_graph(
+        result.model, quantizer, data, observer=settings.observer, cache_dir=cache_dir,
+        use_cache=settings.calibration_cache, progress=settings.progress,
+    )  # fmt: skip
+    batches = data if not callable(data) or isinstance(data, (list, tuple)) else [tuple(inputs)]
+    choice = choose_mixed(
+        calibrated, inputs, list(batches), settings.accuracy_budget,
+        cache_dir=cache_dir, num_threads=settings.num_threads,
+    )  # fmt: skip
+    report = dict(result.report, precision="mixed", layers=choice.layers)
+    report["quantized"] = choice.report is not None
+    if choice.report is not None:
+        report["quantization"] = choice.report
+    return PipelineResult(choice.model, result.plan, report, float_model=result.model)

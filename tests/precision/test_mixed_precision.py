@@ -1,0 +1,179 @@
+"""``precision="mixed"``: per-layer INT8/fp32 from measured latency and sensitivity, within the
+budget, never slower than fp32 as a whole, decisions cached (:mod:`...runtimes.mixed_precision`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import embedl_dynamo
+from embedl_dynamo.backend import as_backend
+from embedl_dynamo.quant.stage import calibrate_graph
+from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
+from embedl_dynamo.runtimes import layer_profile, mixed_precision
+from embedl_dynamo.runtimes.layer_profile import LayerTimes, node_times
+from embedl_dynamo.runtimes.mixed_precision import choose_mixed
+from tests.models import ResNetLike, randomize_batchnorm
+
+G = torch.Generator().manual_seed(0)
+BATCHES = [torch.randn(2, 3, 32, 32, generator=G) for _ in range(3)]
+
+
+def _calibrated(tmp_path=None):
+    model = randomize_batchnorm(ResNetLike().eval())
+    target = as_backend("onnxruntime")
+    x = BATCHES[0]
+    plan = plan_transformation(
+        model, [*target.conversion_patterns, *target.fusion_patterns], args=(x,)
+    )
+    fused = apply_transformation_plan(plan).model
+    return calibrate_graph(fused, target.quantizer, BATCHES, use_cache=False)
+
+
+def test_node_times_read_onnxruntime_profile_events() -> None:
+    events = [
+        {"cat": "Node", "name": "/gm/conv_a/Conv_kernel_time", "dur": 300},
+        {"cat": "Node", "name": "/gm/conv_a/Conv_fence_before", "dur": 5},
+        {"cat": "Session", "name": "model_run", "dur": 9000},
+        {"cat": "Node", "name": "/gm/fq_relu/QuantizeLinear_kernel_time", "dur": 100},
+        {"cat": "Node", "name": "/gm/conv_a/Conv_kernel_time", "dur": 100},
+    ]
+    times = LayerTimes(node_times(events, runs=2), total_ms=1.0)
+    assert times.module_ms("conv_a") == pytest.approx(0.2)  # (300 + 100) us over 2 runs
+    assert times.quantizer_ms("relu") == pytest.approx(0.05)
+    assert times.module_ms("conv_b") is None and times.quantizer_ms("add") == 0.0
+
+
+def test_profile_graph_times_every_fused_layer() -> None:
+    calibrated = _calibrated()
+    times = layer_profile.profile_graph(calibrated.gm, [BATCHES[0]], runs=3)
+    modules = [p.module for p in calibrated.placement.layers.values() if p.module]
+    assert modules and all(times.module_ms(m) is not None for m in modules)
+    assert times.total_ms > 0
+
+
+def test_placement_without_layers_keeps_points_an_int8_neighbour_needs() -> None:
+    placement = _calibrated().placement
+    first, *rest = placement.quantized_layers
+    only_first = placement.without(set(rest), "test")
+    assert only_first.quantized_layers == [first]
+    assert set(only_first.activations) == set(placement.layers[first].activations)
+    assert set(only_first.weights) == set(placement.layers[first].weights)
+    assert {i for i, r in only_first.float_layers if r == "test"} == set(rest)
+
+
+def _fake_profile(faster: set[str]):
+    """Timings where exactly the modules in ``faster`` are quicker in INT8 (and Q/DQ is free)."""
+
+    def profile(gm, inputs, runs=20, num_threads=None):
+        int8 = any("fq_" in n.name for n in gm.graph.nodes)
+        modules = {
+            str(n.target)
+            for n in gm.graph.nodes
+            if n.op == "call_module" and not str(n.target).startswith("fq_")
+        }
+        nodes = {}
+        for module in modules:
+            nodes[f"/gm/{module}/Conv"] = 0.5 if int8 and module in faster else 1.0
+        total = 10.0 - (len(faster) if int8 else 0)
+        return LayerTimes(nodes, total)
+
+    return profile
+
+
+def test_layers_int8_only_where_faster_and_reasons_recorded(monkeypatch) -> None:
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    fast = [i for i, p in layers.items() if p.module][:3]
+    monkeypatch.setattr(
+        mixed_precision, "profile_graph", _fake_profile({layers[i].module for i in fast})
+    )
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.9)
+    records = {r["id"]: r for r in choice.layers}
+    assert set(records) == set(layers)
+    int8 = {i for i, r in records.items() if r["precision"] == "int8"}
+    assert set(fast) <= int8
+    assert all("output cosine" in records[i]["reason"] for i in int8)
+    assert all(records[i]["latency_ms"] == 0.5 for i in fast)  # the INT8 time it runs at
+    for ident, record in records.items():
+        if record["precision"] == "fp32":
+            assert record["reason"]
+        if ident not in fast and layers[ident].module:
+            assert record["precision"] == "fp32" and "not faster" in record["reason"]
+    assert set(choice.report["quantized_layers"]) == int8
+
+
+def test_budget_sends_the_most_sensitive_layers_back_to_float(monkeypatch) -> None:
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    everything = {p.module for p in layers.values() if p.module}
+    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(everything))
+    loose = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
+    strict = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.999999)
+    count = lambda c: sum(r["precision"] == "int8" for r in c.layers)  # noqa: E731
+    assert count(strict) < count(loose)
+    dropped = [r for r in strict.layers if "too sensitive" in r["reason"]]
+    assert dropped and all("accuracy_budget" in r["reason"] for r in dropped)
+    assert all(r["sensitivity"] is not None for r in dropped)  # measured once it decides
+
+
+def test_an_int8_set_not_faster_as_a_whole_stays_float(monkeypatch) -> None:
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    fast = {p.module for p in layers.values() if p.module}
+    profile = _fake_profile(fast)
+
+    def slower_whole(gm, inputs, runs=20, num_threads=None):
+        times = profile(gm, inputs)
+        if any("fq_" in n.name for n in gm.graph.nodes):
+            times.total_ms = 99.0
+        return times
+
+    monkeypatch.setattr(mixed_precision, "profile_graph", slower_whole)
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
+    assert choice.model is calibrated.gm and choice.report is None
+    assert all(r["precision"] == "fp32" for r in choice.layers)
+    assert any("not faster as a whole" in r["reason"] for r in choice.layers)
+
+
+def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp_path) -> None:
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    monkeypatch.setattr(
+        mixed_precision, "profile_graph", _fake_profile({p.module for p in layers.values()})
+    )
+    first = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
+
+    def no_profiling(*args, **kwargs):
+        raise AssertionError("a cached decision must not be measured again")
+
+    monkeypatch.setattr(mixed_precision, "profile_graph", no_profiling)
+    second = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
+    assert second.layers == first.layers
+    (entry,) = [p for p in (tmp_path / "calibration").rglob("*.json") if "int8" in p.read_text()]
+    entry.write_text("{not json")  # corrupt: re-measured, not trusted
+    monkeypatch.setattr(
+        mixed_precision, "profile_graph", _fake_profile({p.module for p in layers.values()})
+    )
+    third = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
+    assert third.layers == first.layers
+    assert json.loads(entry.read_text())["format"] == 1
+
+
+def test_mixed_through_torch_compile_reports_every_layer(tmp_path) -> None:
+    model = randomize_batchnorm(ResNetLike().eval())
+    compiled = torch.compile(
+        model,
+        backend="embedl_onnxruntime",
+        options={"precision": "mixed", "calibration_data": BATCHES, "fallback": "raise"},
+    )
+    with torch.no_grad():
+        got, want = compiled(BATCHES[0]), model(BATCHES[0])
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert sub.runtime == "onnxruntime" and sub.pipeline["precision"] == "mixed"
+    assert {r["precision"] for r in sub.pipeline["layers"]} <= {"int8", "fp32"}
+    assert all(r["reason"] for r in sub.pipeline["layers"])
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+    assert cosine >= 0.99
