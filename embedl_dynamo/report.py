@@ -129,13 +129,28 @@ class CompileReport:
         return write_html(self, path)
 
     def precision_mix(self) -> str:
-        """``fp32`` or how many layers run INT8 and how many stay in float."""
-        quantized = [s.pipeline for s in self.subgraphs if s.pipeline.get("quantized")]
-        if not quantized:
+        """``fp32``, or the precision asked for and how many layers run at each precision.
+
+        Counts come from the per-layer records (``fp16``/``bf16``/``mixed``) or, for ``int8``,
+        from the quantization report.
+        """
+        counts: dict[str, int] = {}
+        asked = {s.pipeline.get("precision", "fp32") for s in self.subgraphs if s.pipeline}
+        for sub in self.subgraphs:
+            layers = sub.pipeline.get("layers") or []
+            quant = sub.pipeline.get("quantization") or {}
+            if not layers and sub.pipeline.get("quantized"):
+                layers = [{"precision": "int8"}] * len(quant.get("quantized_layers", [])) + [
+                    {"precision": "fp32"}
+                ] * len(quant.get("float_layers", []))
+            for layer in layers:
+                counts[layer["precision"]] = counts.get(layer["precision"], 0) + 1
+        asked.discard("fp32")
+        if not asked and not counts:
             return "fp32"
-        int8 = sum(len(q.get("quantization", {}).get("quantized_layers", [])) for q in quantized)
-        kept = sum(len(q.get("quantization", {}).get("float_layers", [])) for q in quantized)
-        return f"int8 ({int8} layers int8, {kept} left in float)"
+        mode = "/".join(sorted(asked)) or "fp32"
+        shown = ", ".join(f"{n} {p}" for p, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        return f"{mode} ({shown} layers)" if shown else mode
 
     def __len__(self) -> int:
         return len(self.subgraphs)

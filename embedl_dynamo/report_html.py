@@ -46,12 +46,14 @@ def layer_rows(sub: SubgraphReport) -> list[dict[str, Any]]:
     quant = sub.pipeline.get("quantization") or {}
     int8 = set(quant.get("quantized_layers", []))
     kept = {f["id"]: f["reason"] for f in quant.get("float_layers", [])}
-    per_layer = {r.get("id"): r for r in sub.pipeline.get("layers", [])}
+    # per-layer precision records name layers by placement id (``quant_conv_ort@layer1.0``):
+    # they meet the plan's ids (``conv_bn_relu@layer1.0``) at the module path
+    per_layer = {str(r.get("id")).split("@", 1)[-1]: r for r in sub.pipeline.get("layers", [])}
     rows = []
     plan = sub.plan
     for entry in plan.entries if plan is not None else []:
         path = entry.id.split("@", 1)[-1]
-        extra = per_layer.get(entry.id, {})
+        extra = per_layer.get(path, {})
         precision, why = "fp32", "float model"
         if not (entry.applied or entry.apply):
             precision, why = "", ""  # not in the graph: no precision of its own

@@ -42,3 +42,23 @@ full plan: print(report[i].plan)""",
     def test_nothing_compiled_says_so(self) -> None:
         embedl_dynamo.report.clear_reports()
         assert str(embedl_dynamo.last_report()) == "no subgraph compiled by an embedl_* backend yet"
+
+
+def test_precision_mix_counts_layers_per_precision() -> None:
+    from embedl_dynamo.report import CompileReport, SubgraphReport
+
+    sub = SubgraphReport(index=0, backend="tensorrt", runtime="onnxruntime", ops=3, status="ok")
+    sub.pipeline = {
+        "precision": "mixed",
+        "quantized": True,
+        "layers": [{"precision": "int8"}, {"precision": "int8"}, {"precision": "fp32"}],
+    }
+    assert CompileReport([sub]).precision_mix() == "mixed (2 int8, 1 fp32 layers)"
+    sub.pipeline = {
+        "precision": "int8",
+        "quantized": True,
+        "quantization": {"quantized_layers": ["a", "b"], "float_layers": [{"id": "c"}]},
+    }
+    assert CompileReport([sub]).precision_mix() == "int8 (2 int8, 1 fp32 layers)"
+    sub.pipeline = {"precision": "fp32"}
+    assert CompileReport([sub]).precision_mix() == "fp32"

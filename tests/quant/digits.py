@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DigitsCNN", "accuracy", "load_digits_tensors", "train_digits_cnn"]
+__all__ = ["DigitsCNN", "DigitsMobileCNN", "accuracy", "load_digits_tensors", "train_digits_cnn"]
 
 
 def load_digits_tensors(seed: int = 0):
@@ -47,6 +47,38 @@ class DigitsCNN(nn.Module):
         return self.fc(x)
 
 
+class DigitsMobileCNN(nn.Module):
+    """MobileNetV3 flavour: hardswish stem, an inverted residual with a depthwise conv and
+    squeeze-excite, global pooling, a linear classifier."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        hidden = 3 * width
+        self.stem = nn.Sequential(
+            nn.Conv2d(1, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.Hardswish()
+        )
+        self.expand = nn.Sequential(
+            nn.Conv2d(width, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.Hardswish()
+        )
+        self.depthwise = nn.Sequential(
+            nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False),
+            nn.BatchNorm2d(hidden),
+            nn.Hardswish(),
+        )
+        self.se_reduce = nn.Conv2d(hidden, width // 2, 1)
+        self.se_expand = nn.Conv2d(width // 2, hidden, 1)
+        self.project = nn.Sequential(nn.Conv2d(hidden, width, 1, bias=False), nn.BatchNorm2d(width))
+        self.fc = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.stem(x)
+        y = self.depthwise(self.expand(x))
+        scale = F.adaptive_avg_pool2d(y, 1)
+        y = y * F.hardsigmoid(self.se_expand(F.relu(self.se_reduce(scale))))
+        x = x + self.project(y)
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
 def accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
     """Top-1 accuracy in percent."""
     with torch.no_grad():
@@ -56,12 +88,14 @@ def accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((torch.as_tensor(out).argmax(1) == y).float().mean()) * 100.0
 
 
-def train_digits_cnn(epochs: int = 8, seed: int = 0, lr: float = 3e-3) -> tuple[DigitsCNN, tuple]:
-    """Train :class:`DigitsCNN` (fixed seed); returns the eval-mode model and the data split."""
+def train_digits_cnn(
+    epochs: int = 8, seed: int = 0, lr: float = 3e-3, make: type[nn.Module] = DigitsCNN
+) -> tuple[nn.Module, tuple]:
+    """Train ``make()`` (fixed seed); returns the eval-mode model and the data split."""
     torch.manual_seed(seed)
     data = load_digits_tensors(seed)
     x_train, y_train = data[0], data[1]
-    model = DigitsCNN()
+    model = make()
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
