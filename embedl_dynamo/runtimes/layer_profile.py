@@ -38,6 +38,7 @@ __all__ = ["LayerTimes", "node_times", "profile_graph"]
 logger = logging.getLogger(__name__)
 
 _KERNEL_SUFFIX = "_kernel_time"
+_WARMUP = 5  # untimed runs first: thread pools and allocators settle
 
 
 class LayerTimes:
@@ -82,8 +83,8 @@ def profile_graph(
     Args:
         gm: a frozen graph (float, cast or fake-quant).
         inputs: its inputs.
-        runs: timed runs (after two warm-up runs, which the profile also excludes by
-            subtracting nothing: warm-up happens before profiling starts).
+        runs: timed runs of the plain session (after untimed warm-up runs) and of the
+            profiling session.
         num_threads: intra-op threads (ONNX Runtime's default when None).
 
     Returns:
@@ -93,10 +94,9 @@ def profile_graph(
 
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
         path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
-        feeds = None
         plain = create_session(path, ["CPUExecutionProvider"], num_threads=num_threads)
         feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(plain.get_inputs(), inputs)}
-        for _ in range(2):
+        for _ in range(_WARMUP):
             plain.run(None, feeds)
         walls = []
         for _ in range(runs):

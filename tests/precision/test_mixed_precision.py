@@ -177,3 +177,26 @@ def test_mixed_through_torch_compile_reports_every_layer(tmp_path) -> None:
     assert all(r["reason"] for r in sub.pipeline["layers"])
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert cosine >= 0.99
+
+
+def test_int8_everywhere_wins_when_it_is_fastest_as_a_whole(monkeypatch) -> None:
+    """Per-layer times say a few layers lose in INT8, but the whole INT8 graph is fastest."""
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    fast = {p.module for p in list(layers.values())[1:] if p.module}  # the first one "loses"
+    profile = _fake_profile(fast)
+    full = sum(n.op == "call_module" for n in calibrated.build()[0].graph.nodes)
+
+    def whole(gm, inputs, runs=20, num_threads=None):
+        times = profile(gm, inputs)
+        if any("fq_" in n.name for n in gm.graph.nodes):
+            times.total_ms = (
+                5.0 if sum(n.op == "call_module" for n in gm.graph.nodes) == full else 9.0
+            )
+        return times
+
+    monkeypatch.setattr(mixed_precision, "profile_graph", whole)
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
+    assert all(r["precision"] == "int8" for r in choice.layers)
+    assert all("INT8 everywhere was fastest as a whole" in r["reason"] for r in choice.layers)
+    assert set(choice.report["quantized_layers"]) == set(layers)
