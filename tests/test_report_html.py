@@ -87,3 +87,37 @@ def test_cli_plan_writes_the_page(tmp_path, capsys):
     page = _parse(out)
     assert any(c.startswith("conv_bn_relu@") for c in page.cells)
     assert f"wrote {out}" in capsys.readouterr().out
+
+
+def test_export_writes_the_page_beside_the_sidecar(tmp_path) -> None:
+    """``export(..., html=True)``: ``model.html`` parses, loads nothing, holds every plan id and
+    every layer's precision (fp16 here: each layer fp16 or fp32, with its reason)."""
+    import json
+
+    from embedl_dynamo.deploy.export import export, sidecar_path
+
+    model = randomize_batchnorm(ResNetLike().eval())
+    path = export(
+        model, torch.randn(2, 3, 16, 16), tmp_path / "m.onnx", precision="fp16", html=True,
+        progress=False,
+    )  # fmt: skip
+    side = json.loads(sidecar_path(path).read_text())
+    assert side["html_file"] == "m.html"
+    page = tmp_path / "m.html"
+    parsed = _parse(page)
+    text = page.read_text()
+    assert side["plan"]["matches"]
+    for entry in side["plan"]["matches"]:
+        assert entry["id"] in text
+    cells = set(parsed.cells)
+    assert {"fp16", "fp32"} <= cells
+    for layer in side["layers"]:
+        assert layer["id"].split("@", 1)[-1] in text
+
+
+def test_cli_export_html(tmp_path) -> None:
+    out = tmp_path / "m.onnx"
+    code = main(["export", "tests.models:ResNetLike", "--input-shape", "1,3,16,16", "-o",
+                 str(out), "--html", "-q"])  # fmt: skip
+    assert code == EXIT_OK
+    _parse(tmp_path / "m.html")

@@ -126,6 +126,7 @@ def run_export(args: argparse.Namespace) -> int:
             opset=args.opset,
             verify=not args.no_verify,
             engine=args.engine,
+            html=args.html,
             options=options,
             progress=not args.quiet,
         )

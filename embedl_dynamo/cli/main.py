@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--static-batch", action="store_true", help="fix the batch size")
     export.add_argument("--no-verify", action="store_true", help="keep a mismatching file")
     export.add_argument("--engine", action="store_true", help="also build a TensorRT engine")
+    export.add_argument(
+        "--html", action="store_true", help="also write the report page (model.html)"
+    )
     export.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
     cache = sub.add_parser("cache", help="the artifact cache: size per namespace, or clear it")

@@ -48,6 +48,7 @@ from embedl_dynamo.deploy.sidecar import (
     jsonable,
     refuse_foreign_sidecar,
     sidecar_path,
+    write_report_page,
 )
 from embedl_dynamo.deploy.verify import (
     VerificationError,
@@ -183,6 +184,7 @@ def export(
     tolerance: float | None = None,
     options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
+    html: bool = False,
 ) -> Path:
     """Run the ``torch.compile`` pipeline ahead of time and write an ONNX file plus JSON sidecar.
 
@@ -208,6 +210,8 @@ def export(
         options: further pipeline settings (``observer``, ``calibration_steps``, ``cache_dir``,
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
+        html: also write the compile report as one self-contained page next to the sidecar
+            (``model.html``): the plan, each layer's precision and why, latencies measured.
 
     Returns:
         The path of the ONNX file.
@@ -409,5 +413,8 @@ def export(
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "versions": library_versions(),
     }
+    if html:
+        seconds = time.perf_counter() - start
+        sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
     atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar), indent=2))
     return path

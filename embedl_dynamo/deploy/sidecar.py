@@ -1,8 +1,9 @@
 """The JSON sidecar written next to an exported file (``model.onnx`` -> ``model.json``).
 
-It holds the plan report, the quantization scales, the layers left in float and why, the input
-and output specs, the verification result, the settings and the library versions; ``load()``
-reads it back and checks the file's sha256 against it.
+It holds the plan report, the precision of every layer and why, the quantization scales, the
+input and output specs, the verification result, the settings and the library versions;
+``load()`` reads it back and checks the file's sha256 against it. On request the report page
+(``model.html``) is written beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["SIDECAR_FORMAT", "io_specs", "jsonable", "refuse_foreign_sidecar", "sidecar_path"]
+from embedl_dynamo.cache.store import atomic_write_text
+from embedl_dynamo.pipeline import PipelineResult
+from embedl_dynamo.report import CompileReport, SubgraphReport
+from embedl_dynamo.report_html import render_html
+
+__all__ = [
+    "SIDECAR_FORMAT",
+    "io_specs",
+    "jsonable",
+    "refuse_foreign_sidecar",
+    "sidecar_path",
+    "write_report_page",
+]
 
 SIDECAR_FORMAT = "embedl_dynamo.export/1"
 
@@ -73,3 +86,21 @@ def io_specs(
             shape[0] = "batch"
         specs.append({"name": name, "shape": shape, "dtype": str(t.dtype).replace("torch.", "")})
     return specs
+
+
+def write_report_page(path: Path, backend: str, result: PipelineResult, seconds: float) -> Path:
+    """``model.html`` beside ``model.onnx``: the report page of this export (atomic write).
+
+    One self-contained page (:mod:`embedl_dynamo.report_html`): the plan, each layer's
+    precision and why, and the per-layer latencies where they were measured.
+    """
+    page = path.with_suffix(".html")
+    ops = sum(n.op.startswith("call") for n in result.model.graph.nodes)
+    sub = SubgraphReport(
+        index=0, backend=backend, runtime=f"ONNX file {path.name}", ops=ops, status="exported",
+        pipeline=dict(result.report), compile_s=seconds,
+    )  # fmt: skip
+    sub.plan = result.plan
+    title = f"embedl_dynamo export: {path.name}"
+    atomic_write_text(page, render_html(CompileReport([sub]), title=title))
+    return page
