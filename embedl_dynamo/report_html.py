@@ -33,7 +33,15 @@ th, td { text-align: left; padding: .3em .6em; border-bottom: 1px solid #ddd; ve
 th { background: #fafafa; position: sticky; top: 0; }
 td.id { font-family: ui-monospace, monospace; overflow-wrap: anywhere; min-width: 14em; }
 .applied { color: #2f7d32; } .skipped { color: #8d6e63; }
-svg { max-width: 100%; height: auto; }
+.chart { margin: 1em 0; }
+.bar-row { display: grid; grid-template-columns: minmax(8em, 22em) 1fr 9em; gap: .5em;
+  align-items: center; font-size: .85em; }
+.bar-label { font-family: ui-monospace, monospace; overflow-wrap: anywhere; }
+.bar-track { background: #f1f1f1; height: .9em; }
+.bar { display: block; height: 100%; }
+.key { margin-left: 1em; } .swatch { display: inline-block; width: .8em; height: .8em;
+  margin-right: .3em; vertical-align: middle; }
+@media (max-width: 40em) { .bar-row { grid-template-columns: 1fr; } }
 """
 
 
@@ -76,24 +84,35 @@ def layer_rows(sub: SubgraphReport) -> list[dict[str, Any]]:
     return rows
 
 
-def _chart(rows: list[dict[str, Any]]) -> str:
-    timed = [r for r in rows if isinstance(r.get("latency_ms"), (int, float))]
+def _chart(sub: SubgraphReport) -> str:
+    """Latency per measured layer as labelled bars (plain CSS widths: no scaling surprises on a
+    phone or a 4k screen), coloured by the precision it runs at, with a legend."""
+    timed = [
+        r for r in sub.pipeline.get("layers", []) if isinstance(r.get("latency_ms"), (int, float))
+    ]
     if not timed:
         return "<p>No per-layer latency was measured for this report.</p>"
     top = max(r["latency_ms"] for r in timed) or 1.0
-    height, width = 18, 600
-    bars = []
-    for i, r in enumerate(timed):
-        w = max(1.0, width * r["latency_ms"] / top)
+    esc = html.escape
+    rows = []
+    for r in timed:
         colour = _COLOURS.get(r["precision"], "#9e9e9e")
-        label = html.escape(f"{r['id']} {r['latency_ms']:.3f} ms ({r['precision']})")
-        bars.append(
-            f'<rect x="0" y="{i * height}" width="{w:.1f}" height="{height - 4}" '
-            f'fill="{colour}"><title>{label}</title></rect>'
+        width = max(0.5, 100.0 * r["latency_ms"] / top)
+        rows.append(
+            f'<div class="bar-row"><span class="bar-label">{esc(str(r["id"]))}</span>'
+            f'<span class="bar-track"><span class="bar" style="width:{width:.1f}%;'
+            f'background:{colour}"></span></span><span class="bar-value">'
+            f"{r['latency_ms']:.3f} ms {esc(r['precision'])}</span></div>"
         )
+    used = sorted({r["precision"] for r in timed})
+    legend = "".join(
+        f'<span class="key"><span class="swatch" style="background:'
+        f'{_COLOURS.get(p, "#9e9e9e")}"></span>{esc(p)}</span>'
+        for p in used
+    )
     return (
-        f'<svg role="img" aria-label="latency per layer" viewBox="0 0 {width} '
-        f'{len(timed) * height}" xmlns="http://www.w3.org/2000/svg">{"".join(bars)}</svg>'
+        f'<figure class="chart" aria-label="latency per layer"><figcaption>Latency per layer '
+        f"(ms, as it runs) {legend}</figcaption>{''.join(rows)}</figure>"
     )
 
 
@@ -117,7 +136,7 @@ def render_html(report: CompileReport, title: str = "embedl_dynamo compile repor
         rows = layer_rows(sub)
         parts.append(f'<section class="subgraph" id="subgraph-{sub.index}">')
         parts.append(f"<h2>Subgraph {sub.index}: {esc(sub.status)} on {esc(sub.runtime)}</h2>")
-        parts.append(_chart(rows))
+        parts.append(_chart(sub))
         parts.append('<div class="scroll"><table><thead><tr>')
         headers = ("id", "pattern", "applied", "reason", "precision", "why", "sensitivity", "ms")
         parts += [f"<th>{h}</th>" for h in headers]
