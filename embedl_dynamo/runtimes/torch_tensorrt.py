@@ -1,13 +1,27 @@
-"""The ``torch_tensorrt`` runtime: hand the transformed graph to Torch-TensorRT.
+"""The ``torch_tensorrt`` runtime: hand the transformed graph to Torch-TensorRT's Dynamo backend.
 
-Through its public ahead-of-time API: ``torch.export.export`` the GraphModule (batch dim
-dynamic when ``dynamic_batch``) and ``torch_tensorrt.dynamo.compile(exported_program,
-arg_inputs=..., min_block_size=..., cache_built_engines=True, reuse_cached_engines=True,
-engine_cache_dir=<cache>/torch_tensorrt)``, so Torch-TensorRT's own engine cache lives in our
-cache directory. Ops Torch-TensorRT cannot convert stay in PyTorch (its partitioner decides).
+We are already inside a Dynamo backend, so the graph goes to Torch-TensorRT the way Dynamo
+backends compose: ``torch._dynamo.lookup_backend("torch_tensorrt")(gm, inputs, options=...)``.
+``torch.export.export`` is *not* called here: inside a backend it fails (``Guard failed on the
+same frame it was created``, ``ConstraintViolationError``), whatever the device.
 
-``torch_tensorrt`` is imported lazily; :meth:`TorchTensorRTRuntime.missing` names what is
-absent: the package, a CUDA device, a version that pairs with this torch.
+Options passed (Torch-TensorRT 2.13 names):
+
+* ``pass_through_build_failures=True``: a failed engine build raises, so our fallback runs the
+  *original* graph and the report says why (Torch-TensorRT would otherwise return the graph
+  unchanged, silently);
+* ``cache_built_engines`` / ``reuse_cached_engines`` with ``engine_cache_dir`` in our cache
+  directory, and ``immutable_weights=False``: Torch-TensorRT's engine cache engages only with
+  refittable engines;
+* ``min_block_size`` from ``min_subgraph_size``.
+
+Engines are built for the shapes they see; a new input shape builds one more module (up to
+:data:`MAX_SHAPES`, then calls with other shapes raise and run in PyTorch with one warning).
+
+INT8: Torch-TensorRT converts no ``aten.fake_quantize_*`` op. A fake-quant graph is rewritten to
+``tensorrt::quantize_op`` (:func:`~embedl_dynamo.quant.torch_tensorrt_qdq.to_torch_tensorrt_qdq`)
+when NVIDIA ModelOpt has registered that op; without it the build raises a clear error and the
+float artifact runs instead (see ``dynamo.compile``).
 """
 
 from __future__ import annotations
@@ -15,17 +29,28 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import fx
 
+from embedl_dynamo.quant.insert import FakeQuantize
+from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from embedl_dynamo.runtimes.artifacts import count_build
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
-__all__ = ["TorchTensorRTRuntime"]
+__all__ = [
+    "MAX_SHAPES",
+    "TorchTensorRTRuntime",
+    "compile_options",
+    "target_device",
+    "torch_tensorrt_backend",
+]
 
 logger = logging.getLogger(__name__)
+
+MAX_SHAPES = 8
 
 
 @functools.lru_cache(maxsize=1)
@@ -45,8 +70,36 @@ def _missing() -> str | None:
     return None
 
 
+def torch_tensorrt_backend() -> Callable[..., Any]:
+    """Torch-TensorRT's registered Dynamo backend (importing it registers the name)."""
+    import torch_tensorrt  # noqa: F401
+
+    return torch._dynamo.lookup_backend("torch_tensorrt")
+
+
+def target_device() -> torch.device:
+    """The CUDA device engines are built for (the current one)."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def compile_options(cache_dir: str, min_block_size: int) -> dict[str, Any]:
+    """The ``options`` given to Torch-TensorRT's backend (see the module docstring)."""
+    return {
+        "pass_through_build_failures": True,
+        "min_block_size": max(1, min_block_size),
+        "cache_built_engines": True,
+        "reuse_cached_engines": True,
+        "engine_cache_dir": cache_dir,
+        "immutable_weights": False,
+    }
+
+
+def _is_fake_quant(gm: fx.GraphModule) -> bool:
+    return any(isinstance(m, FakeQuantize) for m in gm.modules())
+
+
 class TorchTensorRTRuntime(Runtime):
-    """Torch-TensorRT's ``dynamo.compile`` on the exported transformed graph."""
+    """Torch-TensorRT's Dynamo backend on the transformed graph, one module per input shape."""
 
     name = "torch_tensorrt"
 
@@ -59,33 +112,44 @@ class TorchTensorRTRuntime(Runtime):
         return False
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        import torch_tensorrt
-
-        device = torch.device("cuda", torch.cuda.current_device())
-        gm = gm.to(device)
-        inputs = tuple(t.to(device) for t in example_inputs)
-        dynamic_shapes = None
-        if self.settings.dynamic_batch:
-            batch = torch.export.Dim("batch", min=1, max=max(8, 2 * inputs[0].shape[0]))
-            dynamic_shapes = tuple({0: batch} if t.dim() > 0 else None for t in inputs)
-        program = torch.export.export(gm, inputs, dynamic_shapes=dynamic_shapes)
-        cache_dir = self.settings.cache_dir / "torch_tensorrt"
-        self._module = torch_tensorrt.dynamo.compile(
-            program,
-            arg_inputs=inputs,
-            min_block_size=max(1, self.settings.min_subgraph_size),
-            cache_built_engines=True,
-            reuse_cached_engines=True,
-            engine_cache_dir=str(cache_dir),
-        )
-        count_build("torch_tensorrt")
-        self.build_info = {"artifact": str(cache_dir)}
+        if _is_fake_quant(gm):
+            if not has_quantize_op():
+                raise RuntimeError(
+                    "INT8 on the torch_tensorrt runtime needs tensorrt::quantize_op, which NVIDIA "
+                    "ModelOpt registers: pip install nvidia-modelopt, or use runtime='tensorrt' "
+                    "(explicit Q/DQ through ONNX)"
+                )
+            gm = to_torch_tensorrt_qdq(gm)
+        self._device = target_device()
+        self._gm = gm.to(self._device)
+        self._modules: dict[tuple, Callable[..., Any]] = {}
+        self._cache_dir = self.settings.cache_dir / "torch_tensorrt"
+        inputs = tuple(t.to(self._device) for t in example_inputs)
         with torch.no_grad():
-            expected = gm(*inputs)
+            expected = self._gm(*inputs)
         expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
         check_outputs(expected, self._infer(inputs), "Torch-TensorRT module", rtol=1e-2)
+        self.build_info = {"artifact": str(self._cache_dir), "shapes": len(self._modules)}
+
+    def _module_for(self, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        module = self._modules.get(key)
+        if module is None:
+            if len(self._modules) >= MAX_SHAPES:
+                raise RuntimeError(
+                    f"Torch-TensorRT built engines for {MAX_SHAPES} input shapes already; "
+                    f"shape {[list(s) for s, _ in key]} runs in PyTorch"
+                )
+            options = compile_options(str(self._cache_dir), self.settings.min_subgraph_size)
+            module = torch_tensorrt_backend()(self._gm, list(inputs), options=options)
+            count_build("torch_tensorrt")
+            self._modules[key] = module
+        return module
 
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        device = args[0].device if args else self._device
+        inputs = tuple(t.to(self._device) for t in args)
         with torch.no_grad():
-            out = self._module(*args)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+            out = self._module_for(inputs)(*inputs)
+        outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+        return tuple(o.to(device) for o in outs)

@@ -1,0 +1,170 @@
+"""Float, INT8 and mixed precision across architecture families, against eager, in one run.
+
+For each model of :data:`bench.zoo.ZOO` (random weights, batch 1): eager PyTorch; our float
+(``precision="fp32"``), ``int8`` and ``mixed`` through ``torch.compile(backend=
+"embedl_onnxruntime")``, calibrated on 4 random batches. Latencies are medians timed round-robin
+in this process (each variant called three times per round and the last two timed, so one ONNX
+Runtime session's spinning worker threads do not bill the next variant), reported as ratios to
+eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed`` and
+``int8`` run; first-call seconds.
+
+Targets (issue 9): ``int8``/``mixed`` never slower than our float beyond noise (<= 1.03x);
+geometric mean of ``mixed`` <= 0.6x our float; cosine >= 0.99 on every CNN; no NaN.
+
+Usage::
+
+    pip install -c constraints.txt -e ".[bench]"
+    python bench/bench_precision.py [--models resnet50,bert_base] [--rounds 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import embedl_dynamo  # noqa: E402
+from bench.zoo import ZOO  # noqa: E402
+from embedl_dynamo.report import clear_reports  # noqa: E402
+
+VARIANTS = ("fp32", "int8", "mixed")
+
+
+def _first_tensor(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) or hasattr(out, "last_hidden_state"):
+        return out["last_hidden_state"] if "last_hidden_state" in out else next(iter(out.values()))
+    return _first_tensor(out[0])
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple]:
+    batches = []
+    for _ in range(count):
+        batch = []
+        for x in inputs:
+            if x.dtype.is_floating_point:
+                batch.append(torch.randn_like(x))
+            else:
+                batch.append(torch.randint_like(x, 0, 1000))
+        batches.append(tuple(batch))
+    return batches
+
+
+def _int8_fraction(report) -> str:
+    layers = [r for s in report.subgraphs for r in s.pipeline.get("layers", [])]
+    if layers:
+        return f"{sum(r['precision'] == 'int8' for r in layers)}/{len(layers)}"
+    quant = [s.pipeline.get("quantization") or {} for s in report.subgraphs]
+    int8 = sum(len(q.get("quantized_layers", [])) for q in quant)
+    kept = sum(len(q.get("float_layers", [])) for q in quant)
+    return f"{int8}/{int8 + kept}"
+
+
+def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
+    family, build = ZOO[name]
+    torch.manual_seed(0)
+    model, inputs = build()
+    calibration = _calibration(inputs)
+    with torch.no_grad():
+        expected = _first_tensor(model(*inputs))
+    fns = {"eager": lambda: model(*inputs)}
+    row: dict = {"model": name, "family": family}
+    for precision in VARIANTS:
+        torch._dynamo.reset()
+        clear_reports()
+        options = {"precision": precision, "cache_dir": cache_dir}
+        if precision != "fp32":
+            options["calibration_data"] = calibration
+        compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
+        start = time.perf_counter()
+        with torch.no_grad():
+            got = _first_tensor(compiled(*inputs))
+        row[f"{precision}_first_s"] = round(time.perf_counter() - start, 1)
+        report = embedl_dynamo.last_report()
+        row[f"{precision}_cosine"] = round(_cosine(got, expected), 5)
+        row[f"{precision}_int8"] = _int8_fraction(report) if precision != "fp32" else ""
+        row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in report.subgraphs}))
+        fns[precision] = lambda c=compiled: c(*inputs)
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    with torch.no_grad():
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                for call in range(3):
+                    start = time.perf_counter()
+                    fn()
+                    if call:
+                        samples[key].append(time.perf_counter() - start)
+    eager = statistics.median(samples["eager"])
+    row["eager_ms"] = round(eager * 1e3, 2)
+    for precision in VARIANTS:
+        row[f"{precision}_x_eager"] = round(statistics.median(samples[precision]) / eager, 3)
+    return row
+
+
+def _table(rows: list[dict]) -> str:
+    head = (
+        "| model | eager ms | fp32 x eager | int8 x eager | mixed x eager | int8/fp32 | "
+        "mixed/fp32 | cosine int8 | cosine mixed | INT8 layers (int8; mixed) | first call s "
+        "(fp32/int8/mixed) |"
+    )
+    lines = [head, "|" + "---|" * 11]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error']} |" + " |" * 9)
+            continue
+        lines.append(
+            f"| {r['model']} | {r['eager_ms']} | {r['fp32_x_eager']} | {r['int8_x_eager']} | "
+            f"{r['mixed_x_eager']} | {r['int8_x_eager'] / r['fp32_x_eager']:.2f} | "
+            f"{r['mixed_x_eager'] / r['fp32_x_eager']:.2f} | {r['int8_cosine']} | "
+            f"{r['mixed_cosine']} | {r['int8_int8']}; {r['mixed_int8']} | "
+            f"{r['fp32_first_s']}/{r['int8_first_s']}/{r['mixed_first_s']} |"
+        )
+    done = [r for r in rows if "error" not in r]
+    if done:
+        geo = math.exp(
+            statistics.mean(math.log(r["mixed_x_eager"] / r["fp32_x_eager"]) for r in done)
+        )
+        geo_int8 = math.exp(
+            statistics.mean(math.log(r["int8_x_eager"] / r["fp32_x_eager"]) for r in done)
+        )
+        lines.append(f"\ngeometric mean vs our fp32: int8 {geo_int8:.3f}x, mixed {geo:.3f}x")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo names")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache-dir", default="/tmp/embedl_bench_precision")
+    parser.add_argument("--json", help="also write the rows as JSON")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.models.split(","):
+        try:
+            rows.append(bench_model(name, args.rounds, args.cache_dir))
+        except Exception as exc:  # one model's failure is a row, not the end of the run
+            rows.append({"model": name, "error": f"{type(exc).__name__}: {str(exc)[:80]}"})
+        print(json.dumps(rows[-1]), flush=True)
+    print(_table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
