@@ -65,6 +65,9 @@ def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple
 
 
 def _int8_fraction(report) -> str:
+    rejected = [s for s in report.subgraphs if " rejected, fp32 runs" in s.reason]
+    if rejected:
+        return f"rejected ({len(rejected)} subgraph(s) run fp32)"
     layers = [r for s in report.subgraphs for r in s.pipeline.get("layers", [])]
     if layers:
         return f"{sum(r['precision'] == 'int8' for r in layers)}/{len(layers)}"

@@ -84,8 +84,12 @@ class Settings:
         calibration_steps: how many batches calibration uses.
         observer: range estimator: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
         calibration_cache: keep calibrated ranges in the cache directory.
-        accuracy_budget: the least cosine similarity an INT8 artifact's outputs must have to
-            the float model's on the build sample; below it the float artifact runs instead.
+        accuracy_budget: the least cosine similarity a lower-precision artifact's outputs must
+            have to the float model's on the build sample; below it the float artifact runs.
+        max_batch: the largest batch a TensorRT engine's profile takes (None: ``max(8, 2 x
+            the first batch)``).
+        max_seq: the largest size of any other dynamic axis (sequence length, image side) in a
+            TensorRT engine's profile (None: ``max(512, 2 x the first size)``).
         progress: show progress bars (None: only when stderr is a terminal).
     """
 
@@ -102,6 +106,8 @@ class Settings:
     observer: str = "minmax"
     calibration_cache: bool = True
     accuracy_budget: float = 0.99
+    max_batch: int | None = None
+    max_seq: int | None = None
     progress: bool | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +130,9 @@ class Settings:
         _int("calibration_steps", self.calibration_steps, 1)
         if self.num_threads is not None:
             _int("num_threads", self.num_threads, 1)
+        for name in ("max_batch", "max_seq"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 1)
         _bool("dynamic_batch", self.dynamic_batch)
         _bool("calibration_cache", self.calibration_cache)
         budget = self.accuracy_budget

@@ -58,6 +58,7 @@ from embedl_dynamo.deploy.verify import (
     verify_onnx,
 )
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.graph.dynamic_axes import batch_axes
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
@@ -146,7 +147,8 @@ def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Set
     import tensorrt as trt
 
     device = torch.device("cuda", torch.cuda.current_device())
-    profile = engine_profile(list(args), settings.dynamic_batch)
+    axes = batch_axes(list(args), (), settings.dynamic_batch)
+    profile = engine_profile(list(args), axes, settings.max_batch, settings.max_seq)
     key = content_key(
         "trt_engine_export",
         sha256_file(onnx_path),

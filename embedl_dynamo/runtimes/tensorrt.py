@@ -28,7 +28,7 @@ from torch import fx
 
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
@@ -81,27 +81,44 @@ def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
 
 
 def engine_profile(
-    example_inputs: Sequence[torch.Tensor], dynamic_batch: bool, max_batch: int | None = None
+    example_inputs: Sequence[torch.Tensor],
+    axes: DynamicAxes,
+    max_batch: int | None = None,
+    max_seq: int | None = None,
 ) -> list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
     """(min, opt, max) shape per input for one optimisation profile.
 
-    Dim 0 is dynamic exactly where the ONNX export declares it (``dynamic_batch`` and the
-    input's batch equals the first input's, as :func:`~.artifacts.input_specs` keys it): from 1
-    to ``max_batch`` (default ``max(8, 2 * batch)``), ``opt`` the example batch. Every other
-    axis is fixed at the example's size.
+    Exactly the axes the ONNX file declares dynamic (``axes``, Dynamo's symbolic sizes) range
+    from 1 to a maximum; ``opt`` is the example's size; every other axis is fixed. The batch
+    axis tops out at ``max_batch`` (default ``max(8, 2 * batch)``), any other dynamic axis
+    (sequence length, image side) at ``max_seq`` (default ``max(512, 2 * size)``).
+
+    Raises:
+        ValueError: a maximum is smaller than the example's size.
     """
-    first = next((t for t in example_inputs if t.dim() > 0), None)
     shapes = []
-    for t in example_inputs:
+    for index, t in enumerate(example_inputs):
         opt = tuple(int(d) for d in t.shape)
-        dynamic = dynamic_batch and first is not None and t.dim() > 0 and opt[0] == first.shape[0]
-        if dynamic:
-            top = max_batch if max_batch is not None else max(8, 2 * opt[0])
-            if top < opt[0]:
-                raise ValueError(f"max_batch={top} is smaller than the example batch {opt[0]}")
-            shapes.append(((1, *opt[1:]), opt, (top, *opt[1:])))
-        else:
-            shapes.append((opt, opt, opt))
+        dynamic = axes.inputs[index] if index < len(axes.inputs) else {}
+        low, high = list(opt), list(opt)
+        for dim, name in dynamic.items():
+            if name == BATCH:
+                top, option = (
+                    (max_batch if max_batch is not None else max(8, 2 * opt[dim])),
+                    "max_batch",
+                )
+            else:
+                top, option = (
+                    (max_seq if max_seq is not None else max(512, 2 * opt[dim])),
+                    "max_seq",
+                )
+            if top < opt[dim]:
+                raise ValueError(
+                    f"{option}={top} is smaller than the example's size {opt[dim]} (input "
+                    f"{index}, axis {dim}); raise {option}"
+                )
+            low[dim], high[dim] = 1, top
+        shapes.append((tuple(low), opt, tuple(high)))
     return shapes
 
 
@@ -194,10 +211,12 @@ class TensorRTRuntime(Runtime):
         inputs = [t.to(device) for t in example_inputs]
         # export a CPU copy with CPU inputs: weights and inputs on one device, ``gm`` untouched
         cpu_gm = copy.deepcopy(gm).cpu()
-        onnx_path, onnx_key, _ = onnx_artifact(
-            cpu_gm, [t.cpu() for t in example_inputs], self.settings
+        cpu_inputs = [t.cpu() for t in example_inputs]
+        axes = self.dynamic_axes or batch_axes(cpu_inputs, (), self.settings.dynamic_batch)
+        onnx_path, onnx_key, _ = onnx_artifact(cpu_gm, cpu_inputs, self.settings, axes)
+        profile = engine_profile(
+            inputs, axes, max_batch=self.settings.max_batch, max_seq=self.settings.max_seq
         )
-        profile = engine_profile(inputs, self.settings.dynamic_batch)
         key = content_key(
             "trt_engine",
             onnx_key,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.select import runtime_for_file
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
 
@@ -82,7 +83,8 @@ def test_engine_is_strongly_typed_with_the_profile_of_the_declared_dynamic_axes(
     onnx = tmp_path / "m.onnx"
     onnx.write_bytes(b"onnx")
     image, lengths = torch.zeros(3, 4, 8, 8), torch.zeros(5, 2)  # batch 3; a 5-row side input
-    profile = engine_profile([image, lengths], dynamic_batch=True, max_batch=16)
+    axes = batch_axes([image, lengths], (), dynamic_batch=True)
+    profile = engine_profile([image, lengths], axes, max_batch=16)
     assert profile == [((1, 4, 8, 8), (3, 4, 8, 8), (16, 4, 8, 8)), ((5, 2), (5, 2), (5, 2))]
     rec = _Recorder(inputs=2)
     assert build_engine(rec.module(), onnx, profile) == b"engine-bytes"
@@ -93,13 +95,28 @@ def test_engine_is_strongly_typed_with_the_profile_of_the_declared_dynamic_axes(
 def test_builder_errors_name_the_cause(tmp_path: Path):
     onnx = tmp_path / "m.onnx"
     onnx.write_bytes(b"onnx")
-    profile = engine_profile([torch.zeros(2, 3)], dynamic_batch=False)
+    profile = engine_profile([torch.zeros(2, 3)], batch_axes([torch.zeros(2, 3)], (), False))
     with pytest.raises(RuntimeError, match="parser rejected the model: unsupported op Foo"):
         build_engine(_Recorder(inputs=1, parse_ok=False).module(), onnx, profile)
     with pytest.raises(RuntimeError, match="network has 2 inputs but 1 shapes"):
         build_engine(_Recorder(inputs=2).module(), onnx, profile)
-    with pytest.raises(ValueError, match="max_batch=2 is smaller than the example batch 4"):
-        engine_profile([torch.zeros(4, 3)], dynamic_batch=True, max_batch=2)
+    x = torch.zeros(4, 3)
+    with pytest.raises(ValueError, match="max_batch=2 is smaller than the example's size 4"):
+        engine_profile([x], batch_axes([x], (), True), max_batch=2)
+
+
+def test_profile_covers_every_dynamic_axis_dynamo_marked():
+    """A symbolic sequence axis is dynamic in the engine too, up to max_seq (defaults to 512)."""
+    ids, mask = torch.zeros(2, 48, dtype=torch.long), torch.zeros(2, 48)
+    axes = DynamicAxes(({0: BATCH, 1: "s0"}, {0: BATCH, 1: "s0"}))
+    assert engine_profile([ids, mask], axes) == [((1, 1), (2, 48), (8, 512))] * 2
+    assert engine_profile([ids, mask], axes, max_batch=4, max_seq=128)[0] == (
+        (1, 1),
+        (2, 48),
+        (4, 128),
+    )
+    with pytest.raises(ValueError, match="max_seq=16 is smaller than the example's size 48"):
+        engine_profile([ids, mask], axes, max_seq=16)
 
 
 def test_load_maps_suffixes_to_runtimes():
