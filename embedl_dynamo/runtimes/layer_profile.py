@@ -33,7 +33,7 @@ from torch import fx
 from embedl_dynamo.runtimes.onnx_export import export_onnx
 from embedl_dynamo.runtimes.onnxruntime import create_session
 
-__all__ = ["LayerTimes", "node_times", "profile_graph"]
+__all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ _WARMUP = 5  # untimed runs first: thread pools and allocators settle
 
 
 class LayerTimes:
-    """Node times of one profiled graph (milliseconds per run) and its whole-model median."""
+    """Node times of one profiled graph (milliseconds per run) and their sum."""
 
     def __init__(self, nodes: Mapping[str, float], total_ms: float) -> None:
         self.nodes = dict(nodes)
@@ -78,13 +78,12 @@ def profile_graph(
     runs: int = 20,
     num_threads: int | None = None,
 ) -> LayerTimes:
-    """Export ``gm``, run it ``runs`` times on ONNX Runtime's CPU provider with profiling on.
+    """Export ``gm``, run it on ONNX Runtime's CPU provider with its profiler on.
 
     Args:
         gm: a frozen graph (float, cast or fake-quant).
         inputs: its inputs.
-        runs: timed runs of the plain session (after untimed warm-up runs) and of the
-            profiling session.
+        runs: profiled runs (a few warm-up runs more are averaged in).
         num_threads: intra-op threads (ONNX Runtime's default when None).
 
     Returns:
@@ -94,15 +93,6 @@ def profile_graph(
 
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
         path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
-        plain = create_session(path, ["CPUExecutionProvider"], num_threads=num_threads)
-        feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(plain.get_inputs(), inputs)}
-        for _ in range(_WARMUP):
-            plain.run(None, feeds)
-        walls = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            plain.run(None, feeds)
-            walls.append(time.perf_counter() - start)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
@@ -111,8 +101,42 @@ def profile_graph(
         session = create_session(
             path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
         )
-        for _ in range(runs):
+        feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
+        for _ in range(runs + _WARMUP):
             session.run(None, feeds)
         with open(session.end_profiling(), encoding="utf-8") as f:
             events = json.load(f)
-    return LayerTimes(node_times(events, runs), statistics.median(walls) * 1000.0)
+    nodes = node_times(events, runs + _WARMUP)
+    return LayerTimes(nodes, sum(nodes.values()))
+
+
+def time_graphs(
+    graphs: Mapping[str, fx.GraphModule],
+    inputs: Sequence[torch.Tensor],
+    rounds: int = 15,
+    num_threads: int | None = None,
+) -> dict[str, float]:
+    """Median milliseconds per run of each graph on ONNX Runtime, timed round-robin.
+
+    Whole graphs are compared this way rather than by separate profiles: a machine's load and
+    clock changes hit every candidate alike. Each round calls each session three times and times
+    the last two, so one session's spinning worker threads do not bill the next.
+    """
+    with tempfile.TemporaryDirectory(prefix="embedl_timing_") as tmp:
+        sessions = {}
+        for index, (name, gm) in enumerate(graphs.items()):
+            path = export_onnx(gm, list(inputs), Path(tmp) / f"{index}.onnx", dynamic_batch=False)
+            session = create_session(path, ["CPUExecutionProvider"], num_threads=num_threads)
+            feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
+            for _ in range(_WARMUP):
+                session.run(None, feeds)
+            sessions[name] = (session, feeds)
+        samples: dict[str, list[float]] = {name: [] for name in sessions}
+        for _ in range(rounds):
+            for name, (session, feeds) in sessions.items():
+                for call in range(3):
+                    start = time.perf_counter()
+                    session.run(None, feeds)
+                    if call:
+                        samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}

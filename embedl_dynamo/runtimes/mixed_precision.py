@@ -13,9 +13,10 @@ is decided from two measurements:
    below ``accuracy_budget``, the most sensitive one goes back to float.
 
 Per-node times miss context (a float stem convolution leaves its max pool in float too), so
-finally the whole graphs within the budget compete on ONNX Runtime: fp32, the per-layer set,
-and INT8 everywhere; the fastest wins. So ``mixed`` is never slower than ``fp32``, nor than
-``int8`` where ``int8`` holds the budget. Every decision is recorded per layer (id,
+finally the whole graphs within the budget compete on ONNX Runtime, timed round-robin: fp32,
+the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by 3% to be chosen.
+So ``mixed`` is never slower than ``fp32`` beyond noise, nor than ``int8`` where ``int8`` holds
+the budget. Every decision is recorded per layer (id,
 precision, reason, sensitivity, latency) and cached next to the calibration ranges, keyed by
 the calibration key, the budget, the library versions and this package's code: a second process
 measures nothing.
@@ -40,7 +41,7 @@ from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.artifacts import code_fingerprint
-from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph
+from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph, time_graphs
 from embedl_dynamo.settings import Settings
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 
 _FORMAT = 1
 _SAMPLE_BATCHES = 2
+_MARGIN = 0.97  # a lower precision must be at least 3% faster as a whole to be chosen
 
 
 class MixedChoice:
@@ -231,18 +233,20 @@ def _measure(
     latency = _latencies(calibrated, float_times, int8_times)
     int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, budget, latency)
     every = list(calibrated.placement.layers)
-    # per-layer times miss context (a float stem conv leaves its max pool in float too), so
-    # the three whole graphs within the budget compete: fp32, the per-layer set, INT8 everywhere
-    options = {"fp32": float_times.total_ms}
+    # per-node times miss context (a float stem conv leaves its max pool float too), so the
+    # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
+    # INT8 everywhere. A lower precision must win by more than noise (_MARGIN) to be chosen.
+    candidates = {"fp32": calibrated.gm}
     if int8 and set(int8) != set(every):
         keep = {i: "mixed: fp32" for i in every if i not in int8}
-        options["mixed"] = profile_graph(
-            calibrated.build(keep)[0], inputs, num_threads=num_threads
-        ).total_ms
+        candidates["mixed"] = calibrated.build(keep)[0]
     full_cosine = set_cosine if set(int8) == set(every) else _set_cosine(calibrated, sample, every)
     if full_cosine >= budget:
-        options["int8"] = int8_times.total_ms
+        candidates["int8"] = calibrated.build()[0]
+    options = time_graphs(candidates, inputs, num_threads=num_threads)
     best = min(options, key=options.__getitem__)
+    if best != "fp32" and options[best] > options["fp32"] * _MARGIN:
+        best = "fp32"
     timing = ", ".join(f"{name} {ms:.3f} ms" for name, ms in options.items())
     if best == "fp32" and int8:
         reasons.update({i: f"the INT8 set was not faster as a whole ({timing})" for i in int8})

@@ -64,6 +64,19 @@ def test_placement_without_layers_keeps_points_an_int8_neighbour_needs() -> None
     assert {i for i, r in only_first.float_layers if r == "test"} == set(rest)
 
 
+def _int8_modules(gm) -> int:
+    return sum(n.op == "call_module" and n.name.startswith("fq_") for n in gm.graph.nodes)
+
+
+def _fake_timing(monkeypatch, whole):
+    """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
+
+    def time_graphs(graphs, inputs, rounds=15, num_threads=None):
+        return {name: whole(name, gm) for name, gm in graphs.items()}
+
+    monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
+
+
 def _fake_profile(faster: set[str]):
     """Timings where exactly the modules in ``faster`` are quicker in INT8 (and Q/DQ is free)."""
 
@@ -90,6 +103,7 @@ def test_layers_int8_only_where_faster_and_reasons_recorded(monkeypatch) -> None
     monkeypatch.setattr(
         mixed_precision, "profile_graph", _fake_profile({layers[i].module for i in fast})
     )
+    _fake_timing(monkeypatch, lambda name, gm: {"fp32": 10.0, "mixed": 7.0, "int8": 12.0}[name])
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.9)
     records = {r["id"]: r for r in choice.layers}
     assert set(records) == set(layers)
@@ -110,6 +124,7 @@ def test_budget_sends_the_most_sensitive_layers_back_to_float(monkeypatch) -> No
     layers = calibrated.placement.layers
     everything = {p.module for p in layers.values() if p.module}
     monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(everything))
+    _fake_timing(monkeypatch, lambda name, gm: 10.0 - 0.1 * _int8_modules(gm))
     loose = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
     strict = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.999999)
     count = lambda c: sum(r["precision"] == "int8" for r in c.layers)  # noqa: E731
@@ -123,15 +138,9 @@ def test_an_int8_set_not_faster_as_a_whole_stays_float(monkeypatch) -> None:
     calibrated = _calibrated()
     layers = calibrated.placement.layers
     fast = {p.module for p in layers.values() if p.module}
-    profile = _fake_profile(fast)
-
-    def slower_whole(gm, inputs, runs=20, num_threads=None):
-        times = profile(gm, inputs)
-        if any("fq_" in n.name for n in gm.graph.nodes):
-            times.total_ms = 99.0
-        return times
-
-    monkeypatch.setattr(mixed_precision, "profile_graph", slower_whole)
+    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(fast))
+    # 2% faster is within noise: fp32 stays
+    _fake_timing(monkeypatch, lambda name, gm: 10.0 if name == "fp32" else 9.8)
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
     assert choice.model is calibrated.gm and choice.report is None
     assert all(r["precision"] == "fp32" for r in choice.layers)
@@ -144,12 +153,14 @@ def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp
     monkeypatch.setattr(
         mixed_precision, "profile_graph", _fake_profile({p.module for p in layers.values()})
     )
+    _fake_timing(monkeypatch, lambda name, gm: 10.0 - 0.1 * _int8_modules(gm))
     first = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
 
     def no_profiling(*args, **kwargs):
         raise AssertionError("a cached decision must not be measured again")
 
     monkeypatch.setattr(mixed_precision, "profile_graph", no_profiling)
+    monkeypatch.setattr(mixed_precision, "time_graphs", no_profiling)
     second = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
     assert second.layers == first.layers
     (entry,) = [p for p in (tmp_path / "calibration").rglob("*.json") if "int8" in p.read_text()]
@@ -157,6 +168,7 @@ def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp
     monkeypatch.setattr(
         mixed_precision, "profile_graph", _fake_profile({p.module for p in layers.values()})
     )
+    _fake_timing(monkeypatch, lambda name, gm: 10.0 - 0.1 * _int8_modules(gm))
     third = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
     assert third.layers == first.layers
     assert json.loads(entry.read_text())["format"] == 1
@@ -184,18 +196,8 @@ def test_int8_everywhere_wins_when_it_is_fastest_as_a_whole(monkeypatch) -> None
     calibrated = _calibrated()
     layers = calibrated.placement.layers
     fast = {p.module for p in list(layers.values())[1:] if p.module}  # the first one "loses"
-    profile = _fake_profile(fast)
-    full = sum(n.op == "call_module" for n in calibrated.build()[0].graph.nodes)
-
-    def whole(gm, inputs, runs=20, num_threads=None):
-        times = profile(gm, inputs)
-        if any("fq_" in n.name for n in gm.graph.nodes):
-            times.total_ms = (
-                5.0 if sum(n.op == "call_module" for n in gm.graph.nodes) == full else 9.0
-            )
-        return times
-
-    monkeypatch.setattr(mixed_precision, "profile_graph", whole)
+    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(fast))
+    _fake_timing(monkeypatch, lambda name, gm: {"fp32": 10.0, "mixed": 9.0, "int8": 5.0}[name])
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
     assert all(r["precision"] == "int8" for r in choice.layers)
     assert all("INT8 everywhere was fastest as a whole" in r["reason"] for r in choice.layers)
