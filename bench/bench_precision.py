@@ -20,6 +20,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import statistics
@@ -102,6 +103,7 @@ def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
         row[f"{precision}_int8"] = _int8_fraction(report) if precision != "fp32" else ""
         row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in report.subgraphs}))
         fns[precision] = lambda c=compiled: c(*inputs)
+    gc.collect()  # sessions of rejected or measured candidates go before timing starts
     samples: dict[str, list[float]] = {k: [] for k in fns}
     with torch.no_grad():
         for _ in range(rounds):

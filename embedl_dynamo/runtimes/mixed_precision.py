@@ -330,6 +330,7 @@ def apply_mixed(
     )  # fmt: skip
     report = dict(result.report, precision="mixed", layers=choice.layers)
     report["quantized"] = choice.report is not None
-    if choice.report is not None:
-        report["quantization"] = choice.report
+    if choice.report is None:  # all fp32: the fused graph itself, not the quantizer's prepared one
+        return PipelineResult(result.model, result.plan, report, float_model=result.model)
+    report["quantization"] = choice.report
     return PipelineResult(choice.model, result.plan, report, float_model=result.model)
