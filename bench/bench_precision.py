@@ -4,8 +4,8 @@ For each model of :data:`bench.zoo.ZOO` (random weights, batch 1): eager PyTorch
 (``precision="fp32"``), ``int8`` and ``mixed`` through ``torch.compile(backend=
 "embedl_onnxruntime")``, calibrated on 4 random batches. Latencies are medians timed round-robin
 in this process (each variant called three times per round and the last two timed, so one ONNX
-Runtime session's spinning worker threads do not bill the next variant), reported as ratios to
-eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed`` and
+Runtime session's spinning worker threads do not bill the next variant; the order rotates each
+round), reported as ratios to eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed`` and
 ``int8`` run; first-call seconds.
 
 Targets (issue 9): ``int8``/``mixed`` never slower than our float beyond noise (<= 1.03x);
@@ -105,9 +105,13 @@ def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
         fns[precision] = lambda c=compiled: c(*inputs)
     gc.collect()  # sessions of rejected or measured candidates go before timing starts
     samples: dict[str, list[float]] = {k: [] for k in fns}
+    keys = list(fns)
     with torch.no_grad():
-        for _ in range(rounds):
-            for key, fn in fns.items():
+        for round_ in range(rounds):
+            # rotate who goes first: the variant right after eager PyTorch runs measurably
+            # faster here (its threads idle), an order effect every variant should share
+            for key in keys[round_ % len(keys) :] + keys[: round_ % len(keys)]:
+                fn = fns[key]
                 for call in range(3):
                     start = time.perf_counter()
                     fn()
@@ -153,7 +157,7 @@ def _table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(ZOO), help="comma-separated zoo names")
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache-dir", default="/tmp/embedl_bench_precision")
     parser.add_argument("--json", help="also write the rows as JSON")

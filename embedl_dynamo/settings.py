@@ -86,6 +86,10 @@ class Settings:
         calibration_cache: keep calibrated ranges in the cache directory.
         accuracy_budget: the least cosine similarity a lower-precision artifact's outputs must
             have to the float model's on the build sample; below it the float artifact runs.
+        transformer_fusion: run ONNX Runtime's transformer optimizer (fused Attention,
+            SkipLayerNormalization, BiasGelu kernels) on float graphs with attention. Off by
+            default: on BERT-base it fuses 24 SkipLayerNormalization and 12 BiasGelu (not the
+            attention) for ~1% speed at +13.6 s of compile.
         max_batch: the largest batch a TensorRT engine's profile takes (None: ``max(8, 2 x
             the first batch)``).
         max_seq: the largest size of any other dynamic axis (sequence length, image side) in a
@@ -106,6 +110,7 @@ class Settings:
     observer: str = "minmax"
     calibration_cache: bool = True
     accuracy_budget: float = 0.99
+    transformer_fusion: bool = False
     max_batch: int | None = None
     max_seq: int | None = None
     progress: bool | None = None
@@ -135,6 +140,7 @@ class Settings:
                 _int(name, getattr(self, name), 1)
         _bool("dynamic_batch", self.dynamic_batch)
         _bool("calibration_cache", self.calibration_cache)
+        _bool("transformer_fusion", self.transformer_fusion)
         budget = self.accuracy_budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
             raise ValueError(

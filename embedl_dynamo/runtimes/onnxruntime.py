@@ -1,7 +1,8 @@
 """The ``onnxruntime`` runtime: the transformed graph as ONNX, run by an ``InferenceSession``.
 
 The ONNX file comes from the artifact cache (exported once per content key, dynamic batch
-axis, weights as initializers). The session uses the best execution providers installed
+axis, weights as initializers). A float graph with attention then goes through ONNX Runtime's
+own transformer optimizer (:mod:`.transformer_fusion`) when ``transformer_fusion=True``. The session uses the best execution providers installed
 (TensorRT EP > CUDA EP > CPU) with graph optimisation level ``ORT_ENABLE_ALL``.
 
 Copies: CPU tensors are handed to ORT as zero-copy numpy views (``Tensor.numpy()`` of a
@@ -25,6 +26,7 @@ from torch import fx
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OnnxRuntime", "create_session", "ort_providers"]
@@ -90,6 +92,7 @@ class OnnxRuntime(Runtime):
         self._session: Any = None
         self._input_names: list[str] = []
         self._output_names: list[str] = []
+        self._fuse = self.settings.transformer_fusion
 
     @classmethod
     def missing(cls) -> str | None:
@@ -149,6 +152,21 @@ class OnnxRuntime(Runtime):
         self.from_cache = not built
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
+        fused = fused_artifact(path, key, self.settings.cache_dir) if self._fuse else None
+        if fused is not None:
+            self._path = fused[0]
+            try:
+                self._activate()
+                self.check_artifact(gm, example_inputs, "ONNX Runtime's fused transformer graph")
+            except Exception as exc:  # the plain artifact is right by construction: use it
+                logger.warning(
+                    "ONNX Runtime's transformer fusions not used (%s); running the unfused graph",
+                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                )
+                self._session, self._path = None, path
+            else:
+                self.build_info.update(artifact=str(fused[0]), ort_fusions=fused[1])
+                return
         self._activate()
         self.check_artifact(gm, example_inputs, "onnxruntime artifact")
 
