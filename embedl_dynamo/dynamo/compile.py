@@ -93,7 +93,8 @@ def compile_subgraph(
         A callable taking the same arguments as ``gm``.
     """
     start = time.perf_counter()
-    runtime_cls = resolve_runtime(settings.runtime)  # a forced, unavailable runtime raises
+    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
+    runtime_cls = resolve_runtime(settings.runtime, on_cuda)  # a forced, missing one raises
     report = SubgraphReport(
         index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
     )

@@ -1,7 +1,9 @@
 """Runtime selection: the forced runtime, or for ``auto`` the best one available here.
 
 ``auto`` prefers TensorRT (explicit engine) > Torch-TensorRT > ONNX Runtime > eager and logs
-its choice at INFO. A forced runtime that cannot run raises
+its choice at INFO; the two TensorRT runtimes are candidates only for a graph whose tensors are
+on a CUDA device (a CPU model stays on the CPU: copying every call's inputs to a GPU and back is
+not what a CPU caller asked for). A forced runtime that cannot run raises
 :class:`~.base.RuntimeUnavailableError` naming what is missing.
 """
 
@@ -18,7 +20,7 @@ from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
 from embedl_dynamo.settings import RUNTIMES
 
-__all__ = ["AUTO_ORDER", "RUNTIME_CLASSES", "resolve_runtime", "runtime_for_file"]
+__all__ = ["AUTO_ORDER", "CUDA_ONLY", "RUNTIME_CLASSES", "resolve_runtime", "runtime_for_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,11 +32,16 @@ RUNTIME_CLASSES: dict[str, type[Runtime]] = {
     "eager": EagerRuntime,
 }
 AUTO_ORDER = ("tensorrt", "torch_tensorrt", "onnxruntime", "eager")
+CUDA_ONLY = frozenset({"tensorrt", "torch_tensorrt"})
 _logged_auto: set[str] = set()
 
 
-def resolve_runtime(name: str) -> type[Runtime]:
+def resolve_runtime(name: str, on_cuda: bool = False) -> type[Runtime]:
     """The runtime class for ``name`` (``auto`` resolved), checked to be available.
+
+    Args:
+        name: a runtime name or ``auto``.
+        on_cuda: the graph's tensors are on a CUDA device (``auto`` may then pick TensorRT).
 
     Raises:
         ValueError: unknown name (the message lists the valid ones).
@@ -47,6 +54,8 @@ def resolve_runtime(name: str) -> type[Runtime]:
         cls.require()
         return cls
     for candidate in AUTO_ORDER:
+        if candidate in CUDA_ONLY and not on_cuda:
+            continue
         cls = RUNTIME_CLASSES[candidate]
         missing = cls.missing()
         if missing is None:

@@ -129,6 +129,15 @@ def test_auto_picks_onnxruntime_on_this_cpu(caplog):
     assert f"runtime 'auto' selected {cls.name}" in caplog.text
 
 
+def test_auto_picks_tensorrt_only_for_cuda_graphs(monkeypatch):
+    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+
+    monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
+    assert resolve_runtime("auto", on_cuda=True) is TensorRTRuntime
+    assert resolve_runtime("auto", on_cuda=False) is OnnxRuntime  # a CPU model stays on CPU
+    assert resolve_runtime("auto") is OnnxRuntime
+
+
 def test_unknown_runtime_lists_valid_ones():
     with pytest.raises(ValueError, match="valid runtimes: auto, onnxruntime, openvino, tensorrt"):
         resolve_runtime("tvm")
