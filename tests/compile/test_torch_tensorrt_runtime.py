@@ -96,3 +96,26 @@ def test_int8_with_modelopt_hands_over_the_quantize_op_form(stand_in, tmp_path, 
     fake_quant = quantize(model, (x,), backend="tensorrt", calibration_data=[x])
     TorchTensorRTRuntime(Settings(cache_dir=tmp_path)).build(fake_quant, [x])
     assert converted and len(stand_in) == 1
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_torch_compile_flow_reaches_the_backend_without_torch_export(stand_in, batch):
+    """Defect 1 (torch.export inside a Dynamo backend: guard failure at batch 2, constraint
+    violation at batch 1) is caught here: the stand-in sits at the exact call boundary and
+    ``torch.export.export`` raises if anything calls it."""
+    import embedl_dynamo
+
+    model = randomize_batchnorm(ResNetLike().eval())
+    compiled = torch.compile(
+        model, backend="embedl_tensorrt", options={"runtime": "torch_tensorrt", "fallback": "raise"}
+    )
+    x = torch.randn(batch, 3, 16, 16)
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+        again = compiled(torch.randn(batch + 3, 3, 16, 16))  # a new batch: one more build
+    (sub, *rest) = embedl_dynamo.last_report().subgraphs
+    assert sub.runtime == "torch_tensorrt" and not sub.reason
+    assert torch.allclose(got, want, atol=1e-4)
+    assert again.shape[0] == batch + 3
+    assert {c["shapes"][0][0] for c in stand_in} == {batch, batch + 3}
+    assert all(c["options"]["immutable_weights"] is False for c in stand_in)
