@@ -35,13 +35,12 @@ import torch
 from torch import nn
 
 from embedl_dynamo.backend import backend_by_name
-from embedl_dynamo.cache.keys import content_key, library_versions, sha256_file
+from embedl_dynamo.cache.keys import library_versions, sha256_file
 from embedl_dynamo.cache.store import (
-    ArtifactCache,
-    atomic_write_bytes,
     atomic_write_text,
     file_mode,
 )
+from embedl_dynamo.deploy.engine import EngineUnavailableError, build_engine_file
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
     io_specs,
@@ -58,12 +57,11 @@ from embedl_dynamo.deploy.verify import (
     verify_onnx,
 )
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.graph.dynamic_axes import batch_axes
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx, input_names, output_names
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
+from embedl_dynamo.runtimes.tensorrt_lint import lint_for_tensorrt
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -86,10 +84,6 @@ MIN_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
 
 class ExportArgumentError(ExportError, ValueError):
     """A bad argument to :func:`export` (model, inputs, path, backend, options)."""
-
-
-class EngineUnavailableError(ExportError):
-    """``engine=True`` where TensorRT or a CUDA GPU is missing."""
 
 
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -126,48 +120,6 @@ def _settings(
         return Settings.from_options(merged)
     except ValueError as exc:
         raise ExportArgumentError(str(exc)) from exc
-
-
-def _build_engine(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Settings) -> Path:
-    """A TensorRT engine next to the ONNX file, built by the tensorrt runtime's public builder.
-
-    :func:`~embedl_dynamo.runtimes.tensorrt.build_engine` parses the file into a strongly typed
-    network with one optimisation profile over the dynamic batch
-    (:func:`~embedl_dynamo.runtimes.tensorrt.engine_profile`); INT8 comes from the explicit QDQ
-    nodes. The engine is cached in the artifact cache keyed by the ONNX file's bytes, the
-    TensorRT version, the GPU and the profile, then copied next to the ONNX file.
-    """
-    missing = TensorRTRuntime.missing()
-    if missing is not None:
-        raise EngineUnavailableError(
-            f"engine=True needs TensorRT and a CUDA GPU, but {missing}. Install "
-            "embedl-dynamo[tensorrt] on an NVIDIA machine, or export with engine=False and build "
-            "the engine there (trtexec --onnx=...)."
-        )
-    import tensorrt as trt
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    axes = batch_axes(list(args), (), settings.dynamic_batch)
-    profile = engine_profile(list(args), axes, settings.max_batch, settings.max_seq)
-    key = content_key(
-        "trt_engine_export",
-        sha256_file(onnx_path),
-        trt.__version__,
-        torch.cuda.get_device_name(device),
-        list(torch.cuda.get_device_capability(device)),
-        [[list(s) for s in p] for p in profile],
-    )
-
-    def _build(target: Path) -> None:
-        target.write_bytes(build_engine(trt, onnx_path, profile))
-
-    cached, built = ArtifactCache(settings.cache_dir, "trt_engine").get_or_build(
-        key, _build, ".engine"
-    )
-    logger.info("TensorRT engine %s (%s)", key[:16], "built" if built else "from cache")
-    engine_path = onnx_path.with_suffix(".engine")
-    atomic_write_bytes(engine_path, Path(cached).read_bytes())
-    return engine_path
 
 
 def export(
@@ -373,7 +325,7 @@ def export(
         engine_path = None
         if engine:
             stages.set_postfix_str("engine")
-            engine_path = _build_engine(path, args, settings)
+            engine_path = build_engine_file(path, args, settings)
             stages.update()
     finally:
         stages.close()
@@ -389,6 +341,9 @@ def export(
         "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
         "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
         "opset": written_opset,
+        "tensorrt_lint": lint_for_tensorrt(onnx.load(str(path)))
+        if target.name == "tensorrt"
+        else None,
         "precision": settings.precision,
         "quantized": quantized,
         "layers": result.report.get("layers", []),
@@ -415,6 +370,10 @@ def export(
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "versions": library_versions(),
     }
+    if sidecar["tensorrt_lint"]:
+        lint = sidecar["tensorrt_lint"]
+        logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
+                       "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
     if html:
         seconds = time.perf_counter() - start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name

@@ -1,0 +1,253 @@
+"""A lint of an ONNX file against what TensorRT's ONNX parser takes, with ``onnx`` only.
+
+TensorRT's explicit quantization and parser rules, checked without TensorRT (so on any machine,
+in CI, before a GPU ever sees the file):
+
+* the default-domain opset is in TensorRT's range (TensorRT 10: opsets 9 to 20);
+* every op is one onnx-tensorrt supports (its ``docs/operators.md`` support matrix, TensorRT
+  10.x: :data:`SUPPORTED_OPS`); ops of other domains (``com.microsoft``) are not;
+* Q/DQ zero points are all 0 (TensorRT quantization is symmetric);
+* scales are constant initializers, finite and positive;
+* weights are stored as int8 initializers read by DequantizeLinear (no QuantizeLinear of a
+  constant left for the builder to fold);
+* a per-channel weight DequantizeLinear feeding a ``Conv`` quantizes along axis 0 (output
+  channels), the only axis TensorRT takes for convolution weights.
+
+:func:`lint_for_tensorrt` returns one line per problem, naming the node; an empty list passes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+__all__ = ["OPSET_RANGE", "SUPPORTED_OPS", "lint_for_tensorrt"]
+
+OPSET_RANGE = (9, 20)
+
+# onnx-tensorrt 10.x, docs/operators.md: the operators marked supported
+SUPPORTED_OPS = frozenset(
+    {
+        "Abs",
+        "Acos",
+        "Acosh",
+        "Add",
+        "And",
+        "ArgMax",
+        "ArgMin",
+        "Asin",
+        "Asinh",
+        "Atan",
+        "Atanh",
+        "AveragePool",
+        "BatchNormalization",
+        "Cast",
+        "CastLike",
+        "Ceil",
+        "Celu",
+        "Clip",
+        "Concat",
+        "Constant",
+        "ConstantOfShape",
+        "Conv",
+        "ConvTranspose",
+        "Cos",
+        "Cosh",
+        "CumSum",
+        "DeformConv",
+        "DepthToSpace",
+        "DequantizeLinear",
+        "Div",
+        "Dropout",
+        "Einsum",
+        "Elu",
+        "Equal",
+        "Erf",
+        "Exp",
+        "Expand",
+        "EyeLike",
+        "Flatten",
+        "Floor",
+        "GRU",
+        "Gather",
+        "GatherElements",
+        "GatherND",
+        "Gelu",
+        "Gemm",
+        "GlobalAveragePool",
+        "GlobalLpPool",
+        "GlobalMaxPool",
+        "Greater",
+        "GreaterOrEqual",
+        "GridSample",
+        "GroupNormalization",
+        "HardSigmoid",
+        "HardSwish",
+        "Hardmax",
+        "Identity",
+        "If",
+        "ImageScaler",
+        "InstanceNormalization",
+        "IsInf",
+        "IsNaN",
+        "LRN",
+        "LSTM",
+        "LayerNormalization",
+        "LeakyRelu",
+        "Less",
+        "LessOrEqual",
+        "Log",
+        "LogSoftmax",
+        "Loop",
+        "LpNormalization",
+        "LpPool",
+        "MatMul",
+        "Max",
+        "MaxPool",
+        "Mean",
+        "MeanVarianceNormalization",
+        "Min",
+        "Mish",
+        "Mod",
+        "Mul",
+        "Neg",
+        "NonMaxSuppression",
+        "NonZero",
+        "Not",
+        "OneHot",
+        "Or",
+        "PRelu",
+        "Pad",
+        "ParametricSoftplus",
+        "Pow",
+        "QuantizeLinear",
+        "RNN",
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Range",
+        "Reciprocal",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ReduceMax",
+        "ReduceMean",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceSum",
+        "ReduceSumSquare",
+        "Relu",
+        "Reshape",
+        "Resize",
+        "ReverseSequence",
+        "RoiAlign",
+        "Round",
+        "ScaledTanh",
+        "Scan",
+        "Scatter",
+        "ScatterElements",
+        "ScatterND",
+        "Selu",
+        "Shape",
+        "Shrink",
+        "Sigmoid",
+        "Sign",
+        "Sin",
+        "Sinh",
+        "Size",
+        "Slice",
+        "Softmax",
+        "Softplus",
+        "Softsign",
+        "SpaceToDepth",
+        "Split",
+        "Sqrt",
+        "Squeeze",
+        "Sub",
+        "Sum",
+        "Tan",
+        "Tanh",
+        "ThresholdedRelu",
+        "Tile",
+        "TopK",
+        "Transpose",
+        "Trilu",
+        "Unsqueeze",
+        "Upsample",
+        "Where",
+        "Xor",
+    }
+)
+
+_QDQ = ("QuantizeLinear", "DequantizeLinear")
+
+
+def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
+    """What TensorRT's parser or explicit quantization would refuse in ``model``; [] passes."""
+    problems: list[str] = []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    low, high = OPSET_RANGE
+    if opset is None or not low <= opset <= high:
+        problems.append(f"opset {opset} is outside TensorRT's range {low}..{high}")
+    graph = model.graph
+    constants = {t.name: t for t in graph.initializer}
+    for node in graph.node:  # topological: an Identity of a constant is that constant
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    constants[node.output[0]] = attr.t
+        elif node.op_type == "Identity" and node.input[0] in constants:
+            constants[node.output[0]] = constants[node.input[0]]
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    for node in graph.node:
+        where = f"{node.op_type} {node.name or node.output[0]}"
+        if node.domain not in ("", "ai.onnx"):
+            problems.append(f"{where}: op of domain {node.domain!r}; TensorRT parses ai.onnx only")
+            continue
+        if node.op_type not in SUPPORTED_OPS:
+            problems.append(f"{where}: not in onnx-tensorrt's supported operators")
+        if node.op_type not in _QDQ:
+            continue
+        problems += _check_qdq(node, where, constants, consumers)
+    return problems
+
+
+def _check_qdq(
+    node: onnx.NodeProto,
+    where: str,
+    constants: dict[str, onnx.TensorProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> list[str]:
+    problems = []
+    scale_name = node.input[1] if len(node.input) > 1 else ""
+    if scale_name not in constants:
+        problems.append(f"{where}: scale {scale_name!r} is not a constant initializer")
+    else:
+        scale = numpy_helper.to_array(constants[scale_name]).astype(np.float64)
+        if not (np.isfinite(scale).all() and (scale > 0).all()):
+            problems.append(f"{where}: scale {scale_name!r} has non-positive or non-finite values")
+    if len(node.input) > 2 and node.input[2]:
+        zero = constants.get(node.input[2])
+        if zero is None or numpy_helper.to_array(zero).astype(np.int64).any():
+            problems.append(f"{where}: zero point must be a constant 0 (TensorRT is symmetric)")
+    if node.op_type == "QuantizeLinear" and node.input[0] in constants:
+        problems.append(
+            f"{where}: quantizes a constant; store the weight as int8 read by DequantizeLinear"
+        )
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+    if node.op_type == "DequantizeLinear" and node.input[0] in constants:
+        scale = constants.get(scale_name)
+        per_channel = scale is not None and len(scale.dims) == 1 and scale.dims[0] > 1
+        feeds_conv_weight = any(
+            c.op_type == "Conv" and len(c.input) > 1 and c.input[1] == node.output[0]
+            for c in consumers.get(node.output[0], [])
+        )
+        if per_channel and feeds_conv_weight and axis != 0:
+            problems.append(f"{where}: per-channel conv weight quantized on axis {axis}, not 0")
+    return problems
