@@ -213,3 +213,15 @@ class GraphBreakNet(nn.Module):
             y = y * 2
         y = self.b(y)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(y, 1), 1))
+
+
+class TinyConvNet(nn.Module):
+    """conv -> relu -> global mean -> linear: the smallest graph that compiles to one subgraph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))

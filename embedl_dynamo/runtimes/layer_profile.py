@@ -42,11 +42,10 @@ _WARMUP = 5  # untimed runs first: thread pools and allocators settle
 
 
 class LayerTimes:
-    """Node times of one profiled graph (milliseconds per run) and their sum."""
+    """Node times of one profiled graph, milliseconds per run."""
 
-    def __init__(self, nodes: Mapping[str, float], total_ms: float) -> None:
+    def __init__(self, nodes: Mapping[str, float]) -> None:
         self.nodes = dict(nodes)
-        self.total_ms = total_ms
         self._by_segment: dict[str, float] = defaultdict(float)
         for name, ms in self.nodes.items():
             parts = name.split("/")
@@ -106,8 +105,7 @@ def profile_graph(
             session.run(None, feeds)
         with open(session.end_profiling(), encoding="utf-8") as f:
             events = json.load(f)
-    nodes = node_times(events, runs + _WARMUP)
-    return LayerTimes(nodes, sum(nodes.values()))
+    return LayerTimes(node_times(events, runs + _WARMUP))
 
 
 def time_graphs(

@@ -28,6 +28,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,13 +54,14 @@ _SAMPLE_BATCHES = 2
 _MARGIN = 0.97  # a lower precision must be at least 3% faster as a whole to be chosen
 
 
+@dataclass
 class MixedChoice:
-    """The outcome: the graph to build, its quantization report and one record per layer."""
+    """The outcome: the graph to build, its quantization report (None: all fp32) and one
+    record per layer."""
 
-    def __init__(self, model: fx.GraphModule, report: dict[str, Any] | None, layers: list) -> None:
-        self.model = model
-        self.report = report
-        self.layers = layers
+    model: fx.GraphModule
+    report: dict[str, Any] | None
+    layers: list[dict[str, Any]]
 
 
 def _outputs(model: fx.GraphModule, batches: Sequence[tuple[torch.Tensor, ...]]) -> torch.Tensor:

@@ -53,16 +53,15 @@ def has_attention(model: onnx.ModelProto) -> bool:
     nodes = model.graph.node
     if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in nodes):
         return False
-    producers = {out: n.op_type for n in nodes for out in n.output}
+    producer = {out: n for n in nodes for out in n.output}
 
     def fed_by_matmul(name: str, depth: int = 4) -> bool:
-        op = producers.get(name)
-        if op in ("MatMul", "Gemm"):
-            return True
-        if op is None or depth == 0:
+        node = producer.get(name)
+        if node is None:
             return False
-        node = next(n for n in nodes if name in n.output)
-        return any(fed_by_matmul(i, depth - 1) for i in node.input if i)
+        if node.op_type in ("MatMul", "Gemm"):
+            return True
+        return depth > 0 and any(fed_by_matmul(i, depth - 1) for i in node.input if i)
 
     return any(n.op_type == "Softmax" and fed_by_matmul(n.input[0]) for n in nodes)
 

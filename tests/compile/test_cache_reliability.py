@@ -14,17 +14,7 @@ from torch import nn
 import embedl_dynamo
 from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from tests.helpers import assert_close_to_scale
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
-
+from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)
 
@@ -45,7 +35,7 @@ def _resign(path: Path) -> None:
 
 
 def test_a_symlinked_entry_is_refused_and_rebuilt(tmp_path, caplog):
-    model = _Net().eval()
+    model = TinyConvNet().eval()
     _compile_and_check(model, tmp_path / "c")
     (onnx,) = (tmp_path / "c" / "onnx").glob("*/*.onnx")
     outside = tmp_path / "outside.onnx"
@@ -61,7 +51,7 @@ def test_a_symlinked_entry_is_refused_and_rebuilt(tmp_path, caplog):
 
 
 def test_an_alias_naming_a_non_hex_key_is_refused(tmp_path, caplog):
-    model = _Net().eval()
+    model = TinyConvNet().eval()
     _compile_and_check(model, tmp_path / "c")
     (alias,) = [p for p in (tmp_path / "c" / "subgraph").glob("*/*.json") if ".meta." not in p.name]
     data = json.loads(alias.read_text())
@@ -76,7 +66,7 @@ def test_an_alias_naming_a_non_hex_key_is_refused(tmp_path, caplog):
 def test_an_unusable_cache_directory_compiles_without_a_cache_and_warns_once(tmp_path, caplog):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    model = _Net().eval()
+    model = TinyConvNet().eval()
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
         _compile_and_check(model, blocker)
         _compile_and_check(model, blocker)
@@ -86,10 +76,10 @@ def test_an_unusable_cache_directory_compiles_without_a_cache_and_warns_once(tmp
 
 
 def test_a_bad_entry_with_a_matching_sidecar_is_replaced_not_reused(tmp_path, caplog):
-    model = _Net().eval()
+    model = TinyConvNet().eval()
     _compile_and_check(model, tmp_path / "c")
     (onnx,) = (tmp_path / "c" / "onnx").glob("*/*.onnx")
-    other = _Net().eval()  # other weights: a valid ONNX file that gives wrong answers
+    other = TinyConvNet().eval()  # other weights: a valid ONNX file that gives wrong answers
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(other, backend="embedl_onnxruntime", options={"cache_dir": tmp_path / "o"})(X)
@@ -111,7 +101,7 @@ def test_exported_files_honour_the_umask(tmp_path):
     old = os.umask(0o022)
     try:
         path = embedl_dynamo.export(
-            _Net().eval(), X, tmp_path / "m.onnx", options={"cache_dir": tmp_path / "c"}
+            TinyConvNet().eval(), X, tmp_path / "m.onnx", options={"cache_dir": tmp_path / "c"}
         )
     finally:
         os.umask(old)

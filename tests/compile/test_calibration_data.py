@@ -10,18 +10,9 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.quant import stage
+from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
 
 
 def _int8(model: nn.Module, data, **options):
@@ -43,15 +34,15 @@ def _int8(model: nn.Module, data, **options):
 )
 def test_bad_calibration_data_is_a_clear_error(data, message):
     with pytest.raises(Exception, match=message):
-        _int8(_Net().eval(), data)
+        _int8(TinyConvNet().eval(), data)
 
 
 def test_a_generator_serves_every_compile():
     batches = (torch.randn(2, 3, 8, 8) for _ in range(2))
-    _int8(_Net().eval(), batches)
+    _int8(TinyConvNet().eval(), batches)
     torch._dynamo.reset()
     embedl_dynamo.report.clear_reports()
-    _int8(_Net().eval(), batches)  # the same generator object, reused
+    _int8(TinyConvNet().eval(), batches)  # the same generator object, reused
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.pipeline["quantized"] and sub.runtime == "onnxruntime"
 
@@ -62,7 +53,7 @@ def test_a_failed_cache_write_still_builds_int8_and_warns(monkeypatch, caplog, t
 
     monkeypatch.setattr(stage, "store_ranges", no_space)
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
-        _int8(_Net().eval(), [torch.randn(2, 3, 8, 8)], cache_dir=tmp_path)
+        _int8(TinyConvNet().eval(), [torch.randn(2, 3, 8, 8)], cache_dir=tmp_path)
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.pipeline["quantized"] and "not cached" in caplog.text
 

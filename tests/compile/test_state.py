@@ -11,23 +11,13 @@ from torch import nn
 import embedl_dynamo
 from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from tests.helpers import assert_close_to_scale
-
-
-class _Net(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3, padding=1)
-        self.fc = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
-
+from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)
 
 
 def test_weights_changed_in_place_after_compiling_are_picked_up():
-    model = _Net().eval()
+    model = TinyConvNet().eval()
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad():
         compiled(X)
@@ -38,7 +28,7 @@ def test_weights_changed_in_place_after_compiling_are_picked_up():
 
 
 def test_load_state_dict_after_compiling_is_picked_up():
-    model, other = _Net().eval(), _Net().eval()
+    model, other = TinyConvNet().eval(), TinyConvNet().eval()
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad():
         compiled(X)
@@ -100,7 +90,7 @@ def test_lazy_int8_calibrates_once_across_threads(tmp_path):
     from embedl_dynamo.settings import Settings
 
     patterns = [*BACKEND.conversion_patterns, *BACKEND.fusion_patterns]
-    fused = embedl_dynamo.transform(_Net().eval(), (X,), patterns).model
+    fused = embedl_dynamo.transform(TinyConvNet().eval(), (X,), patterns).model
     built = []
     settings = Settings(calibration_steps=4, cache_dir=tmp_path)
     lazy = calibrate_then_build(
