@@ -90,10 +90,10 @@ class Settings:
             SkipLayerNormalization, BiasGelu kernels) on float graphs with attention. Off by
             default: on BERT-base it fuses 24 SkipLayerNormalization and 12 BiasGelu (not the
             attention) for ~1% speed at +13.6 s of compile.
-        max_batch: the largest batch a TensorRT engine's profile takes (None: ``max(8, 2 x
-            the first batch)``).
+        max_batch: the largest batch a TensorRT engine's profile takes (None: 32, or the
+            example's batch if larger).
         max_seq: the largest size of any other dynamic axis (sequence length, image side) in a
-            TensorRT engine's profile (None: ``max(512, 2 x the first size)``).
+            TensorRT engine's profile (None: 512, or the example's size if larger).
         progress: show progress bars (None: only when stderr is a terminal).
     """
 

@@ -5,7 +5,8 @@ device) is parsed with ``trt.OnnxParser`` into a *strongly typed* network (the n
 dtypes, Q/DQ nodes included, decide precision: the only mode of TensorRT 11, and valid on 10),
 one optimisation profile (:func:`engine_profile`) covers the dynamic batch, and
 :func:`build_engine` serializes the engine, which is stored in the artifact cache (namespace
-``trt_engine``, keyed by the ONNX key, the TensorRT version, the GPU and the profile). Run:
+``trt_engine``, keyed by the ONNX key, the TensorRT version, the GPU and the profile's
+ranges). Run:
 ``set_input_shape`` / ``set_tensor_address`` by tensor *name* on torch CUDA tensors and
 ``execute_async_v3`` on the runtime's own CUDA stream, ordered after torch's current stream.
 
@@ -33,11 +34,21 @@ from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
-__all__ = ["MIN_TENSORRT_MAJOR", "TensorRTRuntime", "build_engine", "engine_profile"]
+__all__ = [
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_MAX_SEQ",
+    "MIN_TENSORRT_MAJOR",
+    "TensorRTRuntime",
+    "build_engine",
+    "engine_profile",
+    "target_device",
+]
 
 logger = logging.getLogger(__name__)
 
 MIN_TENSORRT_MAJOR = 10
+DEFAULT_MAX_BATCH = 32  # an engine profile's largest batch unless ``max_batch`` says otherwise
+DEFAULT_MAX_SEQ = 512  # ... and largest size of any other dynamic axis (``max_seq``)
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,9 +86,14 @@ _DTYPES = {
 
 def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
     for name, torch_dtype in _DTYPES.items():
-        if name in vars(trt) and vars(trt)[name] == dtype:
+        if getattr(trt, name, None) == dtype:
             return torch_dtype
     raise TypeError(f"TensorRT tensor dtype {dtype} has no torch equivalent here")
+
+
+def target_device() -> torch.device:
+    """The CUDA device engines are built for and run on (the current one)."""
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def engine_profile(
@@ -90,8 +106,11 @@ def engine_profile(
 
     Exactly the axes the ONNX file declares dynamic (``axes``, Dynamo's symbolic sizes) range
     from 1 to a maximum; ``opt`` is the example's size; every other axis is fixed. The batch
-    axis tops out at ``max_batch`` (default ``max(8, 2 * batch)``), any other dynamic axis
-    (sequence length, image side) at ``max_seq`` (default ``max(512, 2 * size)``).
+    axis tops out at ``max_batch`` (default :data:`DEFAULT_MAX_BATCH`, or the example's batch
+    if larger), any other dynamic axis (sequence length, image side) at ``max_seq`` (default
+    :data:`DEFAULT_MAX_SEQ`, or the example's size if larger). The defaults do not grow with
+    the example, so the example Dynamo recompiles with (its second batch size) asks for the
+    engine already built.
 
     Raises:
         ValueError: a maximum is smaller than the example's size.
@@ -104,12 +123,12 @@ def engine_profile(
         for dim, name in dynamic.items():
             if name == BATCH:
                 top, option = (
-                    (max_batch if max_batch is not None else max(8, 2 * opt[dim])),
+                    (max_batch if max_batch is not None else max(DEFAULT_MAX_BATCH, opt[dim])),
                     "max_batch",
                 )
             else:
                 top, option = (
-                    (max_seq if max_seq is not None else max(512, 2 * opt[dim])),
+                    (max_seq if max_seq is not None else max(DEFAULT_MAX_SEQ, opt[dim])),
                     "max_seq",
                 )
             if top < opt[dim]:
@@ -176,6 +195,7 @@ class TensorRTRuntime(Runtime):
         self._engine: Any = None
         self._context: Any = None
         self._stream: Any = None
+        self._device: torch.device | None = None
         self._inputs: list[str] = []
         self._outputs: list[str] = []
 
@@ -207,7 +227,7 @@ class TensorRTRuntime(Runtime):
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         import tensorrt as trt
 
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = target_device()
         inputs = [t.to(device) for t in example_inputs]
         # export a CPU copy with CPU inputs: weights and inputs on one device, ``gm`` untouched
         cpu_gm = copy.deepcopy(gm).cpu()
@@ -223,7 +243,9 @@ class TensorRTRuntime(Runtime):
             trt.__version__,
             torch.cuda.get_device_name(device),
             list(torch.cuda.get_device_capability(device)),
-            [[list(s) for s in p] for p in profile],
+            # min and max only: the engine a Dynamo recompile asks for with another ``opt``
+            # (its new example size) is the one already built
+            [[list(low), list(high)] for low, _, high in profile],
         )
         cache = ArtifactCache(self.settings.cache_dir, "trt_engine")
 
@@ -251,7 +273,8 @@ class TensorRTRuntime(Runtime):
         if self._engine is None:
             raise RuntimeError(f"TensorRT could not deserialize {self._engine_path}")
         self._context = self._engine.create_execution_context()
-        self._stream = torch.cuda.Stream()
+        self._device = target_device()
+        self._stream = torch.cuda.Stream(self._device)
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         mode = trt.TensorIOMode.INPUT
         self._inputs = [n for n in names if self._engine.get_tensor_mode(n) == mode]
@@ -267,7 +290,7 @@ class TensorRTRuntime(Runtime):
             raise ValueError(
                 f"the engine takes {len(self._inputs)} inputs {self._inputs}, got {len(args)}"
             )
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = self._device
         keep = []
         for name, t in zip(self._inputs, args):
             want = _torch_dtype(self._trt, self._engine.get_tensor_dtype(name))
@@ -278,7 +301,8 @@ class TensorRTRuntime(Runtime):
             if not self._context.set_input_shape(name, tuple(t.shape)):
                 raise ValueError(
                     f"input {name!r} of shape {tuple(t.shape)} is outside the engine's "
-                    "optimisation profile; rebuild with a larger max_batch"
+                    "optimisation profile; rebuild with a larger max_batch (batch axis) or "
+                    "max_seq (other dynamic axes)"
                 )
             self._context.set_tensor_address(name, t.data_ptr())
         outputs = []

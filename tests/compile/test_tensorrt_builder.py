@@ -109,7 +109,16 @@ def test_profile_covers_every_dynamic_axis_dynamo_marked():
     """A symbolic sequence axis is dynamic in the engine too, up to max_seq (defaults to 512)."""
     ids, mask = torch.zeros(2, 48, dtype=torch.long), torch.zeros(2, 48)
     axes = DynamicAxes(({0: BATCH, 1: "s0"}, {0: BATCH, 1: "s0"}))
-    assert engine_profile([ids, mask], axes) == [((1, 1), (2, 48), (8, 512))] * 2
+    assert engine_profile([ids, mask], axes) == [((1, 1), (2, 48), (32, 512))] * 2
+    # the defaults do not grow with the example: Dynamo's recompile example asks for the same
+    wide = torch.zeros(5, 64, dtype=torch.long)
+    assert [(lo, hi) for lo, _, hi in engine_profile([wide, wide], axes)] == [
+        ((1, 1), (32, 512))
+    ] * 2
+    assert engine_profile([torch.zeros(40, 600)], DynamicAxes(({0: BATCH, 1: "s0"},)))[0][2] == (
+        40,
+        600,
+    )
     assert engine_profile([ids, mask], axes, max_batch=4, max_seq=128)[0] == (
         (1, 1),
         (2, 48),
