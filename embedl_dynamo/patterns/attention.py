@@ -119,9 +119,15 @@ class FusedQKVProjection(FusedModule):
 
 
 class FusedAttention(FusedModule):
-    """``softmax(q k^T * scale [+ causal mask]) v`` on ``(N, H, L, D)`` heads: one kernel.
+    """``softmax(q k^T * scale + mask) v`` on ``(N, H, L, D)`` heads: one kernel.
 
-    Quantized as: q, k and v (the operands of the two batched matmuls).
+    The mask is causal (``is_causal``), or an optional fourth input: a boolean mask (True
+    attends) or an additive float mask broadcastable to ``(N, H, L, S)``, as HF models pass
+    for padding. A float mask follows the heads' dtype, clamped to its finite range first, so a
+    float32 ``finfo.min`` mask stays finite under FP16 and a fully masked row gives a uniform
+    average instead of NaN, as in float32.
+
+    Quantized as: q, k and v (the operands of the two batched matmuls); the mask stays float.
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
@@ -130,8 +136,19 @@ class FusedAttention(FusedModule):
         super().__init__()
         self.is_causal, self.scale = is_causal, scale
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.is_causal, scale=self.scale)
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
+            low = torch.finfo(q.dtype).min
+            attn_mask = attn_mask.clamp(min=low).to(q.dtype)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale
+        )
 
     def extra_repr(self) -> str:
         return f"is_causal={self.is_causal}, scale={self.scale}"
@@ -206,7 +223,11 @@ class MHAInProjection(Pattern):
 
 
 class ScaledDotProductAttention(Pattern):
-    """``F.scaled_dot_product_attention`` without mask or dropout becomes :class:`FusedAttention`."""
+    """``F.scaled_dot_product_attention`` becomes :class:`FusedAttention`.
+
+    An attention mask (padding or causal, as a tensor) becomes the fused module's fourth input,
+    so masked attention in HF encoders and decoders is fused and quantized like unmasked.
+    Dropout (training only) and grouped-query attention are not fused."""
 
     name = "scaled_dot_product_attention"
     phase = "fusion"
@@ -220,8 +241,11 @@ class ScaledDotProductAttention(Pattern):
 
     def check(self, m: Match) -> MatchResult:
         kw = m["sdpa"].kwargs
-        if kw["attn_mask"] is not None:
-            return m.fail("an attention mask is given (the fused attention takes none)")
+        mask = kw["attn_mask"]
+        if mask is not None and not isinstance(mask, fx.Node):
+            return m.fail(f"attn_mask is a literal {type(mask).__name__}, not a tensor")
+        if mask is not None and kw["is_causal"]:
+            return m.fail("both attn_mask and is_causal are given")
         if kw["dropout_p"]:
             return m.fail(f"dropout_p={kw['dropout_p']} (attention dropout is training only)")
         if kw["enable_gqa"]:
@@ -231,7 +255,8 @@ class ScaledDotProductAttention(Pattern):
     def replace(self, m: Match) -> fx.Node:
         kw = m["sdpa"].kwargs
         module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"])
-        return m.call_module(module, m["q"], m["k"], m["v"])
+        mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
+        return m.call_module(module, m["q"], m["k"], m["v"], *mask)
 
 
 ATTENTION_FUSION_PATTERNS = (MHAInProjection(), ScaledDotProductAttention(), LayerNorm())

@@ -103,10 +103,12 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
             root = model
             try:
                 graph = _Tracer().trace(root)
-            except (fx.proxy.TraceError, TypeError):  # TypeError: e.g. float(Proxy)
+            except Exception as exc:  # TraceError, float(Proxy), **kwargs forwards (HF), ...
                 if args is None:
                     raise
-                # data-dependent control flow: Dynamo specialises on ``args`` instead
+                # data-dependent control flow or Python symbolic tracing cannot follow:
+                # Dynamo specialises on ``args`` instead
+                logger.debug("symbolic_trace failed (%s); capturing with Dynamo", exc)
                 from embedl_dynamo.graph.capture import capture
 
                 return trace(capture(model, args), args)

@@ -337,17 +337,44 @@ return contiguous""",
         assert (fused.is_causal, fused.scale) == (True, 0.3)
         assert_same_outputs(Attn(), result.model, q, k, v)
 
-    def test_no_sdpa_fusion_with_mask(self) -> None:
+    def test_masked_sdpa_fuses_with_the_mask_as_fourth_input(self) -> None:
         class Masked(nn.Module):
             def forward(self, q, k, v, mask):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
         q, k, v = (torch.randn(2, 2, 5, 8, generator=G) for _ in range(3))
-        mask = torch.zeros(5, 5)
-        plan = get_transformation_plan(Masked(), [ScaledDotProductAttention()], (q, k, v, mask))
+        padding = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+        keep = padding[:, None, None, :]  # keys of the first sequence padded
+        additive = (~keep).float() * torch.finfo(torch.float32).min
+        for mask in (keep, additive):
+            result = transform(Masked(), (q, k, v, mask), [ScaledDotProductAttention()])
+            (fused,) = [n for n in result.model.graph.nodes if n.op == "call_module"]
+            assert len(fused.args) == 4
+            assert_same_outputs(Masked(), result.model, q, k, v, mask)
+
+    def test_float_mask_follows_half_heads_without_overflow(self) -> None:
+        q, k, v = (torch.randn(1, 2, 4, 8, generator=G).half() for _ in range(3))
+        mask = torch.zeros(1, 1, 4, 4)
+        mask[..., 2:] = torch.finfo(torch.float32).min  # -inf once cast to fp16 unclamped
+        mask[:, :, 3] = torch.finfo(torch.float32).min  # one query row fully masked
+        out = FusedAttention()(q, k, v, mask)
+        assert out.dtype == torch.float16 and torch.isfinite(out).all()  # -inf rows give NaN
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+        rows = slice(0, 3)  # a fully masked row has no meaning; the others match float32
+        torch.testing.assert_close(
+            out.float()[..., rows, :], expected[..., rows, :], atol=2e-3, rtol=2e-3
+        )
+
+    def test_no_sdpa_fusion_with_dropout(self) -> None:
+        class Dropped(nn.Module):
+            def forward(self, q, k, v):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+
+        q, k, v = (torch.randn(2, 2, 5, 8, generator=G) for _ in range(3))
+        plan = get_transformation_plan(Dropped(), [ScaledDotProductAttention()], (q, k, v))
         (entry,) = plan.entries
         assert not entry.apply
-        assert entry.reason == "an attention mask is given (the fused attention takes none)"
+        assert entry.reason == "dropout_p=0.1 (attention dropout is training only)"
 
     def test_qdq_declarations(self) -> None:
         assert FusedQKVProjection.qdq.inputs == {"0": Role.ACTIVATION}
