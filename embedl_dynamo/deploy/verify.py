@@ -9,7 +9,7 @@ the file is also run on a doubled batch.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,11 +78,14 @@ class Verification:
 
 
 def flat_outputs(out: Any) -> list[torch.Tensor]:
-    """A model's output (tensor, or nested tuples/lists of tensors) as a flat list."""
+    """A model's output (tensor, or nested tuples/lists/dicts of tensors, such as an HF
+    ``ModelOutput``) as a flat list, dicts in key order."""
     if isinstance(out, torch.Tensor):
         return [out]
     if isinstance(out, (tuple, list)):
         return [t for item in out for t in flat_outputs(item)]
+    if isinstance(out, Mapping):
+        return [t for item in out.values() for t in flat_outputs(item)]
     raise ExportError(f"the model returned a {type(out).__name__}; export needs tensor outputs")
 
 
