@@ -152,7 +152,7 @@ def compile_subgraph(
     try:
         result = run_pipeline(frozen.gm, inputs, backend, float_settings)
         if mixed:
-            result = apply_mixed(result, inputs, backend.quantizer, settings)
+            result = apply_mixed(result, inputs, backend.quantizer, settings, axes)
     except (NotImplementedError, CalibrationDataError):
         raise  # bad calibration data is the user's to fix: never a silent float fallback
     except Exception as exc:

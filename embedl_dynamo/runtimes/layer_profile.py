@@ -30,8 +30,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.runtimes.artifacts import onnx_artifact
 from embedl_dynamo.runtimes.onnx_export import export_onnx
 from embedl_dynamo.runtimes.onnxruntime import create_session
+from embedl_dynamo.settings import Settings
 
 __all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
 
@@ -113,17 +116,28 @@ def time_graphs(
     inputs: Sequence[torch.Tensor],
     rounds: int = 15,
     num_threads: int | None = None,
+    settings: Settings | None = None,
+    axes: DynamicAxes | None = None,
 ) -> dict[str, float]:
     """Median milliseconds per run of each graph on ONNX Runtime, timed round-robin.
 
     Whole graphs are compared this way rather than by separate profiles: a machine's load and
     clock changes hit every candidate alike. Each round calls each session three times and times
     the last two, so one session's spinning worker threads do not bill the next.
+
+    With ``settings``, each graph is timed as the file the runtime will deploy: the cached ONNX
+    artifact with the same dynamic axes (``axes``; Dynamo's, or the batch per ``settings``),
+    which the runtime then reuses instead of exporting again. Without, a static export.
     """
     with tempfile.TemporaryDirectory(prefix="embedl_timing_") as tmp:
         sessions = {}
         for index, (name, gm) in enumerate(graphs.items()):
-            path = export_onnx(gm, list(inputs), Path(tmp) / f"{index}.onnx", dynamic_batch=False)
+            if settings is not None:
+                path = onnx_artifact(gm, list(inputs), settings, axes)[0]
+            else:
+                path = export_onnx(
+                    gm, list(inputs), Path(tmp) / f"{index}.onnx", dynamic_batch=False
+                )
             session = create_session(path, ["CPUExecutionProvider"], num_threads=num_threads)
             feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
             for _ in range(_WARMUP):

@@ -37,6 +37,7 @@ from torch import fx
 
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
@@ -179,6 +180,9 @@ def choose_mixed(
     *,
     cache_dir: Any = None,
     num_threads: int | None = None,
+    artifact_settings: Settings | None = None,
+    axes: DynamicAxes | None = None,
+    float_model: fx.GraphModule | None = None,
 ) -> MixedChoice:
     """Decide INT8 or fp32 per layer of ``calibrated`` (see the module docstring).
 
@@ -189,9 +193,14 @@ def choose_mixed(
         budget: the least output cosine to the float model the INT8 set may have.
         cache_dir: where decisions are cached (None: not cached).
         num_threads: ONNX Runtime intra-op threads for timing.
+        artifact_settings: when given, whole graphs are timed as the ONNX artifacts the runtime
+            deploys (``axes`` dynamic, cached for the runtime to reuse); else static exports.
+        axes: the dynamic axes the runtime will export with.
+        float_model: the float graph deployed when no INT8 pays (``calibrated.gm`` when
+            None); it is the fp32 candidate timed, so a float outcome reuses its artifact.
 
     Returns:
-        The :class:`MixedChoice`; its model is ``calibrated.gm`` (float) when no INT8 pays.
+        The :class:`MixedChoice`; its model is the float model when no INT8 pays.
     """
     sample = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches[:_SAMPLE_BATCHES]]
     key = content_key(
@@ -208,7 +217,8 @@ def choose_mixed(
         int8, records = cached
         logger.info("mixed precision decisions loaded from the cache")
     else:
-        int8, records = _measure(calibrated, inputs, sample, budget, num_threads)
+        deploy = (artifact_settings, axes, float_model or calibrated.gm)
+        int8, records = _measure(calibrated, inputs, sample, budget, num_threads, deploy)
         if cache is not None:
             document = {"format": _FORMAT, "int8": int8, "layers": records}
             try:
@@ -217,7 +227,7 @@ def choose_mixed(
             except OSError as exc:
                 logger.warning("mixed precision decisions not cached (%s)", exc)
     if not int8:
-        return MixedChoice(calibrated.gm, None, records)
+        return MixedChoice(float_model or calibrated.gm, None, records)
     keep = {r["id"]: r["reason"] for r in records if r["precision"] == "fp32"}
     model, report = calibrated.build(keep)
     return MixedChoice(model, report, records)
@@ -229,6 +239,7 @@ def _measure(
     sample: list[tuple[torch.Tensor, ...]],
     budget: float,
     num_threads: int | None,
+    deploy: tuple[Settings | None, DynamicAxes | None, fx.GraphModule | None] = (None,) * 3,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads)
     int8_times = profile_graph(calibrated.build()[0], inputs, num_threads=num_threads)
@@ -238,14 +249,16 @@ def _measure(
     # per-node times miss context (a float stem conv leaves its max pool float too), so the
     # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
     # INT8 everywhere. A lower precision must win by more than noise (_MARGIN) to be chosen.
-    candidates = {"fp32": calibrated.gm}
+    candidates = {"fp32": deploy[2] or calibrated.gm}
     if int8 and set(int8) != set(every):
         keep = {i: "mixed: fp32" for i in every if i not in int8}
         candidates["mixed"] = calibrated.build(keep)[0]
     full_cosine = set_cosine if set(int8) == set(every) else _set_cosine(calibrated, sample, every)
     if full_cosine >= budget:
         candidates["int8"] = calibrated.build()[0]
-    options = time_graphs(candidates, inputs, num_threads=num_threads)
+    options = time_graphs(
+        candidates, inputs, num_threads=num_threads, settings=deploy[0], axes=deploy[1]
+    )
     best = min(options, key=options.__getitem__)
     if best != "fp32" and options[best] > options["fp32"] * _MARGIN:
         best = "fp32"
@@ -308,12 +321,17 @@ def _load(
 
 
 def apply_mixed(
-    result: PipelineResult, inputs: Sequence[torch.Tensor], quantizer: Quantizer, settings: Settings
+    result: PipelineResult,
+    inputs: Sequence[torch.Tensor],
+    quantizer: Quantizer,
+    settings: Settings,
+    axes: DynamicAxes | None = None,
 ) -> PipelineResult:
     """``result`` (a float pipeline result) with its model replaced by the mixed choice.
 
     Calibrates on ``settings.calibration_data`` (the example inputs when None: one batch),
-    through the calibration cache when it is on, then :func:`choose_mixed`. The report gets
+    through the calibration cache when it is on, then :func:`choose_mixed`, which times the
+    candidates as the artifacts the runtime deploys (dynamic ``axes``). The report gets
     ``precision="mixed"``, ``quantization`` (when any layer is INT8) and ``layers``.
     """
     data = settings.calibration_data
@@ -328,11 +346,12 @@ def apply_mixed(
     batches = data if not callable(data) or isinstance(data, (list, tuple)) else [tuple(inputs)]
     choice = choose_mixed(
         calibrated, inputs, list(batches), settings.accuracy_budget,
-        cache_dir=cache_dir, num_threads=settings.num_threads,
+        cache_dir=cache_dir, num_threads=settings.num_threads, artifact_settings=settings,
+        axes=axes, float_model=result.model,
     )  # fmt: skip
     report = dict(result.report, precision="mixed", layers=choice.layers)
     report["quantized"] = choice.report is not None
     if choice.report is None:  # all fp32: the fused graph itself, not the quantizer's prepared one
-        return PipelineResult(result.model, result.plan, report, float_model=result.model)
+        return PipelineResult(choice.model, result.plan, report, float_model=result.model)
     report["quantization"] = choice.report
     return PipelineResult(choice.model, result.plan, report, float_model=result.model)

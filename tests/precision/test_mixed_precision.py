@@ -10,9 +10,11 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.backend import as_backend
+from embedl_dynamo.graph.dynamic_axes import BATCH
 from embedl_dynamo.quant.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes import layer_profile, mixed_precision
+from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.layer_profile import LayerTimes, node_times
 from embedl_dynamo.runtimes.mixed_precision import choose_mixed
 from tests.models import ResNetLike, randomize_batchnorm
@@ -71,7 +73,7 @@ def _int8_modules(gm) -> int:
 def _fake_timing(monkeypatch, whole):
     """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
 
-    def time_graphs(graphs, inputs, rounds=15, num_threads=None):
+    def time_graphs(graphs, inputs, rounds=15, num_threads=None, settings=None, axes=None):
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
     monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
@@ -201,3 +203,24 @@ def test_int8_everywhere_wins_when_it_is_fastest_as_a_whole(monkeypatch) -> None
     assert all(r["precision"] == "int8" for r in choice.layers)
     assert all("INT8 everywhere was fastest as a whole" in r["reason"] for r in choice.layers)
     assert set(choice.report["quantized_layers"]) == set(layers)
+
+
+def test_whole_graphs_are_timed_as_the_artifacts_the_runtime_deploys(monkeypatch, tmp_path):
+    """Dynamic batch as deployed, and the winner's file is reused: no export after timing."""
+    timed = []
+    real = mixed_precision.time_graphs
+
+    def spy(graphs, inputs, **options):
+        timed.append((list(graphs), options))
+        return real(graphs, inputs, **options)
+
+    monkeypatch.setattr(mixed_precision, "time_graphs", spy)
+    model = randomize_batchnorm(ResNetLike().eval())
+    options = {"precision": "mixed", "calibration_data": BATCHES, "cache_dir": str(tmp_path)}
+    compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
+    before = BUILD_COUNTS.get("onnx", 0)
+    with torch.no_grad():
+        compiled(BATCHES[0])
+    ((names, used),) = timed
+    assert used["settings"] is not None and used["axes"].inputs[0] == {0: BATCH}
+    assert BUILD_COUNTS.get("onnx", 0) - before == len(names)
