@@ -98,10 +98,20 @@ class Placement:
         }
 
 
+# Activations an output Q absorbs (its range clips at 0 / 6): the runtime fuses them into the
+# integer kernel. A Q after any other activation would leave the layer itself in float.
+_CLIPPING_ACTIVATIONS = frozenset(t for t, name in ACTIVATIONS.items() if name in ("relu", "relu6"))
+
+
 def _past_activation(node: fx.Node) -> fx.Node:
-    """The node whose output gets the QDQ: ``node``, or its activation if that is its only user."""
+    """The node whose output gets the QDQ: ``node``, or its ReLU/ReLU6 if that is its only
+    user (the Q range absorbs the clip, so the integer kernel still forms)."""
     users = list(node.users)
-    if len(users) == 1 and users[0].op == "call_function" and users[0].target in ACTIVATIONS:
+    if (
+        len(users) == 1
+        and users[0].op == "call_function"
+        and users[0].target in _CLIPPING_ACTIVATIONS
+    ):
         return users[0]
     return node
 

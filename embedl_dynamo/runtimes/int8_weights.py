@@ -31,6 +31,8 @@ def store_weights_as_int8(path: Path) -> int:
 
     model = onnx.load(str(path))
     graph = model.graph
+    if not any(node.op_type == "QuantizeLinear" for node in graph.node):
+        return 0  # a float file: nothing to fold, no need to decode every weight
     constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     for node in graph.node:  # topological order: Identity of a constant is a constant too
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":

@@ -177,3 +177,56 @@ fq_conv_bn_relu_conv1 = FakeQuantize(conv_bn_relu_conv1)
 conv_bn_add_relu_conv2 = ParametrizedFusedConvAdd[relu](fq_conv_bn_relu_conv1, fq_conv_bn_relu_conv1)
 return conv_bn_add_relu_conv2""",
         )
+
+
+def _float_layers_reading_dq(path) -> list[str]:
+    """Convs/GEMMs of ORT's optimised graph that still read a DequantizeLinear output: layers
+    quantized in the file that ONNX Runtime runs in float (the Q/DQ only cost time)."""
+    graph = onnx.load(str(path)).graph
+    producer = {out: n.op_type for n in graph.node for out in n.output}
+    heavy = {"Conv", "FusedConv", "Gemm", "MatMul", "FusedMatMul", "FusedGemm"}
+    return [
+        n.name
+        for n in graph.node
+        if n.op_type in heavy and any(producer.get(i) == "DequantizeLinear" for i in n.input)
+    ]
+
+
+def _ort_quantized(model, shape, tmp_path):
+    x = torch.randn(*shape)
+    q = quantize(model, (x,), backend="onnxruntime", calibration_data=_batches(shape))
+    _export(q, x, tmp_path / "q.onnx")
+    ops, out = _optimised_ops(tmp_path / "q.onnx", x, tmp_path)
+    # integer kernels requantize with their own rounding: a few output steps from fake-quant
+    reference = q(x).detach()
+    assert float((torch.from_numpy(out) - reference).abs().max()) < 0.08 * float(
+        reference.abs().max()
+    )
+    return q.meta["embedl_quantization"], ops
+
+
+def test_onnxruntime_depthwise_se_hardswish_layers_become_integer_kernels(tmp_path):
+    """MobileNetV3 blocks: every INT8 conv is a QLinearConv (hardswish/hardsigmoid run between
+    them in float); depthwise convs stay float and say why."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(MobileNetLike().eval())
+    report, ops = _ort_quantized(model, (2, 3, 32, 32), tmp_path)
+    convs = [i for i in report["quantized_layers"] if i.startswith("quant_conv_ort")]
+    assert len(convs) == 12  # stem, expand, SE fc1/fc2, project, classifier conv
+    assert ops["QLinearConv"] == len(convs) and ops["QGemm"] == 1
+    assert ops["QLinearAdd"] == 2  # the two residual blocks
+    assert _float_layers_reading_dq(tmp_path / "optimised.onnx") == []
+    depthwise = [f for f in report["float_layers"] if "depthwise" in f["id"]]
+    assert len(depthwise) == 3 and all("INT8 does not pay" in f["reason"] for f in depthwise)
+    assert ops["Conv"] == 3  # exactly the depthwise convs run in float
+
+
+def test_onnxruntime_transformer_linears_become_integer_kernels(tmp_path):
+    """ViT blocks: out-projection, both MLP linears (GELU split out) and the head are QGemm;
+    the residual adds QLinearAdd; LayerNorm and softmax stay float."""
+    torch.manual_seed(0)
+    report, ops = _ort_quantized(ViTLike().eval(), (2, 3, 16, 16), tmp_path)
+    linears = [i for i in report["quantized_layers"] if i.startswith("quant_linear_ort")]
+    assert len(linears) == 7 and ops["QGemm"] == 7
+    assert ops["QLinearAdd"] == 4 and ops["LayerNormalization"] == 5
+    assert _float_layers_reading_dq(tmp_path / "optimised.onnx") == []
