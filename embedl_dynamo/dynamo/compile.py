@@ -30,7 +30,7 @@ from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_ver
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.quant.calibrate import calibration_mismatch
+from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
@@ -146,6 +146,16 @@ def compile_subgraph(
                 "its first %d calls instead", report.index, mismatch, settings.calibration_steps,
             )  # fmt: skip
             settings = dataclasses.replace(settings, calibration_data=None)
+        else:
+            fitted = fit_batches_to_graph(frozen.gm, settings.calibration_data, inputs)
+            if fitted is None and not callable(settings.calibration_data):
+                logger.warning(
+                    "subgraph %d: calibration_data has fewer samples than one batch of %d this "
+                    "graph was compiled for; it calibrates on its first %d calls instead",
+                    report.index, int(inputs[0].shape[0]), settings.calibration_steps,
+                )  # fmt: skip
+            if fitted is not None or not callable(settings.calibration_data):
+                settings = dataclasses.replace(settings, calibration_data=fitted)
     lazy_int8 = settings.precision == "int8" and settings.calibration_data is None
     mixed = settings.precision == "mixed"
     float_settings = settings.float_copy() if lazy_int8 or mixed else settings

@@ -7,7 +7,9 @@ inputs) or a callable ``forward_loop(model)`` that owns the loop (ModelOpt's con
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +34,7 @@ __all__ = [
     "check_batches_finite",
     "calibration_mismatch",
     "data_fingerprint",
+    "fit_batches_to_graph",
     "forward_pass_count",
     "ranges_from_calibrators",
 ]
@@ -107,6 +110,44 @@ def calibration_mismatch(data: Any, inputs: Sequence[torch.Tensor]) -> str:
                 f"{wanted.dtype} {tuple(wanted.shape)}"
             )
     return ""
+
+
+def fit_batches_to_graph(
+    gm: Callable[..., Any], data: Any, inputs: Sequence[torch.Tensor]
+) -> list[tuple[torch.Tensor, ...]] | None:
+    """Calibration batches that run through ``gm``, re-batched to the inputs' batch if needed.
+
+    A graph Dynamo compiled for one batch size can hold it as a constant (``x.expand(540,
+    ...)``), so batches of another size fail inside it. Then the samples are regrouped into
+    batches of the example's size (a remainder is dropped). Batch lists only; a forward_loop,
+    or batches that already run, are returned as given (None for a forward_loop).
+
+    Returns:
+        The batches to calibrate on, or None when the data is a forward_loop or no regrouped
+        batch can be formed (fewer samples than one example batch).
+    """
+    if callable(data) and not isinstance(data, (list, tuple)):
+        return None
+    batches = as_batches(data)
+    size = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 0
+    if not batches or size == 0 or all(int(b[0].shape[0]) == size for b in batches):
+        return batches
+    try:  # FX prints a failing graph's code to stderr: keep the probe quiet
+        with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
+            gm(*batches[0])
+        return batches
+    except Exception as exc:  # a shape error inside the graph: regroup below
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    columns = [torch.cat([b[i] for b in batches]) for i in range(len(batches[0]))]
+    count = int(columns[0].shape[0]) // size
+    logger.info(
+        "calibration batches do not run through a graph compiled for batch %d (%s); "
+        "regrouped %d samples into %d batches of %d", size, reason, columns[0].shape[0], count,
+        size,
+    )  # fmt: skip
+    if count == 0:
+        return None
+    return [tuple(c[k * size : (k + 1) * size] for c in columns) for k in range(count)]
 
 
 def check_batches_finite(batches: Sequence[tuple[torch.Tensor, ...]]) -> None:

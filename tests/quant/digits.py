@@ -9,7 +9,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["DigitsCNN", "DigitsMobileCNN", "accuracy", "load_digits_tensors", "train_digits_cnn"]
+__all__ = [
+    "DigitsCNN",
+    "DigitsMobileCNN",
+    "DigitsViT",
+    "accuracy",
+    "load_digits_tensors",
+    "train_digits_cnn",
+]
 
 
 def load_digits_tensors(seed: int = 0):
@@ -79,13 +86,45 @@ class DigitsMobileCNN(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
-def accuracy(model, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Top-1 accuracy in percent."""
+class DigitsViT(nn.Module):
+    """A small ViT: 2x2 patch embedding (16 tokens), class token, two pre-norm blocks with
+    ``nn.MultiheadAttention`` and a GELU MLP, LayerNorm, a linear head."""
+
+    def __init__(self, dim: int = 32, heads: int = 2, depth: int = 2) -> None:
+        super().__init__()
+        self.patch = nn.Conv2d(1, dim, 2, 2)
+        self.cls = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos = nn.Parameter(torch.randn(1, 17, dim) * 0.02)
+        self.norms1 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.attns = nn.ModuleList(
+            nn.MultiheadAttention(dim, heads, batch_first=True) for _ in range(depth)
+        )
+        self.norms2 = nn.ModuleList(nn.LayerNorm(dim) for _ in range(depth))
+        self.mlps = nn.ModuleList(
+            nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for norm1, attn, norm2, mlp in zip(self.norms1, self.attns, self.norms2, self.mlps):
+            h = norm1(x)
+            x = x + attn(h, h, h, need_weights=False)[0]
+            x = x + mlp(norm2(x))
+        return self.head(self.norm(x)[:, 0])
+
+
+def accuracy(model, x: torch.Tensor, y: torch.Tensor, batch: int | None = None) -> float:
+    """Top-1 accuracy in percent (in batches of ``batch`` when given, as deployed)."""
+    outs = []
     with torch.no_grad():
-        out = model(x)
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    return float((torch.as_tensor(out).argmax(1) == y).float().mean()) * 100.0
+        for chunk in x.split(batch) if batch else (x,):
+            out = model(chunk)
+            outs.append(out[0] if isinstance(out, (tuple, list)) else torch.as_tensor(out))
+    return float((torch.cat(outs).argmax(1) == y).float().mean()) * 100.0
 
 
 def train_digits_cnn(
