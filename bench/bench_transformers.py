@@ -8,11 +8,14 @@ small (sequence 128, no cache), at batch 1 (and 8 with ``--batches 1,8``). Varia
 * ``openvino``: ``ov.convert_model`` + ``compile_model(..., INFERENCE_PRECISION_HINT=f32)``;
 * ``nncf_int8``: NNCF ``quantize`` (``ModelType.TRANSFORMER``) of that model on the same 4
   calibration batches, compiled the same way;
-* ``ours_ort`` / ``ours_ov``: ``torch.compile(backend="embedl_tensorrt")`` float on ONNX Runtime
-  / on OpenVINO; ``ours_ort_int8`` / ``ours_ov_int8``: ``precision="int8"`` on each.
+* ``ours_ort`` / ``ours_ov``: our ``torch.compile`` backend, float on ONNX Runtime / on
+  OpenVINO; ``ours_ort_int8`` / ``ours_ov_int8``: ``precision="int8"`` on each, with the
+  placement of the target (``embedl_onnxruntime`` for ONNX Runtime's integer kernels,
+  ``embedl_tensorrt``'s symmetric input-side Q/DQ, which NNCF also uses, for OpenVINO).
 
 Latencies are medians timed round-robin in this process (each variant called three times per
-round, the last two timed, the order rotating each round), as ratios to eager; cosine of the
+round, the last two timed, the order rotating each round, a 50 ms pause between variants so one
+runtime's spinning worker threads do not bill the next), as ratios to eager; cosine of the
 first output to eager; first-call seconds (compile included). Targets (issue 10): our float <=
 0.9x the best float peer, our INT8 <= 1.0x NNCF + OpenVINO on BERT-base and ViT-small, cosine >=
 0.999 float and >= 0.99 INT8, cold compile <= 5 s.
@@ -148,7 +151,10 @@ def make_variant(name: str, model, inputs, calibration, cache_dir: str) -> Calla
     options = {"runtime": runtime, "cache_dir": tempfile.mkdtemp(dir=cache_dir)}
     if name.endswith("int8"):
         options.update(precision="int8", calibration_data=calibration)
-    compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
+    # the target's INT8 placement: ONNX Runtime's integer kernels for ORT; symmetric Q/DQ on
+    # layer inputs (what NNCF places too) for OpenVINO. Float: the same fusions either way.
+    backend = "embedl_onnxruntime" if runtime == "onnxruntime" else "embedl_tensorrt"
+    compiled = torch.compile(model, backend=backend, options=options)
     return lambda: compiled(*inputs)
 
 
@@ -181,6 +187,9 @@ def bench_model(name: str, batch: int, variants, rounds: int, cache_dir: str) ->
         keys = list(fns)
         for round_ in range(rounds):
             for key in keys[round_ % len(keys) :] + keys[: round_ % len(keys)]:
+                # OpenVINO's and ONNX Runtime's worker threads spin after a run; let them
+                # settle so they do not bill the next variant (eager PyTorch suffers most)
+                time.sleep(0.05)
                 for call in range(3):
                     start = time.perf_counter()
                     fns[key]()

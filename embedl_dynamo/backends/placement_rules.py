@@ -11,8 +11,9 @@ Runtime's output Q/DQ) is an instance with other arguments, not a subclass.
 Two placements, measured on ONNX Runtime's CPU provider (ResNet-50: 53 QLinearConv, 16
 QLinearAdd with the onnxruntime placement; none with TensorRT's):
 
-* **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul and on both inputs of a residual Add
-  (TensorRT then fuses the Add into the conv); grouped convs whose channels are not multiples of
+* **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul; a conv's residual Add quantizes its
+  skip input only (the conv branch stays inside the fused group, so TensorRT fuses the Add into
+  the conv), an unfused residual Add both inputs; grouped convs whose channels are not multiples of
   4 and attention with head size outside {16, 32, 64} stay in float.
 * **onnxruntime**: additionally Q/DQ on each conv's (post-activation) output and on each Add's
   output, so ORT's QDQ transformer forms QLinearConv and QLinearAdd.

@@ -1,7 +1,8 @@
 """The ``tensorrt`` target: the full pattern set (conversions, fusions, smooth, quantized).
 
 Its quantizer (``BACKEND.quantizer``) follows TensorRT's explicit-quantization rules: Q/DQ on
-the inputs of Conv/Gemm/MatMul and on both inputs of a residual Add, SmoothQuant before
+the inputs of Conv/Gemm/MatMul and on the skip input of a residual Add (the conv branch stays
+inside the fused conv-add, so TensorRT fuses the Add into the conv), SmoothQuant before
 LayerNorm -> Linear (:mod:`embedl_dynamo.backends.placement_rules`).
 
 Pattern lists are ordered longest first; the engine sorts fusions by size anyway, so the order

@@ -167,8 +167,9 @@ class FusedConvMaxPool(FusedConv):
 class FusedConvAdd(FusedConv):
     """Convolution (BatchNorm folded) plus a residual, then an optional activation.
 
-    ``forward(x, residual) = act(conv(x) + residual)``. Both the input and the residual are
-    quantized: QDQ on both inputs of the add lets TensorRT fuse the add into the convolution.
+    ``forward(x, residual) = act(conv(x) + residual)``. The conv's input and the residual are
+    quantized; the conv's output stays inside the group, so TensorRT fuses the add into the
+    convolution (Q/DQ on the skip input only, as NVIDIA ModelOpt places it too).
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION}, weights={"weight": Role.WEIGHT})
