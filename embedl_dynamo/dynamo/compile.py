@@ -46,6 +46,7 @@ from embedl_dynamo.runtimes.base import OutputMismatchError, output_cosine
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.runtimes.select import int8_route
 from embedl_dynamo.settings import Settings
 
 __all__ = ["compile_subgraph"]
@@ -95,9 +96,11 @@ def compile_subgraph(
     start = time.perf_counter()
     on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     runtime_cls = resolve_runtime(settings.runtime, on_cuda)  # a forced, missing one raises
+    runtime_cls, route = int8_route(runtime_cls, settings.precision)
     report = SubgraphReport(
         index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
     )
+    report.reason = route
 
     def _eager(status: str, reason: str, fn: Callable[..., Any] = gm.forward):
         report.status, report.reason = status, reason

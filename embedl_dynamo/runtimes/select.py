@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
@@ -20,7 +21,14 @@ from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
 from embedl_dynamo.settings import RUNTIMES
 
-__all__ = ["AUTO_ORDER", "CUDA_ONLY", "RUNTIME_CLASSES", "resolve_runtime", "runtime_for_file"]
+__all__ = [
+    "AUTO_ORDER",
+    "CUDA_ONLY",
+    "RUNTIME_CLASSES",
+    "int8_route",
+    "resolve_runtime",
+    "runtime_for_file",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +73,26 @@ def resolve_runtime(name: str, on_cuda: bool = False) -> type[Runtime]:
             return cls
         logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
     return EagerRuntime
+
+
+def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
+    """The runtime that carries INT8 for ``cls``, and a note for the report ("" if ``cls``).
+
+    Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
+    Without it, INT8 (and ``mixed``) graphs go the ONNX -> TensorRT way (explicit Q/DQ in the
+    file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
+    ends in its clear error and the float artifact.
+    """
+    if cls is not TorchTensorRTRuntime or precision not in ("int8", "mixed"):
+        return cls, ""
+    if has_quantize_op() or not TensorRTRuntime.is_available():
+        return cls, ""
+    note = (
+        "INT8 through ONNX -> TensorRT: Torch-TensorRT's tensorrt::quantize_op needs NVIDIA "
+        "ModelOpt (pip install nvidia-modelopt)"
+    )
+    logger.info("%s", note)
+    return TensorRTRuntime, note
 
 
 def runtime_for_file(path: Path) -> type[Runtime]:

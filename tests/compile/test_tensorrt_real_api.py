@@ -332,3 +332,59 @@ def test_the_proxy_rejects_what_the_real_api_rejects(tensorrt_on_cpu):
         builder.build_serialized_network(network, network)
     with pytest.raises(SignatureError):  # Builder(logger) needs an ILogger
         api.Builder("warning")
+
+
+def test_the_engine_is_exported_from_a_cpu_copy_and_the_graph_is_not_moved(
+    tensorrt_on_cpu, tmp_path, monkeypatch
+):
+    """The ONNX export gets a CPU copy of the graph with CPU inputs (on a GPU model the live
+    graph keeps its weights on the GPU), and the graph the eager fallback runs is not moved."""
+    from embedl_dynamo.settings import Settings
+    from embedl_dynamo.transform import transform
+
+    model = _TwoInputs().eval()
+    image, bias = torch.randn(2, 3, 8, 8), torch.randn(2, 4)
+    gm = transform(model, (image, bias), []).model
+    before = {n: t for n, t in gm.state_dict(keep_vars=True).items()}
+    exported = []
+    real = trt_runtime.onnx_artifact
+
+    def spy(graph, inputs, settings, axes=None):
+        exported.append((graph, [t.device.type for t in inputs]))
+        return real(graph, inputs, settings, axes)
+
+    monkeypatch.setattr(trt_runtime, "onnx_artifact", spy)
+    runtime = trt_runtime.TensorRTRuntime(Settings(cache_dir=tmp_path)).build(gm, [image, bias])
+    ((graph, devices),) = exported
+    assert graph is not gm and devices == ["cpu", "cpu"]
+    assert {t.device.type for t in graph.state_dict().values()} == {"cpu"}
+    after = gm.state_dict(keep_vars=True)
+    assert all(after[n] is t for n, t in before.items())  # not moved in place
+    with torch.inference_mode():
+        torch.testing.assert_close(runtime.infer(image, bias)[0], model(image, bias))
+
+
+def test_int8_without_modelopt_goes_onnx_to_tensorrt_and_says_so(
+    tensorrt_on_cpu, tmp_path, monkeypatch
+):
+    from embedl_dynamo.runtimes import select
+    from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
+
+    monkeypatch.setattr(TorchTensorRTRuntime, "missing", classmethod(lambda cls: None))
+    monkeypatch.setattr(select, "has_quantize_op", lambda: False)
+    model = _TwoInputs().eval()
+    batches = [(torch.randn(2, 3, 8, 8), torch.randn(2, 4)) for _ in range(3)]
+    options = {
+        "runtime": "torch_tensorrt", "precision": "int8", "calibration_data": batches,
+        "cache_dir": str(tmp_path), "fallback": "raise",
+    }  # fmt: skip
+    compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
+    with torch.inference_mode():
+        out = compiled(*batches[0])
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert sub.runtime == "tensorrt" and sub.pipeline["precision"] == "int8"
+    assert "INT8 through ONNX -> TensorRT" in sub.reason and "nvidia-modelopt" in sub.reason
+    cosine = torch.nn.functional.cosine_similarity(
+        out.flatten(), model(*batches[0]).flatten(), dim=0
+    )
+    assert cosine > 0.99
