@@ -3,9 +3,9 @@
 For each model of :data:`bench.zoo.ZOO` (random weights, batch 1): eager PyTorch; our float
 (``precision="fp32"``), ``int8`` and ``mixed`` through ``torch.compile(backend=
 "embedl_onnxruntime")``, calibrated on 4 random batches. Latencies are medians timed round-robin
-in this process (each variant called three times per round and the last two timed, so one ONNX
-Runtime session's spinning worker threads do not bill the next variant; the order rotates each
-round), reported as ratios to eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed`` and
+in this process (each variant called three times per round and the last two timed, after a 50
+ms pause, so one ONNX Runtime session's spinning worker threads do not bill the next variant;
+the order rotates each round), reported as ratios to eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed`` and
 ``int8`` run; first-call seconds.
 
 Targets (issue 9): ``int8``/``mixed`` never slower than our float beyond noise (<= 1.03x);
@@ -112,6 +112,7 @@ def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
             # faster here (its threads idle), an order effect every variant should share
             for key in keys[round_ % len(keys) :] + keys[: round_ % len(keys)]:
                 fn = fns[key]
+                time.sleep(0.05)  # the previous session's spinning threads settle first
                 for call in range(3):
                     start = time.perf_counter()
                     fn()
