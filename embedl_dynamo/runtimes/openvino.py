@@ -27,9 +27,17 @@ from embedl_dynamo.runtimes.artifacts import onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OpenVINORuntime"]
+__all__ = ["OpenVINORuntime", "openvino_cause"]
 
 logger = logging.getLogger(__name__)
+
+
+def openvino_cause(exc: BaseException) -> str:
+    """The line of an OpenVINO error that says what is wrong (its first lines only name the
+    C++ source files the exception passed through: ``Exception from src/...cpp:117:``)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith("Exception from ")]
+    return (causes or lines or [type(exc).__name__])[0]
 
 
 class OpenVINORuntime(Runtime):
@@ -80,7 +88,12 @@ class OpenVINORuntime(Runtime):
         config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
         if self.settings.num_threads is not None:
             config["INFERENCE_NUM_THREADS"] = self.settings.num_threads
-        self._compiled = core.compile_model(core.read_model(str(self._path)), "CPU", config)
+        try:
+            self._compiled = core.compile_model(core.read_model(str(self._path)), "CPU", config)
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f"OpenVINO cannot compile {self._path.name}: {openvino_cause(exc)}"
+            ) from exc
         self._request = self._compiled.create_infer_request()
 
     def _deactivate(self) -> None:

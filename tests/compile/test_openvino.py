@@ -64,3 +64,20 @@ def test_lifecycle_and_int8_qdq_artifact(tmp_path):
     runtime.deactivate()
     with pytest.raises(RuntimeError, match="not active"):
         runtime.infer(x)
+
+
+def test_openvino_errors_say_the_cause_not_the_source_file():
+    from embedl_dynamo.runtimes.openvino import openvino_cause
+
+    error = RuntimeError(
+        "Exception from src/inference/src/cpp/core.cpp:117:\n"
+        "Exception from src/inference/src/dev/plugin.cpp:53:\n"
+        "[CPU] FakeQuantize node with name 'q_3' has unsupported input shape\n"
+    )
+    assert (
+        openvino_cause(error)
+        == "[CPU] FakeQuantize node with name 'q_3' has unsupported input shape"
+    )
+    assert (
+        openvino_cause(RuntimeError("Exception from src/x.cpp:1:")) == "Exception from src/x.cpp:1:"
+    )
