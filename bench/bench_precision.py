@@ -33,23 +33,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
+from bench.measure import cosine, first_tensor, round_robin_medians  # noqa: E402
 from bench.zoo import ZOO  # noqa: E402
 from embedl_dynamo.report import clear_reports  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict) or hasattr(out, "last_hidden_state"):
-        return out["last_hidden_state"] if "last_hidden_state" in out else next(iter(out.values()))
-    return _first_tensor(out[0])
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.reshape(-1).double(), b.reshape(-1).double()
-    return float(torch.dot(a, b) / (a.norm() * b.norm()))
 
 
 def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple]:
@@ -84,7 +72,7 @@ def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
     model, inputs = build()
     calibration = _calibration(inputs)
     with torch.no_grad():
-        expected = _first_tensor(model(*inputs))
+        expected = first_tensor(model(*inputs))
     fns = {"eager": lambda: model(*inputs)}
     row: dict = {"model": name, "family": family}
     for precision in VARIANTS:
@@ -96,32 +84,18 @@ def bench_model(name: str, rounds: int, cache_dir: str) -> dict:
         compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
         start = time.perf_counter()
         with torch.no_grad():
-            got = _first_tensor(compiled(*inputs))
+            got = first_tensor(compiled(*inputs))
         row[f"{precision}_first_s"] = round(time.perf_counter() - start, 1)
         report = embedl_dynamo.last_report()
-        row[f"{precision}_cosine"] = round(_cosine(got, expected), 5)
+        row[f"{precision}_cosine"] = round(cosine(got, expected), 5)
         row[f"{precision}_int8"] = _int8_fraction(report) if precision != "fp32" else ""
         row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in report.subgraphs}))
         fns[precision] = lambda c=compiled: c(*inputs)
     gc.collect()  # sessions of rejected or measured candidates go before timing starts
-    samples: dict[str, list[float]] = {k: [] for k in fns}
-    keys = list(fns)
-    with torch.no_grad():
-        for round_ in range(rounds):
-            # rotate who goes first: the variant right after eager PyTorch runs measurably
-            # faster here (its threads idle), an order effect every variant should share
-            for key in keys[round_ % len(keys) :] + keys[: round_ % len(keys)]:
-                fn = fns[key]
-                time.sleep(0.05)  # the previous session's spinning threads settle first
-                for call in range(3):
-                    start = time.perf_counter()
-                    fn()
-                    if call:
-                        samples[key].append(time.perf_counter() - start)
-    eager = statistics.median(samples["eager"])
-    row["eager_ms"] = round(eager * 1e3, 2)
+    medians = round_robin_medians(fns, rounds)
+    row["eager_ms"] = round(medians["eager"] * 1e3, 2)
     for precision in VARIANTS:
-        row[f"{precision}_x_eager"] = round(statistics.median(samples[precision]) / eager, 3)
+        row[f"{precision}_x_eager"] = round(medians[precision] / medians["eager"], 3)
     return row
 
 

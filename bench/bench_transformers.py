@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
-from bench.bench_precision import _cosine, _first_tensor  # noqa: E402
+from bench.measure import cosine, first_tensor, round_robin_medians  # noqa: E402
 from bench.zoo import import_model_libraries  # noqa: E402
 from embedl_dynamo.report import clear_reports  # noqa: E402
 
@@ -70,7 +69,7 @@ class _Tuple(torch.nn.Module):
 
     def forward(self, *args: torch.Tensor) -> torch.Tensor:
         out = self.model(**dict(zip(self.names, args)))
-        return _first_tensor(out)
+        return first_tensor(out)
 
 
 def _text(name: str, batch: int) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
@@ -164,41 +163,29 @@ def bench_model(name: str, batch: int, variants, rounds: int, cache_dir: str) ->
     row: dict = {"model": name, "batch": batch}
     fns: dict[str, Callable[[], object]] = {}
     with torch.inference_mode():
-        expected = _first_tensor(model(*inputs))
+        expected = first_tensor(model(*inputs))
         for variant in variants:
             torch._dynamo.reset()
             clear_reports()
             start = time.perf_counter()
             try:
                 fn = make_variant(variant, model, inputs, calibration, cache_dir)
-                got = _first_tensor(fn())
+                got = first_tensor(fn())
             except Exception as exc:  # a peer that fails is a cell, not the end of the run
                 row[f"{variant}_error"] = f"{type(exc).__name__}: {str(exc)[:100]}"
                 continue
             row[f"{variant}_first_s"] = round(time.perf_counter() - start, 1)
-            row[f"{variant}_cosine"] = round(_cosine(got, expected), 5)
+            row[f"{variant}_cosine"] = round(cosine(got, expected), 5)
             if variant.startswith("ours"):
                 row[f"{variant}_where"] = ",".join(
                     sorted({s.runtime for s in embedl_dynamo.last_report().subgraphs})
                 )
             fns[variant] = fn
         gc.collect()
-        samples: dict[str, list[float]] = {k: [] for k in fns}
-        keys = list(fns)
-        for round_ in range(rounds):
-            for key in keys[round_ % len(keys) :] + keys[: round_ % len(keys)]:
-                # OpenVINO's and ONNX Runtime's worker threads spin after a run; let them
-                # settle so they do not bill the next variant (eager PyTorch suffers most)
-                time.sleep(0.05)
-                for call in range(3):
-                    start = time.perf_counter()
-                    fns[key]()
-                    if call:
-                        samples[key].append(time.perf_counter() - start)
-    eager = statistics.median(samples["eager"])
-    row["eager_ms"] = round(eager * 1e3, 2)
-    for key in keys:
-        row[f"{key}_x_eager"] = round(statistics.median(samples[key]) / eager, 3)
+    medians = round_robin_medians(fns, rounds, torch.inference_mode)
+    row["eager_ms"] = round(medians["eager"] * 1e3, 2)
+    for key, median in medians.items():
+        row[f"{key}_x_eager"] = round(median / medians["eager"], 3)
     return row
 
 
