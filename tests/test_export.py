@@ -243,10 +243,12 @@ def test_export_refuses_to_overwrite_a_json_file_that_is_not_its_sidecar(tmp_pat
 
 
 class _ClassTokenNet(nn.Module):
-    """ViT/DeiT's class token: ``expand(x.shape[0], -1, -1)`` then a concat with the patches."""
+    """ViT/DeiT's class token then a concat with the patches; ``pin`` builds the tokens from a
+    Python list as long as the batch, which pins it for any tracer."""
 
-    def __init__(self) -> None:
+    def __init__(self, pin: bool = False) -> None:
         super().__init__()
+        self.pin = pin
         self.patch = nn.Conv2d(3, 16, 4, 4)
         self.cls = nn.Parameter(torch.randn(1, 1, 16))
         self.pos = nn.Parameter(torch.randn(1, 5, 16))
@@ -254,25 +256,43 @@ class _ClassTokenNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tokens = self.patch(x).flatten(2).transpose(1, 2)
-        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1) + self.pos
+        if self.pin:  # a Python list as long as the batch: any tracer fixes its length
+            cls = torch.cat([self.cls] * x.shape[0])
+        else:
+            cls = self.cls.expand(x.shape[0], -1, -1)
+        tokens = torch.cat([cls, tokens], dim=1) + self.pos
         return self.head(tokens[:, 0])
+
+
+def test_a_batch_1_class_token_exports_with_a_dynamic_batch(tmp_path):
+    """Dynamo specialises a size of 1: the batch-1 example is captured at batch 2."""
+    model = _ClassTokenNet().eval()
+    path = export(model, (torch.randn(1, 3, 8, 8),), tmp_path / "vit.onnx", backend="onnxruntime")
+    loaded = embedl_dynamo.load(path)
+    for batch in (1, 3):
+        y = torch.randn(batch, 3, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(y), model(y), atol=1e-4, rtol=1e-4)
 
 
 def test_a_file_that_fails_at_batch_2_is_an_export_error_naming_the_node(tmp_path, capfd):
     """Regression (issue 12 item 19): a raw ONNX Runtime ``Concat`` error escaped verification.
 
-    The class token's expand is captured at batch 1, so the file cannot run batch 2; the error
-    names the node, the batch and the way out, and no ORT log line reaches the terminal.
+    A class token built from a Python list as long as the batch is captured at batch 1, so the
+    file cannot run batch 2; the error names the node, the batch and the way out, and no ORT
+    log line reaches the terminal.
     """
     path = tmp_path / "vit.onnx"
     path.write_bytes(b"keep me")
     with pytest.raises(VerificationError, match=r"batch 2.*Concat.*'/gm/Concat") as info:
-        export(_ClassTokenNet().eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime")
+        export(
+            _ClassTokenNet(pin=True).eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime"
+        )
     assert "dynamic_batch=False" in str(info.value) and "\n" not in str(info.value)
     assert path.read_bytes() == b"keep me"
     assert "onnxruntime" not in capfd.readouterr().err
     export(
-        _ClassTokenNet().eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime",
+        _ClassTokenNet(pin=True).eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime",
         dynamic_batch=False,
     )  # fmt: skip
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1

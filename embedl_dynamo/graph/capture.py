@@ -29,10 +29,11 @@ def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) 
     Args:
         model: the model; it is run once on ``args`` (under ``torch.no_grad``), not modified.
         args: positional example inputs.
-        dynamic_batch: capture dim 0 of the inputs that share the first input's batch (of at
-            least 2) as a symbolic size, so sizes computed from it (a class token's
-            ``expand(x.shape[0], ...)``) stay symbolic instead of baking the example batch in.
-            A model that pins its batch is captured statically instead.
+        dynamic_batch: capture dim 0 of the inputs that share the first input's batch as a
+            symbolic size, so sizes computed from it (a class token's ``expand(x.shape[0],
+            ...)``) stay symbolic instead of baking the example batch in (a batch-1 example is
+            captured at batch 2: Dynamo specialises sizes of 1). A model that pins its batch
+            is captured statically instead.
 
     Returns:
         A GraphModule taking the tensor inputs of ``args`` (in order) and returning what the
@@ -44,15 +45,23 @@ def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) 
     """
     if dynamic_batch:
         first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
-        if first is not None and first.shape[0] >= 2:
+        if first is not None:
+            batch = int(first.shape[0])
             marked = []
             for a in args:
-                if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == first.shape[0]:
-                    a = a.clone()  # mark_dynamic tags the tensor: never the caller's
+                if isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == batch:
+                    # Dynamo specialises a size of 1: a batch-1 example is captured on itself
+                    # twice over (the graph is the same for every batch); mark_dynamic tags the
+                    # tensor, so never the caller's
+                    a = torch.cat([a, a]) if batch == 1 else a.clone()
                     torch._dynamo.mark_dynamic(a, 0)
                 marked.append(a)
             try:
-                return _capture(model, marked, dynamic=None)
+                gm = _capture(model, marked, dynamic=None)
+                if batch == 1:  # the graph must take the example itself too
+                    with torch.no_grad():
+                        gm(*[a for a in args if isinstance(a, torch.Tensor)])
+                return gm
             except (RuntimeError, ValueError) as exc:
                 logger.debug("dynamic-batch capture failed (%s); capturing statically", exc)
     return _capture(model, args, dynamic=False)
