@@ -73,6 +73,13 @@ SIGNATURES: dict[Callable[..., Any], tuple[tuple[str, Any], ...]] = {
     ),
     F.linear: (("input", _REQUIRED), ("weight", _REQUIRED), ("bias", None)),
     torch.matmul: (("input", _REQUIRED), ("other", _REQUIRED)),
+    torch.addmm: (
+        ("input", _REQUIRED),
+        ("mat1", _REQUIRED),
+        ("mat2", _REQUIRED),
+        ("beta", 1),
+        ("alpha", 1),
+    ),
     torch.relu: (("input", _REQUIRED),),
     torch.sigmoid: (("input", _REQUIRED),),
     torch.tanh: (("input", _REQUIRED),),

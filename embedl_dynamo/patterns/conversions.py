@@ -4,6 +4,8 @@
   ``flatten(conv2d(x, W[:, :, None, None], b), 1)``: both compute
   ``y[n, o] = sum_c W[o, c] x[n, c, 0, 0] + b[o]``. The classifier then runs as a 1x1
   convolution, which TensorRT fuses and quantizes like the rest of the network.
+* ``addmm_linear``: ``addmm(b, x, W)`` with constant ``W`` ``(in, out)`` is ``linear(x, W.T, b)``
+  (HF's ``Conv1D``, as in GPT-2), so it fuses and quantizes like any linear.
 * ``remove_dropout``: ``dropout(x, training=False)`` is ``x``.
 * ``remove_identity``: ``identity(x)`` (``nn.Identity``) is ``x``; ``x.contiguous()`` is not an
   identity (a later ``view`` may need its layout) and stays.
@@ -22,7 +24,7 @@ from embedl_dynamo.graph.nodes import copy_meta
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 
-__all__ = ["CONVERSION_PATTERNS", "FlattenLinear", "RemoveDropout", "RemoveIdentity"]
+__all__ = ["CONVERSION_PATTERNS", "AddmmLinear", "FlattenLinear", "RemoveDropout", "RemoveIdentity"]
 
 torch.fx.wrap("identity")  # a leaf in pattern targets, as in canonical graphs
 
@@ -69,6 +71,40 @@ class FlattenLinear(Pattern):
         return out
 
 
+class AddmmLinear(Pattern):
+    """``addmm(b, x, W)`` with a constant ``W`` of shape ``(in, out)`` becomes
+    ``linear(x, W.T, b)``: both compute ``x @ W + b``.
+
+    GPT-2's ``Conv1D`` layers (and other HF layers) are written as ``addmm``; as linears they are
+    fused, cast to half and quantized like every other fully connected layer.
+    """
+
+    name = "addmm_linear"
+    phase = "conversion"
+    id_node = "addmm"
+
+    @staticmethod
+    def target(b, x, w):
+        out = torch.addmm(b, x, w)
+        return out, {"addmm": out}
+
+    def check(self, m: Match) -> MatchResult:
+        if m.kwarg("addmm", "beta") != 1 or m.kwarg("addmm", "alpha") != 1:
+            return m.fail("addmm with beta or alpha != 1")
+        if not m.all_constant("w", "b"):
+            return m.fail("addmm weight or bias is not a constant")
+        weight, bias = m.value("w"), m.value("b")
+        if weight.dim() != 2 or bias.dim() != 1 or bias.shape[0] != weight.shape[1]:
+            return m.fail("addmm bias is not one value per output feature")
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        weight = m.constant(m.value("w").t().contiguous(), "weight")
+        out = m.call(F.linear, input=m["x"], weight=weight, bias=m["b"])
+        copy_meta(m.anchor, out)
+        return out
+
+
 class RemoveDropout(Pattern):
     """Eval-mode dropout (``training=False``) is the identity: replaced by its input."""
 
@@ -104,4 +140,4 @@ class RemoveIdentity(Pattern):
         return m["x"]
 
 
-CONVERSION_PATTERNS = (FlattenLinear(), RemoveDropout(), RemoveIdentity())
+CONVERSION_PATTERNS = (FlattenLinear(), AddmmLinear(), RemoveDropout(), RemoveIdentity())

@@ -11,6 +11,7 @@ from embedl_dynamo import get_transformation_plan, transform
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.conversions import (
     CONVERSION_PATTERNS,
+    AddmmLinear,
     FlattenLinear,
     RemoveDropout,
     RemoveIdentity,
@@ -159,3 +160,47 @@ def test_contiguous_is_kept_because_a_later_view_needs_it() -> None:
     result = transform(ChannelShuffle(), (x,), CONVERSION_PATTERNS)
     assert not any(e.pattern.name == "remove_identity" for e in result.plan.entries)
     assert_same_outputs(ChannelShuffle(), result.model, x)
+
+
+class Conv1DLike(nn.Module):
+    """HF's ``Conv1D``: ``addmm(bias, x.view(-1, in), weight)`` with a ``(in, out)`` weight."""
+
+    def __init__(self, beta: float = 1.0) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 4, generator=G))
+        self.bias = nn.Parameter(torch.randn(4, generator=G))
+        self.beta = beta
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.addmm(self.bias, x.view(-1, 6), self.weight, beta=self.beta)
+        return out.view(*x.shape[:-1], 4)
+
+
+TOKENS = torch.randn(2, 5, 6, generator=G)
+
+
+class TestAddmmLinear(expecttest.TestCase):
+    def test_match_becomes_a_linear_with_the_transposed_weight(self) -> None:
+        model = Conv1DLike().eval()
+        result = transform(model, (TOKENS,), [AddmmLinear()])
+        (entry,) = [e for e in result.plan.entries if e.pattern.name == "addmm_linear"]
+        assert entry.applied and entry.reason == ""
+        self.assertIn("linear(input=", format_graph(result.model))
+        self.assertNotIn("= addmm(", format_graph(result.model))
+        assert result.model._const_addmm_weight.shape == (4, 6)
+        assert_same_outputs(model, result.model, TOKENS)
+
+    def test_no_match_when_beta_is_not_one(self) -> None:
+        plan = get_transformation_plan(Conv1DLike(beta=0.5).eval(), [AddmmLinear()], (TOKENS,))
+        (entry,) = plan.entries
+        assert not entry.apply and entry.reason == "addmm with beta or alpha != 1"
+
+    def test_no_match_when_the_weight_is_an_input(self) -> None:
+        class Runtime(nn.Module):
+            def forward(self, x, w, b):
+                return torch.addmm(b, x, w)
+
+        args = (torch.randn(3, 6), torch.randn(6, 4), torch.randn(4))
+        plan = get_transformation_plan(Runtime(), [AddmmLinear()], args)
+        (entry,) = plan.entries
+        assert not entry.apply and entry.reason == "addmm weight or bias is not a constant"
