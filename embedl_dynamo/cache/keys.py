@@ -49,7 +49,7 @@ def _hash_tensor(h: Any, name: str, tensor: torch.Tensor) -> None:
     t = t.to("cpu").contiguous()
     h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
     if t.numel():
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(t.reshape(-1).view(torch.uint8).numpy())  # the buffer itself, no copy
 
 
 def fingerprint_graph(gm: fx.GraphModule) -> str:

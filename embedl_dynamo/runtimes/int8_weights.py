@@ -12,10 +12,11 @@ the outputs do not change and the file is about 4x smaller.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-__all__ = ["store_weights_as_int8"]
+__all__ = ["fold_int8_weights", "store_weights_as_int8"]
 
 _RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
@@ -27,12 +28,25 @@ def store_weights_as_int8(path: Path) -> int:
         The number of weights folded (0 leaves the file untouched).
     """
     import onnx
-    from onnx import numpy_helper
 
     model = onnx.load(str(path))
+    folded = fold_int8_weights(model)
+    if folded:
+        onnx.save(model, str(path))
+    return folded
+
+
+def fold_int8_weights(model: Any) -> int:
+    """Fold every ``QuantizeLinear`` of a constant in the ``onnx.ModelProto``, in place.
+
+    Returns:
+        The number of weights folded (0 leaves the model untouched).
+    """
+    from onnx import numpy_helper
+
     graph = model.graph
     if not any(node.op_type == "QuantizeLinear" for node in graph.node):
-        return 0  # a float file: nothing to fold, no need to decode every weight
+        return 0  # a float model: nothing to fold, no need to decode every weight
     constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     for node in graph.node:  # topological order: Identity of a constant is a constant too
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -68,5 +82,4 @@ def store_weights_as_int8(path: Path) -> int:
     keep = [i for i in graph.initializer if i.name in still_read or i.name not in dropped]
     del graph.initializer[:]
     graph.initializer.extend(keep)
-    onnx.save(model, str(path))
     return folded

@@ -1,0 +1,198 @@
+"""Weights added in Python give the file the TorchScript exporter writes with them (issue 10).
+
+Each case is exported twice: the fast way (``export_params=False``, initializers captured and
+attached) and the exporter's own way (``export_params=True``, forced by capturing nothing). The
+two must agree node for node and byte for byte in every initializer, including the weights the
+exporter computes itself: BatchNorm folded into a conv, a folded transpose, de-duplicated
+shared weights, half and integer constants, an INT8 file's int8 weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from torch import fx, nn
+
+import embedl_dynamo
+from embedl_dynamo.runtimes import onnx_export
+from embedl_dynamo.runtimes.onnx_export import export_onnx
+from embedl_dynamo.runtimes.onnx_initializers import (
+    attach_initializers,
+    graph_weights,
+    save_with_weights,
+    tensor_proto,
+)
+from tests.models import ResNetLike, randomize_batchnorm
+
+
+class _Mixed(nn.Module):
+    """Parameters the exporter rewrites: BN folding, a transpose, a duplicate, odd dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.a = nn.Linear(64, 8)
+        self.b = nn.Linear(64, 8)
+        # equal values in two tensors: the exporter keeps one and reads it through an Identity
+        self.b.weight = nn.Parameter(self.a.weight.detach().clone())
+        self.w = nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("offset", torch.randn(8).half())
+        self.register_buffer("keep", torch.tensor([True, False] * 4))
+        self.register_buffer("index", torch.tensor([3, 1, 0], dtype=torch.int64))
+        self.register_buffer("scale", torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn(self.conv(x)).flatten(1)
+        z = self.a(y) + self.b(y)
+        z = z @ self.w.t() + self.offset.float()  # the transpose is folded into a new weight
+        z = torch.where(self.keep, z, z * self.scale)
+        return z[:, self.index]
+
+
+def _same(fast: onnx.ModelProto, slow: onnx.ModelProto) -> None:
+    assert [n.SerializeToString() for n in fast.graph.node] == [
+        n.SerializeToString() for n in slow.graph.node
+    ]
+    assert [i.SerializeToString() for i in fast.graph.input] == [
+        i.SerializeToString() for i in slow.graph.input
+    ]
+    assert [o.SerializeToString() for o in fast.graph.output] == [
+        o.SerializeToString() for o in slow.graph.output
+    ]
+    fast_weights = {i.name: numpy_helper.to_array(i) for i in fast.graph.initializer}
+    slow_weights = {i.name: numpy_helper.to_array(i) for i in slow.graph.initializer}
+    assert fast_weights.keys() == slow_weights.keys() and fast_weights
+    for name, value in fast_weights.items():
+        assert value.dtype == slow_weights[name].dtype, name
+        np.testing.assert_array_equal(value, slow_weights[name], err_msg=name)
+
+
+@contextlib.contextmanager
+def _nothing_captured():
+    yield {}
+
+
+def _export_both(tmp_path, monkeypatch, export):
+    calls = []
+    real = onnx_export._torchscript_export
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs["export_params"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_export, "_torchscript_export", spy)
+    fast = onnx.load(str(export(tmp_path / "fast")))
+    assert calls and not any(calls)  # on this torch the weights were captured every time
+    calls.clear()
+    monkeypatch.setattr(onnx_export, "capture_initializers", _nothing_captured)
+    slow = onnx.load(str(export(tmp_path / "slow")))
+    # nothing captured: every export fell back to the exporter writing the weights itself
+    assert calls and calls == [False, True] * (len(calls) // 2)
+    return fast, slow
+
+
+def test_weights_added_in_python_equal_the_exporters(tmp_path, monkeypatch):
+    model = randomize_batchnorm(_Mixed().eval())
+    gm = fx.symbolic_trace(model)
+    x = torch.randn(2, 3, 4, 4)
+
+    def export(folder):
+        folder.mkdir()
+        return export_onnx(gm, [x], folder / "m.onnx", exporter="torchscript")
+
+    fast, slow = _export_both(tmp_path, monkeypatch, export)
+    _same(fast, slow)
+    ops = {n.op_type for n in fast.graph.node}
+    assert "BatchNormalization" not in ops and "Transpose" not in ops  # folded by the exporter
+    assert "Identity" in ops  # the duplicate weight
+    session = ort.InferenceSession(fast.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"input_0": x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(y, model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["int8", "fp16"])
+def test_int8_and_half_files_equal_the_exporters(tmp_path, monkeypatch, precision):
+    model = randomize_batchnorm(ResNetLike(width=8).eval())
+    x = torch.randn(2, 3, 16, 16)
+    batches = [torch.randn(2, 3, 16, 16) for _ in range(2)]
+
+    def export(folder):
+        folder.mkdir()
+        options = {"cache_dir": folder / "cache"}
+        extra = {"calibration_data": batches} if precision == "int8" else {}
+        return embedl_dynamo.export(
+            model, x, folder / "m.onnx", precision=precision, options=options, **extra
+        )
+
+    fast, slow = _export_both(tmp_path, monkeypatch, export)
+    _same(fast, slow)
+    types = {i.data_type for i in fast.graph.initializer if len(i.dims) >= 2}
+    expected = onnx.TensorProto.INT8 if precision == "int8" else onnx.TensorProto.FLOAT16
+    assert expected in types
+
+
+def test_a_missing_or_unstorable_value_means_the_exporter_writes_the_weights():
+    model = onnx.ModelProto()
+    model.graph.input.add().name = "input_0"
+    model.graph.input.add().name = "w"
+    assert graph_weights(model, {}, {"input_0"}) is None
+    complex_weight = {"w": torch.zeros(2, dtype=torch.complex64)}
+    assert graph_weights(model, complex_weight, {"input_0"}) is None
+    weights = graph_weights(model, {"w": torch.arange(3.0), "other": torch.ones(1)}, {"input_0"})
+    assert list(weights) == ["w"]
+    attach_initializers(model, weights)
+    assert [i.name for i in model.graph.input] == ["input_0"]
+    np.testing.assert_array_equal(numpy_helper.to_array(model.graph.initializer[0]), [0, 1, 2])
+
+
+def test_a_streamed_file_parses_as_one_model(tmp_path):
+    """The weights follow the model as a second ``graph`` field; parsers merge the two."""
+    big = torch.randn(300, 200)  # over 16 kB: multi-byte length prefixes
+    weights = {"w": big, "empty": torch.zeros(0), "flag": torch.tensor(True)}
+    model = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("MatMul", ["input_0", "w"], ["output_0"])],
+            "g",
+            [onnx.helper.make_tensor_value_info("input_0", onnx.TensorProto.FLOAT, [2, 300])]
+            + [
+                onnx.helper.make_tensor_value_info(n, tensor_proto(n, t).data_type, t.shape)
+                for n, t in weights.items()
+            ],
+            [onnx.helper.make_tensor_value_info("output_0", onnx.TensorProto.FLOAT, [2, 200])],
+        )
+    )
+    save_with_weights(model, weights, tmp_path / "m.onnx")
+    back = onnx.load(str(tmp_path / "m.onnx"))
+    onnx.checker.check_model(back)
+    assert [i.name for i in back.graph.input] == ["input_0"]
+    stored = {i.name: numpy_helper.to_array(i) for i in back.graph.initializer}
+    assert list(stored) == ["w", "empty", "flag"]
+    np.testing.assert_array_equal(stored["w"], big.numpy())
+    assert stored["empty"].shape == (0,) and stored["flag"].item() is True
+    x = torch.randn(2, 300)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"input_0": x.numpy()})[0], (x @ big).numpy(),
+                               rtol=1e-5, atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.randn(3, 2), torch.randn(4).bfloat16(), torch.tensor(7), torch.tensor([True, False])],
+    ids=["float", "bfloat16", "scalar", "bool"],
+)
+def test_tensor_proto_round_trips(tensor):
+    proto = tensor_proto("t", tensor)
+    if tensor.dtype == torch.bfloat16:
+        back = torch.from_numpy(numpy_helper.to_array(proto).astype(np.float32))
+        assert torch.equal(back, tensor.float())
+    else:
+        np.testing.assert_array_equal(numpy_helper.to_array(proto), tensor.numpy())
+    assert list(proto.dims) == list(tensor.shape)
