@@ -147,12 +147,20 @@ class QuantMatMul(PlacementRule):
         return out, {"matmul": out}
 
 
+def _is_embedding(node: Any) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.embedding
+
+
 def _is_residual(m: Match, a: str, b: str) -> str:
     sa, sb = m.shape(a), m.shape(b)
     if not (isinstance(m[a], fx.Node) and isinstance(m[b], fx.Node)):
         return "an input is a Python scalar, not a residual branch"
     if m.is_constant(a) or m.is_constant(b):
         return "an input is a constant (a bias add, not a residual)"
+    if any(_is_embedding(m[name]) for name in (a, b)):
+        # BERT's word + token type + position embeddings; OpenVINO 2026.4 also fails to compile
+        # Q/DQ on the position embedding (a constant lookup) in its AddTransformation
+        return "an input is an embedding lookup (an embedding sum, not a residual)"
     if sa is not None and sb is not None and tuple(sa) != tuple(sb):
         return f"input shapes {tuple(sa)} and {tuple(sb)} differ (broadcast add, not a residual)"
     return ""
@@ -170,25 +178,43 @@ def _feeds_layer_norm(node: fx.Node) -> bool:
     return any(_is_layer_norm(user) for user in node.users)
 
 
+def _is_stream(node: Any) -> bool:
+    """Whether ``node`` is a transformer's residual stream: a LayerNorm's output (post-norm,
+    BERT) or a value a LayerNorm reads (pre-norm, ViT and GPT-2)."""
+    return isinstance(node, fx.Node) and (_is_layer_norm(node) or _feeds_layer_norm(node))
+
+
 class QuantResidualAdd(PlacementRule):
     """Quantize both branches of a residual Add [and its output].
 
     TensorRT fuses an Add whose inputs both carry Q/DQ into the convolution; ONNX Runtime forms
     QLinearAdd when the output is quantized too.
 
+    A transformer's residual add (one read by a LayerNorm) is different: its stream input is
+    the sum of every block so far, and rounding it to 8 bits per tensor at every block compounds
+    (ViT-small on ONNX Runtime: cosine 0.91 to float). With ``float_stream`` such an add is
+    left float (ONNX Runtime: no QLinearAdd, which would round the sum too; NNCF leaves these
+    adds float as well). With ``branch_only`` only its other input, the block's output, is
+    quantized (TensorRT: what NVIDIA ModelOpt places, so the GEMM before it can run INT8 out).
+
     Args:
         name: the rule name.
         output: the role of the output's Q/DQ, or None.
-        float_stream: leave a transformer's residual stream float: an add read by a LayerNorm
-            is not quantized. With ``output`` set, the stream itself would be rounded to 8 bits
-            per tensor at every block, and the error compounds (ViT-small: cosine 0.91 to float;
-            NNCF leaves these adds float as well).
+        float_stream: leave a transformer's residual add float.
+        branch_only: quantize only the branch input of a transformer's residual add.
     """
 
-    def __init__(self, name: str, output: Role | None = None, float_stream: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        output: Role | None = None,
+        float_stream: bool = False,
+        branch_only: bool = False,
+    ) -> None:
         self.name = name
         self.output = output
         self.float_stream = float_stream
+        self.branch_only = branch_only
         self.qdq = QDQ(inputs={"a": Role.ACTIVATION, "b": Role.ACTIVATION}, output=output)
 
     @staticmethod
@@ -203,6 +229,16 @@ class QuantResidualAdd(PlacementRule):
         if not reason and self.float_stream and _feeds_layer_norm(m["add"]):
             reason = "a transformer's residual stream (read by a LayerNorm) stays float"
         return m.fail(reason) if reason else m.ok()
+
+    def qdq_for(self, m: Match) -> QDQ:
+        """Both inputs; with ``branch_only``, a transformer residual add's branch input only."""
+        if not (self.branch_only and _feeds_layer_norm(m["add"])):
+            return self.qdq
+        stream = [name for name in ("a", "b") if _is_stream(m[name])]
+        if len(stream) != 1:
+            return self.qdq  # not a stream and a branch: keep both
+        branch = "b" if stream == ["a"] else "a"
+        return QDQ(inputs={branch: Role.ACTIVATION}, output=self.output)
 
 
 def _head_size_reason(head_dim: Any) -> str:
@@ -355,7 +391,7 @@ TENSORRT_QUANTIZED_PATTERNS = (
     QuantConv("quant_conv"),
     QuantLinear("quant_linear"),
     QuantMatMul(),
-    QuantResidualAdd("quant_residual_add"),
+    QuantResidualAdd("quant_residual_add", branch_only=True),
     QuantFusedAttention(),
     QuantFusedModule(),
 )

@@ -130,16 +130,17 @@ def _add_weight(placement: Placement, layer: LayerPoints, point: WeightPoint) ->
 def _annotate_match(
     placement: Placement, pattern: PlacementRule, m: Match, layer: LayerPoints
 ) -> None:
-    for name, role in pattern.qdq.inputs.items():
+    qdq = pattern.qdq_for(m)
+    for name, role in qdq.inputs.items():
         _add_activation(placement, layer, m[name], role)
-    for name, role in pattern.qdq.weights.items():
+    for name, role in qdq.weights.items():
         node = m[name]
         if isinstance(node, fx.Node) and node.op == "get_attr":
             _add_weight(
                 placement, layer, WeightPoint(str(node.target), role, consumer=m.anchor.name)
             )
-    if pattern.qdq.output is not None:
-        _add_activation(placement, layer, _past_activation(m.anchor), pattern.qdq.output)
+    if qdq.output is not None:
+        _add_activation(placement, layer, _past_activation(m.anchor), qdq.output)
 
 
 def _annotate_module(

@@ -49,6 +49,10 @@ class PlacementRule(MatchRule):
         """Why a fused module matched by type stays in float, or ``""`` to quantize it."""
         return ""
 
+    def qdq_for(self, m: Any) -> QDQ:
+        """The QDQ positions of one function match (``qdq`` unless a rule decides per match)."""
+        return self.qdq
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}
 

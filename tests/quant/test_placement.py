@@ -142,7 +142,81 @@ class _Small(nn.Module):
         return torch.relu(self.bn2(self.conv2(y)) + y)
 
 
+class _Embeddings(nn.Module):
+    """BERT's input: word + position embeddings, LayerNorm, a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.word = nn.Embedding(50, 8)
+        self.position = nn.Embedding(16, 8)
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("positions", torch.arange(16)[None])
+
+    def forward(self, ids):
+        x = self.word(ids) + self.position(self.positions[:, : ids.shape[1]])
+        return self.fc(self.norm(x))
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime"])
+def test_an_embedding_sum_is_not_a_residual(backend):
+    """No Q/DQ on BERT's embedding adds (OpenVINO 2026.4 cannot even compile Q/DQ on the
+    position embedding); the linear after them is quantized."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 50, (2, 16))
+    calibration = [torch.randint(0, 50, (2, 16)) for _ in range(2)]
+    q = quantize(_Embeddings().eval(), (ids,), backend=backend, calibration_data=calibration)
+    report = q.meta["embedl_quantization"]
+    assert [f["reason"] for f in report["float_layers"]] == [
+        "an input is an embedding lookup (an embedding sum, not a residual)"
+    ]
+    assert len(report["quantized_layers"]) == 1 and "fc" in report["quantized_layers"][0]
+
+
+class _PreNormBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+        self.norm2 = nn.LayerNorm(8)
+
+    def forward(self, x):
+        return self.norm2(x + self.fc(self.norm1(x)))
+
+
 class TestSnapshots(TestCase):
+    def _transformer(self, backend):
+        torch.manual_seed(0)
+        x = torch.randn(2, 4, 8)
+        return quantize(_PreNormBlock().eval(), (x,), backend=backend,
+                        calibration_data=_batches((2, 4, 8)))  # fmt: skip
+
+    def test_tensorrt_quantizes_a_residual_streams_branch_only(self):
+        """ModelOpt's placement: the block's output enters the add quantized, the stream
+        (``x``, which a LayerNorm reads) does not."""
+        self.assertExpectedInline(
+            format_graph(self._transformer("tensorrt")),
+            """\
+input x
+layer_norm_norm1 = FusedLayerNorm(x)
+fq_layer_norm_norm1 = FakeQuantize(layer_norm_norm1)
+linear_fc = ParametrizedFusedLinear(fq_layer_norm_norm1)
+fq_linear_fc = FakeQuantize(linear_fc)
+add_1 = add(input=x, other=fq_linear_fc)
+layer_norm_norm2 = FusedLayerNorm(add_1)
+return layer_norm_norm2""",
+        )
+
+    def test_onnxruntime_leaves_a_residual_stream_float(self):
+        q = self._transformer("onnxruntime")
+        assert q.meta["embedl_quantization"]["float_layers"] == [
+            {
+                "id": "quant_add_ort@add_1",
+                "reason": "a transformer's residual stream (read by a LayerNorm) stays float",
+            }
+        ]
+        self.assertNotIn("fq_add", format_graph(q))
+
     def _quantized(self, backend):
         torch.manual_seed(0)
         model = _Small().eval()
