@@ -46,7 +46,7 @@ from embedl_dynamo.runtimes.base import OutputMismatchError, output_cosine
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.select import int8_route
+from embedl_dynamo.runtimes.select import cpu_int8_route, int8_route
 from embedl_dynamo.settings import Settings
 
 __all__ = ["compile_subgraph"]
@@ -100,7 +100,8 @@ def compile_subgraph(
     report = SubgraphReport(
         index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
     )
-    report.reason = route
+    runtime_cls, backend, cpu_route = cpu_int8_route(runtime_cls, backend, settings)
+    report.reason = route or cpu_route
 
     def _eager(status: str, reason: str, fn: Callable[..., Any] = gm.forward):
         report.status, report.reason = status, reason
