@@ -1,5 +1,12 @@
 """Real architectures for benchmarks: torchvision, timm and transformers, random weights.
 
+Random initialisation leaves BatchNorm's running statistics at mean 0, variance 1, so nothing
+normalises the activations: in torchvision's MobileNetV2/V3 and EfficientNet-B0 they shrink
+block by block and the logits come out at 1e-9..1e-14 (ResNet-50's at 1e2). No trained network
+looks like that, and no precision can be judged on it. :func:`settle_batch_norm` therefore runs
+a few random batches through each CNN in training mode first (cumulative BatchNorm averages,
+no gradients), as a data-free stand-in for trained statistics; the weights stay random.
+
 torchvision's only reachable wheel is a CUDA build whose meta registrations expect two C++ op
 schemas the CPU torch lacks; :func:`import_model_libraries` defines them first (FACTS.md), after
 which torchvision, timm and transformers import and build models on CPU. Install them with
@@ -13,7 +20,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ZOO", "import_model_libraries"]
+__all__ = ["ZOO", "import_model_libraries", "settle_batch_norm"]
 
 _LIBRARY: Any = None
 
@@ -27,14 +34,35 @@ def import_model_libraries() -> None:
         _LIBRARY.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 
 
+def settle_batch_norm(
+    model: torch.nn.Module, example: torch.Tensor, batches: int = 4, batch_size: int = 8
+) -> torch.nn.Module:
+    """Set every BatchNorm's running statistics from random batches shaped like ``example``.
+
+    Returns ``model`` in eval mode; a model without BatchNorm is returned unchanged.
+    """
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model.eval()
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the batches
+    generator = torch.Generator().manual_seed(1234)
+    shape = (batch_size, *example.shape[1:])
+    model.train()
+    with torch.no_grad():
+        for _ in range(batches):
+            model(torch.randn(shape, generator=generator))
+    return model.eval()
+
+
 def _torchvision(name: str) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]:
     def build():
         import_model_libraries()
         import torchvision
 
-        return getattr(torchvision.models, name)(weights=None).eval(), (
-            torch.randn(1, 3, 224, 224),
-        )
+        x = torch.randn(1, 3, 224, 224)
+        return settle_batch_norm(getattr(torchvision.models, name)(weights=None), x), (x,)
 
     return build
 
@@ -44,7 +72,8 @@ def _timm(name: str) -> Callable[[], tuple[torch.nn.Module, tuple[torch.Tensor, 
         import_model_libraries()
         import timm
 
-        return timm.create_model(name, pretrained=False).eval(), (torch.randn(1, 3, 224, 224),)
+        x = torch.randn(1, 3, 224, 224)
+        return settle_batch_norm(timm.create_model(name, pretrained=False), x), (x,)
 
     return build
 
