@@ -130,7 +130,7 @@ def test_set_backend_unknown_name_lists_known_ones(plugin: Path) -> None:
     with pytest.raises(ValueError) as info:
         set_backend("tensorrtt")
     assert str(info.value) == (
-        "unknown backend 'tensorrtt'; known backends: lattice, myaccel, onnxruntime, tensorrt"
+        "unknown backend 'tensorrtt'; known backends: lattice, myaccel, onnxruntime, openvino, tensorrt"
     )
 
 
@@ -151,7 +151,7 @@ def test_environment_variable_naming_nothing_is_an_error(
         get_backend()
     assert str(info.value) == (
         f"{ENV_VAR}='nope' names no installed backend; known backends: "
-        "lattice, myaccel, onnxruntime, tensorrt"
+        "lattice, myaccel, onnxruntime, openvino, tensorrt"
     )
 
 
@@ -159,7 +159,10 @@ def test_several_backends_and_no_choice_explains_how_to_choose(plugin: Path) -> 
     with pytest.raises(RuntimeError) as info:
         get_backend()
     message = str(info.value)
-    assert "several backends are installed (lattice, myaccel, onnxruntime, tensorrt)" in message
+    assert (
+        "several backends are installed (lattice, myaccel, onnxruntime, openvino, tensorrt)"
+        in message
+    )
     assert "set_backend(name)" in message and f"{ENV_VAR}=name" in message
     assert "'embedl_<name>'" in message
 

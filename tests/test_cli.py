@@ -138,7 +138,7 @@ def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
         (["plan", "no_such_module_xyz:f", "--input-shape", "1"], EXIT_USAGE, "cannot import"),
         (["plan", "tests.models", "--input-shape", "1"], EXIT_USAGE, "is not MODULE:FACTORY"),
         (["plan", "tests.models:ResNetLike", "--input-shape", "1,3,32,32", "--backend", "gpu9"],
-         EXIT_USAGE, "unknown backend 'gpu9'; known backends: lattice, onnxruntime, tensorrt"),
+         EXIT_USAGE, "unknown backend 'gpu9'; known backends: lattice, onnxruntime, openvino, tensorrt"),
         (["plan", "{net}:not_a_model", "--input-shape", "1"], EXIT_USAGE, "not a torch.nn.Module"),
         (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx",
           "--calibration", "{tmp}/c.npy"], EXIT_USAGE, "only used with --precision int8/mixed"),

@@ -7,11 +7,20 @@ INT8 placement differs (uint8 activations, QDQ around conv outputs) and comes wi
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.backends.placement_rules import ONNXRUNTIME_QUANTIZED_PATTERNS
+from embedl_dynamo.backends.ort_preparation import SplitFusedForORT
+from embedl_dynamo.backends.placement_rules import QuantConv, QuantLinear, QuantResidualAdd
 from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS, TENSORRT_FUSION_PATTERNS
 from embedl_dynamo.quant.spec import ONNXRUNTIME_INT8
+from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = ["BACKEND", "ONNXRUNTIME_QUANTIZED_PATTERNS"]
+
+ONNXRUNTIME_QUANTIZED_PATTERNS = (
+    SplitFusedForORT(),
+    QuantConv("quant_conv_ort", output=Role.ACTIVATION),
+    QuantLinear("quant_linear_ort", output=Role.ACTIVATION),
+    QuantResidualAdd("quant_add_ort", output=Role.ACTIVATION, float_stream=True),
+)
 
 BACKEND = Backend(
     name="onnxruntime",

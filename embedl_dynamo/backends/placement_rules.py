@@ -8,7 +8,9 @@ fused modules (:class:`~embedl_dynamo.patterns.fused_modules.FusedConv`), whose 
 their inputs and weights; ``check_module`` applies the same policy to them. A variant (ONNX
 Runtime's output Q/DQ) is an instance with other arguments, not a subclass.
 
-Two placements, measured on ONNX Runtime's CPU provider (ResNet-50: 53 QLinearConv, 16
+Placements of the built-in targets (each target lists its rules in its own module; attention
+rules are in :mod:`.attention_placement`, ONNX Runtime's preparation in :mod:`.ort_preparation`),
+measured on ONNX Runtime's CPU provider (ResNet-50: 53 QLinearConv, 16
 QLinearAdd with the onnxruntime placement; none with TensorRT's):
 
 * **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul; a conv's residual Add quantizes its
@@ -17,6 +19,9 @@ QLinearAdd with the onnxruntime placement; none with TensorRT's):
   4 and attention with head size outside {16, 32, 64} stay in float.
 * **onnxruntime**: additionally Q/DQ on each conv's (post-activation) output and on each Add's
   output, so ORT's QDQ transformer forms QLinearConv and QLinearAdd.
+* **openvino**: NNCF's CPU placement: the inputs of every conv (depthwise included), linear and
+  activation matmul, both inputs of residual adds and of squeeze-excite scales; in attention q
+  and k only; a transformer's residual stream stays float.
 """
 
 from __future__ import annotations
@@ -25,39 +30,23 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import fx
 
-from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, module_path, node_shape
-from embedl_dynamo.patterns.attention import FusedAttention, FusedLayerNorm
-from embedl_dynamo.patterns.fused_modules import (
-    ACTIVATIONS,
-    FusedConv,
-    FusedConvAdd,
-    FusedConvMaxPool,
-    FusedLinear,
-)
-from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.patterns.attention import FusedLayerNorm
+from embedl_dynamo.patterns.fused_modules import FusedConv, FusedLinear
+from embedl_dynamo.quant.rules import PlacementRule
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
-    "ONNXRUNTIME_QUANTIZED_PATTERNS",
-    "ORT_INTEGER_ACTIVATIONS",
-    "TENSORRT_ATTENTION_HEAD_SIZES",
-    "TENSORRT_QUANTIZED_PATTERNS",
-    "WeightedOpRule",
-    "QuantAttention",
+    "QuantChannelScale",
     "QuantConv",
-    "QuantFusedAttention",
     "QuantFusedModule",
     "QuantLinear",
     "QuantMatMul",
     "QuantResidualAdd",
-    "QuantSDPA",
-    "SplitFusedForORT",
+    "WeightedOpRule",
 ]
-
-TENSORRT_ATTENTION_HEAD_SIZES = (16, 32, 64)
 
 
 def _grouped_conv_reason(weight: torch.Tensor | None, groups: int) -> str:
@@ -95,9 +84,16 @@ class QuantConv(WeightedOpRule):
         name: the rule name.
         output: the role of the output's Q/DQ (ONNX Runtime wants it after the activation, to
             form QLinearConv), or None (TensorRT).
+        grouped: grouped and depthwise convs run as integer kernels on the target whatever
+            their channels per group (OpenVINO's CPU plugin); else those with channels per
+            group not multiples of 4 stay float.
     """
 
     module_types = (FusedConv,)
+
+    def __init__(self, name: str, output: Role | None = None, grouped: bool = False) -> None:
+        super().__init__(name, output)
+        self.grouped = grouped
 
     @staticmethod
     def target(x, w, b):
@@ -107,11 +103,14 @@ class QuantConv(WeightedOpRule):
     def check(self, m: Match) -> MatchResult:
         if not m.is_constant("w"):
             return m.fail("convolution weight is not a constant")
-        reason = _grouped_conv_reason(m.value("w"), m.kwarg("conv", "groups"))
+        reason = self._grouped_reason(m.value("w"), m.kwarg("conv", "groups"))
         return m.fail(reason) if reason else m.ok()
 
     def check_module(self, module: FusedModule, node: fx.Node) -> str:
-        return _grouped_conv_reason(module.weight, module.groups)
+        return self._grouped_reason(module.weight, module.groups)
+
+    def _grouped_reason(self, weight: torch.Tensor | None, groups: int) -> str:
+        return "" if self.grouped else _grouped_conv_reason(weight, groups)
 
 
 class QuantLinear(WeightedOpRule):
@@ -241,73 +240,36 @@ class QuantResidualAdd(PlacementRule):
         return QDQ(inputs={branch: Role.ACTIVATION}, output=self.output)
 
 
-def _head_size_reason(head_dim: Any) -> str:
-    if head_dim not in TENSORRT_ATTENTION_HEAD_SIZES:
-        return (
-            f"attention head size {head_dim} is not in {list(TENSORRT_ATTENTION_HEAD_SIZES)}: "
-            "TensorRT's fused INT8 attention does not apply"
-        )
-    return ""
+class QuantChannelScale(PlacementRule):
+    """Quantize both inputs of a squeeze-excite scale: ``x * gate`` with ``gate`` of shape
+    ``(N, C, 1, 1)``.
 
+    OpenVINO's CPU plugin runs the multiply on integers and fuses it into the next conv only
+    when both the feature map and the gate arrive quantized (NNCF places both); the feature
+    map's Q/DQ then also serves the global pooling that computes the gate.
+    """
 
-class QuantAttention(PlacementRule):
-    """TensorRT: nn.MultiheadAttention with quantized input and projection weights."""
-
-    name = "quant_attention"
-    qdq = QDQ(
-        inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION},
-        weights={"w_in": Role.WEIGHT, "w_out": Role.WEIGHT},
-    )
+    name = "quant_channel_scale"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION, "gate": Role.ACTIVATION})
 
     @staticmethod
-    def target(q, k, v, embed_dim, num_heads, w_in, b_in, w_out, b_out):
-        out = F.multi_head_attention_forward(
-            q, k, v, embed_dim, num_heads, w_in, b_in, None, None, False, 0.0, w_out, b_out
-        )
-        return out, {"mha": out}
+    def target(x, gate):
+        out = torch.mul(x, gate)
+        return out, {"mul": out}
 
     def check(self, m: Match) -> MatchResult:
-        embed_dim, heads = m.kwarg("mha", "embed_dim_to_check"), m.kwarg("mha", "num_heads")
-        if not isinstance(embed_dim, int) or not isinstance(heads, int):
-            return m.fail("attention sizes are not static")
-        reason = _head_size_reason(embed_dim // heads)
-        if reason:
-            return m.fail(reason)
-        if not m.all_constant("w_in", "w_out"):
-            return m.fail("attention projection weights are not constants")
+        if not (isinstance(m["x"], fx.Node) and isinstance(m["gate"], fx.Node)):
+            return m.fail("an input is a Python scalar, not an activation")
+        if m.is_constant("x") or m.is_constant("gate"):
+            return m.fail("an input is a constant (a scale, not a squeeze-excite gate)")
+        x, gate = m.shape("x"), m.shape("gate")
+        if x is None or gate is None:
+            return m.fail("input shapes unknown (no shape metadata)")
+        if len(x) != 4 or len(gate) != 4 or tuple(gate[2:]) != (1, 1) or gate[1] != x[1]:
+            return m.fail(
+                f"shapes {tuple(x)} x {tuple(gate)} are not a feature map times a per-channel gate"
+            )
         return m.ok()
-
-
-class QuantSDPA(PlacementRule):
-    """TensorRT: scaled-dot-product attention with quantized Q, K, V (head size permitting)."""
-
-    name = "quant_sdpa"
-    qdq = QDQ(inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION})
-
-    @staticmethod
-    def target(q, k, v):
-        out = F.scaled_dot_product_attention(q, k, v)
-        return out, {"sdpa": out}
-
-    def check(self, m: Match) -> MatchResult:
-        shape = m.shape("q")
-        if shape is None:
-            return m.fail("query shape unknown")
-        reason = _head_size_reason(int(shape[-1]))
-        return m.fail(reason) if reason else m.ok()
-
-
-class QuantFusedAttention(PlacementRule):
-    """TensorRT: fused attention with quantized q, k, v when the head size suits its kernel."""
-
-    name = "quant_fused_attention"
-    module_types = (FusedAttention,)
-
-    def check_module(self, module: FusedModule, node: fx.Node) -> str:
-        shape = node_shape(node.args[0]) if node.args else None
-        if shape is None:
-            return "attention head size unknown (no shape metadata)"
-        return _head_size_reason(int(shape[-1]))
 
 
 class QuantFusedModule(PlacementRule):
@@ -315,89 +277,3 @@ class QuantFusedModule(PlacementRule):
 
     name = "quant_fused_module"
     module_types = (FusedModule,)
-
-
-def _canonical_activation(name: str) -> Any:
-    return next(target for target, label in ACTIVATIONS.items() if label == name)
-
-
-# The activations ONNX Runtime folds into QLinearConv / QGemm (the output Q's range clips them).
-# After any other (hardswish, hardsigmoid, silu, gelu) ORT's QDQ fusion does not fire and the
-# conv or linear would keep running in float between Q/DQ nodes.
-ORT_INTEGER_ACTIVATIONS = (None, "relu", "relu6")
-
-
-def _activation_call(graph: fx.Graph, name: str, path: str, value: fx.Node) -> fx.Node:
-    if name == "gelu_tanh":
-        return canonical_call(graph, F.gelu, path=path, input=value, approximate="tanh")
-    return canonical_call(graph, _canonical_activation(name), path=path, input=value)
-
-
-class SplitFusedForORT(PreparationRewrite):
-    """ONNX Runtime: split fused groups whose inner conv or linear output needs its own Q/DQ.
-
-    ORT forms QLinearConv / QGemm only when the conv's (linear's) output is quantized right after
-    it, or after a ReLU/ReLU6 its Q range absorbs. So ``act(conv(x) + r)`` becomes ``conv`` ->
-    ``add`` -> ``act``; ``maxpool(act(conv(x)))`` becomes ``act(conv)`` -> ``maxpool``; and a
-    conv or linear fused with hardswish, hardsigmoid, SiLU or GELU becomes the bare layer (INT8,
-    as ORT's own quantizer places it) followed by the activation, which runs in float between
-    DQ and the next Q. The math is unchanged.
-    """
-
-    name = "split_fused_for_ort"
-
-    def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
-        """Replace ``node`` (a fused call ORT cannot run as one integer kernel) by its split."""
-        is_add = isinstance(module, FusedConvAdd)
-        is_pool = isinstance(module, FusedConvMaxPool)
-        activation = getattr(module, "activation", None)
-        split_activation = (
-            isinstance(module, (FusedConv, FusedLinear))
-            and activation not in ORT_INTEGER_ACTIVATIONS
-        )
-        if not (is_add or is_pool or split_activation):
-            return False
-        activation_outside = is_add or split_activation
-        if isinstance(module, FusedLinear):
-            inner: nn.Module = FusedLinear(module.weight, module.bias, kind=module.kind)
-        else:
-            inner = FusedConv(
-                module.weight, module.bias, module.stride, module.padding, module.dilation,
-                module.groups, activation=None if activation_outside else activation,
-                kind=module.kind,
-            )  # fmt: skip
-        name = f"{node.target}_{'linear' if isinstance(module, FusedLinear) else 'conv'}"
-        gm.add_module(name, inner)
-        path = module_path(node)
-        with gm.graph.inserting_before(node):
-            out = gm.graph.call_module(name, (node.args[0],))
-            out.meta[PATH_KEY] = path
-            if is_add:
-                out = canonical_call(
-                    gm.graph, torch.add, path=path, input=out, other=node.args[1], alpha=1
-                )
-            if activation_outside and activation is not None:
-                out = _activation_call(gm.graph, activation, path, out)
-            if is_pool:
-                out = canonical_call(gm.graph, F.max_pool2d, path=path, input=out, **module.pool)
-        node.replace_all_uses_with(out)
-        gm.graph.erase_node(node)
-        return True
-
-
-TENSORRT_QUANTIZED_PATTERNS = (
-    QuantAttention(),
-    QuantSDPA(),
-    QuantConv("quant_conv"),
-    QuantLinear("quant_linear"),
-    QuantMatMul(),
-    QuantResidualAdd("quant_residual_add", branch_only=True),
-    QuantFusedAttention(),
-    QuantFusedModule(),
-)
-ONNXRUNTIME_QUANTIZED_PATTERNS = (
-    SplitFusedForORT(),
-    QuantConv("quant_conv_ort", output=Role.ACTIVATION),
-    QuantLinear("quant_linear_ort", output=Role.ACTIVATION),
-    QuantResidualAdd("quant_add_ort", output=Role.ACTIVATION, float_stream=True),
-)

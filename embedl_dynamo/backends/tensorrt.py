@@ -12,7 +12,18 @@ here only breaks ties.
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.backends.placement_rules import TENSORRT_QUANTIZED_PATTERNS
+from embedl_dynamo.backends.attention_placement import (
+    QuantAttention,
+    QuantFusedAttention,
+    QuantSDPA,
+)
+from embedl_dynamo.backends.placement_rules import (
+    QuantConv,
+    QuantFusedModule,
+    QuantLinear,
+    QuantMatMul,
+    QuantResidualAdd,
+)
 from embedl_dynamo.patterns.adaptive_pool import ADAPTIVE_POOL_PATTERNS
 from embedl_dynamo.patterns.attention import ATTENTION_FUSION_PATTERNS
 from embedl_dynamo.patterns.attention_decompose import ATTENTION_CONVERSION_PATTERNS
@@ -50,6 +61,16 @@ _CONV_LINEAR_FUSIONS = (
 )
 TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS, *ATTENTION_FUSION_PATTERNS)
 TENSORRT_SMOOTH_PATTERNS = (SmoothLayerNormLinear(alpha=0.5),)
+TENSORRT_QUANTIZED_PATTERNS = (
+    QuantAttention(),
+    QuantSDPA(),
+    QuantConv("quant_conv"),
+    QuantLinear("quant_linear"),
+    QuantMatMul(),
+    QuantResidualAdd("quant_residual_add", branch_only=True),
+    QuantFusedAttention(),
+    QuantFusedModule(),
+)
 TENSORRT_PATTERNS = (
     *TENSORRT_CONVERSION_PATTERNS,
     *TENSORRT_FUSION_PATTERNS,

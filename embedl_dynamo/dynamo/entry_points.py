@@ -28,6 +28,7 @@ __all__ = [
     "embedl",
     "embedl_lattice",
     "embedl_onnxruntime",
+    "embedl_openvino",
     "embedl_tensorrt",
     "make_dynamo_backend",
 ]
@@ -76,6 +77,7 @@ def make_dynamo_backend(name: str) -> Callable[..., Any]:
 
 embedl_tensorrt = make_dynamo_backend("tensorrt")
 embedl_onnxruntime = make_dynamo_backend("onnxruntime")
+embedl_openvino = make_dynamo_backend("openvino")
 embedl_lattice = make_dynamo_backend("lattice")
 
 

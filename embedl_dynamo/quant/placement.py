@@ -25,7 +25,7 @@ from embedl_dynamo.patterns.fused_modules import ACTIVATIONS
 from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, verdict
-from embedl_dynamo.rewrite.qdq import FusedModule, Role
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = ["LayerPoints", "Placement", "WeightPoint", "apply_preparation", "plan_placement"]
 
@@ -144,14 +144,13 @@ def _annotate_match(
 
 
 def _annotate_module(
-    placement: Placement, node: fx.Node, module: FusedModule, output: Role | None,
-    layer: LayerPoints,
-) -> None:  # fmt: skip
-    for position, role in module.qdq.inputs.items():
+    placement: Placement, node: fx.Node, qdq: QDQ, output: Role | None, layer: LayerPoints
+) -> None:
+    for position, role in qdq.inputs.items():
         index = int(position)
         if index < len(node.args):
             _add_activation(placement, layer, node.args[index], role)
-    for param, role in module.qdq.weights.items():
+    for param, role in qdq.weights.items():
         point = WeightPoint(f"{node.target}.{param}", role, str(node.target), param, node.name)
         _add_weight(placement, layer, point)
     if output is not None and not any(u.target is operator.getitem for u in node.users):
@@ -213,7 +212,8 @@ def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placem
                 continue
             claimed.add(node.name)
             module = modules[node.target]
-            if module.qdq.empty and rule.module_output is None:
+            qdq = rule.module_qdq(module, node)
+            if qdq.empty and rule.module_output is None:
                 continue  # the module asks for no QDQ (LayerNorm stays in high precision)
             ident = f"{rule.name}@{module_path(node) or node.target}"
             reason = rule.check_module(module, node)
@@ -222,5 +222,5 @@ def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placem
                 continue
             placement.quantized_layers.append(ident)
             layer = placement.layers.setdefault(ident, LayerPoints(node.name, str(node.target)))
-            _annotate_module(placement, node, module, rule.module_output, layer)
+            _annotate_module(placement, node, qdq, rule.module_output, layer)
     return placement

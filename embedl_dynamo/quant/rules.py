@@ -30,7 +30,8 @@ class PlacementRule(MatchRule):
         qdq: match names quantized on the way in (``inputs``), constant weights quantized per
             channel (``weights``) and the output role (``output``), for function matches.
         module_types: fused module types this rule decides for (their own ``qdq`` names their
-            inputs and weights); empty for function-only rules.
+            inputs and weights, :meth:`module_qdq` may narrow it); empty for function-only
+            rules.
         module_output: quantize a matched module's output too (ONNX Runtime's placement).
     """
 
@@ -48,6 +49,11 @@ class PlacementRule(MatchRule):
     def check_module(self, module: FusedModule, node: fx.Node) -> str:
         """Why a fused module matched by type stays in float, or ``""`` to quantize it."""
         return ""
+
+    def module_qdq(self, module: FusedModule, node: fx.Node) -> QDQ:
+        """The QDQ positions of one fused module call (the module's own ``qdq`` unless a rule
+        quantizes fewer of its inputs for its target)."""
+        return module.qdq
 
     def qdq_for(self, m: Any) -> QDQ:
         """The QDQ positions of one function match (``qdq`` unless a rule decides per match)."""

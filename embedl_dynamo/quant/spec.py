@@ -24,6 +24,7 @@ __all__ = [
     "DTYPES",
     "OBSERVERS",
     "ONNXRUNTIME_INT8",
+    "OPENVINO_INT8",
     "TENSORRT_INT8",
     "QuantizationConfig",
     "QuantizationSpec",
@@ -181,3 +182,14 @@ ONNXRUNTIME_INT8 = QuantizationConfig(
     name="onnxruntime",
 )
 """ONNX Runtime CPU: uint8 affine activations, int8 symmetric per-channel weights."""
+
+OPENVINO_INT8 = QuantizationConfig(
+    {
+        Role.ACTIVATION: QuantizationSpec("int8", symmetric=True),
+        Role.WEIGHT: QuantizationSpec(
+            "int8", symmetric=True, per_channel=True, axis=0, narrow_range=True
+        ),
+    },
+    name="openvino",
+)
+"""OpenVINO CPU (NNCF's performance preset): symmetric int8, per-channel weights on axis 0."""

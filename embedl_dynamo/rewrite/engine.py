@@ -23,7 +23,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
 from embedl_dynamo.rewrite.pattern import Pattern
@@ -150,8 +150,14 @@ def _replace(m: Match) -> list[fx.Node]:
     anchor = m.anchor
     new = m.pattern.replace(m)
     if new is not anchor:
-        if isinstance(new, fx.Node) and "embedl_path" not in new.meta:
-            new.meta["embedl_path"] = module_path(anchor)
+        if isinstance(new, fx.Node):
+            if "embedl_path" not in new.meta:
+                new.meta["embedl_path"] = module_path(anchor)
+            # the replacement computes the anchor's value: later rules read its shape
+            if node_value_meta(new) is None:
+                for key in ("val", "example_value", "tensor_meta"):
+                    if key in anchor.meta:
+                        new.meta[key] = anchor.meta[key]
         anchor.replace_all_uses_with(new)
     erased = []
     for node in reversed(m.nodes):

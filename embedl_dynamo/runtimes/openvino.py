@@ -2,7 +2,8 @@
 
 OpenVINO reads the ONNX file the ONNX Runtime path exports (float, or QDQ INT8, which its
 low-precision transformations turn into integer kernels), with every dynamic axis kept
-dynamic. Precision is pinned to ``f32`` (``INFERENCE_PRECISION_HINT``): on CPUs that expose
+dynamic, after :mod:`.openvino_lowering` maps the ops its ONNX frontend would leave unfused.
+Precision is pinned to ``f32`` (``INFERENCE_PRECISION_HINT``): on CPUs that expose
 bf16 OpenVINO would otherwise compute in bf16, which is slower on this kind of machine and
 changes the numbers. ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,19 @@ from torch import fx
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.openvino_lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OpenVINORuntime", "openvino_cause"]
 
 logger = logging.getLogger(__name__)
+
+_INTEGER = ("u8", "i8")
+# runtime-model nodes that compute nothing (data, layout, shape bookkeeping)
+_NOT_COMPUTE = frozenset(
+    {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
+     "ShapeOf", "Gather", "Concatenation", "Broadcast", "Convert", "StridedSlice", "Split"}
+)  # fmt: skip
 
 
 def openvino_cause(exc: BaseException) -> str:
@@ -89,12 +99,38 @@ class OpenVINORuntime(Runtime):
         if self.settings.num_threads is not None:
             config["INFERENCE_NUM_THREADS"] = self.settings.num_threads
         try:
-            self._compiled = core.compile_model(core.read_model(str(self._path)), "CPU", config)
+            model = core.read_model(str(self._path))
+            lowered = lower_for_openvino(model)
+            if lowered:
+                self.build_info["openvino_lowering"] = lowered
+            self._compiled = core.compile_model(model, "CPU", config)
         except RuntimeError as exc:
             raise RuntimeError(
                 f"OpenVINO cannot compile {self._path.name}: {openvino_cause(exc)}"
             ) from exc
         self._request = self._compiled.create_infer_request()
+        integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
+        if integer:
+            self.build_info["int8_layers"] = {
+                kind: sum(v for (k, _), v in integer.items() if k == kind)
+                for kind in sorted({k for k, _ in integer})
+            }
+
+    def layer_precisions(self) -> Counter[tuple[str, str]]:
+        """What the CPU plugin runs: ``(layer type, precision) -> count`` over the compute
+        layers of OpenVINO's runtime model (``Convolution``, ``FullyConnected``, ``MatMul``,
+        ``Subgraph`` for fused attention, ``Eltwise``, ...), precision ``u8``/``i8``/``f32``."""
+        counts: Counter[tuple[str, str]] = Counter()
+        if self._compiled is None:
+            return counts
+        for op in self._compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+            if kind in _NOT_COMPUTE:
+                continue
+            precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
+            counts[(kind, precision)] += 1
+        return counts
 
     def _deactivate(self) -> None:
         self._compiled = None

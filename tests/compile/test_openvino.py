@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import embedl_dynamo
@@ -11,7 +14,7 @@ from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.helpers import assert_close_to_scale
-from tests.models import ResNetLike, randomize_batchnorm
+from tests.models import MobileNetLike, ResNetLike, randomize_batchnorm
 
 pytestmark = pytest.mark.skipif(
     not OpenVINORuntime.is_available(), reason=f"{OpenVINORuntime.missing()}"
@@ -81,3 +84,52 @@ def test_openvino_errors_say_the_cause_not_the_source_file():
     assert (
         openvino_cause(RuntimeError("Exception from src/x.cpp:1:")) == "Exception from src/x.cpp:1:"
     )
+
+
+def test_openvino_target_runs_every_conv_and_linear_in_int8(tmp_path):
+    """NNCF's placement as our Q/DQ: OpenVINO's CPU plugin runs the depthwise convs, the
+    squeeze-excite convs and the classifier as integer kernels, nothing in float between."""
+    torch.manual_seed(0)
+    model = MobileNetLike().eval()
+    x = torch.randn(1, 3, 32, 32)
+    gm = embedl_dynamo.quantize(model, (x,), backend="openvino",
+                                calibration_data=[torch.randn(1, 3, 32, 32) for _ in range(3)])  # fmt: skip
+    runtime = OpenVINORuntime(Settings(cache_dir=tmp_path, num_threads=1)).build(gm, [x])
+    precisions = runtime.layer_precisions()
+    convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    int8_convs = sum(
+        n for (kind, p), n in precisions.items() if kind == "Convolution" and p != "f32"
+    )
+    # every nn.Conv2d and the first classifier linear (a 1x1 conv after the pooling)
+    assert int8_convs == convs + 1
+    assert precisions[("Convolution", "f32")] == 0
+    assert precisions[("Math", "f32")] == 0  # hardsigmoid is fused (see the lowering)
+    assert runtime.build_info["int8_layers"]["Convolution"] == int8_convs
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(
+            runtime.infer(x)[0].flatten(), gm(x).flatten(), dim=0
+        )
+    assert cosine > 0.995
+
+
+@pytest.mark.parametrize(("alpha", "beta", "lowered"), [(1 / 6, 0.5, 1), (0.2, 0.5, 0)])
+def test_hard_sigmoid_becomes_hsigmoid_with_equal_outputs(alpha, beta, lowered, tmp_path):
+    import openvino as ov
+
+    from embedl_dynamo.runtimes.openvino_lowering import lower_for_openvino
+
+    class _Gate(nn.Module):
+        def forward(self, x):
+            return x * torch.clamp(alpha * x + beta, 0, 1) if alpha != 1 / 6 else F.hardsigmoid(x)
+
+    x = torch.linspace(-5, 5, 64).reshape(1, 4, 4, 4)
+    path = tmp_path / "gate.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(_Gate(), (x,), str(path), dynamo=False, opset_version=18)
+    model = ov.Core().read_model(str(path))
+    counts = lower_for_openvino(model)
+    assert counts == ({"HardSigmoid": 1} if lowered else {})
+    compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    out = torch.from_numpy(compiled.create_infer_request().infer([x.numpy()])[0])
+    assert float((out - _Gate()(x)).abs().max()) <= 1e-6

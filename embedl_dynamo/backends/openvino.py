@@ -1,0 +1,54 @@
+"""The ``openvino`` target: Intel OpenVINO's CPU plugin.
+
+Conversions and fusions are TensorRT's (plain Conv/Gemm/MatMul nodes, which OpenVINO fuses
+too). The INT8 placement is NNCF's for the CPU (``OPENVINO_QUANTIZED_PATTERNS``): OpenVINO's
+low-precision transformations turn Q/DQ into integer kernels where NNCF would put its
+FakeQuantize ops, depthwise convs, squeeze-excite scales and the ``q k^T`` of attention
+included. SmoothQuant migrates LayerNorm -> Linear activation ranges into the weights, as NNCF
+does for transformers.
+"""
+
+from __future__ import annotations
+
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.backends.attention_placement import QuantFusedAttention
+from embedl_dynamo.backends.placement_rules import (
+    QuantChannelScale,
+    QuantConv,
+    QuantFusedModule,
+    QuantLinear,
+    QuantMatMul,
+    QuantResidualAdd,
+)
+from embedl_dynamo.backends.tensorrt import (
+    TENSORRT_CONVERSION_PATTERNS,
+    TENSORRT_FUSION_PATTERNS,
+    TENSORRT_SMOOTH_PATTERNS,
+)
+from embedl_dynamo.quant.spec import OPENVINO_INT8
+
+__all__ = ["BACKEND", "OPENVINO_QUANTIZED_PATTERNS"]
+
+# NNCF's CPU placement (what OpenVINO's low-precision transformations turn into integer
+# kernels): every conv, depthwise included; linears and activation matmuls; residual adds
+# (a transformer's stream stays float, as NNCF leaves it); squeeze-excite scales; in attention
+# q and k only.
+OPENVINO_QUANTIZED_PATTERNS = (
+    QuantConv("quant_conv_ov", grouped=True),
+    QuantLinear("quant_linear_ov"),
+    QuantMatMul(),
+    QuantResidualAdd("quant_residual_add_ov", float_stream=True),
+    QuantChannelScale(),
+    QuantFusedAttention("quant_fused_attention_ov", operands=("0", "1"), head_sizes=None),
+    QuantFusedModule(),
+)
+
+BACKEND = Backend(
+    name="openvino",
+    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    fusion_patterns=TENSORRT_FUSION_PATTERNS,
+    smooth_patterns=TENSORRT_SMOOTH_PATTERNS,
+    quantized_patterns=OPENVINO_QUANTIZED_PATTERNS,
+    quantization=OPENVINO_INT8,
+    description="Intel OpenVINO CPU: NNCF's INT8 placement (depthwise, squeeze-excite, q k^T)",
+)

@@ -1,0 +1,103 @@
+"""The ``openvino`` target's placement (NNCF's CPU placement): depthwise convs, squeeze-excite
+scales and the ``q k^T`` of attention are quantized; what each rule declines, and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from embedl_dynamo import quantize
+from tests.models import MobileNetLike, ViTLike, randomize_batchnorm
+
+
+def _batches(shape, n=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=gen) for _ in range(n)]
+
+
+def _quantized(model, shape, backend="openvino"):
+    x = torch.randn(*shape)
+    q = quantize(model, (x,), backend=backend, calibration_data=_batches(shape))
+    return q, q.meta["embedl_quantization"], x
+
+
+def test_every_conv_is_quantized_depthwise_and_squeeze_excite_included():
+    torch.manual_seed(0)
+    model = MobileNetLike().eval()
+    q, report, x = _quantized(model, (1, 3, 32, 32))
+    assert report["float_layers"] == []
+    convs = [i for i in report["quantized_layers"] if i.startswith("quant_conv_ov@")]
+    # every nn.Conv2d (stem, expand, depthwise, SE fc1/fc2, project) is a quantized conv, and
+    # so is the first classifier linear (a conversion makes the pooled linear a 1x1 conv)
+    paths = {i.split("@")[1] for i in convs}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d):
+            assert name in paths
+    assert sum("depthwise" in i for i in convs) == 3
+    scales = [i for i in report["quantized_layers"] if i.startswith("quant_channel_scale@")]
+    assert len(scales) == 2  # the two blocks with squeeze-excite
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.98
+
+
+class _Scales(nn.Module):
+    """A squeeze-excite gate written gate-first, a layer scale (constant) and a product of two
+    feature maps."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 1)
+        self.gate = nn.Conv2d(8, 8, 1)
+        self.layer_scale = nn.Parameter(torch.full((1, 8, 1, 1), 0.5))
+
+    def forward(self, x):
+        y = self.conv(x)
+        gate = torch.sigmoid(self.gate(y.mean((2, 3), keepdim=True)))
+        z = gate * y  # squeeze-excite, gate first
+        return (z * self.layer_scale) * torch.tanh(z)
+
+
+def test_channel_scale_takes_either_order_and_declines_with_a_reason():
+    torch.manual_seed(0)
+    model = _Scales().eval()
+    q, report, x = _quantized(model, (2, 8, 6, 6))
+    scales = [i for i in report["quantized_layers"] if i.startswith("quant_channel_scale@")]
+    assert len(scales) == 1
+    reasons = {f["reason"] for f in report["float_layers"]}
+    assert "an input is a constant (a scale, not a squeeze-excite gate)" in reasons
+    assert any("not a feature map times a per-channel gate" in r for r in reasons)
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.99
+
+
+@pytest.mark.parametrize("heads", [2, 4])
+def test_attention_quantizes_q_and_k_for_any_head_size(heads):
+    torch.manual_seed(0)
+    model = ViTLike(heads=heads).eval()  # head size 16 or 8: OpenVINO takes both
+    q, report, x = _quantized(model, (2, 3, 16, 16))
+    attention = [i for i in report["quantized_layers"] if i.startswith("quant_fused_attention_ov")]
+    assert len(attention) == 2
+    assert not [f for f in report["float_layers"] if "attention" in f["id"]]
+    fq_inputs = [n for n in q.graph.nodes if n.op == "call_module" and "fq_" in str(n.target)]
+    attention_calls = [
+        n for n in q.graph.nodes if n.op == "call_module" and "attention" in str(n.target)
+        and "fq_" not in str(n.target)
+    ]  # fmt: skip
+    for call in attention_calls:
+        quantized = [a for a in call.args[:3] if isinstance(a, torch.fx.Node) and a in fq_inputs]
+        assert len(quantized) == 2  # q and k; v stays float
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.99
+
+
+def test_a_transformer_residual_stream_stays_float():
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ViTLike(heads=2).eval())
+    _, report, _ = _quantized(model, (2, 3, 16, 16))
+    streams = [f for f in report["float_layers"] if "residual stream" in f["reason"]]
+    assert len(streams) == 4  # two blocks, two residual adds each
+    assert not [i for i in report["quantized_layers"] if i.startswith("quant_residual_add_ov")]
