@@ -52,6 +52,7 @@ def _check_range(name: str, entry: dict[str, Any], config: QuantizationConfig, r
     if spec is None:
         raise ValueError(f"{name}: the config quantizes no {role.value}")
     lo, hi, scale = float(entry["min"]), float(entry["max"]), float(entry["scale"])
+    spec = spec.for_range(lo)
     zero_point = int(entry["zero_point"])
     if not all(math.isfinite(v) for v in (lo, hi, scale)) or not lo <= hi:
         raise ValueError(f"{name}: range [{lo}, {hi}] scale {scale} is not finite and ordered")

@@ -300,9 +300,14 @@ def ranges_from_calibrators(
     ranges: dict[str, dict[str, Any]] = {}
     for name, calibrator in calibrators.items():
         spec = config.spec(placement.activations[name])
+        if spec.unsigned_nonnegative:
+            calibrator.compute_amax()  # raises if it saw no data
+            spec = spec.for_range(float(calibrator.min))
         if spec.symmetric:
             amax = calibrator.compute_amax()
             lo, hi = -amax, amax
+        elif spec.dtype == "uint8" and float(calibrator.min) >= 0.0:
+            lo, hi = 0.0, calibrator.compute_amax()  # a non-negative tensor: [0, max]
         else:
             lo, hi = calibrator.compute_range()
         scale, zp = scale_zero_point(spec, lo, hi)

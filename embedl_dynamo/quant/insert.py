@@ -220,8 +220,8 @@ def insert_fake_quant(
     if missing:
         raise KeyError(f"no calibrated range for {missing}; calibrate before inserting QDQ")
     for name, role in placement.activations.items():
-        spec = _node_spec(config, role)
         r = ranges[name]
+        spec = _node_spec(config, role).for_range(float(r["min"]))
         fq = FakeQuantize(r["scale"], r["zero_point"], spec.qmin, spec.qmax)
         _wrap_value(gm, nodes[name], fq, "fq")
     weights = {

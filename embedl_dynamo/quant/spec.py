@@ -46,6 +46,10 @@ class QuantizationSpec:
         narrow_range: use ``[-127, 127]`` for int8 (TensorRT's and ModelOpt's weight grid).
         observer: calibration method: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
         percentile: the percentile kept by the ``percentile`` observer.
+        unsigned_nonnegative: a symmetric int8 tensor whose calibrated range holds no
+            negative value is quantized as uint8 over ``[0, max]`` (zero point 0) instead: one
+            more bit for post-ReLU activations (NNCF's convention for OpenVINO; TensorRT takes
+            signed int8 only).
     """
 
     dtype: str = "int8"
@@ -55,6 +59,7 @@ class QuantizationSpec:
     narrow_range: bool = False
     observer: str = "minmax"
     percentile: float = 99.99
+    unsigned_nonnegative: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -69,6 +74,10 @@ class QuantizationSpec:
             raise ValueError(f"percentile must be in (50, 100], got {self.percentile}")
         if self.narrow_range and self.dtype != "int8":
             raise ValueError("narrow_range applies to int8 only")
+        if self.unsigned_nonnegative and not (self.dtype == "int8" and self.symmetric):
+            raise ValueError("unsigned_nonnegative applies to symmetric int8 specs only")
+        if self.unsigned_nonnegative and self.per_channel:
+            raise ValueError("unsigned_nonnegative applies to per-tensor (activation) specs only")
 
     @property
     def qmin(self) -> int:
@@ -77,6 +86,13 @@ class QuantizationSpec:
     @property
     def qmax(self) -> int:
         return DTYPES[self.dtype][1]
+
+    def for_range(self, lo: float) -> QuantizationSpec:
+        """The spec a tensor whose calibrated minimum is ``lo`` is quantized with: uint8 affine
+        (zero point 0 for a range starting at 0) under ``unsigned_nonnegative``, else this."""
+        if self.unsigned_nonnegative and lo >= 0.0:
+            return replace(self, dtype="uint8", symmetric=False, unsigned_nonnegative=False)
+        return self
 
     def with_observer(self, observer: str) -> QuantizationSpec:
         """A copy with another calibration method (validated)."""
@@ -91,6 +107,7 @@ class QuantizationSpec:
             "narrow_range": self.narrow_range,
             "observer": self.observer,
             "percentile": self.percentile,
+            "unsigned_nonnegative": self.unsigned_nonnegative,
         }
 
     @classmethod
@@ -185,11 +202,12 @@ ONNXRUNTIME_INT8 = QuantizationConfig(
 
 OPENVINO_INT8 = QuantizationConfig(
     {
-        Role.ACTIVATION: QuantizationSpec("int8", symmetric=True),
+        Role.ACTIVATION: QuantizationSpec("int8", symmetric=True, unsigned_nonnegative=True),
         Role.WEIGHT: QuantizationSpec(
             "int8", symmetric=True, per_channel=True, axis=0, narrow_range=True
         ),
     },
     name="openvino",
 )
-"""OpenVINO CPU (NNCF's performance preset): symmetric int8, per-channel weights on axis 0."""
+"""OpenVINO CPU (NNCF's performance preset): symmetric activations, uint8 over [0, max] where
+they hold no negative value, else int8; symmetric int8 weights per channel on axis 0."""

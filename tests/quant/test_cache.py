@@ -191,3 +191,18 @@ def test_tampered_scales_with_a_resigned_sidecar_are_recalibrated(tmp_path, capl
         assert again["ranges_from"] == "calibrated", edit
         assert any("invalid" in r.getMessage() for r in caplog.records)
         assert torch.equal(q1(data[0]), q2(data[0]))
+
+
+def test_unsigned_ranges_come_back_from_the_cache_unchanged(tmp_path):
+    """The openvino target stores post-ReLU ranges as uint8 from zero; a second calibration
+    reads them back (they pass the cache's consistency check) and builds the same graph."""
+    model, data = _model_and_data()
+    x = data[0]
+    _, first = _report(model, data, tmp_path, backend="openvino")
+    q, second = _report(model, data, tmp_path, backend="openvino")
+    assert (first["ranges_from"], second["ranges_from"]) == ("calibrated", "cache")
+    entries = [json.loads(p.read_text()) for p in tmp_path.rglob("*.json")]
+    ranges = [r for e in entries for r in (e.get("ranges") or {}).values()]
+    assert {r["dtype"] for r in ranges} == {"uint8", "int8"}
+    assert all(r["zero_point"] == 0 for r in ranges)
+    assert torch.equal(q(x), _report(model, data, None, backend="openvino")[0](x))

@@ -101,3 +101,18 @@ def test_a_transformer_residual_stream_stays_float():
     streams = [f for f in report["float_layers"] if "residual stream" in f["reason"]]
     assert len(streams) == 4  # two blocks, two residual adds each
     assert not [i for i in report["quantized_layers"] if i.startswith("quant_residual_add_ov")]
+
+
+def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
+    """NNCF's convention: a value with no negative calibrated value gets uint8 over [0, max]
+    (zero point 0), twice the resolution of symmetric int8; the others symmetric int8."""
+    torch.manual_seed(0)
+    model = MobileNetLike().eval()
+    q, report, x = _quantized(model, (1, 3, 32, 32))
+    fakes = {n: m for n, m in q.named_modules() if type(m).__name__ == "FakeQuantize"}
+    unsigned = [m for m in fakes.values() if (m.qmin, m.qmax) == (0, 255)]
+    signed = [m for m in fakes.values() if (m.qmin, m.qmax) == (-128, 127)]
+    assert unsigned and signed and len(unsigned) + len(signed) == len(fakes)
+    assert all(int(m.zero_point) == 0 for m in fakes.values())
+    # the SE gates (hardsigmoid, in [0, 1]) and pooled post-activation maps are unsigned
+    assert any("se" in n for n, m in fakes.items() if (m.qmin, m.qmax) == (0, 255))

@@ -36,6 +36,11 @@ def test_spec_grids():
         ({"axis": 0}, "set per_channel=True"),
         ({"percentile": 10.0}, "percentile must be in"),
         ({"dtype": "uint8", "narrow_range": True}, "narrow_range applies to int8 only"),
+        ({"symmetric": False, "unsigned_nonnegative": True}, "symmetric int8 specs only"),
+        (
+            {"per_channel": True, "axis": 0, "unsigned_nonnegative": True},
+            "per-tensor \\(activation\\) specs only",
+        ),
     ],
 )
 def test_spec_validates_itself(kwargs, message):
@@ -78,3 +83,20 @@ def test_backends_carry_their_config_and_round_trip():
         assert data["quantized_patterns"]
         assert Backend.from_dict(data).quantization == config
     assert TRT.to_dict()["smooth_patterns"] == ["smooth_layernorm_linear"]
+
+
+def test_unsigned_nonnegative_takes_uint8_from_zero_for_a_nonnegative_range():
+    from embedl_dynamo.quant.observers import scale_zero_point
+    from embedl_dynamo.quant.spec import OPENVINO_INT8
+
+    spec = OPENVINO_INT8.spec(Role.ACTIVATION)
+    assert spec.for_range(-0.5) is spec  # signed data keeps the symmetric int8 grid
+    unsigned = spec.for_range(0.0)
+    assert (unsigned.dtype, unsigned.qmin, unsigned.qmax, unsigned.symmetric) == (
+        "uint8", 0, 255, False,
+    )  # fmt: skip
+    scale, zero_point = scale_zero_point(unsigned, 0.0, 6.0)
+    signed_scale, _ = scale_zero_point(spec, -6.0, 6.0)
+    assert int(zero_point) == 0 and float(scale) == pytest.approx(6.0 / 255)
+    assert float(signed_scale) == pytest.approx(6.0 / 127)  # twice as coarse for relu6 data
+    assert TENSORRT_INT8.spec(Role.ACTIVATION).for_range(0.0).dtype == "int8"
