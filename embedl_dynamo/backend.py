@@ -26,6 +26,7 @@ from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.quant.smooth import SmoothingRule
 from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.rewrite.pattern import PHASES, Pattern
+from embedl_dynamo.settings import AUTO_ORDER
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -73,6 +74,10 @@ class Backend:
             (:mod:`embedl_dynamo.quant.rules`).
         quantization: the target's quantization config (dtype, symmetry, granularity per
             role; see :mod:`embedl_dynamo.quant`), or None when the target has no INT8 path.
+        runtimes: the runtimes the target's artifacts are meant for, best first: ``auto``
+            picks the first available one (CUDA-only runtimes only for a graph on a CUDA
+            device; where several CPU runtimes remain, float graphs are timed on each). Empty:
+            every runtime, in :data:`~embedl_dynamo.settings.AUTO_ORDER`.
         description: one line for ``embedl-dynamo backends``.
     """
 
@@ -82,6 +87,7 @@ class Backend:
     smooth_patterns: Sequence[SmoothingRule] = ()
     quantized_patterns: Sequence[PlacementRule | PreparationRewrite] = ()
     quantization: QuantizationConfig | None = None
+    runtimes: tuple[str, ...] = ()
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -106,6 +112,13 @@ class Backend:
             if duplicates:
                 raise ValueError(f"Backend {self.name!r}: {attr} repeats {duplicates}")
             object.__setattr__(self, attr, patterns)
+        runtimes = tuple(self.runtimes)
+        unknown = [r for r in runtimes if r not in AUTO_ORDER]
+        if unknown:
+            raise ValueError(
+                f"Backend {self.name!r}: unknown runtimes {unknown}; valid: {', '.join(AUTO_ORDER)}"
+            )
+        object.__setattr__(self, "runtimes", runtimes)
         if self.quantization is not None and not isinstance(self.quantization, QuantizationConfig):
             raise TypeError(
                 f"Backend {self.name!r}: quantization must be a QuantizationConfig or None, got "
@@ -139,6 +152,7 @@ class Backend:
         for attr in _FIELDS.values():
             data[attr] = [p.name for p in getattr(self, attr)]
         data["quantization"] = self.quantization.to_dict() if self.quantization else None
+        data["runtimes"] = list(self.runtimes)
         return data
 
     @classmethod
@@ -164,6 +178,7 @@ class Backend:
             kwargs[attr] = tuple(resolved)
         if data.get("quantization") is not None:
             kwargs["quantization"] = QuantizationConfig.from_dict(data["quantization"])
+        kwargs["runtimes"] = tuple(data.get("runtimes", ()))
         return cls(**kwargs)
 
     def __repr__(self) -> str:

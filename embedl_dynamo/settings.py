@@ -20,6 +20,7 @@ from typing import Any
 from embedl_dynamo.cache.store import ENV_CACHE_DIR, default_cache_dir
 
 __all__ = [
+    "AUTO_ORDER",
     "ENV_PRECISION",
     "ENV_RUNTIME",
     "FALLBACKS",
@@ -34,6 +35,8 @@ ENV_RUNTIME = "EMBEDL_DYNAMO_RUNTIME"
 ENV_PRECISION = "EMBEDL_DYNAMO_PRECISION"
 
 RUNTIMES = ("auto", "onnxruntime", "openvino", "tensorrt", "torch_tensorrt", "eager")
+# what ``auto`` tries for a target that names no runtimes of its own, best first
+AUTO_ORDER = ("tensorrt", "torch_tensorrt", "openvino", "onnxruntime", "eager")
 FALLBACKS = ("eager", "raise")
 QUANTIZE_MODES = (None, "int8")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "mixed")

@@ -2,6 +2,11 @@
 
 Tests share one cache directory per session (so repeated compiles of the same graph stay warm);
 ``tests/compile/conftest.py`` narrows it to one directory per test where builds are counted.
+
+``runtime="auto"`` times a float graph on every installed CPU runtime and keeps the fastest
+(:mod:`embedl_dynamo.runtimes.runtime_choice`). Timings are no test's business: here ONNX
+Runtime always "wins", so which runtime a test compiles to does not depend on machine load.
+``tests/compile/test_runtime_choice.py`` tests the real timing.
 """
 
 from __future__ import annotations
@@ -22,6 +27,17 @@ def _private_cache_root(tmp_path_factory: pytest.TempPathFactory):
         patch.delenv(name, raising=False)
     yield
     patch.undo()
+
+
+@pytest.fixture(autouse=True)
+def _deterministic_runtime_choice(monkeypatch):
+    from embedl_dynamo.runtimes import runtime_choice
+
+    def timings(runtimes, inputs):
+        return {name: 1.0 if name == "onnxruntime" else 2.0 for name in runtimes}
+
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", timings)
+    yield
 
 
 @pytest.fixture

@@ -28,5 +28,6 @@ BACKEND = Backend(
     fusion_patterns=TENSORRT_FUSION_PATTERNS,
     quantized_patterns=ONNXRUNTIME_QUANTIZED_PATTERNS,
     quantization=ONNXRUNTIME_INT8,
+    runtimes=("onnxruntime",),
     description="ONNX Runtime CPU: QLinearConv/QLinearAdd INT8 placement (uint8 activations)",
 )

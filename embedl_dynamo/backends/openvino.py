@@ -50,5 +50,6 @@ BACKEND = Backend(
     smooth_patterns=TENSORRT_SMOOTH_PATTERNS,
     quantized_patterns=OPENVINO_QUANTIZED_PATTERNS,
     quantization=OPENVINO_INT8,
+    runtimes=("openvino",),
     description="Intel OpenVINO CPU: NNCF's INT8 placement (depthwise, squeeze-excite, q k^T)",
 )

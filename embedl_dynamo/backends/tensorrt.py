@@ -85,5 +85,6 @@ BACKEND = Backend(
     smooth_patterns=TENSORRT_SMOOTH_PATTERNS,
     quantized_patterns=TENSORRT_QUANTIZED_PATTERNS,
     quantization=TENSORRT_INT8,
+    runtimes=("tensorrt", "torch_tensorrt", "openvino", "onnxruntime"),
     description="NVIDIA TensorRT: explicit-quantization INT8, fused conv/linear/attention kernels",
 )

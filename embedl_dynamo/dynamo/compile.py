@@ -27,27 +27,26 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
-from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
+from embedl_dynamo.dynamo.warm_start import source_key, warm_start
+from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
-from embedl_dynamo.runtimes import Runtime, resolve_runtime
-from embedl_dynamo.runtimes.artifacts import (
-    code_fingerprint,
-    forget_alias,
-    input_specs,
-    lookup_alias,
-    store_alias,
-)
-from embedl_dynamo.runtimes.base import OutputMismatchError, output_cosine
+from embedl_dynamo.runtimes import Runtime
+from embedl_dynamo.runtimes.artifacts import store_alias
+from embedl_dynamo.runtimes.base import OutputMismatchError, error_line, output_cosine
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.select import cpu_int8_route, int8_route
+from embedl_dynamo.runtimes.runtime_choice import fastest_runtime
+from embedl_dynamo.runtimes.select import (
+    CPU_TARGETS,
+    cpu_precision_route,
+    int8_route,
+    runtime_candidates,
+)
 from embedl_dynamo.settings import Settings
 
 __all__ = ["compile_subgraph"]
@@ -59,11 +58,6 @@ _PREFIX = "embedl_"
 
 def _count_ops(gm: fx.GraphModule) -> int:
     return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 def _as_output(gm: fx.GraphModule, outputs: tuple[torch.Tensor, ...]) -> Any:
@@ -96,13 +90,19 @@ def compile_subgraph(
     """
     start = time.perf_counter()
     on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
-    runtime_cls = resolve_runtime(settings.runtime, on_cuda)  # a forced, missing one raises
-    runtime_cls, route = int8_route(runtime_cls, settings.precision)
+    # a forced, missing runtime raises
+    candidates = runtime_candidates(settings.runtime, backend, on_cuda)
+    runtime_cls, route = int8_route(candidates[0], settings.precision)
     report = SubgraphReport(
         index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
     )
-    runtime_cls, backend, cpu_route = cpu_int8_route(runtime_cls, backend, settings)
+    backend, cpu_route = cpu_precision_route(runtime_cls, backend, settings)
     report.reason = route or cpu_route
+    # a float graph with several CPU runtimes to run on is timed on each (runtime_choice)
+    timed = [c for c in candidates if c in CPU_TARGETS] if settings.precision == "fp32" else []
+    if on_cuda or len(timed) < 2:
+        timed = []
+    runtime_label = "/".join(c.name for c in timed) or runtime_cls.name
 
     def _eager(status: str, reason: str, fn: Callable[..., Any] = gm.forward):
         report.status, report.reason = status, reason
@@ -132,10 +132,11 @@ def compile_subgraph(
         return _eager("eager", "the graph takes non-tensor inputs that are not batch sizes")
     axes = dynamic_axes(gm, user, inputs, settings.dynamic_batch)
 
-    source_key = None
-    if settings.precision == "fp32" and runtime_cls is OnnxRuntime:
-        source_key = _source_key(frozen.gm, inputs, axes, backend, settings)
-        infer = _warm_start(source_key, frozen.gm, inputs, axes, backend, settings, report)
+    alias_key = None
+    if settings.precision == "fp32" and runtime_cls in CPU_TARGETS:
+        alias_key = source_key(frozen.gm, inputs, axes, backend, settings)
+        runtimes = timed or [runtime_cls]
+        infer = warm_start(alias_key, frozen.gm, inputs, axes, backend, settings, report, runtimes)
         if infer is not None:
             report.status = "compiled"
             report.compile_s = time.perf_counter() - start
@@ -167,13 +168,13 @@ def compile_subgraph(
     try:
         result = run_pipeline(frozen.gm, inputs, backend, float_settings)
         if mixed:
-            result = apply_mixed(result, inputs, backend.quantizer, settings, axes)
+            result = apply_mixed(result, inputs, backend.quantizer, settings, axes, runtime_cls)
     except (NotImplementedError, CalibrationDataError):
         raise  # bad calibration data is the user's to fix: never a silent float fallback
     except Exception as exc:
         if settings.fallback == "raise":
             raise RuntimeError(f"embedl_{backend.name}: transformation failed: {exc}") from exc
-        return _eager("eager", f"transformation failed: {_first_line(exc)}")
+        return _eager("eager", f"transformation failed: {error_line(exc)}")
     report.plan, report.pipeline = result.plan, result.report
 
     def _build(
@@ -187,31 +188,36 @@ def compile_subgraph(
         """
         runtime: Runtime = runtime_cls(settings, axes)
         try:
-            runtime.build(model, inputs)
+            if timed and float_model is None:
+                choice = fastest_runtime(timed, model, inputs, settings, axes)
+                runtime = choice.runtime
+                report.reason = "; ".join(r for r in (report.reason, choice.note) if r)
+            else:
+                runtime.build(model, inputs)
             if float_model is not None:
                 _check_precision(runtime, float_model, inputs, settings.accuracy_budget)
         except Exception as exc:
             if float_model is not None and settings.fallback != "raise":
                 logger.warning(
                     "subgraph %d: %s %s artifact rejected (%s); running the float artifact",
-                    report.index, settings.precision, runtime_cls.name, _first_line(exc),
+                    report.index, settings.precision, runtime_label, error_line(exc),
                 )  # fmt: skip
-                report.reason = f"{settings.precision} rejected, fp32 runs: {_first_line(exc)}"
+                report.reason = f"{settings.precision} rejected, fp32 runs: {error_line(exc)}"
                 return _build(float_model)
             if settings.fallback == "raise" or runtime_cls is EagerRuntime:
                 raise RuntimeError(
-                    f"embedl_{backend.name}: the {runtime_cls.name} runtime cannot take this "
-                    f"subgraph: {_first_line(exc)}"
+                    f"embedl_{backend.name}: the {runtime_label} runtime cannot take this "
+                    f"subgraph: {error_line(exc)}"
                 ) from exc
             logger.warning(
                 "subgraph %d: %s runtime failed (%s); running it in PyTorch",
                 report.index,
-                runtime_cls.name,
-                _first_line(exc),
+                runtime_label,
+                error_line(exc),
             )
             logger.debug("subgraph %d: runtime failure", report.index, exc_info=True)
             report.status, report.runtime = "eager", "eager"
-            report.reason = f"{runtime_cls.name} failed: {_first_line(exc)}"
+            report.reason = f"{runtime_label} failed: {error_line(exc)}"
             return None  # the original Dynamo graph runs: no rewrite can break the fallback
         report.runtime = runtime.name
         report.cached = runtime.from_cache
@@ -234,12 +240,11 @@ def compile_subgraph(
     report.compile_s = time.perf_counter() - start
     record(report)
     logger.info("%s", report)
-    if source_key is not None and report.status == "compiled" and report.runtime_info.get("key"):
+    if alias_key is not None and report.status == "compiled" and report.runtime_info.get("key"):
         summary = {k: v for k, v in result.report.items() if isinstance(v, (int, float, str))}
         summary["applied_by_pattern"] = result.report.get("applied_by_pattern", {})
-        store_alias(
-            source_key, {"onnx_key": report.runtime_info["key"], "pipeline": summary}, settings
-        )
+        alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
+        store_alias(alias_key, {**alias, "pipeline": summary}, settings)
     return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
 
@@ -303,10 +308,10 @@ def _wrap(
                 warned = True
                 logger.warning(
                     "subgraph %d: the %s runtime failed on a call (%s); such calls run in "
-                    "PyTorch", report.index, report.runtime, _first_line(exc),
+                    "PyTorch", report.index, report.runtime, error_line(exc),
                 )  # fmt: skip
                 logger.debug("subgraph %d: call failure", report.index, exc_info=True)
-                report.reason = f"some calls ran in PyTorch: {_first_line(exc)}"
+                report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
             return gm.forward(*args)
         return _as_output(gm, outputs)
 
@@ -351,62 +356,3 @@ class _FrozenWeights:
             if ident != old_id or version != old_version:
                 return f"argument {index}"
         return "a weight"
-
-
-def _source_key(
-    frozen: fx.GraphModule,
-    inputs: list[torch.Tensor],
-    axes: DynamicAxes,
-    backend: Backend,
-    settings: Settings,
-) -> str:
-    """Key of a subgraph *before* transformation: graph, weights, inputs, patterns, code."""
-    return content_key(
-        "subgraph",
-        fingerprint_graph(frozen),
-        input_specs(inputs, axes),
-        axes.to_json(),
-        backend.to_dict(),
-        settings.key_dict(),
-        code_fingerprint(),
-        library_versions(),
-    )
-
-
-def _warm_start(
-    source_key: str,
-    frozen: fx.GraphModule,
-    inputs: list[torch.Tensor],
-    axes: DynamicAxes,
-    backend: Backend,
-    settings: Settings,
-    report: SubgraphReport,
-) -> Callable[..., Any] | None:
-    """With a warm cache, load the artifact this subgraph compiled to before, skipping the
-    pipeline; the plan is recomputed only if the user reads ``report.plan``.
-
-    The artifact is checked against the frozen (untransformed) graph on the example inputs.
-    Returns None when there is nothing usable in the cache.
-    """
-    try:
-        alias = lookup_alias(source_key, settings)
-    except (OSError, ValueError) as exc:  # an unreadable cache must not stop the compile
-        logger.warning("subgraph %d: warm cache unusable (%s); compiling", report.index, exc)
-        return None
-    if alias is None:
-        return None
-    runtime = OnnxRuntime(settings, axes)
-    if not runtime.use_cached(alias["onnx_key"]):
-        return None
-    try:
-        runtime.build(frozen, inputs)
-    except Exception as exc:
-        logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
-                       report.index, _first_line(exc))  # fmt: skip
-        forget_alias(source_key, alias["onnx_key"], settings)
-        return None
-    report.runtime, report.cached = runtime.name, True
-    report.runtime_info = dict(runtime.build_info)
-    report.pipeline = dict(alias.get("pipeline") or {})
-    report.plan_later(lambda: run_pipeline(frozen, inputs, backend, settings).plan)
-    return runtime.infer

@@ -16,11 +16,13 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
 from embedl_dynamo.cache.store import ArtifactCache, is_content_key
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx
 from embedl_dynamo.settings import Settings
 
 __all__ = [
     "BUILD_COUNTS",
+    "OnnxArtifactRuntime",
     "cached_onnx",
     "code_fingerprint",
     "input_specs",
@@ -144,3 +146,35 @@ def store_alias(source_key: str, data: dict[str, Any], settings: Settings) -> No
         cache.put(source_key, json.dumps(data, sort_keys=True).encode(), ".json")
     except OSError as exc:
         logger.debug("subgraph alias not stored: %s", exc)
+
+
+class OnnxArtifactRuntime(Runtime):
+    """A runtime that runs the cached ONNX artifact (ONNX Runtime, OpenVINO)."""
+
+    def __init__(
+        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
+    ) -> None:
+        super().__init__(settings, dynamic_axes)
+        self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
+
+    def use_cached(self, key: str) -> bool:
+        """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
+
+        ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
+        the untransformed graph (same function, so the check still holds).
+        """
+        path = cached_onnx(key, self.settings)
+        if path is None:
+            return False
+        self._prebuilt = (path, key)
+        return True
+
+    def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> tuple[Path, str]:
+        """The ONNX file to run and its key (the prebuilt one, or the cached export of ``gm``);
+        sets :attr:`from_cache`."""
+        if self._prebuilt is not None:
+            self.from_cache = True
+            return self._prebuilt
+        path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
+        self.from_cache = not built
+        return path, key

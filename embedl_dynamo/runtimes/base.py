@@ -32,10 +32,17 @@ __all__ = [
     "RuntimeUnavailableError",
     "check_finite",
     "check_outputs",
+    "error_line",
     "output_cosine",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: how an error is named in reports and warnings."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
 
 
 class RuntimeUnavailableError(RuntimeError):

@@ -1,21 +1,24 @@
-"""Per-layer latency on ONNX Runtime, from its own profiler.
+"""Per-layer latency from the runtime's own profiler, and whole-graph timing on a runtime.
 
-ONNX Runtime's profiler (``SessionOptions.enable_profiling``) times every node of the
-*optimised* graph, after its QDQ fusions (``QLinearConv``, ``QLinearAdd``, ...) and layout
-transforms. The TorchScript exporter names each node after the module that made it
-(``/gm/conv_bn_relu_layer1_0_conv1/Conv``), and each fake-quant module after the value it
-quantizes (``/gm/fq_<node>/QuantizeLinear``), so node times map back to the graph's layers:
+ONNX Runtime's profiler (``SessionOptions.enable_profiling``) and OpenVINO's performance counters
+(``PERF_COUNT``) time every node of the *optimised* graph, after their QDQ fusions
+(``QLinearConv``, OpenVINO's integer convolutions, ...) and layout transforms. The TorchScript
+exporter names each node after the module that made it (``/gm/conv_bn_relu_layer1_0_conv1/Conv``),
+and each fake-quant module after the value it quantizes (``/gm/fq_<node>/QuantizeLinear``); both
+runtimes keep those names on the nodes they run (a fused node keeps its main op's name), so
+node times map back to the graph's layers:
 
 * a layer's own time: the nodes under its module's name (its convolution, its weight's
   DequantizeLinear);
 * its share of the activation Q/DQ it asked for: a Q/DQ pair two layers share is split evenly.
 
-Nodes ONNX Runtime creates itself (layout reorders) belong to no layer; they count only in the
+Nodes a runtime creates itself (layout reorders) belong to no layer; they count only in the
 whole-model time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -31,9 +34,10 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import onnx_artifact
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnx_export import export_onnx
-from embedl_dynamo.runtimes.onnxruntime import create_session
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, create_session
+from embedl_dynamo.runtimes.openvino import compile_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
@@ -74,41 +78,70 @@ def node_times(profile: Sequence[Mapping[str, Any]], runs: int) -> dict[str, flo
     return {name: total / runs for name, total in totals.items()}
 
 
+def _onnxruntime_node_times(
+    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None, tmp: str
+) -> dict[str, float]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    options.profile_file_prefix = os.path.join(tmp, "profile")
+    session = create_session(
+        path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
+    )
+    feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
+    for _ in range(runs + _WARMUP):
+        session.run(None, feeds)
+    with open(session.end_profiling(), encoding="utf-8") as f:
+        events = json.load(f)
+    return node_times(events, runs + _WARMUP)
+
+
+def _openvino_node_times(
+    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None
+) -> dict[str, float]:
+    """Median ms per node over ``runs`` calls, from OpenVINO's performance counters."""
+    request = compile_openvino(path, num_threads, {"PERF_COUNT": True}).create_infer_request()
+    feeds = [t.detach().cpu().numpy() for t in inputs]
+    for _ in range(_WARMUP):
+        request.infer(feeds)
+    samples: dict[str, list[float]] = defaultdict(list)
+    for _ in range(runs):
+        request.infer(feeds)
+        for info in request.profiling_info:
+            if str(info.status).endswith(".EXECUTED"):
+                samples[info.node_name].append(info.real_time.total_seconds() * 1000.0)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def profile_graph(
     gm: fx.GraphModule,
     inputs: Sequence[torch.Tensor],
     runs: int = 20,
     num_threads: int | None = None,
+    runtime: str = "onnxruntime",
 ) -> LayerTimes:
-    """Export ``gm``, run it on ONNX Runtime's CPU provider with its profiler on.
+    """Export ``gm`` and run it with ``runtime``'s profiler on (its CPU device).
 
     Args:
         gm: a frozen graph (float, cast or fake-quant).
         inputs: its inputs.
-        runs: profiled runs (a few warm-up runs more are averaged in).
-        num_threads: intra-op threads (ONNX Runtime's default when None).
+        runs: profiled runs (after a few warm-up runs).
+        num_threads: intra-op threads (the runtime's default when None).
+        runtime: ``onnxruntime`` or ``openvino``.
 
     Returns:
         The :class:`LayerTimes`.
     """
-    import onnxruntime as ort
-
+    if runtime not in ("onnxruntime", "openvino"):
+        raise ValueError(f"no layer profiler for runtime {runtime!r}; use onnxruntime or openvino")
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
         path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        options.enable_profiling = True
-        options.profile_file_prefix = os.path.join(tmp, "profile")
-        session = create_session(
-            path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
-        )
-        feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
-        for _ in range(runs + _WARMUP):
-            session.run(None, feeds)
-        with open(session.end_profiling(), encoding="utf-8") as f:
-            events = json.load(f)
-    return LayerTimes(node_times(events, runs + _WARMUP))
+        if runtime == "openvino":
+            return LayerTimes(_openvino_node_times(path, inputs, runs, num_threads))
+        return LayerTimes(_onnxruntime_node_times(path, inputs, runs, num_threads, tmp))
 
 
 def time_graphs(
@@ -118,37 +151,35 @@ def time_graphs(
     num_threads: int | None = None,
     settings: Settings | None = None,
     axes: DynamicAxes | None = None,
+    runtime: type[Runtime] = OnnxRuntime,
 ) -> dict[str, float]:
-    """Median milliseconds per run of each graph on ONNX Runtime, timed round-robin.
+    """Median milliseconds per run of each graph on ``runtime``, timed round-robin.
 
     Whole graphs are compared this way rather than by separate profiles: a machine's load and
-    clock changes hit every candidate alike. Each round calls each session three times and times
-    the last two, so one session's spinning worker threads do not bill the next.
+    clock changes hit every candidate alike. Each round calls each graph three times and times
+    the last two, so one runtime's spinning worker threads do not bill the next.
 
-    With ``settings``, each graph is timed as the file the runtime will deploy: the cached ONNX
-    artifact with the same dynamic axes (``axes``; Dynamo's, or the batch per ``settings``),
-    which the runtime then reuses instead of exporting again. Without, a static export.
+    Each graph is built as the runtime builds it (the cached ONNX artifact with the same dynamic
+    axes: ``axes``, or the batch per ``settings``), so the runtime later reuses the very file
+    timed. Without ``settings``, static exports in a temporary cache.
     """
     with tempfile.TemporaryDirectory(prefix="embedl_timing_") as tmp:
-        sessions = {}
-        for index, (name, gm) in enumerate(graphs.items()):
-            if settings is not None:
-                path = onnx_artifact(gm, list(inputs), settings, axes)[0]
-            else:
-                path = export_onnx(
-                    gm, list(inputs), Path(tmp) / f"{index}.onnx", dynamic_batch=False
-                )
-            session = create_session(path, ["CPUExecutionProvider"], num_threads=num_threads)
-            feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
+        if settings is None:
+            settings = Settings(cache_dir=Path(tmp), dynamic_batch=False, num_threads=num_threads)
+        elif num_threads is not None:
+            settings = dataclasses.replace(settings, num_threads=num_threads)
+        built = {name: runtime(settings, axes).build(gm, inputs) for name, gm in graphs.items()}
+        for built_runtime in built.values():
             for _ in range(_WARMUP):
-                session.run(None, feeds)
-            sessions[name] = (session, feeds)
-        samples: dict[str, list[float]] = {name: [] for name in sessions}
+                built_runtime.infer(*inputs)
+        samples: dict[str, list[float]] = {name: [] for name in built}
         for _ in range(rounds):
-            for name, (session, feeds) in sessions.items():
+            for name, built_runtime in built.items():
                 for call in range(3):
                     start = time.perf_counter()
-                    session.run(None, feeds)
+                    built_runtime.infer(*inputs)
                     if call:
                         samples[name].append(time.perf_counter() - start)
+        for built_runtime in built.values():
+            built_runtime.deactivate()
     return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}

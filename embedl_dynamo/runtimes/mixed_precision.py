@@ -3,8 +3,9 @@
 Given a calibrated graph (every layer the target would quantize, with its ranges), each layer
 is decided from two measurements:
 
-1. **Latency in context** (:mod:`.layer_profile`): ONNX Runtime's profiler times the float
-   and the all-INT8 graph node by node. A layer with a module of its own is a candidate when
+1. **Latency in context** (:mod:`.layer_profile`): the profiler of the runtime that will run
+   the graph (ONNX Runtime's, or OpenVINO's performance counters; ONNX Runtime's for runtimes
+   without one) times the float and the all-INT8 graph node by node. A layer with a module of its own is a candidate when
    its INT8 time, plus its share of the activation Q/DQ it adds, is below its float time. A
    layer without one (a residual add) is INT8 only when every value it quantizes is quantized
    for an INT8 neighbour anyway, so it adds no Q/DQ of its own.
@@ -13,13 +14,13 @@ is decided from two measurements:
    below ``accuracy_budget``, the most sensitive one goes back to float.
 
 Per-node times miss context (a float stem convolution leaves its max pool in float too), so
-finally the whole graphs within the budget compete on ONNX Runtime, timed round-robin: fp32,
+finally the whole graphs within the budget compete on that runtime, timed round-robin: fp32,
 the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by 3% to be chosen.
 So ``mixed`` is never slower than ``fp32`` beyond noise, nor than ``int8`` where ``int8`` holds
 the budget. Every decision is recorded per layer (id,
 precision, reason, sensitivity, latency) and cached next to the calibration ranges, keyed by
-the calibration key, the budget, the library versions and this package's code: a second process
-measures nothing.
+the calibration key, the budget, the runtime, the library versions and this package's code: a
+second process measures nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.artifacts import code_fingerprint
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph, time_graphs
+from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
@@ -53,6 +57,7 @@ logger = logging.getLogger(__name__)
 _FORMAT = 1
 _SAMPLE_BATCHES = 2
 _MARGIN = 0.97  # a lower precision must be at least 3% faster as a whole to be chosen
+_PROFILED = (OnnxRuntime, OpenVINORuntime)  # runtimes with a per-layer profiler here
 
 
 @dataclass
@@ -183,6 +188,7 @@ def choose_mixed(
     artifact_settings: Settings | None = None,
     axes: DynamicAxes | None = None,
     float_model: fx.GraphModule | None = None,
+    runtime: type[Runtime] = OnnxRuntime,
 ) -> MixedChoice:
     """Decide INT8 or fp32 per layer of ``calibrated`` (see the module docstring).
 
@@ -198,16 +204,20 @@ def choose_mixed(
         axes: the dynamic axes the runtime will export with.
         float_model: the float graph deployed when no INT8 pays (``calibrated.gm`` when
             None); it is the fp32 candidate timed, so a float outcome reuses its artifact.
+        runtime: the runtime that will run the graph; latencies are measured on it (on ONNX
+            Runtime for a runtime without a profiler here, and the reasons say so).
 
     Returns:
         The :class:`MixedChoice`; its model is the float model when no INT8 pays.
     """
     sample = [tuple(b) if isinstance(b, (tuple, list)) else (b,) for b in batches[:_SAMPLE_BATCHES]]
+    measured_on = runtime if runtime in _PROFILED else OnnxRuntime
     key = content_key(
         "mixed",
         calibrated.report["calibration_key"],
         budget,
         num_threads,
+        measured_on.name,
         library_versions(),
         code_fingerprint(),
     )
@@ -218,7 +228,9 @@ def choose_mixed(
         logger.info("mixed precision decisions loaded from the cache")
     else:
         deploy = (artifact_settings, axes, float_model or calibrated.gm)
-        int8, records = _measure(calibrated, inputs, sample, budget, num_threads, deploy)
+        int8, records = _measure(
+            calibrated, inputs, sample, budget, num_threads, deploy, measured_on
+        )
         if cache is not None:
             document = {"format": _FORMAT, "int8": int8, "layers": records}
             try:
@@ -240,9 +252,13 @@ def _measure(
     budget: float,
     num_threads: int | None,
     deploy: tuple[Settings | None, DynamicAxes | None, fx.GraphModule | None] = (None,) * 3,
+    runtime: type[Runtime] = OnnxRuntime,
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads)
-    int8_times = profile_graph(calibrated.build()[0], inputs, num_threads=num_threads)
+    where = runtime.name
+    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads, runtime=where)
+    int8_times = profile_graph(
+        calibrated.build()[0], inputs, num_threads=num_threads, runtime=where
+    )
     latency = _latencies(calibrated, float_times, int8_times)
     int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, budget, latency)
     every = list(calibrated.placement.layers)
@@ -257,8 +273,9 @@ def _measure(
     if full_cosine >= budget:
         candidates["int8"] = calibrated.build()[0]
     options = time_graphs(
-        candidates, inputs, num_threads=num_threads, settings=deploy[0], axes=deploy[1]
-    )
+        candidates, inputs, num_threads=num_threads, settings=deploy[0], axes=deploy[1],
+        runtime=runtime,
+    )  # fmt: skip
     best = min(options, key=options.__getitem__)
     if best != "fp32" and options[best] > options["fp32"] * _MARGIN:
         best = "fp32"
@@ -268,7 +285,7 @@ def _measure(
         int8 = []
     elif best == "int8":
         int8, set_cosine = every, full_cosine
-    logger.info("mixed precision on onnxruntime, whole graphs: %s; chose %s", timing, best)
+    logger.info("mixed precision on %s, whole graphs: %s; chose %s", where, timing, best)
     records = []
     for ident in calibrated.placement.layers:
         times = latency[ident]
@@ -278,10 +295,10 @@ def _measure(
                 "id": ident,
                 "precision": "int8" if is_int8 else "fp32",
                 "reason": (
-                    f"INT8 everywhere was fastest as a whole on onnxruntime ({timing}); "
+                    f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
                     f"output cosine {set_cosine:.4f}, within the budget"
                     if best == "int8"
-                    else f"faster in INT8 on onnxruntime; output cosine {set_cosine:.4f} with "
+                    else f"faster in INT8 on {where}; output cosine {set_cosine:.4f} with "
                     "the INT8 set, within the budget"
                 )
                 if is_int8
@@ -326,12 +343,13 @@ def apply_mixed(
     quantizer: Quantizer,
     settings: Settings,
     axes: DynamicAxes | None = None,
+    runtime: type[Runtime] = OnnxRuntime,
 ) -> PipelineResult:
     """``result`` (a float pipeline result) with its model replaced by the mixed choice.
 
     Calibrates on ``settings.calibration_data`` (the example inputs when None: one batch),
     through the calibration cache when it is on, then :func:`choose_mixed`, which times the
-    candidates as the artifacts the runtime deploys (dynamic ``axes``). The report gets
+    candidates on ``runtime`` as the artifacts it deploys (dynamic ``axes``). The report gets
     ``precision="mixed"``, ``quantization`` (when any layer is INT8) and ``layers``.
     """
     data = settings.calibration_data
@@ -347,7 +365,7 @@ def apply_mixed(
     choice = choose_mixed(
         calibrated, inputs, list(batches), settings.accuracy_budget,
         cache_dir=cache_dir, num_threads=settings.num_threads, artifact_settings=settings,
-        axes=axes, float_model=result.model,
+        axes=axes, float_model=result.model, runtime=runtime,
     )  # fmt: skip
     report = dict(result.report, precision="mixed", layers=choice.layers)
     report["quantized"] = choice.report is not None

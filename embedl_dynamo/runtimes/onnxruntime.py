@@ -24,8 +24,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import cached_onnx, onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings
 
@@ -77,7 +76,7 @@ def create_session(
     return ort.InferenceSession(source, sess_options=options, providers=chosen)
 
 
-class OnnxRuntime(Runtime):
+class OnnxRuntime(OnnxArtifactRuntime):
     """ONNX Runtime ``InferenceSession`` over the cached ONNX artifact."""
 
     name = "onnxruntime"
@@ -87,7 +86,6 @@ class OnnxRuntime(Runtime):
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
     ) -> None:
         super().__init__(settings, dynamic_axes)
-        self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
         self._path: Path | None = None
         self._session: Any = None
         self._input_names: list[str] = []
@@ -132,24 +130,8 @@ class OnnxRuntime(Runtime):
         """The execution providers the session really uses."""
         return list(self._session.get_providers()) if self._session is not None else []
 
-    def use_cached(self, key: str) -> bool:
-        """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
-
-        ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
-        the untransformed graph (same function, so the check still holds).
-        """
-        path = cached_onnx(key, self.settings)
-        if path is None:
-            return False
-        self._prebuilt = (path, key)
-        return True
-
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        if self._prebuilt is not None:
-            (path, key), built = self._prebuilt, False
-        else:
-            path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
-        self.from_cache = not built
+        path, key = self.artifact(gm, example_inputs)
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
         fused = fused_artifact(path, key, self.settings.cache_dir) if self._fuse else None

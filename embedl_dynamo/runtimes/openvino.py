@@ -25,12 +25,11 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino_lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OpenVINORuntime", "openvino_cause"]
+__all__ = ["OpenVINORuntime", "compile_openvino", "openvino_cause"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,43 @@ def openvino_cause(exc: BaseException) -> str:
     return (causes or lines or [type(exc).__name__])[0]
 
 
-class OpenVINORuntime(Runtime):
+def compile_openvino(
+    path: Path,
+    num_threads: int | None = None,
+    config: dict[str, Any] | None = None,
+    info: dict[str, Any] | None = None,
+) -> Any:
+    """An ``openvino.CompiledModel`` of the ONNX file ``path`` on the CPU: the one place this
+    package compiles them (lowered by :mod:`.openvino_lowering`, ``f32`` precision).
+
+    Args:
+        path: the ``.onnx`` file.
+        num_threads: inference threads (OpenVINO's default when None).
+        config: more CPU plugin properties (``{"PERF_COUNT": True}`` for profiling).
+        info: a dict that gets ``openvino_lowering`` (what was rewritten), when given.
+
+    Raises:
+        RuntimeError: OpenVINO cannot compile it; the message names the cause.
+    """
+    import openvino as ov
+
+    core = ov.Core()
+    properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
+    if num_threads is not None:
+        properties["INFERENCE_NUM_THREADS"] = num_threads
+    try:
+        model = core.read_model(str(path))
+        lowered = lower_for_openvino(model)
+        if lowered and info is not None:
+            info["openvino_lowering"] = lowered
+        return core.compile_model(model, "CPU", properties)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"OpenVINO cannot compile {Path(path).name}: {openvino_cause(exc)}"
+        ) from exc
+
+
+class OpenVINORuntime(OnnxArtifactRuntime):
     """OpenVINO ``CompiledModel`` over the cached ONNX artifact, on the CPU."""
 
     name = "openvino"
@@ -82,8 +117,7 @@ class OpenVINORuntime(Runtime):
         return [p.any_name for p in self._compiled.outputs] if self._compiled else []
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
-        self.from_cache = not built
+        path, key = self.artifact(gm, example_inputs)
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "device": "CPU"}
         self._activate()
@@ -92,22 +126,9 @@ class OpenVINORuntime(Runtime):
     def _activate(self) -> None:
         if self._compiled is not None:
             return
-        import openvino as ov
-
-        core = ov.Core()
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32"}
-        if self.settings.num_threads is not None:
-            config["INFERENCE_NUM_THREADS"] = self.settings.num_threads
-        try:
-            model = core.read_model(str(self._path))
-            lowered = lower_for_openvino(model)
-            if lowered:
-                self.build_info["openvino_lowering"] = lowered
-            self._compiled = core.compile_model(model, "CPU", config)
-        except RuntimeError as exc:
-            raise RuntimeError(
-                f"OpenVINO cannot compile {self._path.name}: {openvino_cause(exc)}"
-            ) from exc
+        self._compiled = compile_openvino(
+            self._path, self.settings.num_threads, info=self.build_info
+        )
         self._request = self._compiled.create_infer_request()
         integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
         if integer:

@@ -1,10 +1,17 @@
 """Runtime selection: the forced runtime, or for ``auto`` the best one available here.
 
-``auto`` prefers TensorRT (explicit engine) > Torch-TensorRT > ONNX Runtime > eager and logs
-its choice at INFO; the two TensorRT runtimes are candidates only for a graph whose tensors are
-on a CUDA device (a CPU model stays on the CPU: copying every call's inputs to a GPU and back is
-not what a CPU caller asked for). A forced runtime that cannot run raises
-:class:`~.base.RuntimeUnavailableError` naming what is missing.
+``auto`` takes the runtimes the target names (``Backend.runtimes``; every runtime in
+:data:`~embedl_dynamo.settings.AUTO_ORDER` for a target that names none), drops those not
+installed and, for a graph whose tensors are not on a CUDA device, the two TensorRT runtimes (a
+CPU model stays on the CPU: copying every call's inputs to a GPU and back is not what a CPU
+caller asked for). What remains are the candidates, best first. Where several CPU runtimes
+remain (OpenVINO and ONNX Runtime for the ``tensorrt`` target on a machine without a GPU) a
+float graph is timed on each and the faster one runs (:mod:`.runtime_choice`). A forced
+runtime that cannot run raises :class:`~.base.RuntimeUnavailableError` naming what is missing.
+
+On a CPU, the ``tensorrt`` target's INT8 takes the placement of the runtime that runs it
+(:func:`cpu_precision_route`): TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs
+float) is what neither CPU runtime turns into its fastest integer kernels.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from pathlib import Path
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
+from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager import EagerRuntime
@@ -21,15 +29,17 @@ from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
-from embedl_dynamo.settings import RUNTIMES, Settings
+from embedl_dynamo.settings import AUTO_ORDER, RUNTIMES, Settings
 
 __all__ = [
     "AUTO_ORDER",
+    "CPU_TARGETS",
     "CUDA_ONLY",
     "RUNTIME_CLASSES",
-    "cpu_int8_route",
+    "cpu_precision_route",
     "int8_route",
     "resolve_runtime",
+    "runtime_candidates",
     "runtime_for_file",
 ]
 
@@ -42,40 +52,75 @@ RUNTIME_CLASSES: dict[str, type[Runtime]] = {
     "torch_tensorrt": TorchTensorRTRuntime,
     "eager": EagerRuntime,
 }
-AUTO_ORDER = ("tensorrt", "torch_tensorrt", "onnxruntime", "eager")
 CUDA_ONLY = frozenset({"tensorrt", "torch_tensorrt"})
+# the target whose INT8 placement each CPU runtime turns into integer kernels
+CPU_TARGETS: dict[type[Runtime], Backend] = {OnnxRuntime: ONNXRUNTIME, OpenVINORuntime: OPENVINO}
 _logged_auto: set[str] = set()
 
 
-def resolve_runtime(name: str, on_cuda: bool = False) -> type[Runtime]:
-    """The runtime class for ``name`` (``auto`` resolved), checked to be available.
+def _check_name(name: str) -> None:
+    if name not in RUNTIMES:
+        raise ValueError(f"unknown runtime {name!r}; valid runtimes: {', '.join(RUNTIMES)}")
+
+
+def runtime_candidates(
+    name: str, backend: Backend | None = None, on_cuda: bool = False
+) -> list[type[Runtime]]:
+    """The runtimes that may run a graph, best first (see the module docstring).
 
     Args:
         name: a runtime name or ``auto``.
-        on_cuda: the graph's tensors are on a CUDA device (``auto`` may then pick TensorRT).
+        backend: the target (its ``runtimes`` narrow ``auto``); None: every runtime.
+        on_cuda: the graph's tensors are on a CUDA device.
+
+    Returns:
+        ``[the forced runtime]``, or for ``auto`` the available candidates (``[EagerRuntime]``
+        when none of the target's runtimes is installed).
 
     Raises:
         ValueError: unknown name (the message lists the valid ones).
         RuntimeUnavailableError: a forced runtime cannot run here.
     """
-    if name not in RUNTIMES:
-        raise ValueError(f"unknown runtime {name!r}; valid runtimes: {', '.join(RUNTIMES)}")
+    _check_name(name)
     if name != "auto":
         cls = RUNTIME_CLASSES[name]
         cls.require()
-        return cls
-    for candidate in AUTO_ORDER:
+        return [cls]
+    order = (backend.runtimes if backend is not None else ()) or AUTO_ORDER
+    found = []
+    for candidate in order:
         if candidate in CUDA_ONLY and not on_cuda:
             continue
         cls = RUNTIME_CLASSES[candidate]
         missing = cls.missing()
         if missing is None:
-            if candidate not in _logged_auto:
-                _logged_auto.add(candidate)
-                logger.info("runtime 'auto' selected %s", candidate)
-            return cls
-        logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
-    return EagerRuntime
+            found.append(cls)
+        else:
+            logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
+    if not found:
+        wanted = ", ".join(order)
+        logger.warning(
+            "runtime 'auto': none of %s is installed for target %r; the graph stays in PyTorch",
+            wanted, backend.name if backend is not None else "",
+        )  # fmt: skip
+        return [EagerRuntime]
+    key = ",".join(c.name for c in found)
+    if key not in _logged_auto:
+        _logged_auto.add(key)
+        logger.info("runtime 'auto' selected %s", " or ".join(c.name for c in found))
+    return found
+
+
+def resolve_runtime(
+    name: str, on_cuda: bool = False, backend: Backend | None = None
+) -> type[Runtime]:
+    """The runtime class for ``name`` (``auto``: the first candidate), checked to be available.
+
+    Raises:
+        ValueError: unknown name (the message lists the valid ones).
+        RuntimeUnavailableError: a forced runtime cannot run here.
+    """
+    return runtime_candidates(name, backend, on_cuda)[0]
 
 
 def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
@@ -98,46 +143,31 @@ def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
     return TensorRTRuntime, note
 
 
-def cpu_int8_route(
+def cpu_precision_route(
     cls: type[Runtime], backend: Backend, settings: Settings
-) -> tuple[type[Runtime], Backend, str]:
-    """Where the ``tensorrt`` target's INT8 runs on a CPU, with which placement, and a note.
+) -> tuple[Backend, str]:
+    """The placement the ``tensorrt`` target's INT8 takes on the CPU runtime ``cls``, and a note.
 
-    The target's Q/DQ (symmetric, on layer inputs) is what TensorRT and OpenVINO run as INT8,
-    but ONNX Runtime's CPU kernels fuse only its own placement (Q/DQ around each layer, uint8
-    activations); on ONNX Runtime the tensorrt placement runs the convs in float between Q/DQ
-    (ResNet-50: 1.02x eager, against 0.19x). Measured on this CPU:
-
-    * ``auto`` with OpenVINO installed: INT8 runs there, with the target's placement
-      (ResNet-50 0.19x eager as on ONNX Runtime; BERT-base 0.34x against 0.47x; ViT-small
-      0.43x against 0.60x; NNCF + OpenVINO: 0.19x, 0.30x, 0.41x);
-    * on ONNX Runtime (forced, or OpenVINO absent): the ``onnxruntime`` target's placement.
-
-    Float, other targets and GPUs are unchanged.
+    TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs float) is what TensorRT runs as
+    INT8, but not what a CPU runtime runs fastest: ONNX Runtime fuses only its own placement
+    (Q/DQ around each layer, uint8 activations) and ran TensorRT's convs in float between Q/DQ
+    (ResNet-50: 1.02x eager, against 0.19x); OpenVINO runs NNCF's placement (depthwise and
+    squeeze-excite included) as integer kernels. So on a CPU runtime the graph gets that
+    runtime's own target's placement (``onnxruntime`` / ``openvino``). Float, other targets and
+    GPU runtimes are unchanged.
 
     Returns:
-        The runtime class, the backend whose patterns build the graph, and a report note ("" if
-        nothing changed).
+        The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
-    if backend.name != "tensorrt" or settings.precision not in ("int8", "mixed"):
-        return cls, backend, ""
-    if (
-        cls is OnnxRuntime
-        and settings.runtime == "auto"
-        and settings.precision == "int8"
-        and OpenVINORuntime.missing() is None
-    ):
-        note = "INT8 on OpenVINO: it runs the tensorrt target's Q/DQ as integer kernels"
-        logger.info("%s", note)
-        return OpenVINORuntime, backend, note
-    if cls is OnnxRuntime:
-        note = (
-            "INT8 placed for ONNX Runtime's integer kernels (the onnxruntime target's Q/DQ; "
-            "ONNX Runtime runs the tensorrt target's as float convs)"
-        )
-        logger.info("%s", note)
-        return cls, ONNXRUNTIME, note
-    return cls, backend, ""
+    target = CPU_TARGETS.get(cls)
+    if backend.name != "tensorrt" or settings.precision not in ("int8", "mixed") or not target:
+        return backend, ""
+    note = (
+        f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "
+        "TensorRT here)"
+    )
+    logger.info("%s", note)
+    return target, note
 
 
 def runtime_for_file(path: Path) -> type[Runtime]:

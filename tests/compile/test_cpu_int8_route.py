@@ -1,8 +1,10 @@
-"""The tensorrt target's INT8 on a CPU: OpenVINO under ``auto``, else ONNX Runtime's placement.
+"""Where ``auto`` runs a graph on a CPU, and with which INT8 placement.
 
 Before, ``torch.compile(backend="embedl_tensorrt", options={"precision": "int8"})`` on a CPU ran
 TensorRT's Q/DQ through ONNX Runtime, whose CPU kernels run those convs in float between Q/DQ:
-ResNet-50 at 1.02x eager, slower than our float (0.55x). Now 0.19-0.22x.
+ResNet-50 at 1.02x eager, slower than our float (0.55x). Now each CPU runtime gets the
+placement of its own target (``onnxruntime`` / ``openvino``), and ``auto`` prefers OpenVINO for
+INT8 where it is installed.
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import pytest
 import torch
 
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
+from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
 from embedl_dynamo.report import last_report
+from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
-from embedl_dynamo.runtimes.select import cpu_int8_route
+from embedl_dynamo.runtimes.select import cpu_precision_route, runtime_candidates
+from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 from embedl_dynamo.settings import Settings
 from tests.models import ResNetLike, randomize_batchnorm
 
@@ -48,17 +53,19 @@ def _compile(tmp_path, runtime):
 
 
 @needs_openvino
-def test_auto_runs_the_tensorrt_targets_int8_on_openvino(tmp_path):
+def test_auto_runs_the_tensorrt_targets_int8_on_openvino_with_its_placement(tmp_path):
     subgraph, cosine = _compile(tmp_path, "auto")
     assert subgraph.status == "compiled" and subgraph.runtime == "openvino"
-    assert subgraph.reason.startswith("INT8 on OpenVINO")
+    assert subgraph.reason.startswith("INT8 placed for openvino's integer kernels")
+    assert subgraph.pipeline["quantization"]["config"]["name"] == "openvino"
+    assert subgraph.runtime_info["int8_layers"]["Convolution"] >= 5
     assert cosine > 0.99
 
 
 def test_on_onnxruntime_the_tensorrt_targets_int8_uses_integer_kernels(tmp_path):
     subgraph, cosine = _compile(tmp_path, "onnxruntime")
     assert subgraph.status == "compiled" and subgraph.runtime == "onnxruntime"
-    assert subgraph.reason.startswith("INT8 placed for ONNX Runtime's integer kernels")
+    assert subgraph.reason.startswith("INT8 placed for onnxruntime's integer kernels")
     assert cosine > 0.99
     quantized = [
         p for p in tmp_path.rglob("*.onnx")
@@ -75,25 +82,42 @@ def test_on_onnxruntime_the_tensorrt_targets_int8_uses_integer_kernels(tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("precision", "runtime", "openvino", "expected"),
+    ("precision", "runtime", "expected"),
     [
-        ("int8", "auto", True, (OpenVINORuntime, TENSORRT)),
-        ("int8", "auto", False, (OnnxRuntime, ONNXRUNTIME)),  # OpenVINO not installed
-        ("int8", "onnxruntime", True, (OnnxRuntime, ONNXRUNTIME)),  # forced
-        ("mixed", "auto", True, (OnnxRuntime, ONNXRUNTIME)),  # mixed is timed on ORT
-        ("fp32", "auto", True, (OnnxRuntime, TENSORRT)),  # float: nothing changes
+        ("int8", OpenVINORuntime, OPENVINO),
+        ("mixed", OpenVINORuntime, OPENVINO),
+        ("int8", OnnxRuntime, ONNXRUNTIME),
+        ("mixed", OnnxRuntime, ONNXRUNTIME),
+        ("fp32", OnnxRuntime, TENSORRT),  # float: nothing changes
+        ("int8", TensorRTRuntime, TENSORRT),  # TensorRT runs TensorRT's placement
     ],
 )
-def test_the_route_for_each_case(monkeypatch, precision, runtime, openvino, expected):
-    monkeypatch.setattr(
-        OpenVINORuntime, "missing", classmethod(lambda cls: None if openvino else "not installed")
-    )
-    settings = Settings(precision=precision, runtime=runtime)
-    cls, backend, note = cpu_int8_route(OnnxRuntime, TENSORRT, settings)
-    assert (cls, backend) == expected
-    assert bool(note) == (expected != (OnnxRuntime, TENSORRT))
+def test_the_placement_for_each_runtime(precision, runtime, expected):
+    backend, note = cpu_precision_route(runtime, TENSORRT, Settings(precision=precision))
+    assert backend is expected
+    assert bool(note) == (expected is not TENSORRT)
 
 
 def test_other_targets_keep_their_placement():
-    settings = Settings(precision="int8", runtime="auto")
-    assert cpu_int8_route(OnnxRuntime, ONNXRUNTIME, settings) == (OnnxRuntime, ONNXRUNTIME, "")
+    settings = Settings(precision="int8")
+    assert cpu_precision_route(OpenVINORuntime, ONNXRUNTIME, settings) == (ONNXRUNTIME, "")
+
+
+@pytest.mark.parametrize(
+    ("backend", "openvino", "on_cuda", "expected"),
+    [
+        (TENSORRT, True, False, [OpenVINORuntime, OnnxRuntime]),
+        (TENSORRT, False, False, [OnnxRuntime]),
+        (TENSORRT, True, True, [TensorRTRuntime, OpenVINORuntime, OnnxRuntime]),
+        (ONNXRUNTIME, True, True, [OnnxRuntime]),  # ONNX Runtime's target runs on ONNX Runtime
+        (OPENVINO, True, False, [OpenVINORuntime]),
+        (OPENVINO, False, False, [EagerRuntime]),  # nothing of its own: stays in PyTorch
+    ],
+)
+def test_auto_candidates_per_target(monkeypatch, backend, openvino, on_cuda, expected):
+    monkeypatch.setattr(
+        OpenVINORuntime, "missing", classmethod(lambda cls: None if openvino else "not installed")
+    )
+    monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
+    assert runtime_candidates("auto", backend, on_cuda) == expected
+    assert runtime_candidates("onnxruntime", backend, on_cuda) == [OnnxRuntime]  # forced

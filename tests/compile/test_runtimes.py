@@ -13,6 +13,7 @@ from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, ort_providers
+from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.models import ResNetLike, randomize_batchnorm
 
@@ -116,7 +117,7 @@ def test_check_outputs_catches_mismatch():
         check_outputs([a], [a * float("nan")], "x")
 
 
-def test_auto_picks_onnxruntime_on_this_cpu(caplog):
+def test_auto_logs_its_candidates_on_this_cpu(caplog):
     import logging
 
     import embedl_dynamo.runtimes.select as select
@@ -125,7 +126,8 @@ def test_auto_picks_onnxruntime_on_this_cpu(caplog):
     with caplog.at_level(logging.INFO, logger="embedl_dynamo.runtimes.select"):
         cls = resolve_runtime("auto")
     if not RUNTIME_CLASSES["tensorrt"].is_available():
-        assert cls is OnnxRuntime
+        expected = OpenVINORuntime if OpenVINORuntime.is_available() else OnnxRuntime
+        assert cls is expected
     assert f"runtime 'auto' selected {cls.name}" in caplog.text
 
 
@@ -133,6 +135,7 @@ def test_auto_picks_tensorrt_only_for_cuda_graphs(monkeypatch):
     from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
 
     monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
+    monkeypatch.setattr(OpenVINORuntime, "missing", classmethod(lambda cls: "not installed"))
     assert resolve_runtime("auto", on_cuda=True) is TensorRTRuntime
     assert resolve_runtime("auto", on_cuda=False) is OnnxRuntime  # a CPU model stays on CPU
     assert resolve_runtime("auto") is OnnxRuntime

@@ -149,7 +149,12 @@ def test_fp16_through_torch_compile_runs_on_onnxruntime(tmp_path) -> None:
     compiled = torch.compile(
         model,
         backend="embedl_tensorrt",
-        options={"precision": "fp16", "cache_dir": str(tmp_path), "fallback": "raise"},
+        options={
+            "precision": "fp16",
+            "cache_dir": str(tmp_path),
+            "fallback": "raise",
+            "runtime": "onnxruntime",
+        },  # fmt: skip
     )
     with torch.no_grad():
         expected, got = model(x), compiled(x)
@@ -166,7 +171,9 @@ def test_bf16_onnxruntime_cannot_run_falls_back_to_fp32_with_a_warning(tmp_path,
     model = SmallNet().eval()
     x = torch.randn(2, 3, 16, 16)
     compiled = torch.compile(
-        model, backend="embedl_tensorrt", options={"precision": "bf16", "cache_dir": str(tmp_path)}
+        model,
+        backend="embedl_tensorrt",
+        options={"precision": "bf16", "cache_dir": str(tmp_path), "runtime": "onnxruntime"},
     )
     with torch.no_grad(), caplog.at_level("WARNING"):
         expected, got = model(x), compiled(x)

@@ -73,7 +73,8 @@ def _int8_modules(gm) -> int:
 def _fake_timing(monkeypatch, whole):
     """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
 
-    def time_graphs(graphs, inputs, rounds=15, num_threads=None, settings=None, axes=None):
+    def time_graphs(graphs, inputs, rounds=15, num_threads=None, settings=None, axes=None,
+                    runtime=None):  # fmt: skip
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
     monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
@@ -82,7 +83,7 @@ def _fake_timing(monkeypatch, whole):
 def _fake_profile(faster: set[str]):
     """Timings where exactly the modules in ``faster`` are quicker in INT8 (and Q/DQ is free)."""
 
-    def profile(gm, inputs, runs=20, num_threads=None):
+    def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime"):
         int8 = any("fq_" in n.name for n in gm.graph.nodes)
         modules = {
             str(n.target)
