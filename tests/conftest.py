@@ -3,10 +3,10 @@
 Tests share one cache directory per session (so repeated compiles of the same graph stay warm);
 ``tests/compile/conftest.py`` narrows it to one directory per test where builds are counted.
 
-``runtime="auto"`` times a float graph on every installed CPU runtime and keeps the fastest
-(:mod:`embedl_dynamo.runtimes.runtime_choice`). Timings are no test's business: here ONNX
-Runtime always "wins", so which runtime a test compiles to does not depend on machine load.
-``tests/compile/test_runtime_choice.py`` tests the real timing.
+``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
+fastest (:mod:`embedl_dynamo.runtimes.runtime_choice`). Timings are no test's business: here a
+``mixed`` graph always "wins", then ONNX Runtime, so which runtime a test compiles to does not
+depend on machine load. ``tests/compile/test_runtime_choice.py`` tests the real timing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,10 @@ def _deterministic_runtime_choice(monkeypatch):
     from embedl_dynamo.runtimes import runtime_choice
 
     def timings(runtimes, inputs):
-        return {name: 1.0 if name == "onnxruntime" else 2.0 for name in runtimes}
+        def rank(label):
+            return 0.5 if "mixed" in label else 1.0 if label.startswith("onnxruntime") else 2.0
+
+        return {label: rank(label) for label in runtimes}
 
     monkeypatch.setattr(runtime_choice, "measure_runtimes", timings)
     yield

@@ -4,6 +4,11 @@
   :data:`TENSORRT_ATTENTION_HEAD_SIZES` (otherwise the attention stays float):
   :class:`QuantAttention` (``nn.MultiheadAttention``), :class:`QuantSDPA` and
   :class:`QuantFusedAttention`.
+  Before annotation, :class:`SplitAttentionForTensorRT` splits such an attention into
+  ``AttentionProbs(q, k) -> matmul(probs, v)``, so the softmax output gets a Q/DQ of its own:
+  TensorRT's INT8 attention reads Q/DQ on q, k, the probabilities and v, as NVIDIA ModelOpt
+  places them (the probabilities module and the matmul are quantized by the target's generic
+  fused-module and activation-matmul rules).
 * OpenVINO's CPU plugin runs ``q k^T`` in INT8 inside its fused attention for any head size and
   keeps ``softmax(.) v`` float: :class:`QuantFusedAttention` with q and k only.
 """
@@ -12,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 import torch.nn.functional as F
-from torch import fx
+from torch import fx, nn
 
-from embedl_dynamo.graph.nodes import node_shape
-from embedl_dynamo.patterns.attention import FusedAttention
-from embedl_dynamo.quant.rules import PlacementRule
+from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, module_path, node_shape
+from embedl_dynamo.patterns.attention import AttentionProbs, FusedAttention
+from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
@@ -26,6 +32,7 @@ __all__ = [
     "QuantAttention",
     "QuantFusedAttention",
     "QuantSDPA",
+    "SplitAttentionForTensorRT",
 ]
 
 TENSORRT_ATTENTION_HEAD_SIZES = (16, 32, 64)
@@ -122,3 +129,29 @@ class QuantFusedAttention(PlacementRule):
         if shape is None:
             return "attention head size unknown (no shape metadata)"
         return _head_size_reason(int(shape[-1]))
+
+
+class SplitAttentionForTensorRT(PreparationRewrite):
+    """TensorRT: a fused attention whose head size its INT8 kernel takes becomes
+    ``AttentionProbs(q, k[, mask])`` followed by ``matmul(probs, v)``: the same math, with the
+    softmax output a value of its own to quantize. Other head sizes stay fused (and float)."""
+
+    name = "split_attention_for_tensorrt"
+
+    def rewrite_module(self, gm: fx.GraphModule, node: fx.Node, module: nn.Module) -> bool:
+        if not isinstance(module, FusedAttention) or len(node.args) < 3:
+            return False
+        shape = node_shape(node.args[0])
+        if shape is None or _head_size_reason(int(shape[-1])):
+            return False
+        name = f"{node.target}_probs"
+        gm.add_module(name, AttentionProbs(module.is_causal, module.scale))
+        path = module_path(node)
+        q, k, v, *mask = node.args
+        with gm.graph.inserting_before(node):
+            probs = gm.graph.call_module(name, (q, k, *mask))
+            probs.meta[PATH_KEY] = path
+            out = canonical_call(gm.graph, torch.matmul, path=path, input=probs, other=v)
+        node.replace_all_uses_with(out)
+        gm.graph.erase_node(node)
+        return True

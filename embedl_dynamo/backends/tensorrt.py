@@ -16,6 +16,7 @@ from embedl_dynamo.backends.attention_placement import (
     QuantAttention,
     QuantFusedAttention,
     QuantSDPA,
+    SplitAttentionForTensorRT,
 )
 from embedl_dynamo.backends.placement_rules import (
     QuantConv,
@@ -62,6 +63,7 @@ _CONV_LINEAR_FUSIONS = (
 TENSORRT_FUSION_PATTERNS = (*_CONV_LINEAR_FUSIONS, *ATTENTION_FUSION_PATTERNS)
 TENSORRT_SMOOTH_PATTERNS = (SmoothLayerNormLinear(alpha=0.5),)
 TENSORRT_QUANTIZED_PATTERNS = (
+    SplitAttentionForTensorRT(),
     QuantAttention(),
     QuantSDPA(),
     QuantConv("quant_conv"),

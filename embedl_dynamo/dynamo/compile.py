@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.dynamo.judge import check_precision, judging_sample
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
@@ -35,12 +36,11 @@ from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_g
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
-from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.artifacts import store_alias
-from embedl_dynamo.runtimes.base import OutputMismatchError, error_line, output_cosine
+from embedl_dynamo.runtimes.base import error_line
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
-from embedl_dynamo.runtimes.runtime_choice import fastest_runtime
+from embedl_dynamo.runtimes.runtime_choice import fastest, run_options
 from embedl_dynamo.runtimes.select import (
     CPU_TARGETS,
     cpu_precision_route,
@@ -98,9 +98,9 @@ def compile_subgraph(
     )
     backend, cpu_route = cpu_precision_route(runtime_cls, backend, settings)
     report.reason = route or cpu_route
-    # a float graph with several CPU runtimes to run on is timed on each (runtime_choice)
-    timed = [c for c in candidates if c in CPU_TARGETS] if settings.precision == "fp32" else []
-    if on_cuda or len(timed) < 2:
+    # with several CPU runtimes, float graphs (and mixed against float) are timed on each
+    timed = [] if on_cuda else [c for c in candidates if c in CPU_TARGETS]
+    if len(timed) < 2:
         timed = []
     runtime_label = "/".join(c.name for c in timed) or runtime_cls.name
 
@@ -186,16 +186,20 @@ def compile_subgraph(
         agree with the float model within ``accuracy_budget``, or the float artifact runs
         instead (never fake-quant).
         """
-        runtime: Runtime = runtime_cls(settings, axes)
+        options = run_options(model, float_model, runtime_cls, timed, settings.precision)
         try:
-            if timed and float_model is None:
-                choice = fastest_runtime(timed, model, inputs, settings, axes)
+            if len(options) > 1:
+                choice = fastest(options, inputs, settings, axes)
                 runtime = choice.runtime
                 report.reason = "; ".join(r for r in (report.reason, choice.note) if r)
+                if choice.option.model is not model:  # the float graph beat the mixed one
+                    _record_float_won(report, choice.note)
+                    float_model = None
             else:
-                runtime.build(model, inputs)
+                runtime = options[0].runtime(settings, axes).build(model, inputs)
             if float_model is not None:
-                _check_precision(runtime, float_model, inputs, settings.accuracy_budget)
+                sample = judging_sample(inputs, settings.calibration_data)
+                check_precision(runtime, float_model, sample, settings.accuracy_budget)
         except Exception as exc:
             if float_model is not None and settings.fallback != "raise":
                 logger.warning(
@@ -248,19 +252,14 @@ def compile_subgraph(
     return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
 
-def _check_precision(
-    runtime: Runtime, float_model: fx.GraphModule, inputs: list[torch.Tensor], budget: float
-) -> None:
-    """Raise :class:`OutputMismatchError` unless the lower-precision artifact's outputs have
-    cosine similarity >= ``budget`` to the float model's on the build sample."""
-    with torch.no_grad():
-        expected = float_model(*inputs)
-    expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-    cosine = output_cosine(expected, runtime.infer(*inputs))
-    if not cosine >= budget:  # NaN fails too
-        raise OutputMismatchError(
-            f"cosine {cosine:.4f} to the float model < accuracy_budget {budget:g}"
-        )
+def _record_float_won(report: SubgraphReport, note: str) -> None:
+    """The float graph on another runtime beat the mixed one: its layers run fp32."""
+    report.pipeline = dict(report.pipeline, quantized=False)
+    report.pipeline.pop("quantization", None)
+    report.pipeline["layers"] = [
+        dict(r, precision="fp32", reason=f"the float graph ran faster ({note})")
+        for r in report.pipeline.get("layers", [])
+    ]
 
 
 def _wrap(

@@ -36,6 +36,9 @@ from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 
 __all__ = [
     "ATTENTION_FUSION_PATTERNS",
+    "AttentionProbs",
+    "attention_for_export",
+    "attention_probs",
     "FusedAttention",
     "FusedLayerNorm",
     "FusedQKVProjection",
@@ -118,6 +121,52 @@ class FusedQKVProjection(FusedModule):
         return f"{self.weight.shape[1]}->{'+'.join(map(str, self.sizes))}, heads={self.num_heads}"
 
 
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale + mask)`` op by op: the MatMul reads q and k^T, the scale
+    follows it (see :func:`attention_for_export`). As in ``scaled_dot_product_attention``, a
+    boolean mask's fully masked rows give zeros and an additive mask is added as it is."""
+    factor = scale if scale is not None else float(q.shape[-1]) ** -0.5
+    scores = torch.matmul(q, k.transpose(-2, -1)) * factor
+    low = torch.finfo(scores.dtype).min
+    if is_causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, low)
+    if attn_mask is None:
+        return torch.softmax(scores, dim=-1)
+    if attn_mask.dtype != torch.bool:
+        return torch.softmax(scores + attn_mask, dim=-1)
+    probs = torch.softmax(scores.masked_fill(~attn_mask, low), dim=-1)
+    # a query whose every key is masked gets zeros, as scaled_dot_product_attention gives
+    return probs * attn_mask.any(dim=-1, keepdim=True).to(probs.dtype)
+
+
+def attention_for_export(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale + mask) v`` written out op by op, as the ONNX file carries it.
+
+    The exporter's own ``scaled_dot_product_attention`` multiplies q and k by ``sqrt(scale)``
+    each before their MatMul, so a DequantizeLinear of q or k never reaches the MatMul:
+    TensorRT cannot fuse an INT8 ``q k^T`` (NVIDIA ModelOpt places Q/DQ right before it), and
+    OpenVINO keeps a FakeQuantize per head unfused. Here the MatMul reads q and k^T directly and
+    the scale follows it (``MatMul -> Mul -> Add -> Softmax -> MatMul``, the form ONNX Runtime's
+    and OpenVINO's attention fusions match). Boolean masks become the dtype's lowest finite
+    value where False, so no row turns to NaN.
+    """
+    return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
+
+
 class FusedAttention(FusedModule):
     """``softmax(q k^T * scale + mask) v`` on ``(N, H, L, D)`` heads: one kernel.
 
@@ -146,9 +195,35 @@ class FusedAttention(FusedModule):
         if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
             low = torch.finfo(q.dtype).min
             attn_mask = attn_mask.clamp(min=low).to(q.dtype)
+        if torch.onnx.is_in_onnx_export():
+            return attention_for_export(q, k, v, attn_mask, self.is_causal, self.scale)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale
         )
+
+    def extra_repr(self) -> str:
+        return f"is_causal={self.is_causal}, scale={self.scale}"
+
+
+class AttentionProbs(FusedModule):
+    """``softmax(q k^T * scale + mask)``: the first half of :class:`FusedAttention`, for
+    targets that quantize the attention probabilities before ``probs @ v`` (TensorRT's INT8
+    attention reads Q/DQ on q, k, the softmax output and v). Always in the export form
+    (:func:`attention_for_export`), so q's and k's DequantizeLinear feed the MatMul.
+
+    Quantized as: q and k.
+    """
+
+    qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION})
+
+    def __init__(self, is_causal: bool = False, scale: float | None = None) -> None:
+        super().__init__()
+        self.is_causal, self.scale = is_causal, scale
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return attention_probs(q, k, attn_mask, self.is_causal, self.scale)
 
     def extra_repr(self) -> str:
         return f"is_causal={self.is_causal}, scale={self.scale}"

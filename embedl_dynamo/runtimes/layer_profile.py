@@ -34,6 +34,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.runtimes.artifacts import onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnx_export import export_onnx
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, create_session
@@ -122,8 +123,10 @@ def profile_graph(
     runs: int = 20,
     num_threads: int | None = None,
     runtime: str = "onnxruntime",
+    settings: Settings | None = None,
+    axes: DynamicAxes | None = None,
 ) -> LayerTimes:
-    """Export ``gm`` and run it with ``runtime``'s profiler on (its CPU device).
+    """Run ``gm``'s ONNX file with ``runtime``'s profiler on (its CPU device).
 
     Args:
         gm: a frozen graph (float, cast or fake-quant).
@@ -131,6 +134,9 @@ def profile_graph(
         runs: profiled runs (after a few warm-up runs).
         num_threads: intra-op threads (the runtime's default when None).
         runtime: ``onnxruntime`` or ``openvino``.
+        settings: with them, the cached artifact (``axes`` dynamic) is profiled, the very file
+            the runtime deploys, exported once; without, a static export in a temporary file.
+        axes: the artifact's dynamic axes.
 
     Returns:
         The :class:`LayerTimes`.
@@ -138,7 +144,10 @@ def profile_graph(
     if runtime not in ("onnxruntime", "openvino"):
         raise ValueError(f"no layer profiler for runtime {runtime!r}; use onnxruntime or openvino")
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
-        path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
+        if settings is not None:
+            path = onnx_artifact(gm, list(inputs), settings, axes)[0]
+        else:
+            path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
         if runtime == "openvino":
             return LayerTimes(_openvino_node_times(path, inputs, runs, num_threads))
         return LayerTimes(_onnxruntime_node_times(path, inputs, runs, num_threads, tmp))

@@ -1,15 +1,17 @@
-"""``runtime="auto"`` among several CPU runtimes: time the artifact on each, keep the fastest.
+"""``runtime="auto"`` among several CPU runtimes: build each way to run, keep the fastest.
 
 No CPU runtime wins everywhere. On this project's 2-core x86 CI machine, on the same float ONNX
 file (medians, round-robin): OpenVINO is 15-22% faster than ONNX Runtime on BERT-base and
 ViT-small and 4% on ResNet-50, ONNX Runtime 12-16% faster on MobileNetV3 and EfficientNet-B0
 (depthwise convolutions). Other CPUs differ again. So where a target lists several CPU runtimes
-and more than one is installed, the float artifact (exported once, shared) is built on each,
-the candidates are timed round-robin on the example inputs within a small time budget, and the
-fastest one runs; the losers are released.
+and more than one is installed, the ways to run a subgraph (:func:`run_options`: a float graph
+on each runtime; a ``mixed`` graph on its runtime against the float graph on each) are built,
+timed round-robin on the example inputs within a small time budget, and the fastest runs; the
+others are released.
 
-The decision is cached, keyed by the artifact's key, the threads, the library versions and the
-CPU model: a second process (or a warm start) builds only the winner and measures nothing.
+The decision is cached, keyed by the options (labels, runtimes and artifact keys), the threads,
+the library versions and the CPU model: a second process (or a warm start) builds only the
+winner and measures nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import platform
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -32,7 +35,14 @@ from embedl_dynamo.runtimes.artifacts import onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
-__all__ = ["RuntimeChoice", "fastest_runtime", "measure_runtimes"]
+__all__ = [
+    "RunOption",
+    "RuntimeChoice",
+    "fastest",
+    "fastest_runtime",
+    "measure_runtimes",
+    "run_options",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +54,30 @@ _MAX_ROUNDS = 15
 _BUDGET_S = 1.0  # timing rounds stop once this much time went into them (after _MIN_ROUNDS)
 
 
-class RuntimeChoice:
-    """The built, active winner, the medians per runtime (ms; empty when cached) and a note."""
+@dataclass(frozen=True)
+class RunOption:
+    """One way to run a subgraph: a runtime and the graph it runs (float, mixed...).
 
-    def __init__(self, runtime: Runtime, timings: dict[str, float], note: str) -> None:
-        self.runtime, self.timings, self.note = runtime, timings, note
+    Attributes:
+        label: how reports name it (``openvino``, ``openvino mixed``).
+        runtime: the runtime class.
+        model: the graph it builds.
+    """
+
+    label: str
+    runtime: type[Runtime]
+    model: fx.GraphModule
+
+
+@dataclass
+class RuntimeChoice:
+    """The winning option, its built and active runtime, the medians per option label (ms;
+    empty when the choice came from the cache or nothing was timed) and a note for the report."""
+
+    option: RunOption
+    runtime: Runtime
+    timings: dict[str, float]
+    note: str
 
 
 @lru_cache(maxsize=1)
@@ -86,7 +115,7 @@ def measure_runtimes(
     return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}
 
 
-def _load(cache: ArtifactCache | None, key: str, names: set[str]) -> str | None:
+def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:
     if cache is None:
         return None
     path = cache.get(key, ".json")
@@ -94,14 +123,84 @@ def _load(cache: ArtifactCache | None, key: str, names: set[str]) -> str | None:
         return None
     try:
         document = json.loads(path.read_text())
-        name = document["runtime"]
-        if document.get("format") != _FORMAT or name not in names:
-            raise ValueError(f"format {document.get('format')!r}, runtime {name!r}")
+        label = document["option"]
+        if document.get("format") != _FORMAT or label not in labels:
+            raise ValueError(f"format {document.get('format')!r}, option {label!r}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         logger.warning("runtime choice %s is invalid (%s); timing again", path.name, exc)
         cache.remove(key, ".json")
         return None
-    return name
+    return label
+
+
+def fastest(
+    options: Sequence[RunOption],
+    inputs: Sequence[torch.Tensor],
+    settings: Settings,
+    axes: DynamicAxes | None = None,
+) -> RuntimeChoice:
+    """Build every option and keep the fastest one (see the module docstring).
+
+    Args:
+        options: the ways to run the subgraph, best first (ties and failures favour the
+            earlier); labels must differ.
+        inputs: the example inputs (timed on).
+        settings: the settings (cache directory, threads).
+        axes: the dynamic axes of the artifacts.
+
+    Returns:
+        The :class:`RuntimeChoice`.
+
+    Raises:
+        Exception: what the last option raised, when none of them builds.
+    """
+    artifacts = [onnx_artifact(o.model, list(inputs), settings, axes)[1] for o in options]
+    key = content_key(
+        _NAMESPACE, _FORMAT, [[o.label, o.runtime.name, a] for o, a in zip(options, artifacts)],
+        settings.num_threads, library_versions(), _cpu_name(),
+    )  # fmt: skip
+    try:
+        cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
+    except OSError:
+        cache = None
+    by_label = {o.label: o for o in options}
+    cached = _load(cache, key, set(by_label)) if len(options) > 1 else None
+    if cached is not None:  # the cached winner: build it alone
+        option = by_label[cached]
+        try:
+            runtime = option.runtime(settings, axes).build(option.model, inputs)
+        except Exception as exc:
+            logger.warning("cached runtime choice %s failed to build (%s); timing again",
+                           cached, exc)  # fmt: skip
+        else:
+            return RuntimeChoice(option, runtime, {}, f"auto: {cached} (timed fastest here before)")
+    built: dict[str, Runtime] = {}
+    error: Exception | None = None
+    for option in options:
+        try:
+            built[option.label] = option.runtime(settings, axes).build(option.model, inputs)
+        except Exception as exc:  # the others may still run it
+            logger.info("%s cannot run this graph: %s", option.label, exc)
+            error = exc
+    if not built:
+        assert error is not None
+        raise error
+    timings = measure_runtimes(built, inputs) if len(built) > 1 else {}
+    winner = min(built, key=lambda label: timings.get(label, 0.0))
+    for label, runtime in built.items():
+        if label != winner:
+            runtime.deactivate()
+    if len(built) > 1 and cache is not None:
+        document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": _cpu_name()}
+        try:
+            cache.put(key, json.dumps(document, indent=1).encode(), ".json",
+                      meta={"kind": "runtime choice"})  # fmt: skip
+        except OSError as exc:
+            logger.debug("runtime choice not cached: %s", exc)
+    shown = ", ".join(f"{n} {ms:.2f} ms" for n, ms in sorted(timings.items(), key=lambda t: t[1]))
+    note = f"auto: {winner}, timed fastest here ({shown})" if timings else f"auto: {winner}"
+    logger.info("%s", note)
+    return RuntimeChoice(by_label[winner], built[winner], timings, note)
 
 
 def fastest_runtime(
@@ -111,65 +210,28 @@ def fastest_runtime(
     settings: Settings,
     axes: DynamicAxes | None = None,
 ) -> RuntimeChoice:
-    """Build ``model`` on each candidate CPU runtime and keep the fastest (module docstring).
+    """:func:`fastest` of ``model`` on each of ``candidates`` (labelled by runtime name)."""
+    return fastest([RunOption(c.name, c, model) for c in candidates], inputs, settings, axes)
 
-    Args:
-        candidates: runtime classes, best first (ties and failures favour the earlier).
-        model: the float graph to run.
-        inputs: its example inputs (timed on).
-        settings: the settings (cache directory, threads).
-        axes: the dynamic axes of the artifact.
 
-    Returns:
-        The :class:`RuntimeChoice`.
+def run_options(
+    model: fx.GraphModule,
+    float_model: fx.GraphModule | None,
+    runtime_cls: type[Runtime],
+    timed: list[type[Runtime]],
+    precision: str,
+) -> list[RunOption]:
+    """The ways to run ``model`` that :func:`fastest` chooses among (one: nothing to time).
 
-    Raises:
-        Exception: what the last candidate raised, when none of them builds.
+    A float graph runs on the fastest CPU runtime; a ``mixed`` graph on its runtime competes
+    with the float graph on every CPU runtime (``mixed`` is the fastest within the budget, and
+    float on another runtime can be faster); ``int8``, ``fp16`` and ``bf16`` are what was asked.
     """
-    _, artifact_key, _ = onnx_artifact(model, list(inputs), settings, axes)
-    key = content_key(
-        _NAMESPACE, _FORMAT, artifact_key, settings.num_threads, library_versions(), _cpu_name(),
-        [c.name for c in candidates],
-    )  # fmt: skip
-    try:
-        cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
-    except OSError:
-        cache = None
-    by_name = {c.name: c for c in candidates}
-    cached = _load(cache, key, set(by_name))
-    order = [by_name[cached]] + [c for c in candidates if c.name != cached] if cached else []
-    for cls in order[:1]:  # the cached winner: build it alone
-        try:
-            runtime = cls(settings, axes).build(model, inputs)
-        except Exception as exc:
-            logger.warning("cached runtime choice %s failed to build (%s); timing again",
-                           cls.name, exc)  # fmt: skip
-            break
-        return RuntimeChoice(runtime, {}, f"auto: {cls.name} (timed faster here before)")
-    built: dict[str, Runtime] = {}
-    error: Exception | None = None
-    for cls in candidates:
-        try:
-            built[cls.name] = cls(settings, axes).build(model, inputs)
-        except Exception as exc:  # the others may still run it
-            logger.info("runtime %s cannot run this graph: %s", cls.name, exc)
-            error = exc
-    if not built:
-        assert error is not None
-        raise error
-    timings = measure_runtimes(built, inputs) if len(built) > 1 else {}
-    winner = min(built, key=lambda n: timings.get(n, 0.0))
-    for name, runtime in built.items():
-        if name != winner:
-            runtime.deactivate()
-    if len(built) > 1 and cache is not None:
-        document = {"format": _FORMAT, "runtime": winner, "ms": timings, "cpu": _cpu_name()}
-        try:
-            cache.put(key, json.dumps(document, indent=1).encode(), ".json",
-                      meta={"kind": "runtime choice"})  # fmt: skip
-        except OSError as exc:
-            logger.debug("runtime choice not cached: %s", exc)
-    shown = ", ".join(f"{n} {ms:.2f} ms" for n, ms in sorted(timings.items(), key=lambda t: t[1]))
-    note = f"auto: {winner}, timed fastest here ({shown})" if timings else f"auto: {winner}"
-    logger.info("%s", note)
-    return RuntimeChoice(built[winner], timings, note)
+    if not timed:
+        return [RunOption(runtime_cls.name, runtime_cls, model)]
+    if float_model is None:
+        return [RunOption(c.name, c, model) for c in timed]
+    if precision != "mixed":
+        return [RunOption(runtime_cls.name, runtime_cls, model)]
+    mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model)
+    return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in timed)]

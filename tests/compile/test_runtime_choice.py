@@ -80,7 +80,7 @@ def test_the_faster_runtime_runs_and_the_choice_is_cached(monkeypatch, tmp_path,
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
     again = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], settings)
     assert again.runtime.name == name and again.timings == {}
-    assert again.note == f"auto: {name} (timed faster here before)"
+    assert again.note == f"auto: {name} (timed fastest here before)"
     with torch.no_grad():
         assert_close_to_scale(again.runtime.infer(x)[0], _reference(gm, x))
 
@@ -139,3 +139,79 @@ def test_int8_is_not_timed_it_takes_openvino(monkeypatch, tmp_path):
     with torch.no_grad():
         torch.compile(model, backend="embedl_tensorrt", options=options)(x)
     assert embedl_dynamo.last_report()[-1].runtime == "openvino"
+
+
+def _int8_pays(monkeypatch):
+    """Inside ``mixed``: every layer and the INT8 graph as a whole timed faster in INT8."""
+    from embedl_dynamo.runtimes import mixed_precision
+    from embedl_dynamo.runtimes.layer_profile import LayerTimes
+
+    def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime", **_):
+        int8 = any("fq_" in n.name for n in gm.graph.nodes)
+        modules = {str(n.target) for n in gm.graph.nodes if n.op == "call_module"}
+        return LayerTimes({f"/gm/{m}/Conv": 0.5 if int8 else 1.0 for m in modules})
+
+    def whole(graphs, inputs, **_):
+        return {name: {"fp32": 10.0, "mixed": 6.0, "int8": 5.0}[name] for name in graphs}
+
+    monkeypatch.setattr(mixed_precision, "profile_graph", profile)
+    monkeypatch.setattr(mixed_precision, "time_graphs", whole)
+
+
+def _mixed_compile(tmp_path, monkeypatch, winner):
+    _int8_pays(monkeypatch)
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner(winner))
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResNetLike(width=8).eval())
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randn(2, 3, 16, 16, generator=g) for _ in range(3)]
+    options = {"cache_dir": str(tmp_path), "precision": "mixed", "calibration_data": data,
+               "accuracy_budget": 0.9}  # fmt: skip
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        out = torch.compile(model, backend="embedl_tensorrt", options=options)(x)
+        assert_close_to_scale(out, model(x), rtol=0.2)
+    return embedl_dynamo.last_report()[-1]
+
+
+def test_mixed_competes_with_the_float_graph_on_every_runtime(monkeypatch, tmp_path):
+    """``mixed`` is the fastest way within the budget: where the float graph on another CPU
+    runtime beats the mixed graph, the float graph runs and every layer says why."""
+    sub = _mixed_compile(tmp_path, monkeypatch, "onnxruntime fp32")
+    assert sub.runtime == "onnxruntime" and "auto: onnxruntime fp32" in sub.reason
+    layers = sub.pipeline["layers"]
+    assert layers and all(r["precision"] == "fp32" for r in layers)
+    assert all(r["reason"].startswith("the float graph ran faster") for r in layers)
+    assert sub.pipeline["quantized"] is False and "quantization" not in sub.pipeline
+
+
+def test_mixed_runs_when_it_wins(monkeypatch, tmp_path):
+    sub = _mixed_compile(tmp_path, monkeypatch, "openvino mixed")
+    assert sub.runtime == "openvino" and "auto: openvino mixed" in sub.reason
+    assert any(r["precision"] == "int8" for r in sub.pipeline["layers"])
+
+
+def test_a_rejected_int8_artifact_falls_back_to_the_fastest_float_runtime(monkeypatch, tmp_path):
+    """INT8 below the budget runs the float graph, timed like any float graph (not on the INT8
+    runtime by default)."""
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("onnxruntime"))
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResNetLike(width=8).eval())
+    x = torch.randn(2, 3, 16, 16)
+    options = {"cache_dir": str(tmp_path), "precision": "int8", "calibration_data": [x],
+               "accuracy_budget": 0.999999}  # fmt: skip
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_tensorrt", options=options)(x)
+    sub = embedl_dynamo.last_report()[-1]
+    assert sub.reason.startswith("int8 rejected, fp32 runs")
+    assert sub.runtime == "onnxruntime"
+
+
+def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
+    from embedl_dynamo.dynamo.judge import judging_sample
+
+    x = torch.randn(2, 3)
+    same = [torch.randn(2, 3) for _ in range(3)]
+    assert len(judging_sample([x], same)) == 3  # the sample and two calibration batches
+    assert len(judging_sample([x], [torch.randn(4, 3)])) == 1  # another shape: not comparable
+    assert len(judging_sample([x], lambda model: None)) == 1  # a forward_loop: the sample only

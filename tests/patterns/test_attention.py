@@ -472,3 +472,53 @@ def test_split_and_merge_heads_are_inverse() -> None:
     assert heads[0].shape == (2, 4, 5, 4)
     assert torch.equal(merge_heads(heads[0]), q)
     assert operator.getitem(heads, 1) is heads[1]
+
+
+def _masks(n, h, length):
+    keep = torch.rand(n, 1, length, length) > 0.3
+    keep[..., 0] = True
+    keep[:, :, 1] = False  # a query that attends nowhere: zeros, as in SDPA
+    padding = torch.zeros(n, 1, 1, length)
+    padding[..., -3:] = torch.finfo(torch.float32).min  # HF's additive padding mask
+    return {"none": (None, False), "bool": (keep, False), "float": (padding, False),
+            "causal": (None, True)}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["none", "bool", "float", "causal"])
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_the_export_form_computes_what_sdpa_computes(kind, scale) -> None:
+    from embedl_dynamo.patterns.attention import attention_for_export
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 7, 16) for _ in range(3))
+    mask, causal = _masks(2, 4, 7)[kind]
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=scale)  # fmt: skip
+    got = attention_for_export(q, k, v, mask, causal, scale)
+    assert max_abs_diff(got, expected) <= 1e-5
+
+
+def test_exported_attention_reads_q_and_k_in_its_matmul(tmp_path) -> None:
+    """In the ONNX file the first MatMul reads q and k^T directly and the scale follows it, so
+    a DequantizeLinear of q or k feeds the MatMul (what TensorRT needs to fuse INT8 q k^T)."""
+    import onnx
+
+    from embedl_dynamo.patterns.attention import FusedAttention
+    from embedl_dynamo.runtimes.onnx_export import export_onnx
+
+    graph = fx.Graph()
+    inputs = [graph.placeholder(name) for name in ("q", "k", "v")]
+    graph.output(graph.call_module("attention", tuple(inputs)))  # as a fusion leaves it
+    root = nn.Module()
+    root.attention = FusedAttention()
+    gm = fx.GraphModule(root, graph)
+    q, k, v = (torch.randn(1, 2, 5, 16) for _ in range(3))
+    path = export_onnx(gm, [q, k, v], tmp_path / "attention.onnx", dynamic_batch=False)
+    graph = onnx.load(str(path)).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    first = next(n for n in graph.node if n.op_type == "MatMul")
+    assert first.input[0] == "input_0"  # q, untouched
+    assert producer[first.input[1]].op_type == "Transpose"
+    assert producer[first.input[1]].input[0] == "input_1"  # k^T
+    (after,) = [n for n in graph.node if first.output[0] in n.input]
+    assert after.op_type == "Mul"

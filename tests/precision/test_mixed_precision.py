@@ -83,7 +83,7 @@ def _fake_timing(monkeypatch, whole):
 def _fake_profile(faster: set[str]):
     """Timings where exactly the modules in ``faster`` are quicker in INT8 (and Q/DQ is free)."""
 
-    def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime"):
+    def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime", **_):
         int8 = any("fq_" in n.name for n in gm.graph.nodes)
         modules = {
             str(n.target)

@@ -118,12 +118,23 @@ def test_tensorrt_attention_head_size_rule(heads, quantized):
     x = torch.randn(2, 3, 16, 16)
     q = quantize(model, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 16, 16)))
     report = q.meta["embedl_quantization"]
-    attention = [i for i in report["quantized_layers"] if i.startswith("quant_fused_attention")]
+    # a quantized attention is split: its probabilities module (q, k) and probs @ v
+    probs = [m for m in q.modules() if type(m).__name__ == "AttentionProbs"]
+    products = [i for i in report["quantized_layers"] if i.startswith("quant_matmul@")]
     floats = [f for f in report["float_layers"] if f["id"].startswith("quant_fused_attention")]
     if quantized:
-        assert len(attention) == 2 and not floats
+        assert len(probs) == 2 and len(products) == 2 and not floats
+        quantized_values = {n.args[0] for n in q.graph.nodes if n.op == "call_module"
+                            and str(n.target).startswith("fq_")}  # fmt: skip
+        for node in q.graph.nodes:
+            if node.op == "call_function" and node.target is torch.matmul:
+                # the softmax output and v both enter the matmul through a fake-quant
+                operands = [node.kwargs["input"], node.kwargs["other"]]
+                assert all(o.op == "call_module" and str(o.target).startswith("fq_")
+                           for o in operands), operands  # fmt: skip
+        assert quantized_values
     else:
-        assert not attention and len(floats) == 2
+        assert not probs and not products and len(floats) == 2
         assert "head size 8 is not in [16, 32, 64]" in floats[0]["reason"]
     # a bias-like add of a constant is not a residual
     assert any("not a residual" in f["reason"] for f in report["float_layers"])
