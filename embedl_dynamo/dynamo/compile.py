@@ -27,7 +27,6 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.dynamo.judge import check_precision, judging_sample
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
@@ -39,6 +38,7 @@ from embedl_dynamo.report import SubgraphReport, next_index, record
 from embedl_dynamo.runtimes.artifacts import store_alias
 from embedl_dynamo.runtimes.base import error_line
 from embedl_dynamo.runtimes.eager import EagerRuntime
+from embedl_dynamo.runtimes.judge import check_precision, judging_sample
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
 from embedl_dynamo.runtimes.runtime_choice import fastest, run_options
 from embedl_dynamo.runtimes.select import (

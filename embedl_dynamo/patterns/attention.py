@@ -177,13 +177,18 @@ class FusedAttention(FusedModule):
     average instead of NaN, as in float32.
 
     Quantized as: q, k and v (the operands of the two batched matmuls); the mask stays float.
+
+    ``num_heads`` (from the query's shape when the fusion knew it) is metadata for kernels that
+    take heads as an attribute (ONNX Runtime's MultiHeadAttention); the math does not use it.
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
 
-    def __init__(self, is_causal: bool = False, scale: float | None = None) -> None:
+    def __init__(
+        self, is_causal: bool = False, scale: float | None = None, num_heads: int | None = None
+    ) -> None:
         super().__init__()
-        self.is_causal, self.scale = is_causal, scale
+        self.is_causal, self.scale, self.num_heads = is_causal, scale, num_heads
 
     def forward(
         self,
@@ -329,7 +334,13 @@ class ScaledDotProductAttention(Pattern):
 
     def replace(self, m: Match) -> fx.Node:
         kw = m["sdpa"].kwargs
-        module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"])
+        shape = m.shape("q")
+        heads = shape[1] if shape is not None and len(shape) == 4 else None
+        module = FusedAttention(
+            is_causal=bool(kw["is_causal"]),
+            scale=kw["scale"],
+            num_heads=heads if isinstance(heads, int) else None,
+        )
         mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
         return m.call_module(module, m["q"], m["k"], m["v"], *mask)
 

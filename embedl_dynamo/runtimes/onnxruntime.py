@@ -22,8 +22,10 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.passes.shape_prop import ShapeProp
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.patterns.attention import FusedAttention
 from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings
@@ -74,6 +76,25 @@ def create_session(
     source = model if isinstance(model, bytes) else os.fspath(model)
     chosen = list(providers) if providers is not None else ort_providers()
     return ort.InferenceSession(source, sess_options=options, providers=chosen)
+
+
+def _attention_heads(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> dict[str, int]:
+    """Fused attention module name -> number of heads (the query's dim 1): what the fusion
+    recorded, else from one shape-propagating run of the graph on the example inputs."""
+    modules = dict(gm.named_modules())
+    calls = [
+        n for n in gm.graph.nodes
+        if n.op == "call_module" and isinstance(modules.get(str(n.target)), FusedAttention)
+    ]  # fmt: skip
+    heads = {str(n.target): modules[str(n.target)].num_heads for n in calls}
+    if calls and not all(heads.values()):
+        with torch.no_grad():
+            ShapeProp(gm).propagate(*example_inputs)
+        for node in calls:
+            meta = node.args[0].meta.get("tensor_meta") if node.args else None
+            if meta is not None and len(meta.shape) == 4:
+                heads[str(node.target)] = int(meta.shape[1])
+    return {name: count for name, count in heads.items() if count}
 
 
 class OnnxRuntime(OnnxArtifactRuntime):
@@ -134,7 +155,11 @@ class OnnxRuntime(OnnxArtifactRuntime):
         path, key = self.artifact(gm, example_inputs)
         self._path = path
         self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
-        fused = fused_artifact(path, key, self.settings.cache_dir) if self._fuse else None
+        fused = None
+        if self._fuse:
+            fused = fused_artifact(
+                path, key, self.settings.cache_dir, _attention_heads(gm, example_inputs)
+            )
         if fused is not None:
             self._path = fused[0]
             try:

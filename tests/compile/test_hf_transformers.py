@@ -128,3 +128,42 @@ def test_gpt2_with_kv_cache_decodes_like_eager(tmp_path):
         torch.testing.assert_close(out.logits, expected.logits, rtol=1e-4, atol=1e-4)
     runtimes = {s.runtime for s in embedl_dynamo.last_report()}
     assert "onnxruntime" in runtimes, [(s.runtime, s.reason) for s in embedl_dynamo.last_report()]
+
+
+@pytest.mark.parametrize("model_name", ["bert", "gpt2"])
+def test_onnxruntime_runs_our_attention_as_its_fused_kernel(tmp_path, model_name):
+    """``transformer_fusion=True``: every fused attention is one com.microsoft
+    MultiHeadAttention in the graph ONNX Runtime optimises and runs (counted there), padding
+    and causal masks included, and the outputs match eager on the valid positions."""
+    import collections
+
+    import onnx
+    import onnxruntime as ort
+
+    if model_name == "bert":
+        config = transformers.BertConfig(
+            hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+            vocab_size=VOCAB,
+        )  # fmt: skip
+        model = transformers.BertModel(config).eval()
+    else:
+        model = _gpt2()
+    options = {"cache_dir": str(tmp_path), "fallback": "raise", "runtime": "onnxruntime",
+               "transformer_fusion": True}  # fmt: skip
+    compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
+    ids, mask = _padded(2, 32, pad_left=model_name == "gpt2")
+    kwargs = {"use_cache": False} if model_name == "gpt2" else {}
+    with torch.inference_mode():
+        out = compiled(input_ids=ids, attention_mask=mask, **kwargs)[0]
+        expected = model(input_ids=ids, attention_mask=mask, **kwargs)[0]
+    valid = mask.bool()
+    torch.testing.assert_close(out[valid], expected[valid], rtol=1e-4, atol=1e-4)
+    (sub,) = [s for s in embedl_dynamo.last_report() if s.runtime_info.get("ort_fusions")]
+    assert sub.runtime_info["ort_fusions"]["MultiHeadAttention"] == 2
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    ort.InferenceSession(sub.runtime_info["artifact"], options, providers=["CPUExecutionProvider"])
+    ops = collections.Counter(
+        n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node
+    )
+    assert ops["MultiHeadAttention"] == 2 and ops["Softmax"] == 0

@@ -208,7 +208,7 @@ def test_a_rejected_int8_artifact_falls_back_to_the_fastest_float_runtime(monkey
 
 
 def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
-    from embedl_dynamo.dynamo.judge import judging_sample
+    from embedl_dynamo.runtimes.judge import judging_sample
 
     x = torch.randn(2, 3)
     same = [torch.randn(2, 3) for _ in range(3)]

@@ -46,9 +46,10 @@ def test_transformer_gets_onnxruntime_fused_kernels_and_matches(tmp_path) -> Non
     (sub,) = embedl_dynamo.last_report().subgraphs
     fusions = sub.runtime_info.get("ort_fusions", {})
     assert fusions.get("BiasGelu") == 2, fusions  # one per MLP block
+    assert fusions.get("MultiHeadAttention") == 2, fusions  # our attention, one kernel each
     fused = onnx.load(sub.runtime_info["artifact"], load_external_data=False)
-    counted = sum(n.op_type == "BiasGelu" for n in fused.graph.node)
-    assert counted == 2  # in the file ONNX Runtime loads, not just reported
+    for op in ("BiasGelu", "MultiHeadAttention"):  # in the file ONNX Runtime loads, not only
+        assert sum(n.op_type == op for n in fused.graph.node) == 2  # reported
     assert (got - want).abs().max().item() < 1e-4
 
 
