@@ -48,9 +48,9 @@ logger = logging.getLogger(__name__)
 
 _NAMESPACE = "runtime_choice"
 _FORMAT = 1
-_WARMUP = 2
+_WARMUP = 3
 _MIN_ROUNDS = 3
-_MAX_ROUNDS = 15
+_MAX_ROUNDS = 40
 _BUDGET_S = 1.0  # timing rounds stop once this much time went into them (after _MIN_ROUNDS)
 
 
@@ -62,11 +62,14 @@ class RunOption:
         label: how reports name it (``openvino``, ``openvino mixed``).
         runtime: the runtime class.
         model: the graph it builds.
+        handicap: its time is multiplied by this when compared (a lower precision must beat
+            float by more than noise: ``mixed`` by 3%).
     """
 
     label: str
     runtime: type[Runtime]
     model: fx.GraphModule
+    handicap: float = 1.0
 
 
 @dataclass
@@ -186,7 +189,7 @@ def fastest(
         assert error is not None
         raise error
     timings = measure_runtimes(built, inputs) if len(built) > 1 else {}
-    winner = min(built, key=lambda label: timings.get(label, 0.0))
+    winner = min(built, key=lambda label: timings.get(label, 0.0) * by_label[label].handicap)
     for label, runtime in built.items():
         if label != winner:
             runtime.deactivate()
@@ -233,5 +236,5 @@ def run_options(
         return [RunOption(c.name, c, model) for c in timed]
     if precision != "mixed":
         return [RunOption(runtime_cls.name, runtime_cls, model)]
-    mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model)
+    mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model, handicap=1 / 0.97)
     return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in timed)]
