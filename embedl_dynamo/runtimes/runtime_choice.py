@@ -52,6 +52,7 @@ _WARMUP = 3
 _MIN_ROUNDS = 3
 _MAX_ROUNDS = 40
 _BUDGET_S = 1.0  # timing rounds stop once this much time went into them (after _MIN_ROUNDS)
+_CLEAR = 1.05  # ...or once the same option led every round by 5%
 
 
 @dataclass(frozen=True)
@@ -96,11 +97,23 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _decided(samples: dict[str, list[float]]) -> bool:
+    """Whether every round ranked the same option first by a clear margin (large models: a
+    few rounds of 100+ ms settle it, and more would only lengthen the compile)."""
+    rounds = list(zip(*samples.values()))
+    winners = {min(range(len(r)), key=r.__getitem__) for r in rounds}
+    if len(winners) != 1:
+        return False
+    best = winners.pop()
+    return all(min(t for i, t in enumerate(r) if i != best) > r[best] * _CLEAR for r in rounds)
+
+
 def measure_runtimes(
     runtimes: dict[str, Runtime], inputs: Sequence[torch.Tensor]
 ) -> dict[str, float]:
     """Median ms per call of each runtime, round-robin (each round calls each twice, timing the
-    second: one runtime's spinning worker threads must not bill the next)."""
+    second: one runtime's spinning worker threads must not bill the next). Rounds go on until
+    the time budget is spent, or sooner once the ranking is clear."""
     for runtime in runtimes.values():
         for _ in range(_WARMUP):
             runtime.infer(*inputs)
@@ -115,6 +128,8 @@ def measure_runtimes(
             samples[name].append(elapsed)
             spent += 2 * elapsed
         rounds += 1
+        if rounds >= _MIN_ROUNDS and _decided(samples):
+            break
     return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}
 
 

@@ -215,3 +215,22 @@ def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
     assert len(judging_sample([x], same)) == 3  # the sample and two calibration batches
     assert len(judging_sample([x], [torch.randn(4, 3)])) == 1  # another shape: not comparable
     assert len(judging_sample([x], lambda model: None)) == 1  # a forward_loop: the sample only
+
+
+class _Sleeper:
+    def __init__(self, seconds):
+        self.seconds, self.calls = seconds, 0
+
+    def infer(self, *inputs):
+        import time
+
+        self.calls += 1
+        time.sleep(self.seconds)
+
+
+def test_timing_stops_once_the_ranking_is_clear():
+    fast, slow = _Sleeper(0.002), _Sleeper(0.02)
+    timings = REAL_MEASURE({"fast": fast, "slow": slow}, [])
+    assert timings["fast"] < timings["slow"]
+    # warm-up and three rounds of two calls: a 10x gap needs no more
+    assert fast.calls == slow.calls == runtime_choice._WARMUP + 2 * runtime_choice._MIN_ROUNDS
