@@ -31,10 +31,12 @@ import re
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
 from embedl_dynamo.cache.keys import jsonable, sha256_file
+
+T = TypeVar("T")
 
 __all__ = [
     "ENV_CACHE_DIR",
@@ -187,6 +189,23 @@ class ArtifactCache:
         logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding", path, problem)
         self._remove(path)
         return None
+
+    def get_json(self, key: str, read: Callable[[Any], T], what: str, then: str) -> T | None:
+        """``read(document)`` of the verified JSON entry for ``key``, or None if absent.
+
+        ``read`` raises ``ValueError``, ``KeyError`` or ``TypeError`` on content it does not
+        trust; such an entry (or one that is not JSON) is logged as a warning naming ``what``
+        and ``then`` (what happens instead) and removed, so the caller rebuilds it.
+        """
+        path = self.get(key, ".json")
+        if path is None:
+            return None
+        try:
+            return read(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("%s %s is invalid (%s); %s", what, path, exc, then)
+            self.remove(key, ".json")
+            return None
 
     def metadata(self, key: str, suffix: str = "") -> dict[str, Any]:
         """The caller metadata stored with an entry by :meth:`put` (empty if none)."""

@@ -91,23 +91,20 @@ def load_ranges(
     config: QuantizationConfig,
 ) -> dict[str, dict[str, Any]] | None:
     """The cached ranges for ``key``, or None (absent, corrupt or inconsistent: warned, removed)."""
-    cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE)
-    path = cache.get(key, ".json")
-    if path is None:
-        return None
-    try:
-        data = json.loads(path.read_text())
-        ranges = data["ranges"]
+
+    def read(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        ranges = document["ranges"]
         missing = sorted(set(placement.activations) - set(ranges))
         if missing:
             raise ValueError(f"no range for {missing[:5]}")
         for name, role in placement.activations.items():
             _check_range(name, ranges[name], config, role)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        logger.warning("calibration cache entry %s is invalid (%s); recalibrating", path, exc)
-        cache.remove(key, ".json")
-        return None
-    logger.info("calibration ranges loaded from %s", path)
+        return ranges
+
+    cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE)
+    ranges = cache.get_json(key, read, "calibration cache entry", "recalibrating")
+    if ranges is not None:
+        logger.info("calibration ranges loaded from the cache (%s)", key[:16])
     return ranges
 
 

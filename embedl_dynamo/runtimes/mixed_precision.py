@@ -327,24 +327,19 @@ def _load(
     cache: ArtifactCache | None, key: str, calibrated: CalibratedGraph
 ) -> tuple[list[str], list[dict[str, Any]]] | None:
     """Cached decisions for ``key``; a corrupt or stale entry is removed and re-measured."""
-    if cache is None:
-        return None
-    path = cache.get(key, ".json")
-    if path is None:
-        return None
-    try:
-        document = json.loads(path.read_text())
+
+    def read(document: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
         int8, records = list(document["int8"]), list(document["layers"])
         known = set(calibrated.placement.layers)
         if document.get("format") != _FORMAT or not set(int8) <= known:
             raise ValueError("it names layers this graph does not have")
         if {r["id"] for r in records} != known:
             raise ValueError("its layers differ from this graph's")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        logger.warning("mixed precision cache entry %s is invalid (%s); re-measuring", path, exc)
-        cache.remove(key, ".json")
+        return int8, records
+
+    if cache is None:
         return None
-    return int8, records
+    return cache.get_json(key, read, "mixed precision cache entry", "re-measuring")
 
 
 def apply_mixed(

@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import fx
@@ -134,21 +135,13 @@ def measure_runtimes(
 
 
 def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:
-    if cache is None:
-        return None
-    path = cache.get(key, ".json")
-    if path is None:
-        return None
-    try:
-        document = json.loads(path.read_text())
+    def read(document: dict[str, Any]) -> str:
         label = document["option"]
         if document.get("format") != _FORMAT or label not in labels:
             raise ValueError(f"format {document.get('format')!r}, option {label!r}")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        logger.warning("runtime choice %s is invalid (%s); timing again", path.name, exc)
-        cache.remove(key, ".json")
-        return None
-    return label
+        return label
+
+    return None if cache is None else cache.get_json(key, read, "runtime choice", "timing again")
 
 
 def fastest(
