@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +161,7 @@ def time_graphs(
     settings: Settings | None = None,
     axes: DynamicAxes | None = None,
     runtime: type[Runtime] = OnnxRuntime,
+    judge: Callable[[str, Runtime], bool] | None = None,
 ) -> dict[str, float]:
     """Median milliseconds per run of each graph on ``runtime``, timed round-robin.
 
@@ -170,7 +171,8 @@ def time_graphs(
 
     Each graph is built as the runtime builds it (the cached ONNX artifact with the same dynamic
     axes: ``axes``, or the batch per ``settings``), so the runtime later reuses the very file
-    timed. Without ``settings``, static exports in a temporary cache.
+    timed. Without ``settings``, static exports in a temporary cache. ``judge(name, runtime)``
+    sees each built graph first; one it refuses is not timed (nor in the result).
     """
     with tempfile.TemporaryDirectory(prefix="embedl_timing_") as tmp:
         if settings is None:
@@ -178,6 +180,8 @@ def time_graphs(
         elif num_threads is not None:
             settings = dataclasses.replace(settings, num_threads=num_threads)
         built = {name: runtime(settings, axes).build(gm, inputs) for name, gm in graphs.items()}
+        if judge is not None:
+            built = {name: r for name, r in built.items() if judge(name, r)}
         for built_runtime in built.values():
             for _ in range(_WARMUP):
                 built_runtime.infer(*inputs)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,10 @@ class MixedChoice:
     layers: list[dict[str, Any]]
 
 
-def _outputs(model: fx.GraphModule, batches: Sequence[tuple[torch.Tensor, ...]]) -> torch.Tensor:
+def _outputs(
+    model: Callable[..., Any], batches: Sequence[tuple[torch.Tensor, ...]]
+) -> torch.Tensor:
+    """Every output of ``model`` (a graph, or a runtime's ``infer``) on ``batches``, flattened."""
     flat = []
     with torch.no_grad():
         for batch in batches:
@@ -282,15 +285,37 @@ def _measure(
     full_cosine = set_cosine if set(int8) == set(every) else _set_cosine(calibrated, sample, every)
     if full_cosine >= budget:
         candidates["int8"] = every_int8
+    # the candidates are judged on the runtime too: its integer kernels are what will run (and
+    # OpenVINO 2026.4 returns zeros for some ConvNeXt Q/DQ subsets that ONNX Runtime runs right)
+    reference = _outputs(calibrated.gm, sample)
+    refused: dict[str, float] = {}
+
+    def judge(name: str, built: Runtime) -> bool:
+        if name == "fp32":
+            return True
+        cosine = _cosine(_outputs(built.infer, sample), reference)
+        if cosine < budget:
+            refused[name] = cosine
+        return cosine >= budget
+
     options = time_graphs(
         candidates, inputs, num_threads=num_threads, settings=deploy[0], axes=deploy[1],
-        runtime=runtime,
+        runtime=runtime, judge=judge,
     )  # fmt: skip
+    if refused:
+        logger.info("mixed precision on %s: refused on the runtime: %s", where,
+                    ", ".join(f"{n} (cosine {c:.4f})" for n, c in refused.items()))  # fmt: skip
+    if "mixed" in refused and "int8" in options:
+        int8, set_cosine = every, full_cosine  # the per-layer set failed; INT8 everywhere holds
     best = min(options, key=options.__getitem__)
     if best != "fp32" and options[best] > options["fp32"] * _MARGIN:
         best = "fp32"
     timing = ", ".join(f"{name} {ms:.3f} ms" for name, ms in options.items())
-    if best == "fp32" and int8:
+    if best == "fp32" and int8 and refused and "int8" not in options:
+        why = ", ".join(f"{n}: cosine {c:.4f}" for n, c in refused.items())
+        reasons.update({i: f"the INT8 set failed the budget on {where} ({why})" for i in int8})
+        int8 = []
+    elif best == "fp32" and int8:
         reasons.update({i: f"the INT8 set was not faster as a whole ({timing})" for i in int8})
         int8 = []
     elif best == "int8":

@@ -74,7 +74,7 @@ def _fake_timing(monkeypatch, whole):
     """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
 
     def time_graphs(graphs, inputs, rounds=15, num_threads=None, settings=None, axes=None,
-                    runtime=None):  # fmt: skip
+                    runtime=None, judge=None):  # fmt: skip
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
     monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
@@ -225,3 +225,31 @@ def test_whole_graphs_are_timed_as_the_artifacts_the_runtime_deploys(monkeypatch
     ((names, used),) = timed
     assert used["settings"] is not None and used["axes"].inputs[0] == {0: BATCH}
     assert BUILD_COUNTS.get("onnx", 0) - before == len(names)
+
+
+def test_a_set_the_runtime_gets_wrong_is_refused(monkeypatch):
+    """Each candidate is judged on the runtime as built (its integer kernels, not the fake-quant
+    graph): OpenVINO 2026.4 returns zeros for some ConvNeXt Q/DQ subsets. A refused per-layer
+    set gives way to INT8 everywhere where that holds, else to fp32, with the reason."""
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    fast = [i for i in sorted(layers) if layers[i].module][:2]
+    monkeypatch.setattr(
+        mixed_precision, "profile_graph", _fake_profile({layers[i].module for i in fast})
+    )
+
+    def time_graphs(graphs, inputs, judge=None, **_):
+        class _Zeros:  # what the runtime gives for every candidate but fp32
+            def infer(self, *batch):
+                out = graphs["fp32"](*batch)
+                out = out if isinstance(out, (tuple, list)) else (out,)
+                return tuple(torch.zeros_like(o) for o in out)
+
+        kept = {n: g for n, g in graphs.items() if n == "fp32" or judge(n, _Zeros())}
+        return {name: {"fp32": 10.0, "mixed": 7.0, "int8": 6.0}[name] for name in kept}
+
+    monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.9)
+    assert choice.report is None  # every lower candidate refused: fp32
+    reasons = {r["reason"] for r in choice.layers if r["id"] in fast}
+    assert all("failed the budget on onnxruntime" in r for r in reasons), reasons
