@@ -38,13 +38,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
 from bench.measure import cosine, first_tensor, round_robin_medians  # noqa: E402
+from bench.peers import inductor_peer, openvino_peer  # noqa: E402
 from bench.zoo import import_model_libraries  # noqa: E402
 from embedl_dynamo.report import clear_reports  # noqa: E402
 
@@ -115,36 +115,14 @@ def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple
     return batches
 
 
-def _openvino(model, inputs, calibration, int8: bool) -> Callable[[], object]:
-    import openvino as ov
-
-    ov_model = ov.convert_model(model, example_input=inputs)
-    if int8:
-        import nncf
-
-        data = nncf.Dataset([tuple(t.numpy() for t in batch) for batch in calibration])
-        ov_model = nncf.quantize(ov_model, data, model_type=nncf.ModelType.TRANSFORMER)
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    request = compiled.create_infer_request()
-    feeds = [t.numpy() for t in inputs]
-
-    def run():
-        request.infer(feeds)
-        return torch.from_numpy(np.array(request.get_output_tensor(0).data))
-
-    return run
-
-
 def make_variant(name: str, model, inputs, calibration, cache_dir: str) -> Callable[[], object]:
     """The variant's call (built, not yet called)."""
     if name == "eager":
         return lambda: model(*inputs)
     if name == "inductor":
-        torch._inductor.config.freezing = True
-        compiled = torch.compile(model, backend="inductor")
-        return lambda: compiled(*inputs)
+        return inductor_peer(model, inputs)
     if name in ("openvino", "nncf_int8"):
-        return _openvino(model, inputs, calibration, int8=name == "nncf_int8")
+        return openvino_peer(model, inputs, calibration, name == "nncf_int8", transformer=True)
     runtime = "openvino" if "_ov" in name else "onnxruntime"
     # a fresh cache directory per variant: first-call seconds are a cold compile
     options = {"runtime": runtime, "cache_dir": tempfile.mkdtemp(dir=cache_dir)}
