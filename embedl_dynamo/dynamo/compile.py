@@ -102,7 +102,6 @@ def compile_subgraph(
     timed = [] if on_cuda else [c for c in candidates if c in CPU_TARGETS]
     if len(timed) < 2:
         timed = []
-    runtime_label = "/".join(c.name for c in timed) or runtime_cls.name
 
     def _eager(status: str, reason: str, fn: Callable[..., Any] = gm.forward):
         report.status, report.reason = status, reason
@@ -187,6 +186,7 @@ def compile_subgraph(
         instead (never fake-quant).
         """
         options = run_options(model, float_model, runtime_cls, timed, settings.precision)
+        runtime_label = "/".join(dict.fromkeys(o.runtime.name for o in options))
         try:
             if len(options) > 1:
                 choice = fastest(options, inputs, settings, axes)
