@@ -41,6 +41,7 @@ from embedl_dynamo.runtimes.onnx_initializers import (
     capture_initializers,
     graph_weights,
     save_with_weights,
+    shape_inference_without_weights,
 )
 
 __all__ = ["DEFAULT_OPSET", "ExportError", "export_onnx", "input_names", "output_names"]
@@ -133,6 +134,7 @@ def _torchscript_export(
         warnings.catch_warnings(),
         contextlib.redirect_stdout(io.StringIO()),
         _native_output_to_debug(),
+        shape_inference_without_weights(),
     ):
         warnings.simplefilter("ignore")
         torch.onnx.export(

@@ -14,6 +14,11 @@ those inputs back into initializers with one copy per tensor. The result equals 
 If the pass is not reached (another torch version) or a value cannot be written, nothing is
 guessed: :func:`attach_initializers` returns False and the caller exports with
 ``export_params=True`` as before.
+
+The exporter's whole-graph shape inference is given only the parameters whose values can
+decide a shape (:func:`shape_inference_without_weights`): on BERT-base it spent 1 s building
+single-node ONNX models that carry every 2 MB weight as a constant, to learn shapes the
+weights' types already state. The exported graph is the same (tested).
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = [
     "capture_initializers",
     "graph_weights",
     "save_with_weights",
+    "shape_inference_without_weights",
     "tensor_proto",
 ]
 
@@ -41,7 +47,11 @@ __all__ = [
 # external data itself (export_params=True), as it always did.
 MAX_IN_MEMORY_BYTES = 1_800_000_000
 _PASS = "_jit_pass_onnx_deduplicate_initializers"
-_LOCK = threading.Lock()  # the exporter's state (and this hook) is process-wide
+_SHAPE_PASS = "_jit_pass_onnx_graph_shape_type_inference"
+# ONNX shape inference reads values only from the inputs that are shapes, indices, axes or
+# scales (Reshape, Expand, Slice, Tile, Resize...): integer tensors, or a few floats
+SHAPE_VALUE_MAX_ELEMENTS = 64
+_LOCK = threading.RLock()  # the exporter's state (and these hooks) is process-wide
 
 
 def _onnx_types() -> dict[torch.dtype, int]:
@@ -87,6 +97,37 @@ def capture_initializers() -> Iterator[dict[str, torch.Tensor]]:
             yield captured
         finally:
             setattr(torch._C, _PASS, original)
+
+
+def _may_decide_a_shape(value: Any) -> bool:
+    if not isinstance(value, torch.Tensor):
+        return True
+    return not value.is_floating_point() or value.numel() <= SHAPE_VALUE_MAX_ELEMENTS
+
+
+@contextlib.contextmanager
+def shape_inference_without_weights() -> Iterator[None]:
+    """Within the block, the exporter's shape inference sees no floating-point weight values.
+
+    Its parameters dict is filtered to integer tensors and floats of at most
+    :data:`SHAPE_VALUE_MAX_ELEMENTS` elements; a weight stays a typed graph value with its
+    full shape, so every inferred type and shape is unchanged.
+    """
+    original = getattr(torch._C, _SHAPE_PASS, None)
+    if original is None:
+        yield
+        return
+
+    def infer(graph: Any, params: dict[str, Any], *rest: Any) -> Any:
+        small = {name: v for name, v in params.items() if _may_decide_a_shape(v)}
+        return original(graph, small, *rest)
+
+    with _LOCK:
+        setattr(torch._C, _SHAPE_PASS, infer)
+        try:
+            yield
+        finally:
+            setattr(torch._C, _SHAPE_PASS, original)
 
 
 def tensor_proto(name: str, tensor: torch.Tensor) -> Any:

@@ -23,12 +23,13 @@ import embedl_dynamo
 from embedl_dynamo.runtimes import onnx_export
 from embedl_dynamo.runtimes.onnx_export import export_onnx
 from embedl_dynamo.runtimes.onnx_initializers import (
+    SHAPE_VALUE_MAX_ELEMENTS,
     attach_initializers,
     graph_weights,
     save_with_weights,
     tensor_proto,
 )
-from tests.models import ResNetLike, randomize_batchnorm
+from tests.models import ResNetLike, ViTLike, randomize_batchnorm
 
 
 class _Mixed(nn.Module):
@@ -196,3 +197,55 @@ def test_tensor_proto_round_trips(tensor):
     else:
         np.testing.assert_array_equal(numpy_helper.to_array(proto), tensor.numpy())
     assert list(proto.dims) == list(tensor.shape)
+
+
+class _ShapeValues(nn.Module):
+    """Shapes read from values: a float scale buffer (Resize), an int shape buffer (Reshape),
+    big float weights beside them, and a dynamic batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.register_buffer("shape", torch.tensor([-1, 8, 64], dtype=torch.int64))
+        self.proj = nn.Linear(64, 80)
+        self.register_buffer("table", torch.randn(80, 80))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.interpolate(self.conv(x), scale_factor=2.0, mode="nearest")
+        y = torch.reshape(y, tuple(self.shape.tolist()))
+        z = self.proj(y) @ self.table
+        return z.expand(x.shape[0], 8, 80).softmax(-1)
+
+
+@pytest.mark.parametrize("case", ["mixed", "shape_values", "vit"])
+def test_shape_inference_without_weights_infers_the_same_graph(tmp_path, monkeypatch, case):
+    """Every node (whose form the exporter picks from inferred shapes), input and output type
+    is the same as when the exporter's shape inference is handed all the weights."""
+    if case == "vit":  # attention as the pipeline rewrites it, dynamic batch
+        model, x = ViTLike().eval(), torch.randn(2, 3, 16, 16)
+
+        def export(path):
+            options = {"cache_dir": path.parent / f"{path.stem}_cache"}
+            return embedl_dynamo.export(model, x, path, options=options)
+    else:
+        model = randomize_batchnorm({"mixed": _Mixed, "shape_values": _ShapeValues}[case]())
+        gm, x = fx.symbolic_trace(model.eval()), torch.randn(2, 3, 4, 4)
+
+        def export(path):
+            return export_onnx(gm, [x], path, exporter="torchscript")
+
+    seen: list[int] = []
+    real_pass = torch._C._jit_pass_onnx_graph_shape_type_inference
+
+    def spy(graph, params, *rest):
+        seen.append(max((v.numel() for v in params.values() if v.is_floating_point()), default=0))
+        return real_pass(graph, params, *rest)
+
+    monkeypatch.setattr(torch._C, "_jit_pass_onnx_graph_shape_type_inference", spy)
+    lean = onnx.load(str(export(tmp_path / "lean.onnx")))
+    assert seen and max(seen) <= SHAPE_VALUE_MAX_ELEMENTS  # the pass saw no weight values
+    seen.clear()
+    monkeypatch.setattr(onnx_export, "shape_inference_without_weights", contextlib.nullcontext)
+    full = onnx.load(str(export(tmp_path / "full.onnx")))
+    assert seen and max(seen) > SHAPE_VALUE_MAX_ELEMENTS  # ...and here every weight
+    _same(lean, full)
