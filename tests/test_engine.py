@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+import embedl_dynamo
 from embedl_dynamo import (
     Match,
     Pattern,
@@ -290,6 +291,39 @@ def test_user_model_is_never_mutated(factory) -> None:
     assert all(torch.equal(state[k], after[k]) for k in state)
     assert repr(model) == structure and not model.training
     assert not any(isinstance(m, FusedConv) for m in model.modules())
+
+
+class _Shared(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 4)
+        self.register_buffer("offset", torch.randn(4))
+        self.scale = torch.tensor(2.0)  # a plain tensor attribute
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) * self.scale + self.offset
+
+
+def test_the_plan_shares_the_users_tensors_and_the_result_owns_its_own() -> None:
+    """Tracing shares tensors (no 440 MB copy on BERT-base); whatever the result keeps is a
+    copy, so training the QAT model, which writes into its weights, leaves the user's alone."""
+    model = _Shared().eval()
+    mine = {id(t) for t in (*model.parameters(), *model.buffers(), model.scale)}
+    plan = get_transformation_plan(model, TENSORRT_FUSION_PATTERNS, (X,))
+    assert {id(t) for t in plan.model.parameters()} <= mine  # nothing copied to plan
+    result = apply_transformation_plan(plan).model
+    kept = [*result.parameters(), *result.buffers()]
+    kept += [v for m in result.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    assert kept and not {id(t) for t in kept} & mine
+    assert not {t.untyped_storage().data_ptr() for t in kept} & {
+        t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())
+    }
+    state = _state(model)
+    qat = embedl_dynamo.prepare_qat(model, (X,), calibration_data=[(X,)], backend="tensorrt")
+    loss = qat(X).square().sum()
+    loss.backward()
+    torch.optim.SGD([p for p in qat.parameters() if p.requires_grad], lr=1.0).step()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
 class ReluForever(Pattern):

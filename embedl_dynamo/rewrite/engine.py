@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,10 +91,12 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
             canonicalisations such as ``view(n, -1)`` -> ``flatten``).
 
     Returns:
-        A new GraphModule whose parameters are copies of the model's.
+        A new GraphModule that shares the model's tensors: rewrites put new tensors in place
+        of old ones and never write into them, and :func:`apply_transformation_plan` copies
+        the ones its result keeps (copying BERT-base's 440 MB here cost 0.4 s per compile).
     """
     if isinstance(model, fx.GraphModule):
-        gm = copy.deepcopy(model)
+        gm = _copy_sharing_tensors(model)
     else:
         if isinstance(model, _UNTRACEABLE_LEAVES):
             root = _Root(model)
@@ -112,7 +114,7 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
                 from embedl_dynamo.graph.capture import capture
 
                 return trace(capture(model, args), args)
-        gm = copy.deepcopy(fx.GraphModule(root, graph, type(model).__name__))
+        gm = _copy_sharing_tensors(fx.GraphModule(root, graph, type(model).__name__))
     if args is not None:
         from torch.fx.passes.shape_prop import ShapeProp
 
@@ -257,28 +259,33 @@ def plan_transformation(
     return plan
 
 
-def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
-    """Deep-copy ``gm`` but keep its parameter and buffer tensors shared (for speed).
+def _tensor_slots(gm: nn.Module) -> Iterator[tuple[dict[str, Any], str, torch.Tensor]]:
+    """``(owner dict, name, tensor)`` for every parameter, buffer and plain tensor attribute."""
+    for module in gm.modules():
+        for slots in (module._parameters, module._buffers, module.__dict__):
+            for name, value in list(slots.items()):
+                if isinstance(value, torch.Tensor):
+                    yield slots, name, value
 
-    Fusions replace most weights (BatchNorm folded into new tensors), so copying them all first
-    is wasted work; :func:`_unshare_tensors` copies the ones that survive.
+
+def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
+    """Deep-copy ``gm`` but keep its tensors (parameters, buffers, tensor attributes) shared.
+
+    Rewrites replace tensors (BatchNorm folded into new ones, fused modules' own copies), so
+    copying them all first is wasted work; :func:`_unshare_tensors` copies the ones that survive.
     """
-    memo: dict[int, Any] = {}
-    for tensor in (*gm.parameters(), *gm.buffers()):
-        memo[id(tensor)] = tensor
+    memo: dict[int, Any] = {id(tensor): tensor for _, _, tensor in _tensor_slots(gm)}
     return copy.deepcopy(gm, memo)
 
 
 def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
-    """Give ``gm`` its own copy of every parameter and buffer it still shares with ``source``."""
-    shared = {id(t) for t in (*source.parameters(), *source.buffers())}
-    for module in gm.modules():
-        for name, param in module._parameters.items():
-            if param is not None and id(param) in shared:
-                module._parameters[name] = copy.deepcopy(param)
-        for name, buffer in module._buffers.items():
-            if buffer is not None and id(buffer) in shared:
-                module._buffers[name] = buffer.clone()
+    """Give ``gm`` its own copy of every tensor it still shares with ``source``."""
+    shared = {id(tensor) for _, _, tensor in _tensor_slots(source)}
+    for slots, name, tensor in _tensor_slots(gm):
+        if id(tensor) in shared:
+            slots[name] = (
+                copy.deepcopy(tensor) if isinstance(tensor, nn.Parameter) else tensor.clone()
+            )
 
 
 def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
