@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from torch import fx
+from torch import fx, nn
 
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph
 from embedl_dynamo.cache.store import ArtifactCache, atomic_write_text, default_cache_dir
@@ -37,6 +37,34 @@ def test_fingerprint_covers_weights_and_structure():
     assert fingerprint_graph(fx.symbolic_trace(model)) != first
     other = fx.symbolic_trace(ResNetLike(num_classes=7).eval())
     assert fingerprint_graph(other) != first
+
+
+class _TwoBig(nn.Module):
+    """Two weights over 1 MiB (hashed on threads), a small one and a plain tensor attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(600, 600), nn.Linear(600, 600)
+        self.c = nn.Linear(600, 2)
+        self.register_buffer("empty", torch.zeros(0))
+
+    def forward(self, x):
+        return self.c(self.b(self.a(x)))  # the empty buffer is hashed all the same
+
+
+def test_fingerprint_covers_every_byte_of_threaded_weights():
+    model = _TwoBig().eval()
+    first = fingerprint_graph(fx.symbolic_trace(model))
+    assert fingerprint_graph(fx.symbolic_trace(model)) == first
+    with torch.no_grad():
+        model.b.weight[-1, -1] += 1e-6  # the last byte of the second big weight
+    changed = fingerprint_graph(fx.symbolic_trace(model))
+    assert changed != first
+    with torch.no_grad():  # the two big weights trade places: same bytes, other names
+        a, b = model.a.weight.clone(), model.b.weight.clone()
+        model.a.weight.copy_(b)
+        model.b.weight.copy_(a)
+    assert fingerprint_graph(fx.symbolic_trace(model)) not in (first, changed)
 
 
 def test_default_cache_dir_env(monkeypatch, tmp_path):
