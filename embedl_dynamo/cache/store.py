@@ -8,7 +8,9 @@ nothing; anything that changes the artifact changes the key, so stale entries ar
 
 Safety rules, all enforced here:
 
-* writes are atomic: a temporary file in the same directory, ``fsync``, then ``os.replace``;
+* writes are atomic: a temporary file in the same directory, then ``os.replace``; an
+  artifact is not ``fsync``-ed, since its sidecar's size and sha256 are verified on every read
+  (a file cut short by a power cut is rebuilt), and the sidecar is written, synced, last;
 * every artifact has a JSON sidecar holding its sha256 and size; an entry whose bytes do not
   match (truncated, corrupted, half-written by a killed process) is logged as a warning,
   removed and rebuilt, never trusted;
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
+from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import jsonable, sha256_file
 
 T = TypeVar("T")
@@ -245,16 +248,19 @@ class ArtifactCache:
         Args:
             key: the content key.
             data: the bytes, or the path of a finished file to move in (same filesystem is
-                cheapest; it is copied otherwise).
+                cheapest; it is copied otherwise). A file written with
+                :func:`~embedl_dynamo.cache.hashed_file.open_hashed` is not read again to hash.
             suffix: the file extension.
             meta: JSON-serialisable metadata kept in the sidecar.
         """
         path = self.path(key, suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
+        digest = None
         if isinstance(data, (bytes, bytearray, memoryview)):
             atomic_write_bytes(path, bytes(data))
         else:
             src = Path(data)
+            digest = written_digest(src)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
             try:
@@ -264,14 +270,16 @@ class ArtifactCache:
                     import shutil
 
                     shutil.copyfile(src, tmp)
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        record = {"sha256": sha256_file(path), "size": path.stat().st_size, "meta": meta or {}}
+        record = {
+            "sha256": digest or sha256_file(path),
+            "size": path.stat().st_size,
+            "meta": meta or {},
+        }
         atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
         evict_to_budget(self.root, max_cache_bytes(), keep=path)
         return path
