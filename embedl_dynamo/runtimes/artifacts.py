@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,7 @@ def onnx_artifact(
     example_inputs: list[torch.Tensor],
     settings: Settings,
     axes: DynamicAxes | None = None,
+    reference: Callable[[], Sequence[torch.Tensor]] | None = None,
 ) -> tuple[Path, str, bool]:
     """The ONNX file for ``gm`` from the artifact cache, exported under the key's lock if absent.
 
@@ -68,6 +70,9 @@ def onnx_artifact(
         settings: the settings (cache directory, dynamic batch).
         axes: the dynamic axes (Dynamo's symbolic sizes); dim 0 by ``settings.dynamic_batch``
             when None.
+        reference: gives ``gm``'s outputs on ``example_inputs`` when the export needs them
+            (a runtime's :meth:`~.base.Runtime.reference_outputs`); the export runs ``gm``
+            itself when None.
 
     Returns:
         ``(path, key, built)``.
@@ -86,7 +91,10 @@ def onnx_artifact(
 
     def _build(path: Path) -> None:
         # the TorchScript exporter only: torch.export inside a Dynamo backend upsets Dynamo state
-        export_onnx(gm, example_inputs, path, exporter="torchscript", dynamic_axes=axes)
+        outputs = reference() if reference is not None else None
+        export_onnx(
+            gm, example_inputs, path, exporter="torchscript", dynamic_axes=axes, outputs=outputs
+        )
         count_build("onnx")
         logger.info("built ONNX artifact %s", key[:16])
 
@@ -175,6 +183,12 @@ class OnnxArtifactRuntime(Runtime):
         if self._prebuilt is not None:
             self.from_cache = True
             return self._prebuilt
-        path, key, built = onnx_artifact(gm, example_inputs, self.settings, self.dynamic_axes)
+        path, key, built = onnx_artifact(
+            gm,
+            example_inputs,
+            self.settings,
+            self.dynamic_axes,
+            reference=lambda: self.reference_outputs(gm, example_inputs),
+        )
         self.from_cache = not built
         return path, key

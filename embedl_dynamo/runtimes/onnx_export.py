@@ -215,6 +215,7 @@ def export_onnx(
     opset: int | None = None,
     exporter: str = "auto",
     dynamic_axes: DynamicAxes | None = None,
+    outputs: Sequence[torch.Tensor] | None = None,
 ) -> Path:
     """Export ``gm`` to a single ONNX file with constants as initializers.
 
@@ -229,6 +230,8 @@ def export_onnx(
         opset: ONNX opset (:data:`DEFAULT_OPSET` when None).
         exporter: ``auto`` (TorchScript exporter, then ``torch.export`` if it fails),
             ``torchscript`` or ``dynamo``.
+        outputs: ``gm``'s outputs on ``example_inputs`` when the caller has them (for their
+            count and dynamic axes); ``gm`` is run when None.
 
     Returns:
         ``path``, checked with ``onnx.checker``.
@@ -244,8 +247,9 @@ def export_onnx(
     opset = opset or DEFAULT_OPSET
     module = _FlatOutputs(gm).eval()
     args = tuple(example_inputs)
-    with torch.no_grad():
-        outputs = module(*args)
+    if outputs is None:
+        with torch.no_grad():
+            outputs = module(*args)
     _check_io(args, outputs)
     axes = dynamic_axes if dynamic_axes is not None else batch_axes(args, outputs, dynamic_batch)
     if len(axes.outputs) != len(outputs):  # inputs' axes only: outputs follow the batch
