@@ -163,7 +163,7 @@ class OnnxArtifactRuntime(Runtime):
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
     ) -> None:
         super().__init__(settings, dynamic_axes)
-        self._prebuilt: tuple[Path, str] | None = None  # (path, key) from use_cached
+        self._prebuilt: tuple[Path, str, bool] | None = None  # (path, key, built now)
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
@@ -174,15 +174,21 @@ class OnnxArtifactRuntime(Runtime):
         path = cached_onnx(key, self.settings)
         if path is None:
             return False
-        self._prebuilt = (path, key)
+        self._prebuilt = (path, key, False)
         return True
+
+    def use_artifact(self, path: Path, key: str, built: bool) -> None:
+        """Build from the ONNX artifact :func:`onnx_artifact` just returned for this very
+        graph (``path, key, built``): it is neither fingerprinted nor verified again."""
+        self._prebuilt = (path, key, built)
 
     def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> tuple[Path, str]:
         """The ONNX file to run and its key (the prebuilt one, or the cached export of ``gm``);
         sets :attr:`from_cache`."""
         if self._prebuilt is not None:
-            self.from_cache = True
-            return self._prebuilt
+            path, key, built = self._prebuilt
+            self.from_cache = not built
+            return path, key
         path, key, built = onnx_artifact(
             gm,
             example_inputs,

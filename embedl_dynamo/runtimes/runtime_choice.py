@@ -32,7 +32,7 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import onnx_artifact
+from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
@@ -165,7 +165,18 @@ def fastest(
     Raises:
         Exception: what the last option raised, when none of them builds.
     """
-    artifacts = [onnx_artifact(o.model, list(inputs), settings, axes)[1] for o in options]
+    exported: dict[int, tuple[Any, str, bool]] = {}  # one export per graph, shared by runtimes
+    for o in options:
+        if id(o.model) not in exported:
+            exported[id(o.model)] = onnx_artifact(o.model, list(inputs), settings, axes)
+    artifacts = [exported[id(o.model)][1] for o in options]
+
+    def runtime_of(option: RunOption) -> Runtime:
+        runtime = option.runtime(settings, axes)
+        if isinstance(runtime, OnnxArtifactRuntime):
+            runtime.use_artifact(*exported[id(option.model)])
+        return runtime
+
     key = content_key(
         _NAMESPACE, _FORMAT, [[o.label, o.runtime.name, a] for o, a in zip(options, artifacts)],
         settings.num_threads, library_versions(), _cpu_name(),
@@ -179,7 +190,7 @@ def fastest(
     if cached is not None:  # the cached winner: build it alone
         option = by_label[cached]
         try:
-            runtime = option.runtime(settings, axes).build(option.model, inputs)
+            runtime = runtime_of(option).build(option.model, inputs)
         except Exception as exc:
             logger.warning("cached runtime choice %s failed to build (%s); timing again",
                            cached, exc)  # fmt: skip
@@ -189,7 +200,7 @@ def fastest(
     error: Exception | None = None
     for option in options:
         try:
-            built[option.label] = option.runtime(settings, axes).build(option.model, inputs)
+            built[option.label] = runtime_of(option).build(option.model, inputs)
         except Exception as exc:  # the others may still run it
             logger.info("%s cannot run this graph: %s", option.label, exc)
             error = exc

@@ -234,3 +234,25 @@ def test_timing_stops_once_the_ranking_is_clear():
     assert timings["fast"] < timings["slow"]
     # warm-up and three rounds of two calls: a 10x gap needs no more
     assert fast.calls == slow.calls == runtime_choice._WARMUP + 2 * runtime_choice._MIN_ROUNDS
+
+
+def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, tmp_path):
+    """The graph is fingerprinted and exported once; each runtime builds from that file
+    without hashing it again, and reports it as built now, not as found in the cache."""
+    from embedl_dynamo.cache import store
+    from embedl_dynamo.runtimes import artifacts
+
+    _, gm, x = _graph()
+    fingerprints, hashed = [], []
+    real_fingerprint, real_sha = artifacts.fingerprint_graph, store.sha256_file
+    monkeypatch.setattr(
+        artifacts, "fingerprint_graph", lambda g: fingerprints.append(1) or real_fingerprint(g)
+    )
+    monkeypatch.setattr(store, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("openvino"))
+    choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], Settings(cache_dir=tmp_path))
+    assert choice.option.label == "openvino"
+    assert len(fingerprints) == 1
+    assert not [p for p in hashed if p.suffix == ".onnx"]
+    assert not choice.runtime.from_cache
+    assert_close_to_scale(choice.runtime(x)[0], _reference(gm, x))
