@@ -22,7 +22,11 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, module_path, node_shape
-from embedl_dynamo.patterns.attention import AttentionProbs, FusedAttention
+from embedl_dynamo.patterns.attention import (
+    AttentionProbs,
+    FusedAttention,
+    ScaledDotProductAttention,
+)
 from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
@@ -81,10 +85,7 @@ class QuantSDPA(PlacementRule):
     name = "quant_sdpa"
     qdq = QDQ(inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION})
 
-    @staticmethod
-    def target(q, k, v):
-        out = F.scaled_dot_product_attention(q, k, v)
-        return out, {"sdpa": out}
+    target = staticmethod(ScaledDotProductAttention.target)  # the fused span it quantizes
 
     def check(self, m: Match) -> MatchResult:
         shape = m.shape("q")

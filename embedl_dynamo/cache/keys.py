@@ -19,7 +19,14 @@ from torch import fx
 
 from embedl_dynamo.graph.printer import format_graph
 
-__all__ = ["content_key", "fingerprint_graph", "jsonable", "library_versions", "sha256_file"]
+__all__ = [
+    "content_key",
+    "fingerprint_graph",
+    "jsonable",
+    "library_versions",
+    "sha256_file",
+    "tensor_bytes",
+]
 
 
 def _version(module: str) -> str | None:
@@ -47,15 +54,20 @@ def library_versions() -> dict[str, str | None]:
 _PARALLEL_BYTES = 1 << 20
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[str, Any]:
-    """The tensor's header (dtype, shape) and its bytes as a flat uint8 array (no copy when
-    it is a contiguous CPU tensor)."""
+def tensor_bytes(tensor: torch.Tensor) -> Any:
+    """The tensor's bytes as a flat uint8 numpy array (a view when it is a contiguous CPU
+    tensor; a quantized tensor is dequantized first)."""
     t = tensor.detach()
     if t.is_quantized:
         t = t.dequantize()
-    t = t.to("cpu").contiguous()
-    data = t.reshape(-1).view(torch.uint8).numpy() if t.numel() else None
-    return f"{t.dtype}|{tuple(t.shape)}", data
+    return t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> tuple[str, Any]:
+    """The tensor's header (dtype, shape) and its bytes (None when it is empty)."""
+    dtype = torch.float32 if tensor.is_quantized else tensor.dtype
+    data = tensor_bytes(tensor) if tensor.numel() else None
+    return f"{dtype}|{tuple(tensor.shape)}", data
 
 
 def _digest(data: Any) -> bytes:

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from embedl_dynamo.cache.hashed_file import open_hashed
+from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.runtimes.int8_weights import fold_int8_weights
 
 __all__ = [
@@ -135,7 +136,7 @@ def tensor_proto(name: str, tensor: torch.Tensor) -> Any:
     """``tensor`` as an ONNX ``TensorProto`` with raw little-endian data."""
     proto = _header(name, tensor)
     if tensor.numel():
-        proto.raw_data = _bytes_of(tensor).tobytes()
+        proto.raw_data = tensor_bytes(tensor).tobytes()
     return proto
 
 
@@ -143,11 +144,6 @@ def _header(name: str, tensor: torch.Tensor) -> Any:
     from onnx import TensorProto
 
     return TensorProto(name=name, data_type=_onnx_types()[tensor.dtype], dims=list(tensor.shape))
-
-
-def _bytes_of(tensor: torch.Tensor) -> Any:
-    """The tensor's bytes as a flat uint8 numpy array (a view when it is already contiguous)."""
-    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
 def graph_weights(
@@ -251,7 +247,7 @@ def _write_streamed(model: Any, weights: dict[str, torch.Tensor], path: Path) ->
     ):
         f.write(model.SerializeToString())
         f.write(_field(_GRAPH, size))
-        datas = copier.map(_bytes_of, [tensor for _, tensor, _ in entries])
+        datas = copier.map(tensor_bytes, [tensor for _, tensor, _ in entries])
         for (head, _, nbytes), data in zip(entries, datas, strict=True):
             if data.nbytes != nbytes:
                 raise RuntimeError(f"initializer {head!r}: {data.nbytes} bytes, not {nbytes}")
