@@ -226,7 +226,7 @@ def compile_subgraph(
         report.runtime = runtime.name
         report.cached = runtime.from_cache
         report.runtime_info = dict(runtime.build_info)
-        return runtime.infer
+        return runtime.serve()
 
     if lazy_int8:
         infer = calibrate_then_build(

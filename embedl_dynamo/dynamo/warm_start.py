@@ -99,4 +99,4 @@ def warm_start(
     report.runtime_info = dict(runtime.build_info)
     report.pipeline = dict(alias.get("pipeline") or {})
     report.plan_later(lambda: run_pipeline(frozen, inputs, backend, settings).plan)
-    return runtime.infer
+    return runtime.serve()

@@ -104,9 +104,10 @@ def onnx_artifact(
     return path, key, built
 
 
-def cached_onnx(key: str, settings: Settings) -> Path | None:
-    """The verified cached ONNX file for ``key``, or None."""
-    return ArtifactCache(settings.cache_dir, "onnx").get(key, ".onnx")
+def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]] | None:
+    """The cached ONNX file for ``key`` and the ``confirm()`` that raises unless its sha256
+    (computed meanwhile on a helper thread) matches; None when absent or found corrupt."""
+    return ArtifactCache(settings.cache_dir, "onnx").get_verifying(key, ".onnx")
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,18 +165,31 @@ class OnnxArtifactRuntime(Runtime):
     ) -> None:
         super().__init__(settings, dynamic_axes)
         self._prebuilt: tuple[Path, str, bool] | None = None  # (path, key, built now)
+        self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
 
         ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
-        the untransformed graph (same function, so the check still holds).
+        the untransformed graph (same function, so the check still holds). The file's sha256
+        is computed while the runtime reads it, and confirmed before that check
+        (:class:`~embedl_dynamo.cache.store.CorruptEntryError` if it does not match).
         """
-        path = cached_onnx(key, self.settings)
-        if path is None:
+        found = cached_onnx(key, self.settings)
+        if found is None:
             return False
+        path, self._confirm = found
         self._prebuilt = (path, key, False)
         return True
+
+    def check_artifact(
+        self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
+    ) -> None:
+        """Confirm a cached artifact's checksum, then :meth:`Runtime.check_artifact`."""
+        confirm, self._confirm = self._confirm, None
+        if confirm is not None:
+            confirm()
+        super().check_artifact(gm, example_inputs, what)
 
     def use_artifact(self, path: Path, key: str, built: bool) -> None:
         """Build from the ONNX artifact :func:`onnx_artifact` just returned for this very

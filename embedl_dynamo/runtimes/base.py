@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -108,6 +108,12 @@ def output_cosine(expected: Sequence[torch.Tensor], actual: Sequence[torch.Tenso
     return float(e @ a) / denom
 
 
+def _version(tensor: torch.Tensor) -> int:
+    """The tensor's version counter (bumped by in-place changes); -1 for an inference tensor,
+    which has none (nothing runs between Dynamo's compile and its first call to modify it)."""
+    return -1 if tensor.is_inference() else tensor._version
+
+
 class Runtime(ABC):
     """One way to run a transformed graph. Subclasses set :attr:`name` and implement the hooks.
 
@@ -132,6 +138,8 @@ class Runtime(ABC):
         self.from_cache = False
         self.build_info: dict[str, Any] = {}
         self._reference: tuple[tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
+        # (sample, its version counters, the artifact's outputs on it) from check_artifact
+        self._checked_call: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None
 
     # availability -------------------------------------------------------------------------
     @classmethod
@@ -227,11 +235,13 @@ class Runtime(ABC):
         ``embedl_quantization``) must be finite here and is judged against the float model by
         the caller, within ``accuracy_budget``.
         """
-        actual = self._infer(list(example_inputs))
+        actual = tuple(self._infer(list(example_inputs)))
         if "embedl_quantization" in gm.meta:
             check_finite(actual, f"INT8 {what}")
-            return
-        check_outputs(self.reference_outputs(gm, example_inputs), actual, what)
+        else:
+            check_outputs(self.reference_outputs(gm, example_inputs), actual, what)
+        sample = tuple(example_inputs)
+        self._checked_call = (sample, tuple(map(_version, sample)), actual)
 
     @abstractmethod
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
@@ -271,6 +281,26 @@ class Runtime(ABC):
         return self._infer(args)
 
     __call__ = infer
+
+    def serve(self) -> Callable[..., tuple[torch.Tensor, ...]]:
+        """What a compiled model calls: :meth:`infer`, except that a first call on the very
+        sample :meth:`check_artifact` ran (the same tensor objects, unmodified: Dynamo calls
+        the compiled graph with the inputs it compiled it for) returns the outputs the check
+        computed instead of running the artifact again (0.12 s of BERT-base's first call)."""
+        checked, self._checked_call = self._checked_call, None
+
+        def first_call(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            nonlocal checked
+            if checked is not None:
+                sample, versions, outputs = checked
+                checked = None
+                if len(args) == len(sample) and all(
+                    a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
+                ):
+                    return outputs
+            return self.infer(*args)
+
+        return first_call
 
     @abstractmethod
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

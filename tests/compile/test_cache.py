@@ -172,3 +172,27 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     atomic_write_text(path, "new")
     assert path.read_text() == "new"
     assert [p.name for p in path.parent.iterdir()] == ["f.json"]
+
+
+def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipped_byte(
+    tmp_path, caplog
+):
+    from embedl_dynamo.cache.store import CorruptEntryError
+
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("verifying")
+    path = cache.put(key, b"0123456789", ".onnx")
+    found, confirm = cache.get_verifying(key, ".onnx")
+    assert found == path
+    confirm()  # intact: no error, entry kept
+    assert cache.get(key, ".onnx") == path
+    path.write_bytes(b"0123456780")  # same size: only the sha256 can tell
+    found, confirm = cache.get_verifying(key, ".onnx")
+    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+        confirm()
+    assert not path.exists() and cache.get_verifying(key, ".onnx") is None
+    cache.put(key, b"0123", ".onnx")
+    path.write_bytes(b"01234")  # a size mismatch is found before any hashing
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache.store"):
+        assert cache.get_verifying(key, ".onnx") is None
+    assert "is corrupt (size" in caplog.text

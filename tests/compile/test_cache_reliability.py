@@ -107,3 +107,17 @@ def test_exported_files_honour_the_umask(tmp_path):
         os.umask(old)
     assert oct(path.stat().st_mode & 0o777) == oct(0o644)
     assert oct(path.with_suffix(".json").stat().st_mode & 0o777) == oct(0o644)
+
+
+def test_a_cached_artifact_with_a_flipped_byte_is_caught_on_a_warm_start(tmp_path, caplog):
+    model = TinyConvNet().eval()
+    _compile_and_check(model, tmp_path / "c")
+    (onnx,) = (tmp_path / "c" / "onnx").glob("*/*.onnx")
+    data = bytearray(onnx.read_bytes())
+    data[-1] ^= 0xFF  # the last weight byte: the file still loads, its sidecar size matches
+    onnx.write_bytes(bytes(data))
+    BUILD_COUNTS.clear()
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
+        _compile_and_check(model, tmp_path / "c")
+    assert any("sha256 mismatch" in r.getMessage() for r in caplog.records)
+    assert BUILD_COUNTS["onnx"] == 1 and onnx.read_bytes() != bytes(data)

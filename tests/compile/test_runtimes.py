@@ -86,6 +86,34 @@ def test_onnxruntime_outputs_share_memory_with_ort(transformed, tmp_path):
     assert out.numpy().base is not None  # a view of ORT's array, not a copy
 
 
+def test_the_first_served_call_on_the_checked_sample_reuses_the_checks_outputs(
+    transformed, tmp_path, monkeypatch
+):
+    model, gm, x = transformed
+    runs = []
+    real = OnnxRuntime._infer
+    monkeypatch.setattr(OnnxRuntime, "_infer", lambda self, a: runs.append(1) or real(self, a))
+    rt = OnnxRuntime(_settings(tmp_path)).build(gm, [x])
+    assert len(runs) == 1  # the check
+    serve = rt.serve()
+    (first,) = serve(x)
+    assert len(runs) == 1  # Dynamo's first call, on the sample it compiled for: no second run
+    torch.testing.assert_close(first, model(x).detach(), rtol=1e-4, atol=1e-5)
+    serve(x)
+    assert len(runs) == 2  # only the first call
+    sample = x.clone()
+    rt = OnnxRuntime(_settings(tmp_path)).build(gm, [sample])
+    sample.mul_(2)  # the sample changed in place after the check: its outputs are stale
+    before = len(runs)
+    (out,) = rt.serve()(sample)
+    assert len(runs) == before + 1
+    torch.testing.assert_close(out, model(sample).detach(), rtol=1e-4, atol=1e-5)
+    rt = OnnxRuntime(_settings(tmp_path)).build(gm, [x])
+    before = len(runs)
+    rt.serve()(x.clone())  # equal values in another tensor: run, not assumed
+    assert len(runs) == before + 1
+
+
 def test_onnxruntime_second_runtime_uses_cache(transformed, tmp_path):
     _, gm, x = transformed
     OnnxRuntime(_settings(tmp_path)).build(gm, [x])
