@@ -15,6 +15,7 @@ from embedl_dynamo.backend import (
     reset_backends,
     set_backend,
 )
+from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
 from embedl_dynamo.pipeline import prepare_qat, quantize
@@ -58,4 +59,5 @@ __all__ = [
     "set_backend",
     "trace",
     "transform",
+    "wait_for_cache_writes",
 ]

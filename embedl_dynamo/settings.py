@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedl_dynamo.cache.store import ENV_CACHE_DIR, default_cache_dir
+from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir
 
 __all__ = [
     "AUTO_ORDER",

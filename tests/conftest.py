@@ -30,6 +30,13 @@ def _private_cache_root(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(autouse=True)
+def _cache_writes_end_with_their_test():
+    """A compile writes its artifact on a helper thread; no test's write spills into the next."""
+    yield
+    embedl_dynamo.wait_for_cache_writes(timeout=60)
+
+
+@pytest.fixture(autouse=True)
 def _deterministic_runtime_choice(monkeypatch):
     from embedl_dynamo.runtimes import runtime_choice
 

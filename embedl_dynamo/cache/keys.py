@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from embedl_dynamo.graph.printer import format_graph
 __all__ = [
     "content_key",
     "fingerprint_graph",
+    "is_content_key",
     "jsonable",
     "library_versions",
     "sha256_file",
@@ -170,3 +172,8 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def is_content_key(value: object) -> bool:
+    """Whether ``value`` is a well-formed content key (16-128 lowercase hex characters)."""
+    return isinstance(value, str) and bool(re.fullmatch(r"[0-9a-f]{16,128}", value))

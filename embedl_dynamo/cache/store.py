@@ -10,7 +10,9 @@ Safety rules, all enforced here:
 
 * writes are atomic: a temporary file in the same directory, then ``os.replace``; an
   artifact is not ``fsync``-ed, since its sidecar's size and sha256 are verified on every read
-  (a file cut short by a power cut is rebuilt), and the sidecar is written, synced, last;
+  (a file cut short by a power cut is rebuilt); the sidecar is written and synced *before* the
+  artifact is moved in, so a reader that finds the file finds its checksum (a sidecar alone
+  counts as absent: its file is being stored, or was never);
 * every artifact has a JSON sidecar holding its sha256 and size; an entry whose bytes do not
   match (truncated, corrupted, half-written by a killed process) is logged as a warning,
   removed and rebuilt, never trusted;
@@ -26,37 +28,36 @@ Safety rules, all enforced here:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
+from embedl_dynamo.cache.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    default_cache_dir,
+    exclusive_lock,
+    finish_now,
+    remove_tree,
+    write_in_background,
+)
 from embedl_dynamo.cache.hashed_file import written_digest
-from embedl_dynamo.cache.keys import jsonable, sha256_file
+from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
 
 T = TypeVar("T")
 
-__all__ = [
-    "ENV_CACHE_DIR",
-    "ArtifactCache",
-    "CorruptEntryError",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "default_cache_dir",
-    "file_mode",
-    "is_content_key",
-]
+__all__ = ["ArtifactCache", "CorruptEntryError"]
 
 logger = logging.getLogger(__name__)
 
-ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
-
-_HEX_KEY = re.compile(r"^[0-9a-f]{16,128}$")
 _SUFFIX = re.compile(r"^(\.[A-Za-z0-9_]{1,16}){0,3}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (warn once each)
@@ -64,54 +65,6 @@ _WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (war
 
 class CorruptEntryError(RuntimeError):
     """A cache entry's bytes do not match its sidecar; the entry has been removed."""
-
-
-def default_cache_dir() -> Path:
-    """The cache root: ``$EMBEDL_DYNAMO_CACHE_DIR``, else ``$XDG_CACHE_HOME/embedl_dynamo``.
-
-    Falls back to ``~/.cache/embedl_dynamo`` when ``XDG_CACHE_HOME`` is unset.
-    """
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "embedl_dynamo"
-
-
-def file_mode() -> int:
-    """The mode a new file gets under the process umask (``0o666 & ~umask``), as ``open`` does."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.chmod(tmp, file_mode())  # mkstemp's 0600 would ignore the user's umask
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
-    return atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def is_content_key(value: object) -> bool:
-    """Whether ``value`` is a well-formed content key (16-128 lowercase hex characters)."""
-    return isinstance(value, str) and bool(_HEX_KEY.match(value))
 
 
 class ArtifactCache:
@@ -145,7 +98,7 @@ class ArtifactCache:
             ValueError: ``key`` is not 16-128 lowercase hex characters, or ``suffix`` is not a
                 plain extension such as ``.onnx`` or ``.ort.onnx``.
         """
-        if not isinstance(key, str) or not _HEX_KEY.match(key):
+        if not is_content_key(key):
             raise ValueError(
                 f"invalid cache key {key!r}: keys are 16-128 lowercase hex characters "
                 "(use content_key() or fingerprint_graph())"
@@ -234,7 +187,7 @@ class ArtifactCache:
             for link in links:
                 link.unlink()
             return None
-        if not path.exists() and not meta_path.exists():
+        if not path.exists():  # absent, or a sidecar whose file is being stored right now
             return None
         return path, meta_path
 
@@ -316,9 +269,16 @@ class ArtifactCache:
         """
         path = self.path(key, suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
-        digest = None
+
+        def record(digest: str, size: int) -> None:
+            # the sidecar goes first: a reader that finds the file always finds its checksum
+            record = {"sha256": digest, "size": size, "meta": meta or {}}
+            atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
+
         if isinstance(data, (bytes, bytearray, memoryview)):
-            atomic_write_bytes(path, bytes(data))
+            data = bytes(data)
+            record(hashlib.sha256(data).hexdigest(), len(data))
+            atomic_write_bytes(path, data)
         else:
             src = Path(data)
             digest = written_digest(src)
@@ -331,22 +291,21 @@ class ArtifactCache:
                     import shutil
 
                     shutil.copyfile(src, tmp)
+                record(digest or sha256_file(tmp), os.stat(tmp).st_size)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        record = {
-            "sha256": digest or sha256_file(path),
-            "size": path.stat().st_size,
-            "meta": meta or {},
-        }
-        atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
         evict_to_budget(self.root, max_cache_bytes(), keep=path)
         return path
 
     def _build_uncached(
-        self, key: str, build: Callable[[Path], None], suffix: str, exc: OSError
+        self,
+        key: str,
+        start: Callable[[Path], Callable[[], None] | None],
+        suffix: str,
+        exc: OSError,
     ) -> Path:
         """Build into a private temporary directory: the cache directory cannot be written."""
         reason = f"{type(exc).__name__}: {exc.strerror or exc}"
@@ -359,28 +318,78 @@ class ArtifactCache:
             )  # fmt: skip
         self._unusable = reason
         target = Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")) / f"{key}{suffix}"
-        build(target)
+        finish_now(start, target)
         if not target.exists():
             raise RuntimeError(f"cache builder for {key} did not write {target}")
         return target
 
-    @contextlib.contextmanager
-    def lock(self, key: str) -> Iterator[None]:
+    def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive per-key file lock (blocks while another process holds it)."""
-        import fcntl
+        return exclusive_lock(self.path(key, ".lock"))
 
-        lock_path = self.path(key, ".lock")
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(lock_path, "a+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    def get_or_start(
+        self,
+        key: str,
+        start: Callable[[Path], Callable[[], None] | None],
+        suffix: str = "",
+        meta: dict[str, Any] | None = None,
+    ) -> tuple[Path, bool, Future[Path] | None]:
+        """:meth:`get_or_build` for a builder that can hand the slow part of writing to a
+        helper thread.
+
+        ``start(tmp)`` runs under the key's lock like a builder; it writes ``tmp`` itself and
+        returns None, or returns ``finish``, which writes it on a helper thread (not a daemon:
+        the interpreter waits for it at exit) while the caller goes on with what ``start``
+        kept in memory. The entry is stored and the lock released when ``finish`` returns, so
+        other processes wait for the finished file, never read half of it. A ``finish`` that
+        fails stores nothing (a warning says why) and the next compile builds again.
+
+        Returns:
+            ``(path, built, writing)``: ``writing`` is None when ``path`` exists now, else
+            a future that resolves to ``path`` once it is stored (or holds the error).
+        """
+        found = self.get(key, suffix)
+        if found is not None:
+            return found, False, None
+        try:
+            self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return self._build_uncached(key, start, suffix, exc), True, None
+        held = contextlib.ExitStack()
+        try:
+            held.enter_context(self.lock(key))
+            found = self.get(key, suffix)  # another process may have built it meanwhile
+            if found is not None:
+                held.close()
+                return found, False, None
+            final = self.path(key, suffix)
+            tmp_dir = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=final.parent))
+            held.callback(remove_tree, tmp_dir)
+            tmp = tmp_dir / f"artifact{suffix}"
+            finish = start(tmp)
+            if finish is None:
+                with held:
+                    return self._store_built(key, tmp, suffix, meta), True, None
+        except BaseException:
+            held.close()
+            raise
+
+        def write() -> Path:
             try:
-                yield
-            finally:
-                # removed while still held: a process waiting on this file then finds the entry
-                # built; a newcomer locks a fresh file (at worst two build, and put is atomic)
-                with contextlib.suppress(OSError):
-                    lock_path.unlink()
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                with held:
+                    finish()
+                    return self._store_built(key, tmp, suffix, meta)
+            except BaseException as exc:
+                logger.warning("cache entry %s not stored (%s); it is built again next time",
+                               final, exc)  # fmt: skip
+                raise
+
+        return final, True, write_in_background(write)
+
+    def _store_built(self, key: str, tmp: Path, suffix: str, meta: dict[str, Any] | None) -> Path:
+        if not tmp.exists():
+            raise RuntimeError(f"cache builder for {key} did not write {tmp}")
+        return self.put(key, tmp, suffix, meta)
 
     def get_or_build(
         self,
@@ -401,27 +410,9 @@ class ArtifactCache:
         Returns:
             ``(path, built)``: ``built`` is False when the entry came from the cache.
         """
-        found = self.get(key, suffix)
-        if found is not None:
-            return found, False
-        try:
-            self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            return self._build_uncached(key, build, suffix, exc), True
-        with self.lock(key):
-            found = self.get(key, suffix)  # another process may have built it meanwhile
-            if found is not None:
-                return found, False
-            final = self.path(key, suffix)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            tmp_dir = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=final.parent))
-            try:
-                tmp = tmp_dir / f"artifact{suffix}"
-                build(tmp)
-                if not tmp.exists():
-                    raise RuntimeError(f"cache builder for {key} did not write {tmp}")
-                return self.put(key, tmp, suffix, meta), True
-            finally:
-                import shutil
 
-                shutil.rmtree(tmp_dir, ignore_errors=True)
+        def start(path: Path) -> None:
+            build(path)  # writes it all here: nothing left for a helper thread
+
+        path, built, _ = self.get_or_start(key, start, suffix, meta)
+        return path, built

@@ -208,7 +208,7 @@ def run_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from embedl_dynamo.cache.budget import cache_entries, clear_cache, max_cache_bytes
-    from embedl_dynamo.cache.store import default_cache_dir
+    from embedl_dynamo.cache.files import default_cache_dir
 
     root = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
     if args.action == "clear":

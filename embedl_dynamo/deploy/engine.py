@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from embedl_dynamo.cache.files import atomic_write_bytes
 from embedl_dynamo.cache.keys import content_key, sha256_file
-from embedl_dynamo.cache.store import ArtifactCache, atomic_write_bytes
+from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import batch_axes
 from embedl_dynamo.runtimes.onnx_export import ExportError
 from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile

@@ -35,11 +35,11 @@ import torch
 from torch import nn
 
 from embedl_dynamo.backend import Backend, as_backend
-from embedl_dynamo.cache.keys import library_versions, sha256_file
-from embedl_dynamo.cache.store import (
+from embedl_dynamo.cache.files import (
     atomic_write_text,
     file_mode,
 )
+from embedl_dynamo.cache.keys import library_versions, sha256_file
 from embedl_dynamo.deploy.engine import EngineUnavailableError, build_engine_file
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedl_dynamo.cache.store import atomic_write_text
+from embedl_dynamo.cache.files import atomic_write_text
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.report import CompileReport, SubgraphReport
 from embedl_dynamo.report_html import render_html

@@ -8,21 +8,29 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx
 
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
-from embedl_dynamo.cache.store import ArtifactCache, is_content_key
+from embedl_dynamo.cache.keys import (
+    content_key,
+    fingerprint_graph,
+    is_content_key,
+    library_versions,
+)
+from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx
+from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx_unwritten
+from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
 from embedl_dynamo.settings import Settings
 
 __all__ = [
     "BUILD_COUNTS",
+    "OnnxArtifact",
     "OnnxArtifactRuntime",
     "cached_onnx",
     "code_fingerprint",
@@ -55,14 +63,59 @@ def input_specs(example_inputs: list[torch.Tensor], axes: DynamicAxes) -> list[A
     return specs
 
 
+class OnnxArtifact:
+    """The ONNX file of one graph, from the cache or just exported.
+
+    A float graph just exported is written to the cache on a helper thread; meanwhile
+    :attr:`unwritten` holds the model and its weights, from which ONNX Runtime builds its
+    session without reading the file. :attr:`path` waits for the file.
+
+    Args:
+        key: the content key.
+        built: exported by this call (not found in the cache).
+        final: where the file is (or will be, once written).
+        writing: resolves when the file is stored; None when it already is.
+        unwritten: the model in memory while it is being written.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        built: bool,
+        final: Path,
+        writing: Future[Path] | None = None,
+        unwritten: UnwrittenOnnx | None = None,
+    ) -> None:
+        self.key = key
+        self.built = built
+        self.final = final
+        self._writing = writing
+        self.unwritten = unwritten
+        if writing is not None:
+            writing.add_done_callback(self._written)
+
+    def _written(self, writing: Future[Path]) -> None:
+        self.unwritten = None  # the file holds the weights now: let the tensors go
+
+    @property
+    def path(self) -> Path:
+        """The file, once written (raises what the write raised if it failed)."""
+        if self._writing is not None:
+            return self._writing.result()
+        return self.final
+
+
 def onnx_artifact(
     gm: fx.GraphModule,
     example_inputs: list[torch.Tensor],
     settings: Settings,
     axes: DynamicAxes | None = None,
     reference: Callable[[], Sequence[torch.Tensor]] | None = None,
-) -> tuple[Path, str, bool]:
+) -> OnnxArtifact:
     """The ONNX file for ``gm`` from the artifact cache, exported under the key's lock if absent.
+
+    A float graph's file is written on a helper thread (:meth:`ArtifactCache.get_or_start`);
+    the returned artifact's :attr:`~OnnxArtifact.unwritten` holds it in memory meanwhile.
 
     Args:
         gm: the transformed graph.
@@ -73,9 +126,6 @@ def onnx_artifact(
         reference: gives ``gm``'s outputs on ``example_inputs`` when the export needs them
             (a runtime's :meth:`~.base.Runtime.reference_outputs`); the export runs ``gm``
             itself when None.
-
-    Returns:
-        ``(path, key, built)``.
     """
     if axes is None:  # outputs' axes are decided by the export, which runs the graph anyway
         axes = batch_axes(example_inputs, (), settings.dynamic_batch)
@@ -88,20 +138,24 @@ def onnx_artifact(
         library_versions(),
     )
     cache = ArtifactCache(settings.cache_dir, "onnx")
+    kept: list[UnwrittenOnnx] = []
 
-    def _build(path: Path) -> None:
+    def _start(path: Path) -> Callable[[], None] | None:
         # the TorchScript exporter only: torch.export inside a Dynamo backend upsets Dynamo state
         outputs = reference() if reference is not None else None
-        export_onnx(
-            gm, example_inputs, path, exporter="torchscript", dynamic_axes=axes, outputs=outputs
-        )
+        unwritten = export_onnx_unwritten(gm, example_inputs, path, axes, outputs)
         count_build("onnx")
         logger.info("built ONNX artifact %s", key[:16])
+        if unwritten is None:
+            return None
+        unwritten.make_contiguous()
+        kept.append(unwritten)
+        return lambda: unwritten.write(path)
 
-    path, built = cache.get_or_build(key, _build, ".onnx", meta={"kind": "onnx"})
+    path, built, writing = cache.get_or_start(key, _start, ".onnx", meta={"kind": "onnx"})
     if not built:
         logger.info("reusing cached ONNX artifact %s", key[:16])
-    return path, key, built
+    return OnnxArtifact(key, built, path, writing, kept[0] if writing is not None else None)
 
 
 def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]] | None:
@@ -164,7 +218,8 @@ class OnnxArtifactRuntime(Runtime):
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
     ) -> None:
         super().__init__(settings, dynamic_axes)
-        self._prebuilt: tuple[Path, str, bool] | None = None  # (path, key, built now)
+        self._prebuilt: OnnxArtifact | None = None
+        self._artifact: OnnxArtifact | None = None  # what the runtime runs, once built here
         self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
 
     def use_cached(self, key: str) -> bool:
@@ -179,7 +234,7 @@ class OnnxArtifactRuntime(Runtime):
         if found is None:
             return False
         path, self._confirm = found
-        self._prebuilt = (path, key, False)
+        self._prebuilt = OnnxArtifact(key, False, path)
         return True
 
     def check_artifact(
@@ -191,24 +246,22 @@ class OnnxArtifactRuntime(Runtime):
             confirm()
         super().check_artifact(gm, example_inputs, what)
 
-    def use_artifact(self, path: Path, key: str, built: bool) -> None:
+    def use_artifact(self, artifact: OnnxArtifact) -> None:
         """Build from the ONNX artifact :func:`onnx_artifact` just returned for this very
-        graph (``path, key, built``): it is neither fingerprinted nor verified again."""
-        self._prebuilt = (path, key, built)
+        graph: it is neither fingerprinted nor verified again."""
+        self._prebuilt = artifact
 
-    def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> tuple[Path, str]:
-        """The ONNX file to run and its key (the prebuilt one, or the cached export of ``gm``);
-        sets :attr:`from_cache`."""
-        if self._prebuilt is not None:
-            path, key, built = self._prebuilt
-            self.from_cache = not built
-            return path, key
-        path, key, built = onnx_artifact(
-            gm,
-            example_inputs,
-            self.settings,
-            self.dynamic_axes,
-            reference=lambda: self.reference_outputs(gm, example_inputs),
-        )
-        self.from_cache = not built
-        return path, key
+    def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> OnnxArtifact:
+        """The ONNX artifact to run (the prebuilt one, or the cached export of ``gm``); sets
+        :attr:`from_cache`."""
+        artifact = self._prebuilt
+        if artifact is None:
+            artifact = onnx_artifact(
+                gm,
+                example_inputs,
+                self.settings,
+                self.dynamic_axes,
+                reference=lambda: self.reference_outputs(gm, example_inputs),
+            )
+        self.from_cache = not artifact.built
+        return artifact

@@ -145,7 +145,7 @@ def profile_graph(
         raise ValueError(f"no layer profiler for runtime {runtime!r}; use onnxruntime or openvino")
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
         if settings is not None:
-            path = onnx_artifact(gm, list(inputs), settings, axes)[0]
+            path = onnx_artifact(gm, list(inputs), settings, axes).path
         else:
             path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
         if runtime == "openvino":

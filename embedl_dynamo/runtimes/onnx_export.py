@@ -38,13 +38,22 @@ from torch import fx, nn
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.runtimes.int8_weights import store_weights_as_int8
 from embedl_dynamo.runtimes.onnx_initializers import (
+    UnwrittenOnnx,
     capture_initializers,
     graph_weights,
     save_with_weights,
     shape_inference_without_weights,
+    unwritten_float_model,
 )
 
-__all__ = ["DEFAULT_OPSET", "ExportError", "export_onnx", "input_names", "output_names"]
+__all__ = [
+    "DEFAULT_OPSET",
+    "ExportError",
+    "export_onnx",
+    "export_onnx_unwritten",
+    "input_names",
+    "output_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +216,26 @@ def _export_dynamo(
     return None
 
 
+def export_onnx_unwritten(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[torch.Tensor],
+    path: str | Path,
+    dynamic_axes: DynamicAxes | None = None,
+    outputs: Sequence[torch.Tensor] | None = None,
+) -> UnwrittenOnnx | None:
+    """:func:`export_onnx` with the TorchScript exporter, leaving a float graph unwritten.
+
+    Returns:
+        The checked float model and its weights, for the caller to write to ``path`` (and
+        run meanwhile); None when ``path`` was written here (a graph with Q/DQ nodes, or weights
+        the exporter had to write itself).
+    """
+    deferred: list[UnwrittenOnnx] = []
+    export_onnx(gm, example_inputs, path, exporter="torchscript", dynamic_axes=dynamic_axes,
+                outputs=outputs, _deferred=deferred)  # fmt: skip
+    return deferred[0] if deferred else None
+
+
 def export_onnx(
     gm: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],
@@ -216,6 +245,7 @@ def export_onnx(
     exporter: str = "auto",
     dynamic_axes: DynamicAxes | None = None,
     outputs: Sequence[torch.Tensor] | None = None,
+    _deferred: list[UnwrittenOnnx] | None = None,
 ) -> Path:
     """Export ``gm`` to a single ONNX file with constants as initializers.
 
@@ -271,7 +301,13 @@ def export_onnx(
                     exported = _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
                     exported = _export_dynamo(module, args, path, opset, axes, len(outputs))
-            if exported is not None:
+            unwritten = None
+            if exported is not None and _deferred is not None:
+                unwritten = unwritten_float_model(*exported)
+            if unwritten is not None:
+                _deferred.append(unwritten)
+                folded = 0
+            elif exported is not None:
                 folded = save_with_weights(*exported, path)
             else:
                 folded = store_weights_as_int8(path)

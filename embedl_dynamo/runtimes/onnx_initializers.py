@@ -43,6 +43,8 @@ __all__ = [
     "save_with_weights",
     "shape_inference_without_weights",
     "tensor_proto",
+    "UnwrittenOnnx",
+    "unwritten_float_model",
 ]
 
 # A serialised ModelProto must stay under protobuf's 2 GiB; beyond this, the exporter writes
@@ -181,27 +183,124 @@ def save_with_weights(model: Any, weights: dict[str, torch.Tensor], path: str | 
     """Write ``model`` with ``weights`` (its weight inputs) as initializers to ``path``; checked.
 
     A float model is checked as exported (weights as inputs, a few kB) and written by
-    :func:`_write_streamed`. A model with ``QuantizeLinear`` nodes gets its weights attached,
-    quantized weights folded to int8 (:func:`~.int8_weights.fold_int8_weights`), and is
-    serialised once, checked and written.
+    :meth:`UnwrittenOnnx.write`. A model with ``QuantizeLinear`` nodes gets its weights
+    attached, quantized weights folded to int8 (:func:`~.int8_weights.fold_int8_weights`), and
+    is serialised once, checked and written.
 
     Returns:
         The number of weights stored as int8.
     """
     import onnx
 
+    unwritten = unwritten_float_model(model, weights)
+    if unwritten is not None:
+        unwritten.write(Path(path))
+        return 0
+    attach_initializers(model, weights)
+    folded = fold_int8_weights(model)
+    data = model.SerializeToString()
+    onnx.checker.check_model(data)
+    with open_hashed(path) as f:
+        f.write(data)
+    return folded
+
+
+def unwritten_float_model(model: Any, weights: dict[str, torch.Tensor]) -> UnwrittenOnnx | None:
+    """``model`` checked and held with its weights, to be written (or run) later; None for a
+    model with ``QuantizeLinear`` nodes, whose weights are folded at write time instead."""
+    import onnx
+
     if any(node.op_type == "QuantizeLinear" for node in model.graph.node):
-        attach_initializers(model, weights)
-        folded = fold_int8_weights(model)
-        data = model.SerializeToString()
-        onnx.checker.check_model(data)
-        with open_hashed(path) as f:
-            f.write(data)
-        return folded
+        return None
     onnx.checker.check_model(model)
     _drop_inputs(model, weights)
-    _write_streamed(model, weights, Path(path))
-    return 0
+    return UnwrittenOnnx(model, weights)
+
+
+class UnwrittenOnnx:
+    """A checked float ONNX graph whose initializers are still the exporter's tensors.
+
+    :meth:`write` writes the file; before that, :meth:`ort_source` hands the same model to an
+    ONNX Runtime session from memory, so a compile need not wait for 440 MB to reach the disk.
+
+    Args:
+        model: the ``ModelProto`` without its weights (neither as inputs nor initializers).
+        weights: initializer name -> tensor, in graph order.
+    """
+
+    def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
+        self.model = model
+        self.weights = weights
+
+    def make_contiguous(self) -> None:
+        """Copy the weights that are views (the exporter's folded transposes) into contiguous
+        tensors once, for both :meth:`ort_source` and :meth:`write`."""
+        self.weights = {name: t.detach().contiguous() for name, t in self.weights.items()}
+
+    def ort_source(self) -> tuple[bytes, dict[str, Any]] | None:
+        """The serialised model with every weight marked as external data, and name -> numpy
+        array for ``SessionOptions.add_external_initializers`` (ONNX Runtime replaces each
+        external initializer by the array of its name before reading any data). None when a
+        weight has no numpy type (bfloat16) or is not on the CPU."""
+        if any(t.device.type != "cpu" or t.dtype == torch.bfloat16 for t in self.weights.values()):
+            return None
+        from onnx import TensorProto
+
+        model = type(self.model)()
+        model.CopyFrom(self.model)
+        arrays = {}
+        for name, tensor in self.weights.items():
+            if not tensor.numel():
+                model.graph.initializer.append(tensor_proto(name, tensor))
+                continue
+            arrays[name] = tensor.detach().contiguous().numpy()
+            proto = _header(name, tensor)
+            proto.data_location = TensorProto.EXTERNAL
+            nbytes = tensor.numel() * tensor.element_size()
+            for key, value in (("location", "in-memory"), ("offset", "0"), ("length", nbytes)):
+                entry = proto.external_data.add()
+                entry.key, entry.value = key, str(value)
+            model.graph.initializer.append(proto)
+        return model.SerializeToString(), arrays
+
+    def write(self, path: Path) -> None:
+        """Write the model and then its initializers straight from the tensors' memory.
+
+        Protobuf merges a message field that occurs twice, so the file is the serialised model
+        followed by a second ``graph`` field holding only the initializers: each one's
+        name/type/dims serialised by protobuf, its ``raw_data`` written from the tensor's
+        buffer. Parsers (ONNX, ONNX Runtime, TensorRT) read the same ``ModelProto`` as if it
+        had been serialised whole, without the Python protobuf copying 440 MB (2 s on
+        BERT-base).
+
+        Tensors that need a copy to be contiguous are copied on a helper thread one step
+        ahead of the writes, so copying and writing overlap.
+        """
+        size, entries = self._initializer_entries()
+        from concurrent.futures import ThreadPoolExecutor
+
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedl-copy") as copier,
+            open_hashed(path) as f,  # hashed as written: the cache does not read it back
+        ):
+            f.write(self.model.SerializeToString())
+            f.write(_field(_GRAPH, size))
+            datas = copier.map(tensor_bytes, [tensor for _, tensor, _ in entries])
+            for (head, _, nbytes), data in zip(entries, datas, strict=True):
+                if data.nbytes != nbytes:
+                    raise RuntimeError(f"initializer {head!r}: {data.nbytes} bytes, not {nbytes}")
+                f.write(head)
+                f.write(data)
+
+    def _initializer_entries(self) -> tuple[int, list[tuple[bytes, torch.Tensor, int]]]:
+        """Each initializer's field key, length and header (``raw_data`` to follow), its
+        tensor and byte count; and the total size of the second ``graph`` field."""
+        entries = []
+        for name, tensor in self.weights.items():
+            nbytes = tensor.numel() * tensor.element_size()
+            head = _header(name, tensor).SerializeToString() + _field(_RAW_DATA, nbytes)
+            entries.append((_field(_INITIALIZER, len(head) + nbytes) + head, tensor, nbytes))
+        return sum(len(head) + nbytes for head, _, nbytes in entries), entries
 
 
 def _varint(value: int) -> bytes:
@@ -219,37 +318,3 @@ def _field(number: int, length: int) -> bytes:
 
 
 _GRAPH, _INITIALIZER, _RAW_DATA = 7, 5, 9  # ModelProto.graph, .initializer, TensorProto.raw_data
-
-
-def _write_streamed(model: Any, weights: dict[str, torch.Tensor], path: Path) -> None:
-    """Write ``model`` and then its initializers straight from the tensors' memory.
-
-    Protobuf merges a message field that occurs twice, so the file is the serialised model
-    followed by a second ``graph`` field holding only the initializers: each one's
-    name/type/dims serialised by protobuf, its ``raw_data`` written from the tensor's buffer.
-    Parsers (ONNX, ONNX Runtime, TensorRT) read the same ``ModelProto`` as if it had been
-    serialised whole, without the Python protobuf copying 440 MB (2 s on BERT-base).
-
-    Tensors that need a copy to be contiguous (the exporter's folded transposes) are copied on
-    a helper thread one step ahead of the writes, so copying and writing overlap.
-    """
-    entries = []
-    for name, tensor in weights.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        head = _header(name, tensor).SerializeToString() + _field(_RAW_DATA, nbytes)
-        entries.append((_field(_INITIALIZER, len(head) + nbytes) + head, tensor, nbytes))
-    size = sum(len(head) + nbytes for head, _, nbytes in entries)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with (
-        ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedl-copy") as copier,
-        open_hashed(path) as f,  # hashed as written: the cache does not read it back
-    ):
-        f.write(model.SerializeToString())
-        f.write(_field(_GRAPH, size))
-        datas = copier.map(tensor_bytes, [tensor for _, tensor, _ in entries])
-        for (head, _, nbytes), data in zip(entries, datas, strict=True):
-            if data.nbytes != nbytes:
-                raise RuntimeError(f"initializer {head!r}: {data.nbytes} bytes, not {nbytes}")
-            f.write(head)
-            f.write(data)

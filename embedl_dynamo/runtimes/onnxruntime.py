@@ -52,6 +52,7 @@ def create_session(
     *,
     num_threads: int | None = None,
     options: Any = None,
+    initializers: dict[str, Any] | None = None,
 ) -> Any:
     """An ``onnxruntime.InferenceSession``: the one place this package builds them.
 
@@ -61,6 +62,11 @@ def create_session(
         num_threads: intra-op threads (ONNX Runtime's default when None).
         options: an ``onnxruntime.SessionOptions`` to start from; when None, full graph
             optimisation (``ORT_ENABLE_ALL``) and warnings-and-above logging only.
+        initializers: name -> numpy array for the model's external-data initializers
+            (``SessionOptions.add_external_initializers``). ONNX Runtime copies them while it
+            loads the model ("the user provided buffers can then be deallocated", its C API
+            says), so the session does not keep them; its provider fallback, which would load
+            the model again from the options, is disabled.
 
     Returns:
         The session.
@@ -73,9 +79,16 @@ def create_session(
         options.log_severity_level = 3
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
+    if initializers:
+        names = list(initializers)
+        values = [ort.OrtValue.ortvalue_from_numpy(initializers[n]) for n in names]
+        options.add_external_initializers(names, values)
     source = model if isinstance(model, bytes) else os.fspath(model)
     chosen = list(providers) if providers is not None else ort_providers()
-    return ort.InferenceSession(source, sess_options=options, providers=chosen)
+    session = ort.InferenceSession(source, sess_options=options, providers=chosen)
+    if initializers:
+        session.disable_fallback()
+    return session
 
 
 def _attention_heads(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> dict[str, int]:
@@ -152,16 +165,19 @@ class OnnxRuntime(OnnxArtifactRuntime):
         return list(self._session.get_providers()) if self._session is not None else []
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        path, key = self.artifact(gm, example_inputs)
-        self._path = path
-        self.build_info = {"key": key, "artifact": str(path), "providers": ort_providers()}
+        artifact = self.artifact(gm, example_inputs)
+        self._path, self._artifact = artifact.final, artifact
+        self.build_info = {
+            "key": artifact.key,
+            "artifact": str(artifact.final),
+            "providers": ort_providers(),
+        }
         fused = None
         if self._fuse:
-            fused = fused_artifact(
-                path, key, self.settings.cache_dir, _attention_heads(gm, example_inputs)
-            )
+            heads = _attention_heads(gm, example_inputs)
+            fused = fused_artifact(artifact.path, artifact.key, self.settings.cache_dir, heads)
         if fused is not None:
-            self._path = fused[0]
+            self._path, self._artifact = fused[0], None
             try:
                 self._activate()
                 self.check_artifact(gm, example_inputs, "ONNX Runtime's fused transformer graph")
@@ -170,7 +186,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
                     "ONNX Runtime's transformer fusions not used (%s); running the unfused graph",
                     str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                 )
-                self._session, self._path = None, path
+                self._session, self._path, self._artifact = None, artifact.final, artifact
             else:
                 self.build_info.update(artifact=str(fused[0]), ort_fusions=fused[1])
                 return
@@ -180,9 +196,19 @@ class OnnxRuntime(OnnxArtifactRuntime):
     def _activate(self) -> None:
         if self._session is not None:
             return
-        self._session = create_session(
-            self._path, self.build_info["providers"], num_threads=self.settings.num_threads
-        )
+        providers, threads = self.build_info["providers"], self.settings.num_threads
+        unwritten = self._artifact.unwritten if self._artifact is not None else None
+        source = None
+        if unwritten is not None and providers == ["CPUExecutionProvider"]:
+            source = unwritten.ort_source()
+        if source is not None:  # just exported, still being written: from memory
+            model, arrays = source
+            self._session = create_session(
+                model, providers, num_threads=threads, initializers=arrays
+            )
+        else:
+            path = self._artifact.path if self._artifact is not None else self._path
+            self._session = create_session(path, providers, num_threads=threads)
         self._input_names = [i.name for i in self._session.get_inputs()]
         self._output_names = [o.name for o in self._session.get_outputs()]
 

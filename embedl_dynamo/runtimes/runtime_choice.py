@@ -32,7 +32,7 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime, onnx_artifact
+from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
@@ -165,16 +165,16 @@ def fastest(
     Raises:
         Exception: what the last option raised, when none of them builds.
     """
-    exported: dict[int, tuple[Any, str, bool]] = {}  # one export per graph, shared by runtimes
+    exported: dict[int, OnnxArtifact] = {}  # one export per graph, shared by runtimes
     for o in options:
         if id(o.model) not in exported:
             exported[id(o.model)] = onnx_artifact(o.model, list(inputs), settings, axes)
-    artifacts = [exported[id(o.model)][1] for o in options]
+    artifacts = [exported[id(o.model)].key for o in options]
 
     def runtime_of(option: RunOption) -> Runtime:
         runtime = option.runtime(settings, axes)
         if isinstance(runtime, OnnxArtifactRuntime):
-            runtime.use_artifact(*exported[id(option.model)])
+            runtime.use_artifact(exported[id(option.model)])
         return runtime
 
     key = content_key(

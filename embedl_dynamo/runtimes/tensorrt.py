@@ -233,7 +233,8 @@ class TensorRTRuntime(Runtime):
         cpu_gm = copy.deepcopy(gm).cpu()
         cpu_inputs = [t.cpu() for t in example_inputs]
         axes = self.dynamic_axes or batch_axes(cpu_inputs, (), self.settings.dynamic_batch)
-        onnx_path, onnx_key, _ = onnx_artifact(cpu_gm, cpu_inputs, self.settings, axes)
+        exported = onnx_artifact(cpu_gm, cpu_inputs, self.settings, axes)
+        onnx_path, onnx_key = exported.path, exported.key
         profile = engine_profile(
             inputs, axes, max_batch=self.settings.max_batch, max_seq=self.settings.max_seq
         )

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.cache.files import atomic_write_text, default_cache_dir
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph
-from embedl_dynamo.cache.store import ArtifactCache, atomic_write_text, default_cache_dir
+from embedl_dynamo.cache.store import ArtifactCache
 from tests.models import ResNetLike
 
 
@@ -196,3 +197,49 @@ def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipp
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache.store"):
         assert cache.get_verifying(key, ".onnx") is None
     assert "is corrupt (size" in caplog.text
+
+
+def test_get_or_start_stores_the_entry_when_the_helper_thread_finishes(tmp_path):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("background")
+    release = threading.Event()
+
+    def start(tmp):
+        tmp.write_bytes(b"head")
+
+        def finish():
+            release.wait(10)
+            with open(tmp, "ab") as f:
+                f.write(b"-tail")
+
+        return finish
+
+    path, built, writing = cache.get_or_start(key, start, ".onnx")
+    assert built and writing is not None and not writing.done()
+    assert cache.get(key, ".onnx") is None  # not stored until written
+    waiter = threading.Thread(target=lambda: cache.get_or_build(key, pytest.fail, ".onnx"))
+    waiter.start()  # a second builder waits on the key's lock, then finds the entry
+    release.set()
+    assert writing.result(10) == path and path.read_bytes() == b"head-tail"
+    waiter.join(10)
+    assert not waiter.is_alive() and cache.get(key, ".onnx") == path
+    assert cache.get_or_start(key, pytest.fail, ".onnx") == (path, False, None)
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".")]  # no temporaries
+
+
+def test_get_or_start_stores_nothing_when_the_write_fails(tmp_path, caplog):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("background-fails")
+
+    def finish():
+        raise OSError(28, "No space left on device")
+
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.cache.store"):
+        _, built, writing = cache.get_or_start(key, lambda tmp: finish, ".onnx")
+        with pytest.raises(OSError, match="No space"):
+            writing.result(10)
+    assert built and "not stored" in caplog.text and cache.get(key, ".onnx") is None
+    path, built, writing = cache.get_or_start(
+        key, lambda tmp: tmp.write_bytes(b"x") and None, ".onnx"
+    )
+    assert built and writing is None and path.read_bytes() == b"x"  # built again, then stored

@@ -24,6 +24,7 @@ def _compile_and_check(model: nn.Module, cache: Path) -> None:
     compiled = torch.compile(model, backend="embedl_onnxruntime", options={"cache_dir": cache})
     with torch.no_grad():
         assert_close_to_scale(compiled(X), model(X))
+    embedl_dynamo.wait_for_cache_writes()  # the tests below edit the stored files
 
 
 def _resign(path: Path) -> None:
@@ -83,6 +84,7 @@ def test_a_bad_entry_with_a_matching_sidecar_is_replaced_not_reused(tmp_path, ca
     torch._dynamo.reset()
     with torch.no_grad():
         torch.compile(other, backend="embedl_onnxruntime", options={"cache_dir": tmp_path / "o"})(X)
+    embedl_dynamo.wait_for_cache_writes()
     (wrong,) = (tmp_path / "o" / "onnx").glob("*/*.onnx")
     onnx.write_bytes(wrong.read_bytes())
     _resign(onnx)

@@ -385,3 +385,42 @@ def test_parameters_requiring_grad_in_grad_mode_run_eager_and_backward_works():
     y.sum().backward()  # not silently detached
     assert model.conv1.weight.grad is not None
     assert not BUILD_COUNTS
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatch, runtime):
+    """The runtime is built from the exported model in memory while a helper thread writes
+    the file; the cache entry appears, checksummed, once the write ends."""
+    from embedl_dynamo.runtimes import RUNTIME_CLASSES
+
+    if not RUNTIME_CLASSES[runtime].is_available():
+        pytest.skip(RUNTIME_CLASSES[runtime].missing())
+    import threading
+
+    from embedl_dynamo.cache.store import ArtifactCache
+    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
+
+    release, real_write = threading.Event(), UnwrittenOnnx.write
+    monkeypatch.setattr(
+        UnwrittenOnnx, "write", lambda self, path: release.wait(30) and real_write(self, path)
+    )
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    options = {"runtime": runtime, "cache_dir": tmp_path}
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
+                              model(x))  # fmt: skip
+    assert embedl_dynamo.last_report()[-1].runtime == runtime
+    key = embedl_dynamo.last_report()[-1].runtime_info["key"]
+    cache = ArtifactCache(tmp_path, "onnx")
+    assert cache.get(key, ".onnx") is None  # compiled and ran; the file is still being written
+    release.set()
+    for _ in range(200):
+        if cache.get(key, ".onnx") is not None:
+            break
+        threading.Event().wait(0.05)
+    assert cache.get(key, ".onnx") is not None  # stored with a verified sha256
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_tensorrt", options=options)(x)
+    assert embedl_dynamo.last_report()[-1].cached and BUILD_COUNTS["onnx"] == 1

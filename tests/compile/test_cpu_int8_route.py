@@ -16,6 +16,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+import embedl_dynamo
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
@@ -67,6 +68,7 @@ def test_on_onnxruntime_the_tensorrt_targets_int8_uses_integer_kernels(tmp_path)
     assert subgraph.status == "compiled" and subgraph.runtime == "onnxruntime"
     assert subgraph.reason.startswith("INT8 placed for onnxruntime's integer kernels")
     assert cosine > 0.99
+    embedl_dynamo.wait_for_cache_writes()
     quantized = [
         p for p in tmp_path.rglob("*.onnx")
         if any(n.op_type == "QuantizeLinear" for n in onnx.load(str(p)).graph.node)

@@ -162,6 +162,7 @@ def test_onnxruntime_runs_our_attention_as_its_fused_kernel(tmp_path, model_name
     assert sub.runtime_info["ort_fusions"]["MultiHeadAttention"] == 2
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimised.onnx")
+    embedl_dynamo.wait_for_cache_writes()
     ort.InferenceSession(sub.runtime_info["artifact"], options, providers=["CPUExecutionProvider"])
     ops = collections.Counter(
         n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node

@@ -249,3 +249,46 @@ def test_shape_inference_without_weights_infers_the_same_graph(tmp_path, monkeyp
     full = onnx.load(str(export(tmp_path / "full.onnx")))
     assert seen and max(seen) > SHAPE_VALUE_MAX_ELEMENTS  # ...and here every weight
     _same(lean, full)
+
+
+def test_an_unwritten_model_runs_from_memory_as_its_written_file_does(tmp_path):
+    from embedl_dynamo.runtimes.onnx_export import export_onnx_unwritten
+    from embedl_dynamo.runtimes.onnxruntime import create_session
+
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    gm = fx.symbolic_trace(model)
+    unwritten = export_onnx_unwritten(gm, [x], tmp_path / "m.onnx")
+    assert unwritten is not None and not (tmp_path / "m.onnx").exists()  # nothing written yet
+    unwritten.make_contiguous()
+    source = unwritten.ort_source()
+    assert source is not None
+    model_bytes, arrays = source
+    assert not any(
+        i.HasField("raw_data") for i in onnx.load_from_string(model_bytes).graph.initializer
+    )
+    assert len(arrays) == len(unwritten.weights)  # every weight handed over as an array
+    from_memory = create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
+    del arrays, source  # ONNX Runtime copied them while loading
+    unwritten.write(tmp_path / "m.onnx")
+    from_file = create_session(tmp_path / "m.onnx", ["CPUExecutionProvider"])
+    feeds = {"input_0": x.numpy()}
+    np.testing.assert_array_equal(from_memory.run(None, feeds)[0], from_file.run(None, feeds)[0])
+    torch.testing.assert_close(
+        torch.from_numpy(from_file.run(None, feeds)[0]), model(x).detach(), rtol=1e-4, atol=1e-4
+    )
+
+
+def test_a_model_with_quantize_nodes_or_bfloat16_weights_is_not_run_from_memory(tmp_path):
+    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx, unwritten_float_model
+
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("QuantizeLinear", ["input_0", "s"], ["output_0"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("input_0", onnx.TensorProto.FLOAT, [2])],
+        [onnx.helper.make_tensor_value_info("output_0", onnx.TensorProto.INT8, [2])],
+        [onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s")],
+    )
+    assert unwritten_float_model(onnx.helper.make_model(graph), {}) is None  # folded when written
+    half = UnwrittenOnnx(onnx.ModelProto(), {"w": torch.ones(2, dtype=torch.bfloat16)})
+    assert half.ort_source() is None  # numpy has no bfloat16: the runtime waits for the file

@@ -47,6 +47,7 @@ def test_transformer_gets_onnxruntime_fused_kernels_and_matches(tmp_path) -> Non
     fusions = sub.runtime_info.get("ort_fusions", {})
     assert fusions.get("BiasGelu") == 2, fusions  # one per MLP block
     assert fusions.get("MultiHeadAttention") == 2, fusions  # our attention, one kernel each
+    embedl_dynamo.wait_for_cache_writes()
     fused = onnx.load(sub.runtime_info["artifact"], load_external_data=False)
     for op in ("BiasGelu", "MultiHeadAttention"):  # in the file ONNX Runtime loads, not only
         assert sum(n.op_type == op for n in fused.graph.node) == 2  # reported

@@ -1,0 +1,145 @@
+"""The cache's files: where the cache lives, atomic writes, and writes on helper threads."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
+from pathlib import Path
+
+__all__ = [
+    "ENV_CACHE_DIR",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "default_cache_dir",
+    "exclusive_lock",
+    "file_mode",
+    "finish_now",
+    "remove_tree",
+    "wait_for_cache_writes",
+    "write_in_background",
+]
+
+ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
+
+_WRITING: set[Future[Path]] = set()  # entries being written on helper threads
+_WRITING_LOCK = threading.Lock()
+
+
+def wait_for_cache_writes(timeout: float | None = None) -> None:
+    """Wait until every cache entry this process is writing on a helper thread is stored.
+
+    A compile runs its artifact from memory while the file is written (about 0.5 s for
+    BERT-base); call this before reading an artifact path from a report, or copying the cache.
+    The interpreter waits for these writes at exit on its own.
+
+    Raises:
+        TimeoutError: ``timeout`` seconds passed first.
+    """
+    with _WRITING_LOCK:
+        pending = list(_WRITING)
+    _, not_done = wait(pending, timeout=timeout)
+    if not_done:
+        raise TimeoutError(f"{len(not_done)} cache entries still being written")
+
+
+def write_in_background(write: Callable[[], Path]) -> Future[Path]:
+    """Run ``write`` on a helper thread that is not a daemon (the interpreter waits for it at
+    exit); its future is what :func:`wait_for_cache_writes` waits on."""
+    writing: Future[Path] = Future()
+    with _WRITING_LOCK:
+        _WRITING.add(writing)
+    writing.add_done_callback(_forget_write)
+
+    def run() -> None:
+        try:
+            writing.set_result(write())
+        except BaseException as exc:
+            writing.set_exception(exc)
+
+    threading.Thread(target=run, name="embedl-cache-write", daemon=False).start()
+    return writing
+
+
+def _forget_write(writing: Future[Path]) -> None:
+    with _WRITING_LOCK:
+        _WRITING.discard(writing)
+
+
+def default_cache_dir() -> Path:
+    """The cache root: ``$EMBEDL_DYNAMO_CACHE_DIR``, else ``$XDG_CACHE_HOME/embedl_dynamo``.
+
+    Falls back to ``~/.cache/embedl_dynamo`` when ``XDG_CACHE_HOME`` is unset.
+    """
+    env = os.environ.get(ENV_CACHE_DIR)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "embedl_dynamo"
+
+
+def file_mode() -> int:
+    """The mode a new file gets under the process umask (``0o666 & ~umask``), as ``open`` does."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (temp file in the same directory, fsync, replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 would ignore the user's umask
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``lock_path`` (blocks while another holds it)."""
+    import fcntl
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            # removed while still held: a process waiting on this file then finds the entry
+            # built; a newcomer locks a fresh file (at worst two build, and put is atomic)
+            with contextlib.suppress(OSError):
+                lock_path.unlink()
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove a directory tree, ignoring what is already gone."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def finish_now(start: Callable[[Path], Callable[[], None] | None], path: Path) -> None:
+    """Run a builder that may hand back its finishing step (see ``ArtifactCache.get_or_start``)
+    to the end on this thread."""
+    finish = start(path)
+    if finish is not None:
+        finish()
