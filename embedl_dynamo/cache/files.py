@@ -7,8 +7,9 @@ import os
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import TypeVar
 
 __all__ = [
     "ENV_CACHE_DIR",
@@ -17,13 +18,14 @@ __all__ = [
     "default_cache_dir",
     "exclusive_lock",
     "file_mode",
-    "finish_now",
     "remove_tree",
+    "run_in_background",
     "wait_for_cache_writes",
     "write_in_background",
 ]
 
 ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
+T = TypeVar("T")
 
 _WRITING: set[Future[Path]] = set()  # entries being written on helper threads
 _WRITING_LOCK = threading.Lock()
@@ -46,21 +48,22 @@ def wait_for_cache_writes(timeout: float | None = None) -> None:
         raise TimeoutError(f"{len(not_done)} cache entries still being written")
 
 
+def run_in_background(work: Callable[[], T], name: str) -> Future[T]:
+    """``work()`` on a helper thread (a ``ThreadPoolExecutor`` worker, which the interpreter
+    waits for at exit); its future."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    try:
+        return pool.submit(work)
+    finally:
+        pool.shutdown(wait=False)  # the worker ends once ``work`` returns
+
+
 def write_in_background(write: Callable[[], Path]) -> Future[Path]:
-    """Run ``write`` on a helper thread that is not a daemon (the interpreter waits for it at
-    exit); its future is what :func:`wait_for_cache_writes` waits on."""
-    writing: Future[Path] = Future()
+    """:func:`run_in_background` for a cache write: :func:`wait_for_cache_writes` waits on it."""
+    writing = run_in_background(write, "embedl-cache-write")
     with _WRITING_LOCK:
         _WRITING.add(writing)
     writing.add_done_callback(_forget_write)
-
-    def run() -> None:
-        try:
-            writing.set_result(write())
-        except BaseException as exc:
-            writing.set_exception(exc)
-
-    threading.Thread(target=run, name="embedl-cache-write", daemon=False).start()
     return writing
 
 
@@ -135,11 +138,3 @@ def remove_tree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
-
-
-def finish_now(start: Callable[[Path], Callable[[], None] | None], path: Path) -> None:
-    """Run a builder that may hand back its finishing step (see ``ArtifactCache.get_or_start``)
-    to the end on this thread."""
-    finish = start(path)
-    if finish is not None:
-        finish()

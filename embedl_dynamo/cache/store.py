@@ -45,8 +45,8 @@ from embedl_dynamo.cache.files import (
     atomic_write_text,
     default_cache_dir,
     exclusive_lock,
-    finish_now,
     remove_tree,
+    run_in_background,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
@@ -132,7 +132,8 @@ class ArtifactCache:
         if found is None:
             return None
         path, meta_path = found
-        problem = self._verify(path, meta_path) or self._hash_problem(path, meta_path)
+        problem, sha256 = self._verify(path, meta_path)
+        problem = problem or self._hash_problem(path, sha256)
         if problem is None:
             return self._used(path)
         logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding", path, problem)
@@ -153,17 +154,13 @@ class ArtifactCache:
         if found is None:
             return None
         path, meta_path = found
-        problem = self._verify(path, meta_path)
+        problem, sha256 = self._verify(path, meta_path)
         if problem is not None:
             logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding",
                            path, problem)  # fmt: skip
             self._remove(path)
             return None
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedl-verify")
-        hashing = pool.submit(self._hash_problem, path, meta_path)
-        pool.shutdown(wait=False)  # the worker ends once the hash is done
+        hashing = run_in_background(lambda: self._hash_problem(path, sha256), "embedl-verify")
 
         def confirm() -> None:
             problem = hashing.result()
@@ -222,33 +219,28 @@ class ArtifactCache:
         except (OSError, ValueError):
             return {}
 
-    def _verify(self, path: Path, meta_path: Path) -> str | None:
+    def _verify(self, path: Path, meta_path: Path) -> tuple[str | None, str]:
+        """``(problem, recorded sha256)``: what is wrong short of hashing the file (missing,
+        sidecar missing/unreadable/malformed, size mismatch), or None."""
         if not path.exists():
-            return "artifact file missing"
+            return "artifact file missing", ""
         try:
             meta = json.loads(meta_path.read_text())
         except FileNotFoundError:
-            return "checksum sidecar missing"
+            return "checksum sidecar missing", ""
         except (OSError, ValueError) as exc:
-            return f"checksum sidecar unreadable: {exc}"
+            return f"checksum sidecar unreadable: {exc}", ""
         if not isinstance(meta, dict) or "sha256" not in meta or "size" not in meta:
-            return "checksum sidecar malformed"
+            return "checksum sidecar malformed", ""
         size = path.stat().st_size
         if size != meta["size"]:
-            return f"size {size} != recorded {meta['size']}"
-        return None
+            return f"size {size} != recorded {meta['size']}", ""
+        return None, str(meta["sha256"])
 
     @staticmethod
-    def _hash_problem(path: Path, meta_path: Path) -> str | None:
-        """ "sha256 mismatch" unless the file hashes to its sidecar's sha256 (after
-        :meth:`_verify` passed)."""
-        try:
-            expected = json.loads(meta_path.read_text())["sha256"]
-            if sha256_file(path) == expected:
-                return None
-        except (OSError, ValueError, KeyError) as exc:
-            return f"unreadable: {exc}"
-        return "sha256 mismatch"
+    def _hash_problem(path: Path, sha256: str) -> str | None:
+        """ "sha256 mismatch" unless the file hashes to ``sha256``."""
+        return None if sha256_file(path) == sha256 else "sha256 mismatch"
 
     def put(
         self,
@@ -318,7 +310,9 @@ class ArtifactCache:
             )  # fmt: skip
         self._unusable = reason
         target = Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")) / f"{key}{suffix}"
-        finish_now(start, target)
+        finish = start(target)
+        if finish is not None:
+            finish()
         if not target.exists():
             raise RuntimeError(f"cache builder for {key} did not write {target}")
         return target

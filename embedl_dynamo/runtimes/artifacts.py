@@ -71,7 +71,7 @@ class OnnxArtifact:
     session without reading the file. :attr:`path` waits for the file.
 
     Args:
-        key: the content key.
+        key: the content key (None for a file from elsewhere: :meth:`of_file`).
         built: exported by this call (not found in the cache).
         final: where the file is (or will be, once written).
         writing: resolves when the file is stored; None when it already is.
@@ -80,7 +80,7 @@ class OnnxArtifact:
 
     def __init__(
         self,
-        key: str,
+        key: str | None,
         built: bool,
         final: Path,
         writing: Future[Path] | None = None,
@@ -93,6 +93,11 @@ class OnnxArtifact:
         self.unwritten = unwritten
         if writing is not None:
             writing.add_done_callback(self._written)
+
+    @classmethod
+    def of_file(cls, path: str | Path) -> OnnxArtifact:
+        """An ONNX file that is already written (loaded by the user, or a derived file)."""
+        return cls(None, False, Path(path))
 
     def _written(self, writing: Future[Path]) -> None:
         self.unwritten = None  # the file holds the weights now: let the tensors go
@@ -219,7 +224,7 @@ class OnnxArtifactRuntime(Runtime):
     ) -> None:
         super().__init__(settings, dynamic_axes)
         self._prebuilt: OnnxArtifact | None = None
-        self._artifact: OnnxArtifact | None = None  # what the runtime runs, once built here
+        self._artifact: OnnxArtifact | None = None  # what the runtime runs
         self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
 
     def use_cached(self, key: str) -> bool:
@@ -252,8 +257,8 @@ class OnnxArtifactRuntime(Runtime):
         self._prebuilt = artifact
 
     def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> OnnxArtifact:
-        """The ONNX artifact to run (the prebuilt one, or the cached export of ``gm``); sets
-        :attr:`from_cache`."""
+        """The ONNX artifact to run (the prebuilt one, or the cached export of ``gm``); it
+        becomes the one the runtime runs, and sets :attr:`from_cache`."""
         artifact = self._prebuilt
         if artifact is None:
             artifact = onnx_artifact(
@@ -264,4 +269,5 @@ class OnnxArtifactRuntime(Runtime):
                 reference=lambda: self.reference_outputs(gm, example_inputs),
             )
         self.from_cache = not artifact.built
+        self._artifact = artifact
         return artifact

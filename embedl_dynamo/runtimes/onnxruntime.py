@@ -26,7 +26,8 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.patterns.attention import FusedAttention
-from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime
+from embedl_dynamo.runtimes.base import error_line
 from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings
 
@@ -120,7 +121,6 @@ class OnnxRuntime(OnnxArtifactRuntime):
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
     ) -> None:
         super().__init__(settings, dynamic_axes)
-        self._path: Path | None = None
         self._session: Any = None
         self._input_names: list[str] = []
         self._output_names: list[str] = []
@@ -147,8 +147,8 @@ class OnnxRuntime(OnnxArtifactRuntime):
         """An active session over an ``.onnx`` file (``providers``: :func:`ort_providers`)."""
         cls.require()
         runtime = cls(settings)
-        runtime._path = Path(path)
-        runtime.mark_loaded(runtime._path, providers=list(providers or ort_providers()))
+        runtime._artifact = OnnxArtifact.of_file(path)
+        runtime.mark_loaded(Path(path), providers=list(providers or ort_providers()))
         return runtime
 
     @property
@@ -166,7 +166,6 @@ class OnnxRuntime(OnnxArtifactRuntime):
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         artifact = self.artifact(gm, example_inputs)
-        self._path, self._artifact = artifact.final, artifact
         self.build_info = {
             "key": artifact.key,
             "artifact": str(artifact.final),
@@ -177,16 +176,16 @@ class OnnxRuntime(OnnxArtifactRuntime):
             heads = _attention_heads(gm, example_inputs)
             fused = fused_artifact(artifact.path, artifact.key, self.settings.cache_dir, heads)
         if fused is not None:
-            self._path, self._artifact = fused[0], None
+            self._artifact = OnnxArtifact.of_file(fused[0])
             try:
                 self._activate()
                 self.check_artifact(gm, example_inputs, "ONNX Runtime's fused transformer graph")
             except Exception as exc:  # the plain artifact is right by construction: use it
                 logger.warning(
                     "ONNX Runtime's transformer fusions not used (%s); running the unfused graph",
-                    str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                    error_line(exc),
                 )
-                self._session, self._path, self._artifact = None, artifact.final, artifact
+                self._session, self._artifact = None, artifact
             else:
                 self.build_info.update(artifact=str(fused[0]), ort_fusions=fused[1])
                 return
@@ -197,7 +196,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         if self._session is not None:
             return
         providers, threads = self.build_info["providers"], self.settings.num_threads
-        unwritten = self._artifact.unwritten if self._artifact is not None else None
+        unwritten = self._artifact.unwritten
         source = None
         if unwritten is not None and providers == ["CPUExecutionProvider"]:
             source = unwritten.ort_source()
@@ -207,8 +206,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
                 model, providers, num_threads=threads, initializers=arrays
             )
         else:
-            path = self._artifact.path if self._artifact is not None else self._path
-            self._session = create_session(path, providers, num_threads=threads)
+            self._session = create_session(self._artifact.path, providers, num_threads=threads)
         self._input_names = [i.name for i in self._session.get_inputs()]
         self._output_names = [o.name for o in self._session.get_outputs()]
 

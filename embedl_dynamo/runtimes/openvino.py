@@ -94,7 +94,6 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
     ) -> None:
         super().__init__(settings, dynamic_axes)
-        self._path: Path | None = None
         self._compiled: Any = None
         self._request: Any = None
 
@@ -118,7 +117,6 @@ class OpenVINORuntime(OnnxArtifactRuntime):
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         artifact = self.artifact(gm, example_inputs)
-        self._path, self._artifact = artifact.final, artifact
         self.build_info = {"key": artifact.key, "artifact": str(artifact.final), "device": "CPU"}
         self._activate()
         self.check_artifact(gm, example_inputs, "OpenVINO model")
@@ -128,7 +126,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             return
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory took 0.5 s longer on BERT-base
-        path = self._artifact.path if self._artifact is not None else self._path
+        path = self._artifact.path
         self._compiled = compile_openvino(path, self.settings.num_threads, info=self.build_info)
         self._request = self._compiled.create_infer_request()
         integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}

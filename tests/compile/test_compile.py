@@ -412,10 +412,7 @@ def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatc
     cache = ArtifactCache(tmp_path, "onnx")
     assert cache.get(key, ".onnx") is None  # compiled and ran; the file is still being written
     release.set()
-    for _ in range(200):
-        if cache.get(key, ".onnx") is not None:
-            break
-        threading.Event().wait(0.05)
+    embedl_dynamo.wait_for_cache_writes(timeout=30)
     assert cache.get(key, ".onnx") is not None  # stored with a verified sha256
     torch._dynamo.reset()
     with torch.no_grad():
