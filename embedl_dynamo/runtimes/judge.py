@@ -4,6 +4,9 @@
 calibration data: the artifact runs on the build sample and up to two calibration batches of the
 same shapes (the data ``mixed`` decided on), all outputs concatenated. Below the budget, or NaN,
 the compile falls back to the float artifact with a warning; fake-quant never runs.
+
+Speed is judged by :data:`LOWER_PRECISION_MARGIN`: a lower precision is chosen over float only
+when it takes at most that fraction of float's time, so timing noise cannot pick it.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from torch import fx
 
 from embedl_dynamo.runtimes.base import OutputMismatchError, Runtime, output_cosine
 
-__all__ = ["check_precision", "judging_sample"]
+__all__ = ["LOWER_PRECISION_MARGIN", "check_precision", "judging_sample"]
+
+LOWER_PRECISION_MARGIN = 0.97  # at least 3% faster than float as a whole, or float runs
 
 
 def judging_sample(inputs: list[torch.Tensor], data: Any) -> list[list[torch.Tensor]]:

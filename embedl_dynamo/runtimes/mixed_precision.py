@@ -46,7 +46,7 @@ from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.artifacts import code_fingerprint
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.judge import judging_sample
+from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN, judging_sample
 from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph, time_graphs
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 
 _FORMAT = 1
 _RESERVE = 0.2  # of the budget's slack, kept for the runtime's own rounding
-_MARGIN = 0.97  # a lower precision must be at least 3% faster as a whole to be chosen
 _PROFILED = (OnnxRuntime, OpenVINORuntime)  # runtimes with a per-layer profiler here
 
 
@@ -279,7 +278,7 @@ def _measure(
     every = list(calibrated.placement.layers)
     # per-node times miss context (a float stem conv leaves its max pool float too), so the
     # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
-    # INT8 everywhere. A lower precision must win by more than noise (_MARGIN) to be chosen.
+    # INT8 everywhere. A lower precision must win by more than noise (LOWER_PRECISION_MARGIN) to be chosen.
     candidates = {"fp32": deploy[2] or calibrated.gm}
     if int8 and set(int8) != set(every):
         keep = {i: "mixed: fp32" for i in every if i not in int8}
@@ -310,7 +309,7 @@ def _measure(
     if "mixed" in refused and "int8" in options:
         int8, set_cosine = every, full_cosine  # the per-layer set failed; INT8 everywhere holds
     best = min(options, key=options.__getitem__)
-    if best != "fp32" and options[best] > options["fp32"] * _MARGIN:
+    if best != "fp32" and options[best] > options["fp32"] * LOWER_PRECISION_MARGIN:
         best = "fp32"
     timing = ", ".join(f"{name} {ms:.3f} ms" for name, ms in options.items())
     if best == "fp32" and int8 and refused and "int8" not in options:

@@ -33,7 +33,8 @@ from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime, onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.base import Runtime, graph_outputs
+from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -165,16 +166,28 @@ def fastest(
     Raises:
         Exception: what the last option raised, when none of them builds.
     """
-    exported: dict[int, OnnxArtifact] = {}  # one export per graph, shared by runtimes
+    # one run of each graph on the sample and one export, shared by every runtime's build
+    outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def outputs_of(model: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+        if id(model) not in outputs:
+            outputs[id(model)] = graph_outputs(model, inputs)
+        return outputs[id(model)]
+
+    exported: dict[int, OnnxArtifact] = {}
     for o in options:
         if id(o.model) not in exported:
-            exported[id(o.model)] = onnx_artifact(o.model, list(inputs), settings, axes)
+            exported[id(o.model)] = onnx_artifact(
+                o.model, list(inputs), settings, axes, reference=lambda m=o.model: outputs_of(m)
+            )
     artifacts = [exported[id(o.model)].key for o in options]
 
     def runtime_of(option: RunOption) -> Runtime:
         runtime = option.runtime(settings, axes)
         if isinstance(runtime, OnnxArtifactRuntime):
             runtime.use_artifact(exported[id(option.model)])
+        if id(option.model) in outputs:
+            runtime.share_reference(option.model, inputs, outputs[id(option.model)])
         return runtime
 
     key = content_key(
@@ -255,5 +268,7 @@ def run_options(
         return [RunOption(c.name, c, model) for c in timed]
     if precision != "mixed":
         return [RunOption(runtime_cls.name, runtime_cls, model)]
-    mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model, handicap=1 / 0.97)
+    mixed = RunOption(
+        f"{runtime_cls.name} mixed", runtime_cls, model, handicap=1 / LOWER_PRECISION_MARGIN
+    )
     return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in timed)]

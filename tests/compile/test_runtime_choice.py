@@ -89,8 +89,8 @@ def test_the_faster_runtime_runs_and_the_choice_is_cached(monkeypatch, tmp_path,
     ("document", "message"),
     [
         (None, "is corrupt"),  # bytes that do not match the checksum sidecar
-        ({"format": 1, "runtime": "tvm"}, "is invalid"),  # re-signed, naming no candidate
-        ({"format": 99, "runtime": "openvino"}, "is invalid"),
+        ({"format": 1, "option": "tvm"}, "is invalid (format 1, option 'tvm')"),  # no candidate
+        ({"format": 99, "option": "openvino"}, "is invalid (format 99, option 'openvino')"),
     ],
 )
 def test_a_corrupt_or_stale_decision_is_measured_again(
@@ -237,12 +237,15 @@ def test_timing_stops_once_the_ranking_is_clear():
 
 
 def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, tmp_path):
-    """The graph is fingerprinted and exported once; each runtime builds from that file
-    without hashing it again, and reports it as built now, not as found in the cache."""
+    """The graph is fingerprinted, exported and run on the sample once; each runtime builds
+    from that file without hashing it again, and reports it as built now, not as found in the
+    cache."""
     from embedl_dynamo.cache import store
     from embedl_dynamo.runtimes import artifacts
 
     _, gm, x = _graph()
+    runs, forward = [], gm.forward
+    gm.forward = lambda *a: runs.append(1) or forward(*a)
     fingerprints, hashed = [], []
     real_fingerprint, real_sha = artifacts.fingerprint_graph, store.sha256_file
     monkeypatch.setattr(
@@ -252,7 +255,8 @@ def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, 
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("openvino"))
     choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], Settings(cache_dir=tmp_path))
     assert choice.option.label == "openvino"
-    assert len(fingerprints) == 1
+    # one run for the exporter to trace, one shared by the export and both runtimes' checks
+    assert len(fingerprints) == 1 and len(runs) == 2
     assert not [p for p in hashed if p.suffix == ".onnx"]
     assert not choice.runtime.from_cache
     assert_close_to_scale(choice.runtime(x)[0], _reference(gm, x))
