@@ -65,15 +65,15 @@ def tensor_bytes(tensor: torch.Tensor) -> Any:
     return t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[str, Any]:
-    """The tensor's header (dtype, shape) and its bytes (None when it is empty)."""
+def _header(tensor: torch.Tensor) -> str:
+    """The tensor's dtype (as hashed: a quantized tensor's bytes are dequantized) and shape."""
     dtype = torch.float32 if tensor.is_quantized else tensor.dtype
-    data = tensor_bytes(tensor) if tensor.numel() else None
-    return f"{dtype}|{tuple(tensor.shape)}", data
+    return f"{dtype}|{tuple(tensor.shape)}"
 
 
-def _digest(data: Any) -> bytes:
-    return hashlib.sha256(data).digest()
+def _digest(tensor: torch.Tensor) -> bytes:
+    """sha256 of the tensor's bytes (a CPU copy exists only while it is hashed)."""
+    return hashlib.sha256(tensor_bytes(tensor)).digest()
 
 
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
@@ -82,20 +82,19 @@ def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     Tensors over 1 MiB are hashed two at a time on threads (BERT-base's 440 MB of weights
     in half the time on two cores).
     """
-    items = [(name, *_tensor_bytes(t)) for name, t in tensors]
-    big = [data for _, _, data in items if data is not None and data.nbytes >= _PARALLEL_BYTES]
+    big = [t for _, t in tensors if t.numel() * t.element_size() >= _PARALLEL_BYTES]
     digests: dict[int, bytes] = {}
     if len(big) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            digests = {id(data): d for data, d in zip(big, pool.map(_digest, big))}
-    for name, header, data in items:
-        if data is None:
-            h.update(f"{name}|{header}|empty\n".encode())
+            digests = {id(t): d for t, d in zip(big, pool.map(_digest, big))}
+    for name, tensor in tensors:
+        if not tensor.numel():
+            h.update(f"{name}|{_header(tensor)}|empty\n".encode())
             continue
-        digest = digests.get(id(data)) or _digest(data)
-        h.update(f"{name}|{header}|".encode() + digest)
+        digest = digests.get(id(tensor)) or _digest(tensor)
+        h.update(f"{name}|{_header(tensor)}|".encode() + digest)
 
 
 def fingerprint_graph(gm: fx.GraphModule) -> str:

@@ -301,7 +301,7 @@ def ranges_from_calibrators(
     for name, calibrator in calibrators.items():
         spec = config.spec(placement.activations[name])
         if spec.unsigned_nonnegative:
-            calibrator.compute_amax()  # raises if it saw no data
+            calibrator.require_data()
             spec = spec.for_range(float(calibrator.min))
         if spec.symmetric:
             amax = calibrator.compute_amax()

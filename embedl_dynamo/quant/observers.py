@@ -70,7 +70,8 @@ class Calibrator:
         self.max = hi if self.max is None else max(self.max, hi)
         self.batches += 1
 
-    def _require_data(self) -> None:
+    def require_data(self) -> None:
+        """Raise, naming the tensor, when no calibration batch reached this observer."""
         if self.batches == 0:
             raise RuntimeError(
                 f"calibrator for {self.name!r} saw no data: run at least one calibration batch "
@@ -78,11 +79,11 @@ class Calibrator:
             )
 
     def compute_amax(self) -> float:
-        self._require_data()
+        self.require_data()
         return max(abs(self.min), abs(self.max))
 
     def compute_range(self) -> tuple[float, float]:
-        self._require_data()
+        self.require_data()
         return self.min, self.max
 
 
@@ -116,11 +117,11 @@ class PercentileCalibrator(Calibrator):
         self._hi.append(float(torch.quantile(flat, q)))
 
     def compute_amax(self) -> float:
-        self._require_data()
+        self.require_data()
         return sum(self._amax) / len(self._amax)
 
     def compute_range(self) -> tuple[float, float]:
-        self._require_data()
+        self.require_data()
         return sum(self._lo) / len(self._lo), sum(self._hi) / len(self._hi)
 
 
@@ -194,7 +195,7 @@ class HistogramCalibrator(Calibrator):
         return self._edge * best_i / self.bins
 
     def compute_amax(self) -> float:
-        self._require_data()
+        self.require_data()
         hist = self._hist
         width = self._edge / self.bins
         centers = (torch.arange(self.bins, dtype=torch.float64) + 0.5) * width

@@ -41,7 +41,7 @@ from embedl_dynamo.runtimes.onnx_initializers import (
     UnwrittenOnnx,
     capture_initializers,
     graph_weights,
-    save_with_weights,
+    save_quantized,
     shape_inference_without_weights,
     unwritten_float_model,
 )
@@ -230,10 +230,8 @@ def export_onnx_unwritten(
         run meanwhile); None when ``path`` was written here (a graph with Q/DQ nodes, or weights
         the exporter had to write itself).
     """
-    deferred: list[UnwrittenOnnx] = []
-    export_onnx(gm, example_inputs, path, exporter="torchscript", dynamic_axes=dynamic_axes,
-                outputs=outputs, _deferred=deferred)  # fmt: skip
-    return deferred[0] if deferred else None
+    return _export(gm, example_inputs, Path(path), True, None, "torchscript", dynamic_axes,
+                   outputs, keep_unwritten=True)  # fmt: skip
 
 
 def export_onnx(
@@ -245,7 +243,6 @@ def export_onnx(
     exporter: str = "auto",
     dynamic_axes: DynamicAxes | None = None,
     outputs: Sequence[torch.Tensor] | None = None,
-    _deferred: list[UnwrittenOnnx] | None = None,
 ) -> Path:
     """Export ``gm`` to a single ONNX file with constants as initializers.
 
@@ -269,11 +266,27 @@ def export_onnx(
     Raises:
         ExportError: neither exporter could export the graph; the message names the problem.
     """
+    path = Path(path)
+    _export(gm, example_inputs, path, dynamic_batch, opset, exporter, dynamic_axes, outputs)
+    return path
+
+
+def _export(
+    gm: fx.GraphModule,
+    example_inputs: Sequence[torch.Tensor],
+    path: Path,
+    dynamic_batch: bool,
+    opset: int | None,
+    exporter: str,
+    dynamic_axes: DynamicAxes | None,
+    outputs: Sequence[torch.Tensor] | None,
+    keep_unwritten: bool = False,
+) -> UnwrittenOnnx | None:
+    """:func:`export_onnx`; with ``keep_unwritten``, a float graph is returned unwritten."""
     import onnx
 
     if exporter not in _EXPORTERS:
         raise ValueError(f"invalid exporter={exporter!r}; valid values: {', '.join(_EXPORTERS)}")
-    path = Path(path)
     opset = opset or DEFAULT_OPSET
     module = _FlatOutputs(gm).eval()
     args = tuple(example_inputs)
@@ -301,14 +314,14 @@ def export_onnx(
                     exported = _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
                     exported = _export_dynamo(module, args, path, opset, axes, len(outputs))
-            unwritten = None
-            if exported is not None and _deferred is not None:
+            unwritten, folded = None, 0
+            if exported is not None:
                 unwritten = unwritten_float_model(*exported)
-            if unwritten is not None:
-                _deferred.append(unwritten)
-                folded = 0
-            elif exported is not None:
-                folded = save_with_weights(*exported, path)
+                if unwritten is None:  # Q/DQ nodes: weights folded to int8 as it is written
+                    folded = save_quantized(*exported, path)
+                elif not keep_unwritten:
+                    unwritten.write(path)
+                    unwritten = None
             else:
                 folded = store_weights_as_int8(path)
                 onnx.checker.check_model(str(path))
@@ -320,5 +333,5 @@ def export_onnx(
             "exported %s with the %s exporter in %.2f s (%d weights stored as int8)",
             path, name, time.perf_counter() - start, folded,
         )  # fmt: skip
-        return path
+        return unwritten
     raise ExportError("ONNX export failed: " + "; ".join(errors))

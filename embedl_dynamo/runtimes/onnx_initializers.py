@@ -40,6 +40,7 @@ __all__ = [
     "attach_initializers",
     "capture_initializers",
     "graph_weights",
+    "save_quantized",
     "save_with_weights",
     "shape_inference_without_weights",
     "tensor_proto",
@@ -183,19 +184,28 @@ def save_with_weights(model: Any, weights: dict[str, torch.Tensor], path: str | 
     """Write ``model`` with ``weights`` (its weight inputs) as initializers to ``path``; checked.
 
     A float model is checked as exported (weights as inputs, a few kB) and written by
-    :meth:`UnwrittenOnnx.write`. A model with ``QuantizeLinear`` nodes gets its weights
-    attached, quantized weights folded to int8 (:func:`~.int8_weights.fold_int8_weights`), and
-    is serialised once, checked and written.
+    :meth:`UnwrittenOnnx.write`; a model with ``QuantizeLinear`` nodes by
+    :func:`save_quantized`.
+
+    Returns:
+        The number of weights stored as int8.
+    """
+    unwritten = unwritten_float_model(model, weights)
+    if unwritten is not None:
+        unwritten.write(Path(path))
+        return 0
+    return save_quantized(model, weights, path)
+
+
+def save_quantized(model: Any, weights: dict[str, torch.Tensor], path: str | Path) -> int:
+    """Write a model with ``QuantizeLinear`` nodes: weights attached, quantized weights folded
+    to int8 (:func:`~.int8_weights.fold_int8_weights`), serialised once, checked, written.
 
     Returns:
         The number of weights stored as int8.
     """
     import onnx
 
-    unwritten = unwritten_float_model(model, weights)
-    if unwritten is not None:
-        unwritten.write(Path(path))
-        return 0
     attach_initializers(model, weights)
     folded = fold_int8_weights(model)
     data = model.SerializeToString()
