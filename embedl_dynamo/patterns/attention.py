@@ -39,6 +39,7 @@ __all__ = [
     "AttentionProbs",
     "attention_for_export",
     "attention_probs",
+    "mask_in_dtype_of",
     "FusedAttention",
     "FusedLayerNorm",
     "FusedQKVProjection",
@@ -197,9 +198,7 @@ class FusedAttention(FusedModule):
         v: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
-            low = torch.finfo(q.dtype).min
-            attn_mask = attn_mask.clamp(min=low).to(q.dtype)
+        attn_mask = mask_in_dtype_of(q, attn_mask)
         if torch.onnx.is_in_onnx_export():
             return attention_for_export(q, k, v, attn_mask, self.is_causal, self.scale)
         return F.scaled_dot_product_attention(
@@ -208,6 +207,14 @@ class FusedAttention(FusedModule):
 
     def extra_repr(self) -> str:
         return f"is_causal={self.is_causal}, scale={self.scale}"
+
+
+def mask_in_dtype_of(q: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """An additive float mask in q's dtype, clamped to its range first (a float32 -3.4e38
+    "minus infinity" would overflow fp16 to -inf and turn fully masked rows into NaN)."""
+    if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
+        attn_mask = attn_mask.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
+    return attn_mask
 
 
 class AttentionProbs(FusedModule):
@@ -228,7 +235,7 @@ class AttentionProbs(FusedModule):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return attention_probs(q, k, attn_mask, self.is_causal, self.scale)
+        return attention_probs(q, k, mask_in_dtype_of(q, attn_mask), self.is_causal, self.scale)
 
     def extra_repr(self) -> str:
         return f"is_causal={self.is_causal}, scale={self.scale}"

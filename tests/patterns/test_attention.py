@@ -522,3 +522,17 @@ def test_exported_attention_reads_q_and_k_in_its_matmul(tmp_path) -> None:
     assert producer[first.input[1]].input[0] == "input_1"  # k^T
     (after,) = [n for n in graph.node if first.output[0] in n.input]
     assert after.op_type == "Mul"
+
+
+def test_attention_probs_take_a_float32_mask_in_half_precision_as_the_fused_module_does():
+    from embedl_dynamo.patterns.attention import AttentionProbs, FusedAttention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8).half() for _ in range(3))
+    mask = torch.zeros(1, 1, 4, 4)
+    mask[..., -1] = torch.finfo(torch.float32).min  # HF's "masked" in float32: -inf in fp16
+    probs = AttentionProbs()(q, k, mask)
+    assert probs.dtype == torch.float16 and torch.isfinite(probs).all()
+    assert probs[..., -1].abs().max() == 0  # the masked key gets no weight
+    fused = FusedAttention()(q.float(), k.float(), v.float(), mask)
+    torch.testing.assert_close((probs.float() @ v.float()), fused, rtol=1e-2, atol=1e-2)
