@@ -1,7 +1,8 @@
 """The peers our benchmarks compare with, built the way their users build them.
 
 * :func:`openvino_peer`: ``ov.convert_model(model, example_input=...)`` compiled on the CPU with
-  ``INFERENCE_PRECISION_HINT=f32`` (OpenVINO's default bf16 hint is slower on this CPU); with
+  ``INFERENCE_PRECISION_HINT=f32`` (the float peer), or ``bf16``, which OpenVINO picks by
+  itself on a CPU with AVX512_BF16 or AMX, as this one has (the peer of our ``bf16``); with
   ``int8``, NNCF's ``quantize`` on the same calibration batches first (``ModelType.TRANSFORMER``
   for transformers, as NNCF documents);
 * :func:`inductor_peer`: ``torch.compile`` with ``torch._inductor.config.freezing = True``.
@@ -25,8 +26,11 @@ def openvino_peer(
     calibration: Sequence[Sequence[torch.Tensor]],
     int8: bool,
     transformer: bool = False,
+    precision_hint: str = "f32",
 ) -> Callable[[], torch.Tensor]:
-    """OpenVINO's own conversion of ``model`` (NNCF INT8 with ``int8``); returns output 0."""
+    """OpenVINO's own conversion of ``model`` (NNCF INT8 with ``int8``), compiled with
+    ``INFERENCE_PRECISION_HINT=precision_hint`` (``bf16``: what OpenVINO picks by itself on a
+    CPU with AVX512_BF16 or AMX); returns output 0."""
     import openvino as ov
 
     with torch.no_grad():
@@ -37,7 +41,9 @@ def openvino_peer(
         data = nncf.Dataset([tuple(t.numpy() for t in batch) for batch in calibration])
         kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
         ov_model = nncf.quantize(ov_model, data, **kwargs)
-    compiled = ov.Core().compile_model(ov_model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    compiled = ov.Core().compile_model(
+        ov_model, "CPU", {"INFERENCE_PRECISION_HINT": precision_hint}
+    )
     request = compiled.create_infer_request()
     feeds = [t.numpy() for t in inputs]
 

@@ -31,9 +31,18 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from embedl_dynamo.graph.nodes import module_path
 
-__all__ = ["FP32_FUNCTIONS", "FP32_METHODS", "HALF_DTYPES", "HALF_FUNCTIONS", "cast_graph"]
+__all__ = [
+    "FP32_FUNCTIONS",
+    "FP32_METHODS",
+    "HALF_DTYPES",
+    "HALF_FUNCTIONS",
+    "HALF_PRECISION_META",
+    "cast_graph",
+]
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# ``gm.meta`` key of a cast graph: its precision (``fp16``/``bf16``)
+HALF_PRECISION_META = "embedl_half_precision"
 
 HALF_FUNCTIONS = frozenset(
     {
@@ -187,6 +196,7 @@ def cast_graph(
     output.args = fx.node.map_arg(output.args, restore)
     gm.graph.lint()
     gm.recompile()
+    gm.meta[HALF_PRECISION_META] = precision
     return gm, layers
 
 

@@ -24,6 +24,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -247,13 +248,17 @@ class Runtime(ABC):
     ) -> None:
         """Run the built artifact once on the sample and hold it to ``gm``.
 
-        A float artifact must match ``gm`` (:func:`check_outputs`); an INT8 one (``gm`` carries
-        ``embedl_quantization``) must be finite here and is judged against the float model by
-        the caller, within ``accuracy_budget``.
+        A float artifact must match ``gm`` (:func:`check_outputs`). A lower-precision one
+        (``gm`` carries ``embedl_quantization`` or :data:`HALF_PRECISION_META`) must be finite
+        here and is judged against the float model by the caller, within ``accuracy_budget``:
+        two correct bf16 kernels differ by more than float's 1e-3 (8 mantissa bits, rounded in
+        their own order), so ``gm``'s own half-precision outputs are no tighter a reference.
         """
         actual = tuple(self._infer(list(example_inputs)))
         if "embedl_quantization" in gm.meta:
             check_finite(actual, f"INT8 {what}")
+        elif HALF_PRECISION_META in gm.meta:
+            check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
         else:
             check_outputs(self.reference_outputs(gm, example_inputs), actual, what)
         sample = tuple(example_inputs)

@@ -14,7 +14,7 @@ from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.helpers import assert_close_to_scale
-from tests.models import MobileNetLike, ResNetLike, randomize_batchnorm
+from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 
 pytestmark = pytest.mark.skipif(
     not OpenVINORuntime.is_available(), reason=f"{OpenVINORuntime.missing()}"
@@ -133,3 +133,57 @@ def test_hard_sigmoid_becomes_hsigmoid_with_equal_outputs(alpha, beta, lowered, 
     compiled = ov.Core().compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     out = torch.from_numpy(compiled.create_infer_request().infer([x.numpy()])[0])
     assert float((out - _Gate()(x)).abs().max()) <= 1e-6
+
+
+def _half_model(element_type: str):
+    """An OpenVINO model ``relu(x) -> Convert(element_type) -> Convert(f32)``."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    x = ops.parameter([2, 4], ov.Type.f32, name="x")
+    half = ops.convert(ops.relu(x), element_type)
+    return ov.Model([ops.convert(half, ov.Type.f32)], [x], "half")
+
+
+@pytest.mark.parametrize(
+    ("element_type", "capabilities", "expected"),
+    [
+        ("f32", ["BF16", "FP16", "FP32"], "f32"),  # a float file is never computed lower
+        ("bf16", ["BF16", "FP32"], "bf16"),
+        ("bf16", ["FP32"], "f32"),  # no bf16 arithmetic: the half weights computed in f32
+        ("f16", ["BF16", "FP32"], "f32"),  # bf16 is not fp16's precision
+        ("f16", ["FP16", "FP32"], "f16"),
+    ],
+)
+def test_inference_precision_follows_the_file_and_the_cpu(element_type, capabilities, expected):
+    from embedl_dynamo.runtimes.openvino import inference_precision
+
+    assert inference_precision(_half_model(element_type), capabilities) == expected
+
+
+def _cpu_capabilities() -> list[str]:
+    import openvino as ov
+
+    return list(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_bf16_runs_in_bf16_and_float_in_f32(precision, tmp_path):
+    """``precision="bf16"`` computes in bf16 where the CPU can (not rejected by float's 1e-3
+    check: it is judged by cosine to the float model); fp32 stays f32 on the same CPU, though
+    OpenVINO's own default there would be bf16."""
+    torch.manual_seed(0)
+    model = ViTLike().eval()
+    x = torch.randn(2, 3, 16, 16)
+    options = {"runtime": "openvino", "precision": precision, "cache_dir": str(tmp_path)}
+    compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
+    with torch.no_grad():
+        expected, got = model(x), compiled(x)
+    sub = embedl_dynamo.last_report().subgraphs[0]
+    assert sub.runtime == "openvino" and not sub.reason
+    assert got.dtype == torch.float32
+    bf16_cpu = "BF16" in _cpu_capabilities()
+    computes = "bf16" if precision == "bf16" and bf16_cpu else "f32"
+    assert sub.runtime_info["inference_precision"] == computes
+    cosine = F.cosine_similarity(got.flatten().double(), expected.flatten().double(), 0)
+    assert cosine > (0.999 if precision == "bf16" else 0.999999)
