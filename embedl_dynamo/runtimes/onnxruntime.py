@@ -173,8 +173,12 @@ class OnnxRuntime(OnnxArtifactRuntime):
         }
         fused = None
         if self._fuse:
-            heads = _attention_heads(gm, example_inputs)
-            fused = fused_artifact(artifact.path, artifact.key, self.settings.cache_dir, heads)
+            fused = fused_artifact(
+                artifact.path,
+                artifact.key,
+                self.settings.cache_dir,
+                lambda: _attention_heads(gm, example_inputs),
+            )
         if fused is not None:
             self._artifact = OnnxArtifact.of_file(fused[0])
             try:

@@ -19,30 +19,41 @@ decomposed (1%), outputs equal to 1e-6.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-__all__ = ["ATTENTION_SCOPE", "fuse_attention"]
+from embedl_dynamo.patterns.attention import ScaledDotProductAttention
+
+__all__ = ["fuse_attention"]
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_SCOPE = "scaled_dot_product_attention"  # the fused attention modules' name prefix
+# the fused attention modules' name prefix: the fusion names them after its pattern
+_ATTENTION_SCOPE = ScaledDotProductAttention.name
 _MICROSOFT = "com.microsoft"
 
 
-def _scalar(value: str, constants: dict[str, np.ndarray]) -> float | None:
-    array = constants.get(value)
-    return float(array.reshape(-1)[0]) if array is not None and array.size == 1 else None
-
-
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    found = {init.name: numpy_helper.to_array(init) for init in graph.initializer}
+def _scalar_constants(graph: onnx.GraphProto) -> dict[str, float]:
+    """The graph's one-element constants (initializers and ``Constant`` nodes) by name: the
+    attention scale is one of them. Only those are converted: turning every initializer into
+    an array would copy all the weights (440 MB for BERT-base) to read a few scalars."""
+    found = {
+        init.name: float(numpy_helper.to_array(init).reshape(-1)[0])
+        for init in graph.initializer
+        if math.prod(init.dims) == 1
+    }
     for node in graph.node:
-        if node.op_type == "Constant" and node.attribute:
-            found[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        if node.op_type != "Constant" or len(node.attribute) != 1:
+            continue
+        attribute = node.attribute[0]
+        if attribute.name == "value_float":
+            found[node.output[0]] = float(attribute.f)
+        elif attribute.name == "value" and math.prod(attribute.t.dims) == 1:
+            found[node.output[0]] = float(numpy_helper.to_array(attribute.t).reshape(-1)[0])
     return found
 
 
@@ -50,7 +61,7 @@ def _scopes(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
     scopes: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         parts = node.name.split("/")
-        if len(parts) > 3 and parts[2].startswith(ATTENTION_SCOPE):
+        if len(parts) > 3 and parts[2].startswith(_ATTENTION_SCOPE):
             scopes.setdefault(parts[2], []).append(node)
     return scopes
 
@@ -59,7 +70,7 @@ class _Span:
     """One attention's ops, found from its first MatMul along single-consumer edges."""
 
     def __init__(self, nodes: list[onnx.NodeProto], users: dict[str, list[onnx.NodeProto]],
-                 constants: dict[str, np.ndarray]) -> None:  # fmt: skip
+                 scalars: dict[str, float]) -> None:  # fmt: skip
         self.ok = False
         matmuls = [n for n in nodes if n.op_type == "MatMul"]
         if len(matmuls) != 2:
@@ -69,7 +80,7 @@ class _Span:
         kinds = [n.op_type for n in chain]
         if kinds[:1] != ["Mul"] or "Softmax" not in kinds or chain[-1] is not self.last:
             return
-        self.scale = _scalar(chain[0].input[1], constants)
+        self.scale = scalars.get(chain[0].input[1])
         softmax = kinds.index("Softmax")
         self.masking = chain[1:softmax]  # [], [Add] or [Where]
         self.row_mask = chain[softmax + 1 : -1]  # [] or [Mul]
@@ -89,15 +100,6 @@ class _Span:
             chain.append(node)
             if node.op_type == "MatMul":
                 return chain
-
-
-def _heads(model: onnx.ModelProto, value: str) -> int | None:
-    for info in model.graph.value_info:
-        if info.name == value:
-            dims = info.type.tensor_type.shape.dim
-            if len(dims) == 4 and dims[1].HasField("dim_value"):
-                return int(dims[1].dim_value)
-    return None
 
 
 def _const(name: str, values: Iterable[int] | float) -> onnx.NodeProto:
@@ -183,13 +185,13 @@ def _toposort(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> list[onnx.
     return ordered
 
 
-def fuse_attention(model: onnx.ModelProto, heads: Mapping[str, int] | None = None) -> int:
+def fuse_attention(model: onnx.ModelProto, heads: Mapping[str, int]) -> int:
     """Replace our exported attentions in ``model`` (in place) with MultiHeadAttention nodes.
 
     Args:
         model: the exported float graph.
-        heads: attention module name -> number of heads (the plan's fused modules know it);
-            ONNX shape inference is asked for the others.
+        heads: attention module name -> number of heads (the runtime reads them from the
+            graph it exported); an attention without an entry stays as it is.
 
     Returns:
         How many were replaced (0: ``model`` is unchanged).
@@ -198,26 +200,19 @@ def fuse_attention(model: onnx.ModelProto, heads: Mapping[str, int] | None = Non
     scopes = _scopes(graph)
     if not scopes:
         return 0
-    heads = dict(heads or {})
     if not any(o.domain == _MICROSOFT for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid(_MICROSOFT, 1))
-    inferred = model
-    if set(scopes) - set(heads):
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model)
-        except Exception as exc:  # unknown heads then: those attentions stay as they are
-            logger.debug("shape inference failed: %s", exc)
     users: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
             users.setdefault(name, []).append(node)
-    constants = _constants(graph)
+    scalars = _scalar_constants(graph)
     removed: set[int] = set()
     added: list[onnx.NodeProto] = []
     for scope, nodes in scopes.items():
-        span = _Span(nodes, users, constants)
-        count = heads.get(scope) or (_heads(inferred, span.first.input[0]) if span.ok else None)
-        if not span.ok or count is None:
+        span = _Span(nodes, users, scalars)
+        count = heads.get(scope)
+        if not span.ok or not count:
             logger.debug("attention %s not rewritten: unexpected form or unknown heads", scope)
             continue
         removed.update(id(n) for n in span.chain)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,7 @@ def has_attention(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "Softmax" and fed_by_matmul(n.input[0]) for n in nodes)
 
 
-def _fuse(source: Path, target: Path, heads: Mapping[str, int]) -> dict[str, int]:
+def _fuse(source: Path, target: Path, heads: Callable[[], Mapping[str, int]]) -> dict[str, int]:
     from onnxruntime.transformers.optimizer import optimize_model
 
     # opt_level 0: only the optimizer's Python fusions; ONNX Runtime's own graph optimisations
@@ -88,7 +88,7 @@ def _fuse(source: Path, target: Path, heads: Mapping[str, int]) -> dict[str, int
     counts = {op: int(n) for op, n in optimized.get_fused_operator_statistics().items() if n}
     # then ours: the plan's fused attentions, one kernel each (after the optimizer, whose
     # graph sort does not take a node's empty optional inputs)
-    attention = fuse_attention(optimized.model, heads)
+    attention = fuse_attention(optimized.model, heads())
     if attention:
         counts["MultiHeadAttention"] = attention
     optimized.save_model_to_file(str(target), use_external_data_format=False)
@@ -96,11 +96,12 @@ def _fuse(source: Path, target: Path, heads: Mapping[str, int]) -> dict[str, int
 
 
 def fused_artifact(
-    path: Path, key: str, cache_dir: Any, heads: Mapping[str, int] | None = None
+    path: Path, key: str, cache_dir: Any, heads: Callable[[], Mapping[str, int]]
 ) -> tuple[Path, dict[str, int]] | None:
     """The artifact at ``path`` with ONNX Runtime's transformer fusions, from the cache if built.
 
-    ``heads`` maps each fused attention module's name to its number of heads.
+    ``heads`` gives each fused attention module's name and number of heads; it is called only
+    when the fused file is built (it may run the graph).
 
     Returns:
         ``(fused path, {fused op: count})``, or None when the graph has no attention or the
@@ -116,7 +117,7 @@ def fused_artifact(
     counts: dict[str, int] = {}
 
     def build(target: Path) -> None:
-        counts.update(_fuse(path, target, heads or {}))
+        counts.update(_fuse(path, target, heads))
 
     try:
         fused, built = cache.get_or_build(fused_key, build, ".onnx", meta={"kind": "fused"})

@@ -62,3 +62,28 @@ def test_fusion_is_opt_in_and_cnns_never_go_through_it(tmp_path) -> None:
     _compile(randomize_batchnorm(ResNetLike().eval()), torch.randn(1, 3, 16, 16), tmp_path,
              transformer_fusion=True)  # fmt: skip
     assert "ort_fusions" not in embedl_dynamo.last_report().subgraphs[0].runtime_info
+
+
+def test_the_head_count_is_read_only_when_the_fused_file_is_built(tmp_path) -> None:
+    """Reading the heads may run the graph: a cached fused file needs none of it."""
+    from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
+
+    torch.manual_seed(0)
+    _compile(ViTLike().eval(), torch.randn(2, 3, 16, 16), tmp_path)
+    embedl_dynamo.wait_for_cache_writes()
+    sub = embedl_dynamo.last_report().subgraphs[0]
+    path, key = sub.runtime_info["artifact"], sub.runtime_info["key"]
+    nodes = onnx.load(path, load_external_data=False).graph.node
+    scopes = {n.name.split("/")[2] for n in nodes if "scaled_dot_product_attention" in n.name}
+    assert len(scopes) == 2, scopes  # one attention module per block
+    calls = []
+
+    def heads() -> dict[str, int]:
+        calls.append(1)
+        return dict.fromkeys(scopes, 2)
+
+    first = fused_artifact(path, key, tmp_path, heads)
+    second = fused_artifact(path, key, tmp_path, heads)
+    assert first is not None and first == second
+    assert first[1]["MultiHeadAttention"] == 2
+    assert len(calls) == 1
