@@ -116,11 +116,15 @@ def onnx_artifact(
     settings: Settings,
     axes: DynamicAxes | None = None,
     reference: Callable[[], Sequence[torch.Tensor]] | None = None,
+    in_memory: bool = False,
 ) -> OnnxArtifact:
     """The ONNX file for ``gm`` from the artifact cache, exported under the key's lock if absent.
 
     A float graph's file is written on a helper thread (:meth:`ArtifactCache.get_or_start`);
-    the returned artifact's :attr:`~OnnxArtifact.unwritten` holds it in memory meanwhile.
+    with ``in_memory`` the returned artifact's :attr:`~OnnxArtifact.unwritten` holds it
+    meanwhile, for a runtime that builds from memory (ONNX Runtime on the CPU), its weights made
+    contiguous once for that runtime and the writer. Without, the writer copies what it must
+    on its own thread: a runtime that reads the file (OpenVINO) waits for it anyway.
 
     Args:
         gm: the transformed graph.
@@ -131,6 +135,7 @@ def onnx_artifact(
         reference: gives ``gm``'s outputs on ``example_inputs`` when the export needs them
             (a runtime's :meth:`~.base.Runtime.reference_outputs`); the export runs ``gm``
             itself when None.
+        in_memory: keep the export in memory while it is written (see above).
     """
     if axes is None:  # outputs' axes are decided by the export, which runs the graph anyway
         axes = batch_axes(example_inputs, (), settings.dynamic_batch)
@@ -153,14 +158,17 @@ def onnx_artifact(
         logger.info("built ONNX artifact %s", key[:16])
         if unwritten is None:
             return None
-        unwritten.make_contiguous()
-        kept.append(unwritten)
+        if in_memory:
+            unwritten.make_contiguous()
+            kept.append(unwritten)
         return lambda: unwritten.write(path)
 
     path, built, writing = cache.get_or_start(key, _start, ".onnx", meta={"kind": "onnx"})
     if not built:
         logger.info("reusing cached ONNX artifact %s", key[:16])
-    return OnnxArtifact(key, built, path, writing, kept[0] if writing is not None else None)
+    return OnnxArtifact(
+        key, built, path, writing, kept[0] if writing is not None and kept else None
+    )
 
 
 def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]] | None:
@@ -251,6 +259,12 @@ class OnnxArtifactRuntime(Runtime):
             confirm()
         super().check_artifact(gm, example_inputs, what)
 
+    @classmethod
+    def builds_from_memory(cls) -> bool:
+        """Whether this runtime builds from a fresh export in memory
+        (:attr:`OnnxArtifact.unwritten`) rather than waiting for its file."""
+        return False
+
     def use_artifact(self, artifact: OnnxArtifact) -> None:
         """Build from the ONNX artifact :func:`onnx_artifact` just returned for this very
         graph: it is neither fingerprinted nor verified again."""
@@ -267,6 +281,7 @@ class OnnxArtifactRuntime(Runtime):
                 self.settings,
                 self.dynamic_axes,
                 reference=lambda: self.reference_outputs(gm, example_inputs),
+                in_memory=self.builds_from_memory(),
             )
         self.from_cache = not artifact.built
         self._artifact = artifact

@@ -35,7 +35,8 @@ __all__ = ["OnnxRuntime", "create_session", "ort_providers"]
 
 logger = logging.getLogger(__name__)
 
-_PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
+_CPU_PROVIDER = "CPUExecutionProvider"
+_PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
 
 
 def ort_providers() -> list[str]:
@@ -44,7 +45,7 @@ def ort_providers() -> list[str]:
 
     available = set(ort.get_available_providers())
     chosen = [p for p in _PREFERRED if p in available]
-    return chosen or ["CPUExecutionProvider"]
+    return chosen or [_CPU_PROVIDER]
 
 
 def create_session(
@@ -159,6 +160,12 @@ class OnnxRuntime(OnnxArtifactRuntime):
     def output_names(self) -> list[str]:
         return list(self._output_names)
 
+    @classmethod
+    def builds_from_memory(cls) -> bool:
+        """On the CPU provider alone the session is built from the export in memory
+        (``add_external_initializers``) while the file is written."""
+        return ort_providers() == [_CPU_PROVIDER]
+
     @property
     def providers(self) -> list[str]:
         """The execution providers the session really uses."""
@@ -202,7 +209,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         providers, threads = self.build_info["providers"], self.settings.num_threads
         unwritten = self._artifact.unwritten
         source = None
-        if unwritten is not None and providers == ["CPUExecutionProvider"]:
+        if unwritten is not None and providers == [_CPU_PROVIDER]:
             source = unwritten.ort_source()
         if source is not None:  # just exported, still being written: from memory
             model, arrays = source

@@ -177,8 +177,18 @@ def fastest(
     exported: dict[int, OnnxArtifact] = {}
     for o in options:
         if id(o.model) not in exported:
+            in_memory = any(
+                p.runtime.builds_from_memory()
+                for p in options
+                if p.model is o.model and issubclass(p.runtime, OnnxArtifactRuntime)
+            )
             exported[id(o.model)] = onnx_artifact(
-                o.model, list(inputs), settings, axes, reference=lambda m=o.model: outputs_of(m)
+                o.model,
+                list(inputs),
+                settings,
+                axes,
+                reference=lambda m=o.model: outputs_of(m),
+                in_memory=in_memory,
             )
     artifacts = [exported[id(o.model)].key for o in options]
 

@@ -418,3 +418,27 @@ def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatc
     with torch.no_grad():
         torch.compile(model, backend="embedl_tensorrt", options=options)(x)
     assert embedl_dynamo.last_report()[-1].cached and BUILD_COUNTS["onnx"] == 1
+
+
+@pytest.mark.parametrize(("runtime", "kept"), [("onnxruntime", 1), ("openvino", 0)])
+def test_only_a_runtime_that_builds_from_memory_keeps_the_export_in_memory(
+    runtime, kept, tmp_path, monkeypatch
+):
+    """ONNX Runtime's session reads the export in memory, so its weights are made contiguous
+    once for it and the writer; OpenVINO waits for the file, so nothing is copied ahead of the
+    writer on the compiling thread."""
+    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
+    from embedl_dynamo.runtimes.select import RUNTIME_CLASSES
+
+    if RUNTIME_CLASSES[runtime].missing():
+        pytest.skip(RUNTIME_CLASSES[runtime].missing())
+    calls, real = [], UnwrittenOnnx.make_contiguous
+    monkeypatch.setattr(UnwrittenOnnx, "make_contiguous", lambda self: calls.append(real(self)))
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    options = {"runtime": runtime, "cache_dir": tmp_path}
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
+                              model(x))  # fmt: skip
+    assert embedl_dynamo.last_report()[-1].runtime == runtime
+    assert len(calls) == kept
