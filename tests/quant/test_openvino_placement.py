@@ -3,17 +3,30 @@ scales and the ``q k^T`` of attention are quantized; what each rule declines, an
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from torch import nn
 
 from embedl_dynamo import quantize
+from embedl_dynamo.patterns.attention import FusedAttention
+from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
 from tests.models import MobileNetLike, ViTLike, randomize_batchnorm
 
 
 def _batches(shape, n=3, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(*shape, generator=gen) for _ in range(n)]
+
+
+def _is_fake_quant(gm, node):
+    """Whether ``node`` is the output of an activation fake-quant module."""
+    return (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_module"
+        and isinstance(gm.get_submodule(node.target), FakeQuantize)
+    )
 
 
 def _quantized(model, shape, backend="openvino"):
@@ -81,14 +94,14 @@ def test_attention_quantizes_q_and_k_for_any_head_size(heads):
     attention = [i for i in report["quantized_layers"] if i.startswith("quant_fused_attention_ov")]
     assert len(attention) == 2
     assert not [f for f in report["float_layers"] if "attention" in f["id"]]
-    fq_inputs = [n for n in q.graph.nodes if n.op == "call_module" and "fq_" in str(n.target)]
     attention_calls = [
-        n for n in q.graph.nodes if n.op == "call_module" and "attention" in str(n.target)
-        and "fq_" not in str(n.target)
+        n for n in q.graph.nodes if n.op == "call_module"
+        and isinstance(q.get_submodule(n.target), FusedAttention)
     ]  # fmt: skip
+    assert len(attention_calls) == 2
     for call in attention_calls:
-        quantized = [a for a in call.args[:3] if isinstance(a, torch.fx.Node) and a in fq_inputs]
-        assert len(quantized) == 2  # q and k; v stays float
+        # q and k enter through a fake-quant; v stays float
+        assert [_is_fake_quant(q, a) for a in call.args[:3]] == [True, True, False], call.args
     with torch.no_grad():
         cosine = torch.nn.functional.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
     assert cosine > 0.99
@@ -103,16 +116,62 @@ def test_a_transformer_residual_stream_stays_float():
     assert not [i for i in report["quantized_layers"] if i.startswith("quant_residual_add_ov")]
 
 
+def _calibrated_ranges(q, batches):
+    """``{fake-quant name: (min, max)}`` of each fake-quant's input over ``batches``, computed
+    as calibration saw it: every activation and weight fake-quant passes its input through."""
+    fakes = {n: m for n, m in q.named_modules() if isinstance(m, FakeQuantize)}
+    ranges: dict[str, tuple[float, float]] = {}
+
+    def recorder(name):
+        def record(module, inputs, output):
+            lo, hi = ranges.get(name, (math.inf, -math.inf))
+            ranges[name] = (min(lo, float(inputs[0].min())), max(hi, float(inputs[0].max())))
+            return inputs[0]
+
+        return record
+
+    handles = [m.register_forward_hook(recorder(n)) for n, m in fakes.items()]
+    handles += [
+        m.register_forward_hook(lambda module, inputs, output: inputs[0])
+        for m in q.modules()
+        if isinstance(m, WeightFakeQuantize)
+    ]
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                q(batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return ranges
+
+
 def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
     """NNCF's convention: a value with no negative calibrated value gets uint8 over [0, max]
     (zero point 0), twice the resolution of symmetric int8; the others symmetric int8."""
     torch.manual_seed(0)
     model = MobileNetLike().eval()
-    q, report, x = _quantized(model, (1, 3, 32, 32))
-    fakes = {n: m for n, m in q.named_modules() if type(m).__name__ == "FakeQuantize"}
-    unsigned = [m for m in fakes.values() if (m.qmin, m.qmax) == (0, 255)]
-    signed = [m for m in fakes.values() if (m.qmin, m.qmax) == (-128, 127)]
-    assert unsigned and signed and len(unsigned) + len(signed) == len(fakes)
-    assert all(int(m.zero_point) == 0 for m in fakes.values())
-    # the SE gates (hardsigmoid, in [0, 1]) and pooled post-activation maps are unsigned
-    assert any("se" in n for n, m in fakes.items() if (m.qmin, m.qmax) == (0, 255))
+    shape = (1, 3, 32, 32)
+    q, _, _ = _quantized(model, shape)
+    fakes = {n: m for n, m in q.named_modules() if isinstance(m, FakeQuantize)}
+    calibrated = _calibrated_ranges(q, _batches(shape))  # the data _quantized calibrated on
+    assert set(calibrated) == set(fakes)
+    for name, fake in fakes.items():
+        lo, hi = calibrated[name]
+        assert int(fake.zero_point) == 0, name
+        if lo >= 0.0:  # [0, max] over 255 steps: scale max / 255, half of int8's max / 127
+            assert (fake.qmin, fake.qmax) == (0, 255), name
+            assert math.isclose(float(fake.scale), hi / 255, rel_tol=1e-6), name
+        else:  # symmetric int8 over [-amax, amax]
+            assert (fake.qmin, fake.qmax) == (-128, 127), name
+            assert math.isclose(float(fake.scale), max(-lo, hi) / 127, rel_tol=1e-6), name
+    # the SE gates (hardsigmoid, in [0, 1]) and the SE's ReLU outputs are the unsigned ones;
+    # hardswish dips to -3/8, so the maps after it (pooled ones too) stay signed int8
+    unsigned = {n for n, m in fakes.items() if (m.qmin, m.qmax) == (0, 255)}
+    assert unsigned == {
+        f"fq_conv_{act}_blocks_{block}_se_{fc}"
+        for block in (0, 2)
+        for act, fc in (("relu", "fc1"), ("hardsigmoid", "fc2"))
+    }
+    pooled = [n for n in fakes if "adaptive_avg_pool" in n]
+    assert len(pooled) == 3 and not unsigned & set(pooled)

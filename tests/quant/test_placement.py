@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import operator
 import warnings
 
 import onnx
@@ -14,6 +15,8 @@ from torch import nn
 
 from embedl_dynamo import quantize
 from embedl_dynamo.graph.printer import format_graph
+from embedl_dynamo.patterns.attention import AttentionProbs, FusedQKVProjection
+from embedl_dynamo.quant.insert import FakeQuantize
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 
 
@@ -41,6 +44,26 @@ def _optimised_ops(path, x, tmp_path):
         n.op_type for n in onnx.load(options.optimized_model_filepath).graph.node
     )
     return ops, out
+
+
+def _called_module(gm, node):
+    """The module ``node`` calls (None for any other node)."""
+    if isinstance(node, torch.fx.Node) and node.op == "call_module":
+        return gm.get_submodule(node.target)
+    return None
+
+
+def _is_fake_quant(gm, node):
+    """Whether ``node`` is the output of an activation fake-quant module."""
+    return isinstance(_called_module(gm, node), FakeQuantize)
+
+
+def _projection_output(gm, node):
+    """Which output (0 q, 1 k, 2 v) of a fused Q/K/V in-projection ``node`` is (None if not)."""
+    if node.op == "call_function" and node.target is operator.getitem:
+        if isinstance(_called_module(gm, node.args[0]), FusedQKVProjection):
+            return node.args[1]
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -124,15 +147,19 @@ def test_tensorrt_attention_head_size_rule(heads, quantized):
     floats = [f for f in report["float_layers"] if f["id"].startswith("quant_fused_attention")]
     if quantized:
         assert len(probs) == 2 and len(products) == 2 and not floats
-        quantized_values = {n.args[0] for n in q.graph.nodes if n.op == "call_module"
-                            and str(n.target).startswith("fq_")}  # fmt: skip
-        for node in q.graph.nodes:
-            if node.op == "call_function" and node.target is torch.matmul:
-                # the softmax output and v both enter the matmul through a fake-quant
-                operands = [node.kwargs["input"], node.kwargs["other"]]
-                assert all(o.op == "call_module" and str(o.target).startswith("fq_")
-                           for o in operands), operands  # fmt: skip
-        assert quantized_values
+        matmuls = [n for n in q.graph.nodes
+                   if n.op == "call_function" and n.target is torch.matmul]  # fmt: skip
+        assert len(matmuls) == 2
+        for node in matmuls:
+            # the softmax output and v both enter the matmul through a fake-quant
+            probabilities, v = node.kwargs["input"], node.kwargs["other"]
+            assert _is_fake_quant(q, probabilities) and _is_fake_quant(q, v), node.kwargs
+            assert isinstance(_called_module(q, probabilities.args[0]), AttentionProbs)
+            assert _projection_output(q, v.args[0]) == 2
+            # the probabilities module takes q and k, each through a fake-quant
+            q_and_k = probabilities.args[0].args
+            assert all(_is_fake_quant(q, a) for a in q_and_k), q_and_k
+            assert [_projection_output(q, a.args[0]) for a in q_and_k] == [0, 1]
     else:
         assert not probs and not products and len(floats) == 2
         assert "head size 8 is not in [16, 32, 64]" in floats[0]["reason"]
