@@ -24,23 +24,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
-from bench.measure import round_robin_medians  # noqa: E402
+from bench.measure import int8_layer_fraction, round_robin_medians  # noqa: E402
 from embedl_dynamo.report import clear_reports  # noqa: E402
 from tests.quant.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")
-
-
-def _int8_fraction(report) -> str:
-    sub = report.subgraphs[0]
-    layers = sub.pipeline.get("layers")
-    if layers:
-        return f"{sum(r['precision'] == 'int8' for r in layers)}/{len(layers)}"
-    if " rejected, fp32 runs" in sub.reason:
-        return "rejected"
-    quant = sub.pipeline.get("quantization") or {}
-    n = len(quant.get("quantized_layers", []))
-    return f"{n}/{n + len(quant.get('float_layers', []))}" if quant else ""
 
 
 def bench(make, epochs: int, rounds: int) -> dict:
@@ -58,7 +46,7 @@ def bench(make, epochs: int, rounds: int) -> dict:
         row[f"{precision}_top1"] = round(accuracy(compiled, x_test, y_test, batch=60), 2)
         report = embedl_dynamo.last_report()
         row[f"{precision}_runtime"] = report.subgraphs[0].runtime
-        row[f"{precision}_int8"] = _int8_fraction(report) if precision != "fp32" else ""
+        row[f"{precision}_int8"] = int8_layer_fraction(report) if precision != "fp32" else ""
         fns[precision] = lambda c=compiled: c(batch)
     medians = round_robin_medians(fns, rounds, torch.inference_mode)
     for precision in VARIANTS:

@@ -40,7 +40,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
-from bench.measure import cosine, first_tensor, round_robin_medians  # noqa: E402
+from bench.measure import (  # noqa: E402
+    cosine,
+    first_tensor,
+    int8_layer_fraction,
+    round_robin_medians,
+)
 from bench.peers import openvino_peer  # noqa: E402
 from bench.zoo import ZOO  # noqa: E402
 from embedl_dynamo.report import clear_reports  # noqa: E402
@@ -59,19 +64,6 @@ def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple
                 batch.append(torch.randint_like(x, 0, 1000))
         batches.append(tuple(batch))
     return batches
-
-
-def _int8_fraction(report) -> str:
-    rejected = [s for s in report.subgraphs if " rejected, fp32 runs" in s.reason]
-    if rejected:
-        return f"rejected ({len(rejected)} subgraph(s) run fp32)"
-    layers = [r for s in report.subgraphs for r in s.pipeline.get("layers", [])]
-    if layers:
-        return f"{sum(r['precision'] == 'int8' for r in layers)}/{len(layers)}"
-    quant = [s.pipeline.get("quantization") or {} for s in report.subgraphs]
-    int8 = sum(len(q.get("quantized_layers", [])) for q in quant)
-    kept = sum(len(q.get("float_layers", [])) for q in quant)
-    return f"{int8}/{int8 + kept}"
 
 
 def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
@@ -97,7 +89,7 @@ def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
         row[f"{precision}_first_s"] = round(time.perf_counter() - start, 1)
         report = embedl_dynamo.last_report()
         row[f"{precision}_cosine"] = round(cosine(got, expected), 5)
-        row[f"{precision}_int8"] = _int8_fraction(report) if precision != "fp32" else ""
+        row[f"{precision}_int8"] = int8_layer_fraction(report) if precision != "fp32" else ""
         row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in report.subgraphs}))
         fns[precision] = lambda c=compiled: c(*inputs)
     if nncf:

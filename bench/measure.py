@@ -1,5 +1,5 @@
-"""What the benchmarks share: the first output tensor of a model, cosine similarity, and
-round-robin timing in one process.
+"""What the benchmarks share: the first output tensor of a model, cosine similarity, the INT8
+fraction of a compile report's layers, and round-robin timing in one process.
 
 ``round_robin_medians`` calls each variant three times per round and times the last two, after
 a 50 ms pause (one ONNX Runtime or OpenVINO session's spinning worker threads must not bill the
@@ -12,11 +12,14 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["cosine", "first_tensor", "round_robin_medians"]
+if TYPE_CHECKING:
+    from embedl_dynamo.report import CompileReport
+
+__all__ = ["cosine", "first_tensor", "int8_layer_fraction", "round_robin_medians"]
 
 
 def first_tensor(out):
@@ -32,6 +35,25 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Cosine similarity of two tensors, flattened, in float64."""
     a, b = a.reshape(-1).double(), b.reshape(-1).double()
     return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def int8_layer_fraction(report: CompileReport) -> str:
+    """How many of the compiled layers run in INT8, as a table cell: ``"int8/all"``.
+
+    Counts over every subgraph: the per-layer decisions of ``mixed`` where there are some, else
+    the quantized and float-kept layers of ``int8``. A subgraph whose INT8 graph the accuracy
+    check rejected (it runs fp32) makes the cell say so instead of a fraction.
+    """
+    rejected = [s for s in report.subgraphs if " rejected, fp32 runs" in s.reason]
+    if rejected:
+        return f"rejected ({len(rejected)} subgraph(s) run fp32)"
+    layers = [r for s in report.subgraphs for r in s.pipeline.get("layers", [])]
+    if layers:
+        return f"{sum(r['precision'] == 'int8' for r in layers)}/{len(layers)}"
+    quant = [s.pipeline.get("quantization") or {} for s in report.subgraphs]
+    int8 = sum(len(q.get("quantized_layers", [])) for q in quant)
+    kept = sum(len(q.get("float_layers", [])) for q in quant)
+    return f"{int8}/{int8 + kept}"
 
 
 def round_robin_medians(
