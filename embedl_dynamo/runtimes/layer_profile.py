@@ -34,7 +34,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import onnx_artifact
+from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnx_export import export_onnx
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, create_session
@@ -123,8 +123,7 @@ def profile_graph(
     runs: int = 20,
     num_threads: int | None = None,
     runtime: str = "onnxruntime",
-    settings: Settings | None = None,
-    axes: DynamicAxes | None = None,
+    artifact: OnnxArtifact | None = None,
 ) -> LayerTimes:
     """Run ``gm``'s ONNX file with ``runtime``'s profiler on (its CPU device).
 
@@ -134,9 +133,8 @@ def profile_graph(
         runs: profiled runs (after a few warm-up runs).
         num_threads: intra-op threads (the runtime's default when None).
         runtime: ``onnxruntime`` or ``openvino``.
-        settings: with them, the cached artifact (``axes`` dynamic) is profiled, the very file
-            the runtime deploys, exported once; without, a static export in a temporary file.
-        axes: the artifact's dynamic axes.
+        artifact: ``gm``'s ONNX artifact (:func:`~.artifacts.onnx_artifact`: the very file the
+            runtime deploys) to profile; without, a static export in a temporary file.
 
     Returns:
         The :class:`LayerTimes`.
@@ -144,13 +142,26 @@ def profile_graph(
     if runtime not in ("onnxruntime", "openvino"):
         raise ValueError(f"no layer profiler for runtime {runtime!r}; use onnxruntime or openvino")
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
-        if settings is not None:
-            path = onnx_artifact(gm, list(inputs), settings, axes).path
+        if artifact is not None:
+            path = artifact.path
         else:
             path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
         if runtime == "openvino":
             return LayerTimes(_openvino_node_times(path, inputs, runs, num_threads))
         return LayerTimes(_onnxruntime_node_times(path, inputs, runs, num_threads, tmp))
+
+
+def _build_runtime(
+    runtime: Runtime,
+    gm: fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
+    artifact: OnnxArtifact | None,
+) -> Runtime:
+    """``runtime`` built for ``gm``; from ``artifact`` (``gm``'s ONNX file, already keyed) when
+    given and the runtime runs ONNX artifacts, so the graph is not fingerprinted again."""
+    if artifact is not None and isinstance(runtime, OnnxArtifactRuntime):
+        runtime.use_artifact(artifact)
+    return runtime.build(gm, inputs)
 
 
 def time_graphs(
@@ -162,6 +173,7 @@ def time_graphs(
     axes: DynamicAxes | None = None,
     runtime: type[Runtime] = OnnxRuntime,
     judge: Callable[[str, Runtime], bool] | None = None,
+    artifacts: Mapping[str, OnnxArtifact] | None = None,
 ) -> dict[str, float]:
     """Median milliseconds per run of each graph on ``runtime``, timed round-robin.
 
@@ -171,15 +183,21 @@ def time_graphs(
 
     Each graph is built as the runtime builds it (the cached ONNX artifact with the same dynamic
     axes: ``axes``, or the batch per ``settings``), so the runtime later reuses the very file
-    timed. Without ``settings``, static exports in a temporary cache. ``judge(name, runtime)``
-    sees each built graph first; one it refuses is not timed (nor in the result).
+    timed. Without ``settings``, static exports in a temporary cache. ``artifacts`` gives the
+    ONNX artifacts already made (with these ``settings`` and ``axes``) for some graphs, by name:
+    those are built from them, not keyed again. ``judge(name, runtime)`` sees each built graph
+    first; one it refuses is not timed (nor in the result).
     """
     with tempfile.TemporaryDirectory(prefix="embedl_timing_") as tmp:
         if settings is None:
             settings = Settings(cache_dir=Path(tmp), dynamic_batch=False, num_threads=num_threads)
         elif num_threads is not None:
             settings = dataclasses.replace(settings, num_threads=num_threads)
-        built = {name: runtime(settings, axes).build(gm, inputs) for name, gm in graphs.items()}
+        made = artifacts or {}
+        built = {
+            name: _build_runtime(runtime(settings, axes), gm, inputs, made.get(name))
+            for name, gm in graphs.items()
+        }
         if judge is not None:
             built = {name: r for name, r in built.items() if judge(name, r)}
         for built_runtime in built.values():

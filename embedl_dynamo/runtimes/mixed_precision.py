@@ -44,7 +44,7 @@ from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
-from embedl_dynamo.runtimes.artifacts import code_fingerprint
+from embedl_dynamo.runtimes.artifacts import code_fingerprint, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN, judging_sample
 from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph, time_graphs
@@ -111,11 +111,13 @@ def _decide(
     batches: Sequence[tuple[torch.Tensor, ...]],
     budget: float,
     latency: dict[str, tuple[float, float] | None],
+    reference: torch.Tensor,
 ) -> tuple[list[str], dict[str, str], dict[str, float], float]:
     """(INT8 ids, float id -> reason, id -> sensitivity, the INT8 set's output cosine).
 
-    Per-layer sensitivity (one forward pass over the sample per layer) is measured only when
-    the candidates together miss the budget, which is when it decides something.
+    ``reference`` is the float graph's outputs on ``batches`` (:func:`_outputs`). Per-layer
+    sensitivity (one forward pass over the sample per layer) is measured only when the
+    candidates together miss the budget, which is when it decides something.
     """
     layers = list(calibrated.placement.layers)
     reasons: dict[str, str] = {}
@@ -130,7 +132,6 @@ def _decide(
             candidates.append(ident)
         else:
             reasons[ident] = f"int8 not faster here ({int8_ms:.3f} ms with Q/DQ vs {float_ms:.3f})"
-    reference = _outputs(calibrated.gm, batches)
 
     def cosine_with(int8: list[str]) -> float:
         return _set_cosine(calibrated, batches, int8, reference)
@@ -161,11 +162,9 @@ def _set_cosine(
     calibrated: CalibratedGraph,
     sample: Sequence[tuple[torch.Tensor, ...]],
     int8: list[str],
-    reference: torch.Tensor | None = None,
+    reference: torch.Tensor,
 ) -> float:
     """Output cosine to the float graph (``reference``: its outputs) with exactly ``int8`` INT8."""
-    if reference is None:
-        reference = _outputs(calibrated.gm, sample)
     keep = {i: "mixed: fp32" for i in calibrated.placement.layers if i not in int8}
     return _cosine(_outputs(calibrated.build(keep)[0], sample), reference)
 
@@ -262,33 +261,42 @@ def _measure(
     runtime: type[Runtime] = OnnxRuntime,
 ) -> tuple[list[str], list[dict[str, Any]]]:
     where = runtime.name
+    settings, axes, float_model = deploy
     # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
     # higher (the runtime's integer kernels round a little differently: ResNet-50 0.9902 there,
     # 0.9898 on OpenVINO); every candidate is then judged on the runtime at the budget itself
     target = 1.0 - (1.0 - budget) * (1.0 - _RESERVE)
     every_int8 = calibrated.build()[0]
     float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads, runtime=where)
-    # the all-INT8 graph is profiled as the artifact the whole-graph timing reuses below
+    # the all-INT8 graph is keyed and exported once: the artifact the runtime deploys is both
+    # profiled here and timed as a whole below
+    int8_artifact = None
+    if settings is not None:
+        int8_artifact = onnx_artifact(every_int8, list(inputs), settings, axes)
     int8_times = profile_graph(
-        every_int8, inputs, num_threads=num_threads, runtime=where, settings=deploy[0],
-        axes=deploy[1],
-    )  # fmt: skip
+        every_int8, inputs, num_threads=num_threads, runtime=where, artifact=int8_artifact
+    )
     latency = _latencies(calibrated, float_times, int8_times)
-    int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, target, latency)
+    # the float graph's outputs on the sample, which every cosine below is taken against
+    reference = _outputs(calibrated.gm, sample)
+    int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, target, latency, reference)
     every = list(calibrated.placement.layers)
     # per-node times miss context (a float stem conv leaves its max pool float too), so the
     # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
-    # INT8 everywhere. A lower precision must win by more than noise (LOWER_PRECISION_MARGIN) to be chosen.
-    candidates = {"fp32": deploy[2] or calibrated.gm}
+    # INT8 everywhere. A lower precision must win by more than noise (LOWER_PRECISION_MARGIN)
+    # to be chosen.
+    candidates = {"fp32": float_model or calibrated.gm}
     if int8 and set(int8) != set(every):
         keep = {i: "mixed: fp32" for i in every if i not in int8}
         candidates["mixed"] = calibrated.build(keep)[0]
-    full_cosine = set_cosine if set(int8) == set(every) else _set_cosine(calibrated, sample, every)
+    if set(int8) == set(every):
+        full_cosine = set_cosine
+    else:
+        full_cosine = _cosine(_outputs(every_int8, sample), reference)
     if full_cosine >= budget:
         candidates["int8"] = every_int8
     # the candidates are judged on the runtime too: its integer kernels are what will run (and
     # OpenVINO 2026.4 returns zeros for some ConvNeXt Q/DQ subsets that ONNX Runtime runs right)
-    reference = _outputs(calibrated.gm, sample)
     refused: dict[str, float] = {}
 
     def judge(name: str, built: Runtime) -> bool:
@@ -300,8 +308,9 @@ def _measure(
         return cosine >= budget
 
     options = time_graphs(
-        candidates, inputs, num_threads=num_threads, settings=deploy[0], axes=deploy[1],
+        candidates, inputs, num_threads=num_threads, settings=settings, axes=axes,
         runtime=runtime, judge=judge,
+        artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
     )  # fmt: skip
     if refused:
         logger.info("mixed precision on %s: refused on the runtime: %s", where,

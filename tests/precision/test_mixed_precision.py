@@ -4,6 +4,7 @@ budget, never slower than fp32 as a whole, decisions cached (:mod:`...runtimes.m
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import torch
@@ -13,10 +14,11 @@ from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.dynamic_axes import BATCH
 from embedl_dynamo.quant.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
-from embedl_dynamo.runtimes import layer_profile, mixed_precision
+from embedl_dynamo.runtimes import artifacts, layer_profile, mixed_precision
 from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.layer_profile import LayerTimes, node_times
 from embedl_dynamo.runtimes.mixed_precision import choose_mixed
+from embedl_dynamo.settings import Settings
 from tests.models import ResNetLike, randomize_batchnorm
 
 G = torch.Generator().manual_seed(0)
@@ -74,7 +76,7 @@ def _fake_timing(monkeypatch, whole):
     """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
 
     def time_graphs(graphs, inputs, rounds=15, num_threads=None, settings=None, axes=None,
-                    runtime=None, judge=None):  # fmt: skip
+                    runtime=None, judge=None, artifacts=None):  # fmt: skip
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
     monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
@@ -174,6 +176,51 @@ def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp
     third = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
     assert third.layers == first.layers
     assert json.loads(entry.read_text())["format"] == 1
+
+
+def test_the_float_outputs_are_computed_once(monkeypatch) -> None:
+    """The per-layer decision, INT8 everywhere's cosine and the runtime's judge all compare
+    against one run of the float graph over the sample."""
+    calibrated = _calibrated()
+    layers = calibrated.placement.layers
+    fast = [i for i, p in layers.items() if p.module][:3]  # a per-layer set short of every layer
+    monkeypatch.setattr(
+        mixed_precision, "profile_graph", _fake_profile({layers[i].module for i in fast})
+    )
+    _fake_timing(monkeypatch, lambda name, gm: {"fp32": 10.0, "mixed": 7.0, "int8": 12.0}[name])
+    calls = []  # a built graph is a deep copy and carries the hook: count the float graph only
+    calibrated.gm.register_forward_hook(lambda module, args, out: calls.append((module, args)))
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5)
+    assert {r["precision"] for r in choice.layers} == {"int8", "fp32"}  # INT8 everywhere judged
+    # BATCHES[1] is in the judging sample only, so each float run over the sample runs it once
+    assert sum(m is calibrated.gm and a[0] is BATCHES[1] for m, a in calls) == 1
+
+
+def test_each_graph_is_keyed_once_for_its_profile_and_its_timing(monkeypatch, tmp_path) -> None:
+    """The all-INT8 graph's artifact is profiled and then timed as a whole: fingerprinted once."""
+    keyed = []  # the graphs themselves: ids stay unique while they are held
+    fingerprint = artifacts.fingerprint_graph
+
+    def spy(gm):
+        keyed.append(gm)
+        return fingerprint(gm)
+
+    monkeypatch.setattr(artifacts, "fingerprint_graph", spy)
+    timed = []
+    time_graphs = mixed_precision.time_graphs
+
+    def timing_spy(graphs, inputs, **options):
+        timed.append(dict(graphs))
+        return time_graphs(graphs, inputs, **options)
+
+    monkeypatch.setattr(mixed_precision, "time_graphs", timing_spy)
+    calibrated = _calibrated()
+    settings = Settings(cache_dir=tmp_path)
+    choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, artifact_settings=settings)
+    (graphs,) = timed
+    assert "int8" in graphs  # INT8 everywhere holds the budget: it is timed
+    assert any(gm is graphs["int8"] for gm in keyed)
+    assert max(Counter(map(id, keyed)).values()) == 1
 
 
 def test_mixed_through_torch_compile_reports_every_layer(tmp_path) -> None:
