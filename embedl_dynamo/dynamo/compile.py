@@ -36,7 +36,7 @@ from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
 from embedl_dynamo.runtimes.artifacts import store_alias
-from embedl_dynamo.runtimes.base import error_line
+from embedl_dynamo.runtimes.base import Runtime, error_line
 from embedl_dynamo.runtimes.eager import EagerRuntime
 from embedl_dynamo.runtimes.judge import check_precision, judging_sample
 from embedl_dynamo.runtimes.mixed_precision import apply_mixed
@@ -183,8 +183,10 @@ def compile_subgraph(
 
         ``float_model`` marks ``model`` as lower precision (INT8, FP16, BF16): its artifact must
         agree with the float model within ``accuracy_budget``, or the float artifact runs
-        instead (never fake-quant).
+        instead (never fake-quant). An artifact ``mixed`` held to the budget on this runtime in
+        this compile (the report's ``judged``) is not judged again.
         """
+        judged = result.report.get("judged") if model is result.model else None
         options = run_options(model, float_model, runtime_cls, timed, settings.precision)
         runtime_label = "/".join(dict.fromkeys(o.runtime.name for o in options))
         try:
@@ -197,7 +199,7 @@ def compile_subgraph(
                     float_model = None
             else:
                 runtime = options[0].runtime(settings, axes).build(model, inputs)
-            if float_model is not None:
+            if float_model is not None and not _judged_already(runtime, judged):
                 sample = judging_sample(inputs, settings.calibration_data)
                 check_precision(runtime, float_model, sample, settings.accuracy_budget)
         except Exception as exc:
@@ -252,10 +254,21 @@ def compile_subgraph(
     return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
 
+def _judged_already(runtime: Runtime, judged: dict[str, str] | None) -> bool:
+    """Whether ``runtime`` runs the very artifact ``mixed`` held to the budget on this runtime
+    in this compile (:attr:`~embedl_dynamo.runtimes.mixed_precision.MixedChoice.judged`)."""
+    return (
+        judged is not None
+        and judged["runtime"] == runtime.name
+        and judged["artifact"] == runtime.key()
+    )
+
+
 def _record_float_won(report: SubgraphReport, note: str) -> None:
     """The float graph on another runtime beat the mixed one: its layers run fp32."""
     report.pipeline = dict(report.pipeline, quantized=False)
     report.pipeline.pop("quantization", None)
+    report.pipeline.pop("judged", None)
     report.pipeline["layers"] = [
         dict(r, precision="fp32", reason=f"the float graph ran faster ({note})")
         for r in report.pipeline.get("layers", [])

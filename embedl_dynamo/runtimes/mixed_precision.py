@@ -63,12 +63,15 @@ _PROFILED = (OnnxRuntime, OpenVINORuntime)  # runtimes with a per-layer profiler
 
 @dataclass
 class MixedChoice:
-    """The outcome: the graph to build, its quantization report (None: all fp32) and one
-    record per layer."""
+    """The outcome: the graph to build, its quantization report (None: all fp32), one record
+    per layer, and ``judged``: where this process held the chosen graph to the budget and timed
+    it faster than the float graph as a whole, ``{"runtime": name, "artifact": key}`` (None
+    when the decisions came from the cache, the runtime judged nothing, or fp32 was chosen)."""
 
     model: fx.GraphModule
     report: dict[str, Any] | None
     layers: list[dict[str, Any]]
+    judged: dict[str, str] | None = None
 
 
 def _outputs(
@@ -229,12 +232,13 @@ def choose_mixed(
     )
     cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE) if cache_dir is not None else None
     cached = _load(cache, key, calibrated)
+    judged = None
     if cached is not None:
         int8, records = cached
         logger.info("mixed precision decisions loaded from the cache")
     else:
         deploy = (artifact_settings, axes, float_model or calibrated.gm)
-        int8, records = _measure(
+        int8, records, judged = _measure(
             calibrated, inputs, sample, budget, num_threads, deploy, measured_on
         )
         if cache is not None:
@@ -248,7 +252,7 @@ def choose_mixed(
         return MixedChoice(float_model or calibrated.gm, None, records)
     keep = {r["id"]: r["reason"] for r in records if r["precision"] == "fp32"}
     model, report = calibrated.build(keep)
-    return MixedChoice(model, report, records)
+    return MixedChoice(model, report, records, judged)
 
 
 def _measure(
@@ -259,7 +263,9 @@ def _measure(
     num_threads: int | None,
     deploy: tuple[Settings | None, DynamicAxes | None, fx.GraphModule | None] = (None,) * 3,
     runtime: type[Runtime] = OnnxRuntime,
-) -> tuple[list[str], list[dict[str, Any]]]:
+) -> tuple[list[str], list[dict[str, Any]], dict[str, str] | None]:
+    """(INT8 ids, one record per layer, where the chosen graph was judged: see
+    :class:`MixedChoice`)."""
     where = runtime.name
     settings, axes, float_model = deploy
     # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
@@ -298,6 +304,7 @@ def _measure(
     # the candidates are judged on the runtime too: its integer kernels are what will run (and
     # OpenVINO 2026.4 returns zeros for some ConvNeXt Q/DQ subsets that ONNX Runtime runs right)
     refused: dict[str, float] = {}
+    held: dict[str, str | None] = {}  # candidate -> the artifact key that held the budget
 
     def judge(name: str, built: Runtime) -> bool:
         if name == "fp32":
@@ -305,6 +312,8 @@ def _measure(
         cosine = _cosine(_outputs(built.infer, sample), reference)
         if cosine < budget:
             refused[name] = cosine
+        else:
+            held[name] = built.key()
         return cosine >= budget
 
     options = time_graphs(
@@ -355,7 +364,9 @@ def _measure(
             }
         )
     logger.info("mixed precision: %d of %d layers INT8", len(int8), len(records))
-    return int8, records
+    artifact = held.get(best) if best != "fp32" else None
+    judged = {"runtime": where, "artifact": artifact} if artifact else None
+    return int8, records, judged
 
 
 def _load(
@@ -390,7 +401,9 @@ def apply_mixed(
     Calibrates on ``settings.calibration_data`` (the example inputs when None: one batch),
     through the calibration cache when it is on, then :func:`choose_mixed`, which times the
     candidates on ``runtime`` as the artifacts it deploys (dynamic ``axes``). The report gets
-    ``precision="mixed"``, ``quantization`` (when any layer is INT8) and ``layers``.
+    ``precision="mixed"``, ``quantization`` (when any layer is INT8) and ``layers``, and
+    ``judged`` (:attr:`MixedChoice.judged`) when this process held the chosen graph to the
+    budget on ``runtime``: the compile does not judge that artifact on that runtime again.
     """
     data = settings.calibration_data
     if data is None:
@@ -412,4 +425,6 @@ def apply_mixed(
     if choice.report is None:  # all fp32: the fused graph itself, not the quantizer's prepared one
         return PipelineResult(choice.model, result.plan, report, float_model=result.model)
     report["quantization"] = choice.report
+    if choice.judged is not None:
+        report["judged"] = choice.judged
     return PipelineResult(choice.model, result.plan, report, float_model=result.model)

@@ -5,9 +5,9 @@ file (medians, round-robin): OpenVINO is 15-22% faster than ONNX Runtime on BERT
 ViT-small and 4% on ResNet-50, ONNX Runtime 12-16% faster on MobileNetV3 and EfficientNet-B0
 (depthwise convolutions). Other CPUs differ again. So where a target lists several CPU runtimes
 and more than one is installed, the ways to run a subgraph (:func:`run_options`: a float graph
-on each runtime; a ``mixed`` graph on its runtime against the float graph on each) are built,
-timed round-robin on the example inputs within a small time budget, and the fastest runs; the
-others are released.
+on each runtime; a ``mixed`` graph on its runtime against the float graph on each other one) are
+built, timed round-robin on the example inputs within a small time budget, and the fastest runs;
+the others are released.
 
 The decision is cached, keyed by the options (labels, runtimes and artifact keys), the threads,
 the library versions and the CPU model: a second process (or a warm start) builds only the
@@ -269,8 +269,9 @@ def run_options(
     """The ways to run ``model`` that :func:`fastest` chooses among (one: nothing to time).
 
     A float graph runs on the fastest CPU runtime; a ``mixed`` graph on its runtime competes
-    with the float graph on every CPU runtime (``mixed`` is the fastest within the budget, and
-    float on another runtime can be faster); ``int8``, ``fp16`` and ``bf16`` are what was asked.
+    with the float graph on every other CPU runtime (``mixed`` is the fastest within the budget
+    on its runtime, the float graph there included, and float on another runtime can be
+    faster); ``int8``, ``fp16`` and ``bf16`` are what was asked.
     """
     if not timed:
         return [RunOption(runtime_cls.name, runtime_cls, model)]
@@ -281,4 +282,5 @@ def run_options(
     mixed = RunOption(
         f"{runtime_cls.name} mixed", runtime_cls, model, handicap=1 / LOWER_PRECISION_MARGIN
     )
-    return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in timed)]
+    others = [c for c in timed if c is not runtime_cls]
+    return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in others)]

@@ -158,9 +158,10 @@ def _int8_pays(monkeypatch):
     monkeypatch.setattr(mixed_precision, "time_graphs", whole)
 
 
-def _mixed_compile(tmp_path, monkeypatch, winner):
-    _int8_pays(monkeypatch)
-    monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner(winner))
+def _mixed_compile(tmp_path, monkeypatch, winner, measure=None):
+    """Compile with ``precision="mixed"``; ``measure`` (the winner by default) times the auto
+    choice. The caller fakes the mixed measurement (:func:`_int8_pays`)."""
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", measure or _winner(winner))
     torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike(width=8).eval())
     g = torch.Generator().manual_seed(1)
@@ -174,9 +175,10 @@ def _mixed_compile(tmp_path, monkeypatch, winner):
     return embedl_dynamo.last_report()[-1]
 
 
-def test_mixed_competes_with_the_float_graph_on_every_runtime(monkeypatch, tmp_path):
+def test_mixed_competes_with_the_float_graph_on_every_other_runtime(monkeypatch, tmp_path):
     """``mixed`` is the fastest way within the budget: where the float graph on another CPU
     runtime beats the mixed graph, the float graph runs and every layer says why."""
+    _int8_pays(monkeypatch)
     sub = _mixed_compile(tmp_path, monkeypatch, "onnxruntime fp32")
     assert sub.runtime == "onnxruntime" and "auto: onnxruntime fp32" in sub.reason
     layers = sub.pipeline["layers"]
@@ -186,9 +188,49 @@ def test_mixed_competes_with_the_float_graph_on_every_runtime(monkeypatch, tmp_p
 
 
 def test_mixed_runs_when_it_wins(monkeypatch, tmp_path):
+    _int8_pays(monkeypatch)
     sub = _mixed_compile(tmp_path, monkeypatch, "openvino mixed")
     assert sub.runtime == "openvino" and "auto: openvino mixed" in sub.reason
     assert any(r["precision"] == "int8" for r in sub.pipeline["layers"])
+
+
+@pytest.mark.parametrize(("winner", "runs"), [("openvino mixed", "openvino"),
+                                              ("onnxruntime fp32", "onnxruntime")])  # fmt: skip
+def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path, winner, runs):
+    """``mixed`` held its graph to the budget on its runtime and timed it against the float
+    graph there: the auto choice times it only against the float graph on the other runtimes
+    (which can still win), and the mixed artifact it chose is not judged again."""
+    import importlib
+
+    from embedl_dynamo.runtimes import mixed_precision
+
+    compile_module = importlib.import_module("embedl_dynamo.dynamo.compile")
+    real_time_graphs = mixed_precision.time_graphs
+    _int8_pays(monkeypatch)  # the layer profile; the whole-graph timing is replaced below
+
+    def whole(graphs, inputs, **options):  # built and judged on the runtime; timings fixed
+        kept = real_time_graphs(graphs, inputs, **dict(options, rounds=1))
+        return {name: {"fp32": 10.0, "mixed": 6.0, "int8": 5.0}[name] for name in kept}
+
+    monkeypatch.setattr(mixed_precision, "time_graphs", whole)
+    timed, judged = [], []
+
+    def measure(runtimes, inputs):
+        timed.append(sorted(runtimes))
+        return _winner(winner)(runtimes, inputs)
+
+    real_check = compile_module.check_precision
+
+    def check(runtime, *args):
+        judged.append(runtime.name)
+        return real_check(runtime, *args)
+
+    monkeypatch.setattr(compile_module, "check_precision", check)
+    sub = _mixed_compile(tmp_path, monkeypatch, winner, measure)
+    assert sub.runtime == runs and f"auto: {winner}" in sub.reason
+    assert any(r["precision"] == "int8" for r in sub.pipeline["layers"]) == (runs == "openvino")
+    assert timed == [["onnxruntime fp32", "openvino mixed"]]  # not the float graph on openvino
+    assert judged == []
 
 
 def test_a_rejected_int8_artifact_falls_back_to_the_fastest_float_runtime(monkeypatch, tmp_path):
