@@ -1,14 +1,14 @@
 """``precision="mixed"``: INT8 per layer where it is faster on the runtime, within the budget.
 
 Given a calibrated graph (every layer the target would quantize, with its ranges), each layer
-is decided from two measurements:
+is decided from two measurements (the per-layer rules are in :mod:`.mixed_layers`):
 
 1. **Latency in context** (:mod:`.layer_profile`): the profiler of the runtime that will run
    the graph (ONNX Runtime's, or OpenVINO's performance counters; ONNX Runtime's for runtimes
-   without one) times the float and the all-INT8 graph node by node. A layer with a module of its own is a candidate when
-   its INT8 time, plus its share of the activation Q/DQ it adds, is below its float time. A
-   layer without one (a residual add) is INT8 only when every value it quantizes is quantized
-   for an INT8 neighbour anyway, so it adds no Q/DQ of its own.
+   without one) times the float and the all-INT8 graph node by node. A layer with a module of
+   its own is a candidate when its INT8 time, plus its share of the activation Q/DQ it adds, is
+   below its float time. A layer without one (a residual add) is INT8 only when every value it
+   quantizes is quantized for an INT8 neighbour anyway, so it adds no Q/DQ of its own.
 2. **Sensitivity**: the cosine similarity of the model's outputs to the float model's on the
    build sample and two calibration batches (what the artifact is judged on) with that layer
    alone in INT8. While the candidates together fall below ``accuracy_budget`` (less a fifth of
@@ -18,23 +18,20 @@ Per-node times miss context (a float stem convolution leaves its max pool in flo
 finally the whole graphs within the budget compete on that runtime, timed round-robin: fp32,
 the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by 3% to be chosen.
 So ``mixed`` is never slower than ``fp32`` beyond noise, nor than ``int8`` where ``int8`` holds
-the budget. Every decision is recorded per layer (id,
-precision, reason, sensitivity, latency) and cached next to the calibration ranges, keyed by
-the calibration key, the budget, the runtime, the library versions and this package's code: a
-second process measures nothing.
+the budget. Every decision is recorded per layer (id, precision, reason, sensitivity,
+latency) and cached next to the calibration ranges, keyed by the calibration key, the budget,
+the runtime, the library versions and this package's code: a second process measures nothing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import fx
 
 from embedl_dynamo.cache.keys import content_key, library_versions
@@ -47,7 +44,13 @@ from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.artifacts import code_fingerprint, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN, judging_sample
-from embedl_dynamo.runtimes.layer_profile import LayerTimes, profile_graph, time_graphs
+from embedl_dynamo.runtimes.layer_profile import profile_graph, time_graphs
+from embedl_dynamo.runtimes.mixed_layers import (
+    decide_layers,
+    flat_outputs,
+    layer_latencies,
+    outputs_cosine,
+)
 from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino import OpenVINORuntime
 from embedl_dynamo.settings import Settings
@@ -72,116 +75,6 @@ class MixedChoice:
     report: dict[str, Any] | None
     layers: list[dict[str, Any]]
     judged: dict[str, str] | None = None
-
-
-def _outputs(
-    model: Callable[..., Any], batches: Sequence[tuple[torch.Tensor, ...]]
-) -> torch.Tensor:
-    """Every output of ``model`` (a graph, or a runtime's ``infer``) on ``batches``, flattened."""
-    flat = []
-    with torch.no_grad():
-        for batch in batches:
-            out = model(*batch)
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            flat.extend(o.detach().flatten().double() for o in outs if isinstance(o, torch.Tensor))
-    return torch.cat(flat)
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    value = float(F.cosine_similarity(a, b, dim=0))
-    return value if value == value else -1.0  # NaN counts as the worst
-
-
-def _latencies(
-    calibrated: CalibratedGraph, float_times: LayerTimes, int8_times: LayerTimes
-) -> dict[str, tuple[float, float] | None]:
-    """Layer id -> (float ms, INT8 ms incl. its share of Q/DQ), None where not attributable."""
-    sharing = Counter(a for p in calibrated.placement.layers.values() for a in set(p.activations))
-    result: dict[str, tuple[float, float] | None] = {}
-    for ident, points in calibrated.placement.layers.items():
-        float_ms = float_times.module_ms(points.module) if points.module else None
-        int8_ms = int8_times.module_ms(points.module) if points.module else None
-        if float_ms is None or int8_ms is None:
-            result[ident] = None
-            continue
-        qdq = sum(int8_times.quantizer_ms(a) / sharing[a] for a in set(points.activations))
-        result[ident] = (float_ms, int8_ms + qdq)
-    return result
-
-
-def _decide(
-    calibrated: CalibratedGraph,
-    batches: Sequence[tuple[torch.Tensor, ...]],
-    budget: float,
-    latency: dict[str, tuple[float, float] | None],
-    reference: torch.Tensor,
-) -> tuple[list[str], dict[str, str], dict[str, float], float]:
-    """(INT8 ids, float id -> reason, id -> sensitivity, the INT8 set's output cosine).
-
-    ``reference`` is the float graph's outputs on ``batches`` (:func:`_outputs`). Per-layer
-    sensitivity (one forward pass over the sample per layer) is measured only when the
-    candidates together miss the budget, which is when it decides something.
-    """
-    layers = list(calibrated.placement.layers)
-    reasons: dict[str, str] = {}
-    sensitivity: dict[str, float] = {}
-    candidates = []
-    for ident in layers:
-        times = latency[ident]
-        if times is None:
-            continue
-        float_ms, int8_ms = times
-        if int8_ms < float_ms:
-            candidates.append(ident)
-        else:
-            reasons[ident] = f"int8 not faster here ({int8_ms:.3f} ms with Q/DQ vs {float_ms:.3f})"
-
-    def cosine_with(int8: list[str]) -> float:
-        return _set_cosine(calibrated, batches, int8, reference)
-
-    chosen = list(candidates)
-    cosine = cosine_with(chosen + _free_riders(calibrated, chosen, latency)) if chosen else 1.0
-    if cosine < budget:  # only now is each layer's sensitivity worth its forward passes
-        for ident in candidates:
-            sensitivity[ident] = cosine_with([ident])
-        chosen.sort(key=lambda i: sensitivity[i])  # most sensitive first
-    while chosen and cosine < budget:
-        dropped = chosen.pop(0)
-        reasons[dropped] = (
-            f"too sensitive: alone in INT8 its output cosine is {sensitivity[dropped]:.4f}; "
-            f"the INT8 set reached {cosine:.4f} < {budget:.4g} (accuracy_budget, less a reserve "
-            "for the runtime's rounding)"
-        )
-        if chosen:
-            cosine = cosine_with(chosen + _free_riders(calibrated, chosen, latency))
-    int8 = chosen + _free_riders(calibrated, chosen, latency) if chosen else []
-    for ident in layers:
-        if ident not in int8 and ident not in reasons:
-            reasons[ident] = "adds Q/DQ no INT8 neighbour needs (latency not attributable)"
-    return int8, reasons, sensitivity, cosine
-
-
-def _set_cosine(
-    calibrated: CalibratedGraph,
-    sample: Sequence[tuple[torch.Tensor, ...]],
-    int8: list[str],
-    reference: torch.Tensor,
-) -> float:
-    """Output cosine to the float graph (``reference``: its outputs) with exactly ``int8`` INT8."""
-    keep = {i: "mixed: fp32" for i in calibrated.placement.layers if i not in int8}
-    return _cosine(_outputs(calibrated.build(keep)[0], sample), reference)
-
-
-def _free_riders(
-    calibrated: CalibratedGraph, chosen: list[str], latency: dict[str, Any]
-) -> list[str]:
-    """Layers without a timing of their own whose every Q/DQ point an INT8 layer already has."""
-    covered = {a for i in chosen for a in calibrated.placement.layers[i].activations}
-    return [
-        ident
-        for ident, points in calibrated.placement.layers.items()
-        if latency[ident] is None and points.activations and set(points.activations) <= covered
-    ]
 
 
 def choose_mixed(
@@ -282,10 +175,12 @@ def _measure(
     int8_times = profile_graph(
         every_int8, inputs, num_threads=num_threads, runtime=where, artifact=int8_artifact
     )
-    latency = _latencies(calibrated, float_times, int8_times)
+    latency = layer_latencies(calibrated, float_times, int8_times)
     # the float graph's outputs on the sample, which every cosine below is taken against
-    reference = _outputs(calibrated.gm, sample)
-    int8, reasons, sensitivity, set_cosine = _decide(calibrated, sample, target, latency, reference)
+    reference = flat_outputs(calibrated.gm, sample)
+    int8, reasons, sensitivity, int8_set_cosine = decide_layers(
+        calibrated, sample, target, latency, reference
+    )
     every = list(calibrated.placement.layers)
     # per-node times miss context (a float stem conv leaves its max pool float too), so the
     # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
@@ -296,9 +191,9 @@ def _measure(
         keep = {i: "mixed: fp32" for i in every if i not in int8}
         candidates["mixed"] = calibrated.build(keep)[0]
     if set(int8) == set(every):
-        full_cosine = set_cosine
+        full_cosine = int8_set_cosine
     else:
-        full_cosine = _cosine(_outputs(every_int8, sample), reference)
+        full_cosine = outputs_cosine(flat_outputs(every_int8, sample), reference)
     if full_cosine >= budget:
         candidates["int8"] = every_int8
     # the candidates are judged on the runtime too: its integer kernels are what will run (and
@@ -309,7 +204,7 @@ def _measure(
     def judge(name: str, built: Runtime) -> bool:
         if name == "fp32":
             return True
-        cosine = _cosine(_outputs(built.infer, sample), reference)
+        cosine = outputs_cosine(flat_outputs(built.infer, sample), reference)
         if cosine < budget:
             refused[name] = cosine
         else:
@@ -325,7 +220,8 @@ def _measure(
         logger.info("mixed precision on %s: refused on the runtime: %s", where,
                     ", ".join(f"{n} (cosine {c:.4f})" for n, c in refused.items()))  # fmt: skip
     if "mixed" in refused and "int8" in options:
-        int8, set_cosine = every, full_cosine  # the per-layer set failed; INT8 everywhere holds
+        # the per-layer set failed; INT8 everywhere holds
+        int8, int8_set_cosine = every, full_cosine
     best = min(options, key=options.__getitem__)
     if best != "fp32" and options[best] > options["fp32"] * LOWER_PRECISION_MARGIN:
         best = "fp32"
@@ -338,7 +234,7 @@ def _measure(
         reasons.update({i: f"the INT8 set was not faster as a whole ({timing})" for i in int8})
         int8 = []
     elif best == "int8":
-        int8, set_cosine = every, full_cosine
+        int8, int8_set_cosine = every, full_cosine
     logger.info("mixed precision on %s, whole graphs: %s; chose %s", where, timing, best)
     records = []
     for ident in calibrated.placement.layers:
@@ -350,9 +246,9 @@ def _measure(
                 "precision": "int8" if is_int8 else "fp32",
                 "reason": (
                     f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
-                    f"output cosine {set_cosine:.4f}, within the budget"
+                    f"output cosine {int8_set_cosine:.4f}, within the budget"
                     if best == "int8"
-                    else f"faster in INT8 on {where}; output cosine {set_cosine:.4f} with "
+                    else f"faster in INT8 on {where}; output cosine {int8_set_cosine:.4f} with "
                     "the INT8 set, within the budget"
                 )
                 if is_int8
