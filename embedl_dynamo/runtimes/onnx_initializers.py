@@ -41,7 +41,6 @@ __all__ = [
     "capture_initializers",
     "graph_weights",
     "save_quantized",
-    "save_with_weights",
     "shape_inference_without_weights",
     "tensor_proto",
     "UnwrittenOnnx",
@@ -178,23 +177,6 @@ def _drop_inputs(model: Any, names: dict[str, torch.Tensor]) -> None:
     kept = [value for value in model.graph.input if value.name not in names]
     del model.graph.input[:]
     model.graph.input.extend(kept)
-
-
-def save_with_weights(model: Any, weights: dict[str, torch.Tensor], path: str | Path) -> int:
-    """Write ``model`` with ``weights`` (its weight inputs) as initializers to ``path``; checked.
-
-    A float model is checked as exported (weights as inputs, a few kB) and written by
-    :meth:`UnwrittenOnnx.write`; a model with ``QuantizeLinear`` nodes by
-    :func:`save_quantized`.
-
-    Returns:
-        The number of weights stored as int8.
-    """
-    unwritten = unwritten_float_model(model, weights)
-    if unwritten is not None:
-        unwritten.write(Path(path))
-        return 0
-    return save_quantized(model, weights, path)
 
 
 def save_quantized(model: Any, weights: dict[str, torch.Tensor], path: str | Path) -> int:

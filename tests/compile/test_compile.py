@@ -387,6 +387,19 @@ def test_parameters_requiring_grad_in_grad_mode_run_eager_and_backward_works():
     assert not BUILD_COUNTS
 
 
+def _compile_resnet_on(runtime: str, tmp_path: Path) -> tuple[nn.Module, torch.Tensor, dict]:
+    """Compile a small ResNet on ``runtime`` with a cache in ``tmp_path``; check its outputs and
+    that ``runtime`` ran it. Returns the model, its input and the options."""
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    options = {"runtime": runtime, "cache_dir": tmp_path}
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
+                              model(x))  # fmt: skip
+    assert embedl_dynamo.last_report()[-1].runtime == runtime
+    return model, x, options
+
+
 def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatch):
     """ONNX Runtime's session is built from the exported model in memory while a helper thread
     writes the file; the cache entry appears, checksummed, once the write ends. (OpenVINO
@@ -401,13 +414,7 @@ def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatc
     monkeypatch.setattr(
         UnwrittenOnnx, "write", lambda self, path: release.wait(30) and real_write(self, path)
     )
-    model = randomize_batchnorm(ResNetLike().eval())
-    x = torch.randn(2, 3, 16, 16)
-    options = {"runtime": runtime, "cache_dir": tmp_path}
-    with torch.no_grad():
-        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
-                              model(x))  # fmt: skip
-    assert embedl_dynamo.last_report()[-1].runtime == runtime
+    model, x, options = _compile_resnet_on(runtime, tmp_path)
     key = embedl_dynamo.last_report()[-1].runtime_info["key"]
     cache = ArtifactCache(tmp_path, "onnx")
     assert cache.get(key, ".onnx") is None  # compiled and ran; the file is still being written
@@ -434,11 +441,5 @@ def test_only_a_runtime_that_builds_from_memory_keeps_the_export_in_memory(
         pytest.skip(RUNTIME_CLASSES[runtime].missing())
     calls, real = [], UnwrittenOnnx.make_contiguous
     monkeypatch.setattr(UnwrittenOnnx, "make_contiguous", lambda self: calls.append(real(self)))
-    model = randomize_batchnorm(ResNetLike().eval())
-    x = torch.randn(2, 3, 16, 16)
-    options = {"runtime": runtime, "cache_dir": tmp_path}
-    with torch.no_grad():
-        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
-                              model(x))  # fmt: skip
-    assert embedl_dynamo.last_report()[-1].runtime == runtime
+    _compile_resnet_on(runtime, tmp_path)
     assert len(calls) == kept

@@ -26,8 +26,8 @@ from embedl_dynamo.runtimes.onnx_initializers import (
     SHAPE_VALUE_MAX_ELEMENTS,
     attach_initializers,
     graph_weights,
-    save_with_weights,
     tensor_proto,
+    unwritten_float_model,
 )
 from tests.models import ResNetLike, ViTLike, randomize_batchnorm
 
@@ -170,7 +170,7 @@ def test_a_streamed_file_parses_as_one_model(tmp_path):
             [onnx.helper.make_tensor_value_info("output_0", onnx.TensorProto.FLOAT, [2, 200])],
         )
     )
-    save_with_weights(model, weights, tmp_path / "m.onnx")
+    unwritten_float_model(model, weights).write(tmp_path / "m.onnx")
     back = onnx.load(str(tmp_path / "m.onnx"))
     onnx.checker.check_model(back)
     assert [i.name for i in back.graph.input] == ["input_0"]
