@@ -4,7 +4,7 @@ Tests share one cache directory per session (so repeated compiles of the same gr
 ``tests/compile/conftest.py`` narrows it to one directory per test where builds are counted.
 
 ``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
-fastest (:mod:`embedl_dynamo.runtimes.runtime_choice`). Timings are no test's business: here a
+fastest (:mod:`embedl_dynamo.tuning.runtime_choice`). Timings are no test's business: here a
 ``mixed`` graph always "wins", then ONNX Runtime, so which runtime a test compiles to does not
 depend on machine load. ``tests/compile/test_runtime_choice.py`` tests the real timing.
 """
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import embedl_dynamo
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.report import clear_reports
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -38,7 +38,7 @@ def _cache_writes_end_with_their_test():
 
 @pytest.fixture(autouse=True)
 def _deterministic_runtime_choice(monkeypatch):
-    from embedl_dynamo.runtimes import runtime_choice
+    from embedl_dynamo.tuning import runtime_choice
 
     def timings(runtimes, inputs):
         def rank(label):

@@ -74,7 +74,7 @@ def test_backends_lists_backends_pattern_counts_and_runtimes(capsys) -> None:
         assert name in out
     assert "conversion  fusion  smooth  quantized" in out
     assert "onnxruntime     yes" in out
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
     missing = TensorRTRuntime.missing()
     if missing is not None:
@@ -173,7 +173,7 @@ def test_verification_failure_exits_4(tmp_path, net_py, monkeypatch, capsys) -> 
 
 
 def test_engine_without_tensorrt_exits_5(tmp_path, net_py, capsys) -> None:
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
     if TensorRTRuntime.missing() is None:
         pytest.skip("TensorRT is installed here: the unavailable path does not apply")

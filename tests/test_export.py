@@ -171,7 +171,7 @@ def test_graph_break_is_a_clear_error(tmp_path) -> None:
 
 
 def _has_tensorrt() -> bool:
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
     return TensorRTRuntime.missing() is None
 

@@ -3,7 +3,7 @@
 Layers, lowest first (a module may import from its own layer and the ones below it):
 
     graph < cache < settings, report(_html) < rewrite < patterns < quant < backend(s)
-      < transform, pipeline < runtimes < dynamo, deploy < cli < the package root
+      < transform, pipeline < onnx < runtimes < tuning < dynamo, deploy < cli < the package root
 
 Imports under ``if TYPE_CHECKING:`` count for the layer rule (they document a dependency) but
 not for cycles (they never run).
@@ -28,7 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("quant",),
     ("backend", "backends"),
     ("transform", "pipeline"),
+    ("onnx",),
     ("runtimes",),
+    ("tuning",),
     ("dynamo", "deploy"),
     ("cli",),
     ("__init__",),

@@ -102,7 +102,7 @@ def test_load_errors_name_the_problem(artifact, tmp_path) -> None:
 
 
 def test_engine_file_without_tensorrt_is_a_clear_error(tmp_path) -> None:
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
     if TensorRTRuntime.missing() is None:
         pytest.skip("TensorRT is installed: the error path does not apply")

@@ -12,7 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from embedl_dynamo.deploy.export import export, sidecar_path
-from embedl_dynamo.runtimes.tensorrt_lint import SUPPORTED_OPS, lint_for_tensorrt
+from embedl_dynamo.runtimes.tensorrt.lint import SUPPORTED_OPS, lint_for_tensorrt
 from tests.models import ResNetLike, ViTLike, randomize_batchnorm
 
 

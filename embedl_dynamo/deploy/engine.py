@@ -11,8 +11,8 @@ from embedl_dynamo.cache.files import atomic_write_bytes
 from embedl_dynamo.cache.keys import content_key, sha256_file
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import batch_axes
-from embedl_dynamo.runtimes.onnx_export import ExportError
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
+from embedl_dynamo.onnx.export import ExportError
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime, build_engine, engine_profile
 from embedl_dynamo.settings import Settings
 
 __all__ = ["EngineUnavailableError", "build_engine_file"]
@@ -27,9 +27,9 @@ class EngineUnavailableError(ExportError):
 def build_engine_file(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Settings) -> Path:
     """A TensorRT engine next to the ONNX file, built by the tensorrt runtime's public builder.
 
-    :func:`~embedl_dynamo.runtimes.tensorrt.build_engine` parses the file into a strongly typed
+    :func:`~embedl_dynamo.runtimes.tensorrt.runtime.build_engine` parses the file into a strongly typed
     network with one optimisation profile over the dynamic batch
-    (:func:`~embedl_dynamo.runtimes.tensorrt.engine_profile`); INT8 comes from the explicit QDQ
+    (:func:`~embedl_dynamo.runtimes.tensorrt.runtime.engine_profile`); INT8 comes from the explicit QDQ
     nodes. The engine is cached in the artifact cache keyed by the ONNX file's bytes, the
     TensorRT version, the GPU and the profile, then copied next to the ONNX file.
     """

@@ -6,7 +6,7 @@ very same stages the ``embedl_*`` dynamo backends run (it calls them, it does no
 1. :func:`~embedl_dynamo.graph.capture.capture`: Dynamo capture of one graph, weights frozen;
 2. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
    ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache;
-3. :func:`~embedl_dynamo.runtimes.onnx_export.export_onnx`: one ONNX file, weights (and weight scales) as
+3. :func:`~embedl_dynamo.onnx.export.export_onnx`: one ONNX file, weights (and weight scales) as
    initializers, a dynamic batch axis;
 
 then validates the file (``onnx.checker``, one ONNX Runtime run compared with PyTorch) and writes
@@ -57,12 +57,12 @@ from embedl_dynamo.deploy.verify import (
     verify_onnx,
 )
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.onnx.export import ExportError, export_onnx, input_names, output_names
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
-from embedl_dynamo.runtimes.mixed_precision import apply_mixed
-from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx, input_names, output_names
-from embedl_dynamo.runtimes.tensorrt_lint import lint_for_tensorrt
+from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.mixed_precision import apply_mixed
 
 __all__ = [
     "MIN_OPSET",

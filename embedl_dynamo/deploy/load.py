@@ -29,9 +29,9 @@ from embedl_dynamo.cache.keys import sha256_file
 from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, providers_for
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.select import runtime_for_file
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import runtime_for_file
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["ENGINE_SUFFIXES", "ExportedModule", "load"]

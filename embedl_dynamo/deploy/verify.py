@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedl_dynamo.runtimes.onnx_export import ExportError
+from embedl_dynamo.onnx.export import ExportError
 
 __all__ = [
     "Verification",

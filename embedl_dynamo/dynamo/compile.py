@@ -27,6 +27,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
@@ -35,19 +36,14 @@ from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_g
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.quant.observers import CalibrationDataError
 from embedl_dynamo.report import SubgraphReport, next_index, record
-from embedl_dynamo.runtimes.artifacts import store_alias
 from embedl_dynamo.runtimes.base import Runtime, error_line
-from embedl_dynamo.runtimes.eager import EagerRuntime
-from embedl_dynamo.runtimes.judge import check_precision, judging_sample
-from embedl_dynamo.runtimes.mixed_precision import apply_mixed
-from embedl_dynamo.runtimes.runtime_choice import fastest, run_options
-from embedl_dynamo.runtimes.select import (
-    CPU_TARGETS,
-    cpu_precision_route,
-    int8_route,
-    runtime_candidates,
-)
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
+from embedl_dynamo.runtimes.registry import CPU_TARGETS, runtime_candidates
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import check_precision, judging_sample
+from embedl_dynamo.tuning.mixed_precision import apply_mixed
+from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route
+from embedl_dynamo.tuning.runtime_choice import fastest, run_options
 
 __all__ = ["compile_subgraph"]
 
@@ -256,7 +252,7 @@ def compile_subgraph(
 
 def _judged_already(runtime: Runtime, judged: dict[str, str] | None) -> bool:
     """Whether ``runtime`` runs the very artifact ``mixed`` held to the budget on this runtime
-    in this compile (:attr:`~embedl_dynamo.runtimes.mixed_precision.MixedChoice.judged`)."""
+    in this compile (:attr:`~embedl_dynamo.tuning.mixed_precision.MixedChoice.judged`)."""
     return (
         judged is not None
         and judged["runtime"] == runtime.name

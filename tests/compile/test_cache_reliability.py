@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from tests.helpers import assert_close_to_scale
 from tests.models import TinyConvNet
 

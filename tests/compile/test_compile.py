@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from tests.helpers import assert_close_to_scale
 from tests.models import (
     GraphBreakNet,
@@ -277,7 +277,7 @@ _SCRIPT = textwrap.dedent(
     with torch.no_grad():
         y = torch.compile(model, backend="embedl_tensorrt")(x)
         err = float((y - model(x)).abs().max() / model(x).abs().max())
-    from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+    from embedl_dynamo.onnx.artifact import BUILD_COUNTS
     print(json.dumps({{"err": err, "builds": BUILD_COUNTS.get("onnx", 0),
                       "early": imported_early}}))
     """
@@ -408,7 +408,7 @@ def test_a_cold_compile_runs_before_its_artifact_is_written(tmp_path, monkeypatc
     import threading
 
     from embedl_dynamo.cache.store import ArtifactCache
-    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
+    from embedl_dynamo.onnx.initializers import UnwrittenOnnx
 
     release, real_write = threading.Event(), UnwrittenOnnx.write
     monkeypatch.setattr(
@@ -434,8 +434,8 @@ def test_only_a_runtime_that_builds_from_memory_keeps_the_export_in_memory(
     """ONNX Runtime's session reads the export in memory, so its weights are made contiguous
     once for it and the writer; OpenVINO waits for the file, so nothing is copied ahead of the
     writer on the compiling thread."""
-    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
-    from embedl_dynamo.runtimes.select import RUNTIME_CLASSES
+    from embedl_dynamo.onnx.initializers import UnwrittenOnnx
+    from embedl_dynamo.runtimes.registry import RUNTIME_CLASSES
 
     if RUNTIME_CLASSES[runtime].missing():
         pytest.skip(RUNTIME_CLASSES[runtime].missing())

@@ -21,12 +21,13 @@ from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
 from embedl_dynamo.report import last_report
-from embedl_dynamo.runtimes.eager import EagerRuntime
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
-from embedl_dynamo.runtimes.select import cpu_precision_route, runtime_candidates
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from embedl_dynamo.runtimes.registry import runtime_candidates
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.routing import cpu_precision_route
 from tests.models import ResNetLike, randomize_batchnorm
 
 needs_openvino = pytest.mark.skipif(

@@ -7,7 +7,7 @@ from torch import fx, nn
 
 import embedl_dynamo
 import embedl_dynamo.dynamo.compile as dynamo_compile
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from tests.helpers import assert_close_to_scale
 
 

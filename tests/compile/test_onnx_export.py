@@ -11,8 +11,8 @@ from torch import fx, nn
 
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.onnx.export import ExportError, export_onnx
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.runtimes.onnx_export import ExportError, export_onnx
 from tests.models import ResNetLike, randomize_batchnorm
 
 
@@ -74,7 +74,7 @@ def test_failed_export_prints_no_graph_and_logs_one_line(tmp_path, capfd, caplog
     """Regression (issue 12 item 17): the TorchScript exporter wrote a ~170-line IR graph to
     stderr on failure. The error names the op in one line; the native output goes to DEBUG."""
     gm = fx.symbolic_trace(_Bessel())
-    with caplog.at_level("DEBUG", logger="embedl_dynamo.runtimes.onnx_export"):
+    with caplog.at_level("DEBUG", logger="embedl_dynamo.onnx.export"):
         with pytest.raises(ExportError, match="special_bessel_j0") as info:
             export_onnx(gm, [torch.randn(1, 4)], tmp_path / "m.onnx", exporter="torchscript")
     err = capfd.readouterr().err

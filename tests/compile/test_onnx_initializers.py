@@ -20,9 +20,9 @@ from onnx import numpy_helper
 from torch import fx, nn
 
 import embedl_dynamo
-from embedl_dynamo.runtimes import onnx_export
-from embedl_dynamo.runtimes.onnx_export import export_onnx
-from embedl_dynamo.runtimes.onnx_initializers import (
+from embedl_dynamo.onnx import export as onnx_export
+from embedl_dynamo.onnx.export import export_onnx
+from embedl_dynamo.onnx.initializers import (
     SHAPE_VALUE_MAX_ELEMENTS,
     attach_initializers,
     graph_weights,
@@ -252,8 +252,8 @@ def test_shape_inference_without_weights_infers_the_same_graph(tmp_path, monkeyp
 
 
 def test_an_unwritten_model_runs_from_memory_as_its_written_file_does(tmp_path):
-    from embedl_dynamo.runtimes.onnx_export import export_onnx_unwritten
-    from embedl_dynamo.runtimes.onnxruntime import create_session
+    from embedl_dynamo.onnx.export import export_onnx_unwritten
+    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
 
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
@@ -280,7 +280,7 @@ def test_an_unwritten_model_runs_from_memory_as_its_written_file_does(tmp_path):
 
 
 def test_a_model_with_quantize_nodes_or_bfloat16_weights_is_not_run_from_memory(tmp_path):
-    from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx, unwritten_float_model
+    from embedl_dynamo.onnx.initializers import UnwrittenOnnx, unwritten_float_model
 
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("QuantizeLinear", ["input_0", "s"], ["output_0"])],

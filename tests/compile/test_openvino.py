@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.helpers import assert_close_to_scale
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
@@ -70,7 +70,7 @@ def test_lifecycle_and_int8_qdq_artifact(tmp_path):
 
 
 def test_openvino_errors_say_the_cause_not_the_source_file():
-    from embedl_dynamo.runtimes.openvino import openvino_cause
+    from embedl_dynamo.runtimes.openvino.runtime import openvino_cause
 
     error = RuntimeError(
         "Exception from src/inference/src/cpp/core.cpp:117:\n"
@@ -116,7 +116,7 @@ def test_openvino_target_runs_every_conv_and_linear_in_int8(tmp_path):
 def test_hard_sigmoid_becomes_hsigmoid_with_equal_outputs(alpha, beta, lowered, tmp_path):
     import openvino as ov
 
-    from embedl_dynamo.runtimes.openvino_lowering import lower_for_openvino
+    from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 
     class _Gate(nn.Module):
         def forward(self, x):
@@ -156,7 +156,7 @@ def _half_model(element_type: str):
     ],
 )
 def test_inference_precision_follows_the_file_and_the_cpu(element_type, capabilities, expected):
-    from embedl_dynamo.runtimes.openvino import inference_precision
+    from embedl_dynamo.runtimes.openvino.runtime import inference_precision
 
     assert inference_precision(_half_model(element_type), capabilities) == expected
 

@@ -13,10 +13,10 @@ import embedl_dynamo
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.runtimes import runtime_choice
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning import runtime_choice
 from tests.helpers import assert_close_to_scale
 from tests.models import ResNetLike, randomize_batchnorm
 
@@ -143,8 +143,8 @@ def test_int8_is_not_timed_it_takes_openvino(monkeypatch, tmp_path):
 
 def _int8_pays(monkeypatch):
     """Inside ``mixed``: every layer and the INT8 graph as a whole timed faster in INT8."""
-    from embedl_dynamo.runtimes import mixed_precision
-    from embedl_dynamo.runtimes.layer_profile import LayerTimes
+    from embedl_dynamo.tuning import mixed_precision
+    from embedl_dynamo.tuning.layer_profile import LayerTimes
 
     def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime", **_):
         int8 = any("fq_" in n.name for n in gm.graph.nodes)
@@ -202,7 +202,7 @@ def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path,
     (which can still win), and the mixed artifact it chose is not judged again."""
     import importlib
 
-    from embedl_dynamo.runtimes import mixed_precision
+    from embedl_dynamo.tuning import mixed_precision
 
     compile_module = importlib.import_module("embedl_dynamo.dynamo.compile")
     real_time_graphs = mixed_precision.time_graphs
@@ -250,7 +250,7 @@ def test_a_rejected_int8_artifact_falls_back_to_the_fastest_float_runtime(monkey
 
 
 def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
-    from embedl_dynamo.runtimes.judge import judging_sample
+    from embedl_dynamo.tuning.judge import judging_sample
 
     x = torch.randn(2, 3)
     same = [torch.randn(2, 3) for _ in range(3)]
@@ -283,7 +283,7 @@ def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, 
     from that file without hashing it again, and reports it as built now, not as found in the
     cache."""
     from embedl_dynamo.cache import store
-    from embedl_dynamo.runtimes import artifacts
+    from embedl_dynamo.onnx import artifact as artifacts
 
     _, gm, x = _graph()
     runs, forward = [], gm.forward

@@ -7,13 +7,13 @@ import torch
 
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import RUNTIME_CLASSES, RuntimeUnavailableError, resolve_runtime
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
 from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
-from embedl_dynamo.runtimes.eager import EagerRuntime
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, ort_providers
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_providers
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.models import ResNetLike, randomize_batchnorm
 
@@ -148,10 +148,10 @@ def test_check_outputs_catches_mismatch():
 def test_auto_logs_its_candidates_on_this_cpu(caplog):
     import logging
 
-    import embedl_dynamo.runtimes.select as select
+    import embedl_dynamo.runtimes.registry as select
 
     select._logged_auto.clear()
-    with caplog.at_level(logging.INFO, logger="embedl_dynamo.runtimes.select"):
+    with caplog.at_level(logging.INFO, logger="embedl_dynamo.runtimes.registry"):
         cls = resolve_runtime("auto")
     if not RUNTIME_CLASSES["tensorrt"].is_available():
         expected = OpenVINORuntime if OpenVINORuntime.is_available() else OnnxRuntime
@@ -160,7 +160,7 @@ def test_auto_logs_its_candidates_on_this_cpu(caplog):
 
 
 def test_auto_picks_tensorrt_only_for_cuda_graphs(monkeypatch):
-    from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
+    from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
     monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
     monkeypatch.setattr(OpenVINORuntime, "missing", classmethod(lambda cls: "not installed"))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
-from embedl_dynamo.runtimes.select import runtime_for_file
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime, build_engine, engine_profile
+from embedl_dynamo.runtimes.registry import runtime_for_file
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime, build_engine, engine_profile
 
 
 class _Recorder:

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import embedl_dynamo
-from embedl_dynamo.runtimes import tensorrt as trt_runtime
-from embedl_dynamo.runtimes.artifacts import BUILD_COUNTS
+from embedl_dynamo.onnx.artifact import BUILD_COUNTS
+from embedl_dynamo.runtimes.tensorrt import runtime as trt_runtime
 from tests.tensorrt_api import SignatureError, ValidatingTensorRT, load_bindings
 
 _ONNX_TO_NUMPY = {1: np.float32, 10: np.float16, 7: np.int64, 6: np.int32, 9: np.bool_}
@@ -367,11 +367,11 @@ def test_the_engine_is_exported_from_a_cpu_copy_and_the_graph_is_not_moved(
 def test_int8_without_modelopt_goes_onnx_to_tensorrt_and_says_so(
     tensorrt_on_cpu, tmp_path, monkeypatch
 ):
-    from embedl_dynamo.runtimes import select
-    from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
+    from embedl_dynamo.tuning import routing
+    from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
 
     monkeypatch.setattr(TorchTensorRTRuntime, "missing", classmethod(lambda cls: None))
-    monkeypatch.setattr(select, "has_quantize_op", lambda: False)
+    monkeypatch.setattr(routing, "has_quantize_op", lambda: False)
     model = _TwoInputs().eval()
     batches = [(torch.randn(2, 3, 8, 8), torch.randn(2, 4)) for _ in range(3)]
     options = {

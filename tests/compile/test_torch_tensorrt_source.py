@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import embedl_dynamo
-from embedl_dynamo.runtimes import torch_tensorrt as ttrt_runtime
+from embedl_dynamo.runtimes.torch_tensorrt import runtime as ttrt_runtime
 from tests.models import ResNetLike, ViTLike, randomize_batchnorm
 from tests.tensorrt_api import forget_modules, import_torch_tensorrt, load_bindings
 

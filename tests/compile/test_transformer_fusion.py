@@ -8,7 +8,7 @@ import torch
 from onnx import helper
 
 import embedl_dynamo
-from embedl_dynamo.runtimes.transformer_fusion import has_attention
+from embedl_dynamo.runtimes.onnxruntime.transformer_fusion import has_attention
 from tests.models import ResNetLike, ViTLike, randomize_batchnorm
 
 
@@ -66,7 +66,7 @@ def test_fusion_is_opt_in_and_cnns_never_go_through_it(tmp_path) -> None:
 
 def test_the_head_count_is_read_only_when_the_fused_file_is_built(tmp_path) -> None:
     """Reading the heads may run the graph: a cached fused file needs none of it."""
-    from embedl_dynamo.runtimes.transformer_fusion import fused_artifact
+    from embedl_dynamo.runtimes.onnxruntime.transformer_fusion import fused_artifact
 
     torch.manual_seed(0)
     _compile(ViTLike().eval(), torch.randn(2, 3, 16, 16), tmp_path)

@@ -503,8 +503,8 @@ def test_exported_attention_reads_q_and_k_in_its_matmul(tmp_path) -> None:
     a DequantizeLinear of q or k feeds the MatMul (what TensorRT needs to fuse INT8 q k^T)."""
     import onnx
 
+    from embedl_dynamo.onnx.export import export_onnx
     from embedl_dynamo.patterns.attention import FusedAttention
-    from embedl_dynamo.runtimes.onnx_export import export_onnx
 
     graph = fx.Graph()
     inputs = [graph.placeholder(name) for name in ("q", "k", "v")]

@@ -15,9 +15,9 @@ from torch import nn
 import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.printer import format_graph
+from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.quant.half_precision import cast_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
-from embedl_dynamo.runtimes.onnx_export import export_onnx
 from tests.models import MobileNetLike, ViTLike
 
 

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.onnx.artifact import count_build
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
-from embedl_dynamo.runtimes.artifacts import count_build
 from embedl_dynamo.runtimes.base import Runtime, check_outputs
 
 __all__ = [

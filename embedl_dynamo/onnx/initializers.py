@@ -33,7 +33,7 @@ import torch
 
 from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
-from embedl_dynamo.runtimes.int8_weights import fold_int8_weights
+from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 
 __all__ = [
     "MAX_IN_MEMORY_BYTES",

@@ -32,10 +32,11 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime, onnx_artifact
+from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, graph_outputs
-from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN
+from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN
 
 __all__ = [
     "RunOption",

@@ -1,4 +1,4 @@
-"""Runtime selection: the forced runtime, or for ``auto`` the best one available here.
+"""The runtime registry: every runtime by name, the forced one, or for ``auto`` the candidates.
 
 ``auto`` takes the runtimes the target names (``Backend.runtimes``; every runtime in
 :data:`~embedl_dynamo.settings.AUTO_ORDER` for a target that names none), drops those not
@@ -6,12 +6,9 @@ installed and, for a graph whose tensors are not on a CUDA device, the two Tenso
 CPU model stays on the CPU: copying every call's inputs to a GPU and back is not what a CPU
 caller asked for). What remains are the candidates, best first. Where several CPU runtimes
 remain (OpenVINO and ONNX Runtime for the ``tensorrt`` target on a machine without a GPU) a
-float graph is timed on each and the faster one runs (:mod:`.runtime_choice`). A forced
-runtime that cannot run raises :class:`~.base.RuntimeUnavailableError` naming what is missing.
-
-On a CPU, the ``tensorrt`` target's INT8 takes the placement of the runtime that runs it
-(:func:`cpu_precision_route`): TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs
-float) is what neither CPU runtime turns into its fastest integer kernels.
+float graph is timed on each and the faster one runs (:mod:`embedl_dynamo.tuning.runtime_choice`). A
+forced runtime that cannot run raises :class:`~.base.RuntimeUnavailableError` naming what is
+missing.
 """
 
 from __future__ import annotations
@@ -22,22 +19,19 @@ from pathlib import Path
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
-from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.eager import EagerRuntime
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
-from embedl_dynamo.runtimes.tensorrt import TensorRTRuntime
-from embedl_dynamo.runtimes.torch_tensorrt import TorchTensorRTRuntime
-from embedl_dynamo.settings import AUTO_ORDER, RUNTIMES, Settings
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
+from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
+from embedl_dynamo.settings import AUTO_ORDER, RUNTIMES
 
 __all__ = [
     "AUTO_ORDER",
     "CPU_TARGETS",
     "CUDA_ONLY",
     "RUNTIME_CLASSES",
-    "cpu_precision_route",
-    "int8_route",
     "resolve_runtime",
     "runtime_candidates",
     "runtime_for_file",
@@ -121,53 +115,6 @@ def resolve_runtime(
         RuntimeUnavailableError: a forced runtime cannot run here.
     """
     return runtime_candidates(name, backend, on_cuda)[0]
-
-
-def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
-    """The runtime that carries INT8 for ``cls``, and a note for the report ("" if ``cls``).
-
-    Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
-    Without it, INT8 (and ``mixed``) graphs go the ONNX -> TensorRT way (explicit Q/DQ in the
-    file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
-    ends in its clear error and the float artifact.
-    """
-    if cls is not TorchTensorRTRuntime or precision not in ("int8", "mixed"):
-        return cls, ""
-    if has_quantize_op() or not TensorRTRuntime.is_available():
-        return cls, ""
-    note = (
-        "INT8 through ONNX -> TensorRT: Torch-TensorRT's tensorrt::quantize_op needs NVIDIA "
-        "ModelOpt (pip install nvidia-modelopt)"
-    )
-    logger.info("%s", note)
-    return TensorRTRuntime, note
-
-
-def cpu_precision_route(
-    cls: type[Runtime], backend: Backend, settings: Settings
-) -> tuple[Backend, str]:
-    """The placement the ``tensorrt`` target's INT8 takes on the CPU runtime ``cls``, and a note.
-
-    TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs float) is what TensorRT runs as
-    INT8, but not what a CPU runtime runs fastest: ONNX Runtime fuses only its own placement
-    (Q/DQ around each layer, uint8 activations) and ran TensorRT's convs in float between Q/DQ
-    (ResNet-50: 1.02x eager, against 0.19x); OpenVINO runs NNCF's placement (depthwise and
-    squeeze-excite included) as integer kernels. So on a CPU runtime the graph gets that
-    runtime's own target's placement (``onnxruntime`` / ``openvino``). Float, other targets and
-    GPU runtimes are unchanged.
-
-    Returns:
-        The backend whose placement builds the graph, and a report note ("" if unchanged).
-    """
-    target = CPU_TARGETS.get(cls)
-    if backend.name != "tensorrt" or settings.precision not in ("int8", "mixed") or not target:
-        return backend, ""
-    note = (
-        f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "
-        "TensorRT here)"
-    )
-    logger.info("%s", note)
-    return target, note
 
 
 def runtime_for_file(path: Path) -> type[Runtime]:

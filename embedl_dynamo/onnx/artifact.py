@@ -1,10 +1,9 @@
-"""Shared by the ONNX-based runtimes: the ONNX artifact's cache key and its cached export."""
+"""The ONNX artifact of a graph: its content key, its cached export and where its file is."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -18,27 +17,21 @@ from torch import fx
 from embedl_dynamo.cache.keys import (
     content_key,
     fingerprint_graph,
-    is_content_key,
     library_versions,
 )
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
-from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.onnx_export import DEFAULT_OPSET, export_onnx_unwritten
-from embedl_dynamo.runtimes.onnx_initializers import UnwrittenOnnx
+from embedl_dynamo.onnx.export import DEFAULT_OPSET, export_onnx_unwritten
+from embedl_dynamo.onnx.initializers import UnwrittenOnnx
 from embedl_dynamo.settings import Settings
 
 __all__ = [
     "BUILD_COUNTS",
     "OnnxArtifact",
-    "OnnxArtifactRuntime",
     "cached_onnx",
     "code_fingerprint",
     "input_specs",
-    "forget_alias",
-    "lookup_alias",
     "onnx_artifact",
-    "store_alias",
 ]
 
 logger = logging.getLogger(__name__)
@@ -186,103 +179,3 @@ def code_fingerprint() -> str:
         h.update(str(path.relative_to(package)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()
-
-
-def lookup_alias(source_key: str, settings: Settings) -> dict[str, Any] | None:
-    """What :func:`store_alias` recorded for a subgraph's source key (None if absent/corrupt)."""
-    cache = ArtifactCache(settings.cache_dir, "subgraph")
-    path = cache.get(source_key, ".json")
-    if path is None:
-        return None
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not is_content_key(data.get("onnx_key")):
-        logger.warning("ignoring malformed subgraph alias %s; rebuilding", path.name)
-        cache.remove(source_key, ".json")
-        return None
-    return data
-
-
-def forget_alias(source_key: str, onnx_key: str, settings: Settings) -> None:
-    """Remove an alias and the ONNX artifact it names: the artifact failed its check, so the
-    rebuild must replace it rather than find it again."""
-    ArtifactCache(settings.cache_dir, "subgraph").remove(source_key, ".json")
-    ArtifactCache(settings.cache_dir, "onnx").remove(onnx_key, ".onnx")
-
-
-def store_alias(source_key: str, data: dict[str, Any], settings: Settings) -> None:
-    """Record which artifact a subgraph (keyed before transformation) compiled to.
-
-    The alias only saves work: a cache that cannot be written skips it (logged at DEBUG).
-    """
-    cache = ArtifactCache(settings.cache_dir, "subgraph")
-    try:
-        cache.put(source_key, json.dumps(data, sort_keys=True).encode(), ".json")
-    except OSError as exc:
-        logger.debug("subgraph alias not stored: %s", exc)
-
-
-class OnnxArtifactRuntime(Runtime):
-    """A runtime that runs the cached ONNX artifact (ONNX Runtime, OpenVINO)."""
-
-    def __init__(
-        self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
-    ) -> None:
-        super().__init__(settings, dynamic_axes)
-        self._prebuilt: OnnxArtifact | None = None
-        self._artifact: OnnxArtifact | None = None  # what the runtime runs
-        self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
-
-    def use_cached(self, key: str) -> bool:
-        """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
-
-        ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
-        the untransformed graph (same function, so the check still holds). The file's sha256
-        is computed while the runtime reads it, and confirmed before that check
-        (:class:`~embedl_dynamo.cache.store.CorruptEntryError` if it does not match).
-        """
-        found = cached_onnx(key, self.settings)
-        if found is None:
-            return False
-        path, self._confirm = found
-        self._prebuilt = OnnxArtifact(key, False, path)
-        return True
-
-    def check_artifact(
-        self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
-    ) -> None:
-        """Confirm a cached artifact's checksum, then :meth:`Runtime.check_artifact`."""
-        confirm, self._confirm = self._confirm, None
-        if confirm is not None:
-            confirm()
-        super().check_artifact(gm, example_inputs, what)
-
-    @classmethod
-    def builds_from_memory(cls) -> bool:
-        """Whether this runtime builds from a fresh export in memory
-        (:attr:`OnnxArtifact.unwritten`) rather than waiting for its file."""
-        return False
-
-    def use_artifact(self, artifact: OnnxArtifact) -> None:
-        """Build from the ONNX artifact :func:`onnx_artifact` just returned for this very
-        graph: it is neither fingerprinted nor verified again."""
-        self._prebuilt = artifact
-
-    def artifact(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> OnnxArtifact:
-        """The ONNX artifact to run (the prebuilt one, or the cached export of ``gm``); it
-        becomes the one the runtime runs, and sets :attr:`from_cache`."""
-        artifact = self._prebuilt
-        if artifact is None:
-            artifact = onnx_artifact(
-                gm,
-                example_inputs,
-                self.settings,
-                self.dynamic_axes,
-                reference=lambda: self.reference_outputs(gm, example_inputs),
-                in_memory=self.builds_from_memory(),
-            )
-        self.from_cache = not artifact.built
-        self._artifact = artifact
-        return artifact

@@ -36,8 +36,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
-from embedl_dynamo.runtimes.int8_weights import store_weights_as_int8
-from embedl_dynamo.runtimes.onnx_initializers import (
+from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
     capture_initializers,
     graph_weights,
@@ -45,6 +44,7 @@ from embedl_dynamo.runtimes.onnx_initializers import (
     shape_inference_without_weights,
     unwritten_float_model,
 )
+from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
 
 __all__ = [
     "DEFAULT_OPSET",

@@ -34,11 +34,12 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import OnnxArtifact, OnnxArtifactRuntime
+from embedl_dynamo.onnx.artifact import OnnxArtifact
+from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.onnx_export import export_onnx
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime, create_session
-from embedl_dynamo.runtimes.openvino import compile_openvino
+from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session
+from embedl_dynamo.runtimes.openvino.runtime import compile_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]

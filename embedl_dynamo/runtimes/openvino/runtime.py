@@ -28,8 +28,8 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.artifacts import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.openvino_lowering import lower_for_openvino
+from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = ["OpenVINORuntime", "compile_openvino", "inference_precision", "openvino_cause"]

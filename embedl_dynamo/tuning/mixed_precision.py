@@ -37,23 +37,23 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.onnx.artifact import code_fingerprint, onnx_artifact
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
-from embedl_dynamo.runtimes.artifacts import code_fingerprint, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.judge import LOWER_PRECISION_MARGIN, judging_sample
-from embedl_dynamo.runtimes.layer_profile import profile_graph, time_graphs
-from embedl_dynamo.runtimes.mixed_layers import (
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN, judging_sample
+from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
+from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
     flat_outputs,
     layer_latencies,
     outputs_cosine,
 )
-from embedl_dynamo.runtimes.onnxruntime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino import OpenVINORuntime
-from embedl_dynamo.settings import Settings
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
 

@@ -30,7 +30,7 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
-from embedl_dynamo.runtimes.artifacts import count_build, onnx_artifact
+from embedl_dynamo.onnx.artifact import count_build, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 

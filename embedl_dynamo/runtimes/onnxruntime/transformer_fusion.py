@@ -36,7 +36,7 @@ import onnx
 
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.runtimes.ort_attention import fuse_attention
+from embedl_dynamo.runtimes.onnxruntime.ort_attention import fuse_attention
 
 __all__ = ["FUSED_OPS", "fused_artifact", "has_attention"]
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from embedl_dynamo.quant.stage import CalibratedGraph
-from embedl_dynamo.runtimes.layer_profile import LayerTimes
+from embedl_dynamo.tuning.layer_profile import LayerTimes
 
 __all__ = [
     "decide_layers",

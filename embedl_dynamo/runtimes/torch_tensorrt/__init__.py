@@ -1,0 +1,1 @@
+"""The torch_tensorrt runtime."""

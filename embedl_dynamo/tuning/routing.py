@@ -1,0 +1,69 @@
+"""Which runtime and which target's placement a lower precision takes on the runtime chosen.
+
+``int8_route``: Torch-TensorRT's INT8 needs ModelOpt's quantize op, else ONNX -> TensorRT.
+``cpu_precision_route``: on a CPU runtime, the ``tensorrt`` target's INT8 takes the placement of
+that runtime's own target, whose integer kernels it forms.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
+from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.registry import CPU_TARGETS
+from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
+from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
+from embedl_dynamo.settings import Settings
+
+__all__ = ["cpu_precision_route", "int8_route"]
+
+logger = logging.getLogger(__name__)
+
+
+def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
+    """The runtime that carries INT8 for ``cls``, and a note for the report ("" if ``cls``).
+
+    Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
+    Without it, INT8 (and ``mixed``) graphs go the ONNX -> TensorRT way (explicit Q/DQ in the
+    file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
+    ends in its clear error and the float artifact.
+    """
+    if cls is not TorchTensorRTRuntime or precision not in ("int8", "mixed"):
+        return cls, ""
+    if has_quantize_op() or not TensorRTRuntime.is_available():
+        return cls, ""
+    note = (
+        "INT8 through ONNX -> TensorRT: Torch-TensorRT's tensorrt::quantize_op needs NVIDIA "
+        "ModelOpt (pip install nvidia-modelopt)"
+    )
+    logger.info("%s", note)
+    return TensorRTRuntime, note
+
+
+def cpu_precision_route(
+    cls: type[Runtime], backend: Backend, settings: Settings
+) -> tuple[Backend, str]:
+    """The placement the ``tensorrt`` target's INT8 takes on the CPU runtime ``cls``, and a note.
+
+    TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs float) is what TensorRT runs as
+    INT8, but not what a CPU runtime runs fastest: ONNX Runtime fuses only its own placement
+    (Q/DQ around each layer, uint8 activations) and ran TensorRT's convs in float between Q/DQ
+    (ResNet-50: 1.02x eager, against 0.19x); OpenVINO runs NNCF's placement (depthwise and
+    squeeze-excite included) as integer kernels. So on a CPU runtime the graph gets that
+    runtime's own target's placement (``onnxruntime`` / ``openvino``). Float, other targets and
+    GPU runtimes are unchanged.
+
+    Returns:
+        The backend whose placement builds the graph, and a report note ("" if unchanged).
+    """
+    target = CPU_TARGETS.get(cls)
+    if backend.name != "tensorrt" or settings.precision not in ("int8", "mixed") or not target:
+        return backend, ""
+    note = (
+        f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "
+        "TensorRT here)"
+    )
+    logger.info("%s", note)
+    return target, note
