@@ -31,7 +31,7 @@ from embedl_dynamo import (  # noqa: E402
     trace,
     transform,
 )
-from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS  # noqa: E402
+from embedl_dynamo.patterns.common import COMMON_FUSION_PATTERNS  # noqa: E402
 
 TARGET_S = 0.5
 
@@ -53,7 +53,7 @@ def main() -> int:
 
     model = resnet50()
     x = torch.randn(1, 3, 224, 224)
-    patterns = TENSORRT_FUSION_PATTERNS
+    patterns = COMMON_FUSION_PATTERNS
     get_transformation_plan(model, patterns, (x,))  # warm-up: pattern compilation is cached
 
     t_trace, traced = _median(lambda: trace(model, (x,)), args.repeat)

@@ -2,8 +2,8 @@
 
 A :class:`Backend` is a frozen dataclass naming a target and the patterns each phase uses.
 Backends are found through the ``embedl_dynamo.backends`` entry-point group; the built-in
-``tensorrt``, ``onnxruntime`` and ``lattice`` are registered there by our own ``pyproject.toml``,
-so a vendor's package adds a target exactly the way we do::
+``tensorrt``, ``onnxruntime``, ``openvino`` and ``lattice`` are registered there by our own
+``pyproject.toml``, so a vendor's package adds a target exactly the way we do::
 
     [project.entry-points."embedl_dynamo.backends"]
     myaccel = "myaccel_embedl:BACKEND"

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo import transform
-from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS
+from embedl_dynamo.patterns.common import COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.fused_modules import FusedConv
 from tests.helpers import dynamo_frozen
 from tests.models import MobileNetLike, ResNetLike
@@ -29,9 +29,9 @@ def _fused_fraction(result) -> tuple[int, int]:
 
 def _transform_both(model: nn.Module):
     """(symbolic_trace result, Dynamo result, Dynamo user inputs) for ``model``."""
-    traced = transform(model, (X,), TENSORRT_FUSION_PATTERNS)
+    traced = transform(model, (X,), COMMON_FUSION_PATTERNS)
     gm, inputs = dynamo_frozen(model, X)
-    dynamo = transform(gm, inputs, TENSORRT_FUSION_PATTERNS)
+    dynamo = transform(gm, inputs, COMMON_FUSION_PATTERNS)
     return traced, dynamo, inputs
 
 

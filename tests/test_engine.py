@@ -19,9 +19,9 @@ from embedl_dynamo import (
     trace,
     transform,
 )
-from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS
 from embedl_dynamo.graph.canonicalize import canonicalize
 from embedl_dynamo.graph.printer import format_graph
+from embedl_dynamo.patterns.common import COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.fused_modules import FusedConv
 from embedl_dynamo.rewrite.engine import MAX_CONVERSION_ROUNDS
 from embedl_dynamo.rewrite.matcher import find_matches
@@ -221,7 +221,7 @@ def test_escaping_intermediate_value_is_the_reason() -> None:
 
 
 def _resnet_plan():
-    return get_transformation_plan(ResNetLike().eval(), TENSORRT_FUSION_PATTERNS, (IMAGE,))
+    return get_transformation_plan(ResNetLike().eval(), COMMON_FUSION_PATTERNS, (IMAGE,))
 
 
 def test_overlaps_name_the_longer_match() -> None:
@@ -236,7 +236,7 @@ def test_overlaps_name_the_longer_match() -> None:
 
 def test_disable_by_glob_makes_overlapped_matches_applicable() -> None:
     model = ResNetLike().eval()
-    plan = get_transformation_plan(model, TENSORRT_FUSION_PATTERNS, (IMAGE,))
+    plan = get_transformation_plan(model, COMMON_FUSION_PATTERNS, (IMAGE,))
     disabled = plan.disable("conv_bn_relu@*layer1*")
     assert sorted(e.id for e in disabled) == [
         "conv_bn_relu@layer1.0.conv1",
@@ -264,7 +264,7 @@ def test_toggle_errors_are_clear() -> None:
 
 def test_apply_leaves_the_plan_reapplicable() -> None:
     model = ResNetLike().eval()
-    plan = get_transformation_plan(model, TENSORRT_FUSION_PATTERNS, (IMAGE,))
+    plan = get_transformation_plan(model, COMMON_FUSION_PATTERNS, (IMAGE,))
     before_graph = format_graph(plan.model, literals=True)
     before_entries = [e.to_dict() for e in plan.entries]
     first = apply_transformation_plan(plan)
@@ -284,7 +284,7 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 def test_user_model_is_never_mutated(factory) -> None:
     model = factory().eval()
     state, structure = _state(model), repr(model)
-    result = transform(model, (IMAGE,), TENSORRT_FUSION_PATTERNS)
+    result = transform(model, (IMAGE,), COMMON_FUSION_PATTERNS)
     assert result.report["applied_count"] > 0
     after = model.state_dict()
     assert state.keys() == after.keys()
@@ -309,7 +309,7 @@ def test_the_plan_shares_the_users_tensors_and_the_result_owns_its_own() -> None
     copy, so training the QAT model, which writes into its weights, leaves the user's alone."""
     model = _Shared().eval()
     mine = {id(t) for t in (*model.parameters(), *model.buffers(), model.scale)}
-    plan = get_transformation_plan(model, TENSORRT_FUSION_PATTERNS, (X,))
+    plan = get_transformation_plan(model, COMMON_FUSION_PATTERNS, (X,))
     assert {id(t) for t in plan.model.parameters()} <= mine  # nothing copied to plan
     result = apply_transformation_plan(plan).model
     kept = [*result.parameters(), *result.buffers()]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS
+from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS
 
 __all__ = ["BACKEND"]
 
 BACKEND = Backend(
     name="lattice",
-    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    conversion_patterns=COMMON_CONVERSION_PATTERNS,
     description="Lattice FPGAs: structural conversions only",
 )

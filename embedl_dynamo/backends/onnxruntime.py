@@ -1,7 +1,8 @@
 """The ``onnxruntime`` target: ONNX Runtime's CPU execution provider.
 
-Conversions and fusions are TensorRT's (they produce plain Conv/Gemm nodes ORT fuses too); the
-INT8 placement differs (uint8 activations, QDQ around conv outputs) and comes with quantization.
+Conversions and fusions are the shared ones (:mod:`embedl_dynamo.patterns.common`: plain
+Conv/Gemm nodes, which ORT fuses too); the INT8 placement differs (uint8 activations, QDQ around
+conv outputs) and comes with quantization.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.ort_preparation import SplitFusedForORT
 from embedl_dynamo.backends.placement_rules import QuantConv, QuantLinear, QuantResidualAdd
-from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS, TENSORRT_FUSION_PATTERNS
+from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
 from embedl_dynamo.quant.spec import ONNXRUNTIME_INT8
 from embedl_dynamo.rewrite.qdq import Role
 
@@ -24,8 +25,8 @@ ONNXRUNTIME_QUANTIZED_PATTERNS = (
 
 BACKEND = Backend(
     name="onnxruntime",
-    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
-    fusion_patterns=TENSORRT_FUSION_PATTERNS,
+    conversion_patterns=COMMON_CONVERSION_PATTERNS,
+    fusion_patterns=COMMON_FUSION_PATTERNS,
     quantized_patterns=ONNXRUNTIME_QUANTIZED_PATTERNS,
     quantization=ONNXRUNTIME_INT8,
     runtimes=("onnxruntime",),

@@ -1,17 +1,19 @@
 """The ``openvino`` target: Intel OpenVINO's CPU plugin.
 
-Conversions and fusions are TensorRT's (plain Conv/Gemm/MatMul nodes, which OpenVINO fuses
-too). The INT8 placement is NNCF's for the CPU (``OPENVINO_QUANTIZED_PATTERNS``): OpenVINO's
-low-precision transformations turn Q/DQ into integer kernels where NNCF would put its
-FakeQuantize ops, depthwise convs, squeeze-excite scales and the ``q k^T`` of attention
-included. SmoothQuant migrates LayerNorm -> Linear activation ranges into the weights, as NNCF
-does for transformers.
+Conversions and fusions are the shared ones (:mod:`embedl_dynamo.patterns.common`: plain
+Conv/Gemm/MatMul nodes, which OpenVINO fuses too). The INT8 placement is NNCF's for the CPU
+(``OPENVINO_QUANTIZED_PATTERNS``): OpenVINO's low-precision transformations turn Q/DQ into
+integer kernels where NNCF would put its FakeQuantize ops, depthwise convs, squeeze-excite scales
+and the ``q k^T`` of attention included. SmoothQuant (the shared list of
+:mod:`embedl_dynamo.backends.common`) migrates LayerNorm -> Linear activation ranges into the
+weights, as NNCF does for transformers.
 """
 
 from __future__ import annotations
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.attention_placement import QuantFusedAttention
+from embedl_dynamo.backends.common import COMMON_SMOOTH_PATTERNS
 from embedl_dynamo.backends.placement_rules import (
     QuantChannelScale,
     QuantConv,
@@ -20,11 +22,7 @@ from embedl_dynamo.backends.placement_rules import (
     QuantMatMul,
     QuantResidualAdd,
 )
-from embedl_dynamo.backends.tensorrt import (
-    TENSORRT_CONVERSION_PATTERNS,
-    TENSORRT_FUSION_PATTERNS,
-    TENSORRT_SMOOTH_PATTERNS,
-)
+from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
 from embedl_dynamo.quant.spec import OPENVINO_INT8
 
 __all__ = ["BACKEND", "OPENVINO_QUANTIZED_PATTERNS"]
@@ -45,9 +43,9 @@ OPENVINO_QUANTIZED_PATTERNS = (
 
 BACKEND = Backend(
     name="openvino",
-    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
-    fusion_patterns=TENSORRT_FUSION_PATTERNS,
-    smooth_patterns=TENSORRT_SMOOTH_PATTERNS,
+    conversion_patterns=COMMON_CONVERSION_PATTERNS,
+    fusion_patterns=COMMON_FUSION_PATTERNS,
+    smooth_patterns=COMMON_SMOOTH_PATTERNS,
     quantized_patterns=OPENVINO_QUANTIZED_PATTERNS,
     quantization=OPENVINO_INT8,
     runtimes=("openvino",),

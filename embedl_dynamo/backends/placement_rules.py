@@ -9,9 +9,9 @@ their inputs and weights; ``check_module`` applies the same policy to them. A va
 Runtime's output Q/DQ) is an instance with other arguments, not a subclass.
 
 Placements of the built-in targets (each target lists its rules in its own module; attention
-rules are in :mod:`.attention_placement`, ONNX Runtime's preparation in :mod:`.ort_preparation`),
-measured on ONNX Runtime's CPU provider (ResNet-50: 53 QLinearConv, 16
-QLinearAdd with the onnxruntime placement; none with TensorRT's):
+rules are in :mod:`.attention_placement`, ONNX Runtime's preparation in :mod:`.ort_preparation`).
+ONNX Runtime's CPU provider forms QLinearConv and QLinearAdd from the onnxruntime placement only;
+it runs TensorRT's placement as float convs between Q/DQ:
 
 * **tensorrt**: QDQ on the inputs of Conv/Linear/MatMul; a conv's residual Add quantizes its
   skip input only (the conv branch stays inside the fused group, so TensorRT fuses the Add into
@@ -191,10 +191,10 @@ class QuantResidualAdd(PlacementRule):
 
     A transformer's residual add (one read by a LayerNorm) is different: its stream input is
     the sum of every block so far, and rounding it to 8 bits per tensor at every block compounds
-    (ViT-small on ONNX Runtime: cosine 0.91 to float). With ``float_stream`` such an add is
-    left float (ONNX Runtime: no QLinearAdd, which would round the sum too; NNCF leaves these
-    adds float as well). With ``branch_only`` only its other input, the block's output, is
-    quantized (TensorRT: what NVIDIA ModelOpt places, so the GEMM before it can run INT8 out).
+    the error with depth. With ``float_stream`` such an add is left float (ONNX Runtime: no
+    QLinearAdd, which would round the sum too; NNCF leaves these adds float as well). With
+    ``branch_only`` only its other input, the block's output, is quantized (TensorRT: what
+    NVIDIA ModelOpt places, so the GEMM before it can run INT8 out).
 
     Args:
         name: the rule name.

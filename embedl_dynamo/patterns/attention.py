@@ -27,9 +27,10 @@ from __future__ import annotations
 import torch
 import torch.fx
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import fx
 
 from embedl_dynamo.graph.attention_forms import split_heads
+from embedl_dynamo.patterns.fused_modules import frozen_parameter
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
@@ -49,12 +50,6 @@ __all__ = [
 ]
 
 torch.fx.wrap("split_heads")  # a leaf in pattern targets, as in decomposed graphs
-
-
-def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
-    if tensor is None:
-        return None
-    return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -79,7 +74,7 @@ class FusedLayerNorm(FusedModule):
     ) -> None:
         super().__init__()
         self.normalized_shape = tuple(normalized_shape)
-        self.weight, self.bias, self.eps = _frozen(weight), _frozen(bias), eps
+        self.weight, self.bias, self.eps = frozen_parameter(weight), frozen_parameter(bias), eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -104,14 +99,14 @@ class FusedQKVProjection(FusedModule):
     ) -> None:
         super().__init__()
         self.sizes = [w.shape[0] for w in weights]
-        self.weight = _frozen(torch.cat(weights))
+        self.weight = frozen_parameter(torch.cat(weights))
         if all(b is None for b in biases):
             self.bias = None
         else:
             filled = [
                 b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)
             ]
-            self.bias = _frozen(torch.cat(filled))
+            self.bias = frozen_parameter(torch.cat(filled))
         self.num_heads = num_heads
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

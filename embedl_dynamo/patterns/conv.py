@@ -14,15 +14,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from embedl_dynamo.patterns.conv_bn import (
-    CONV_QDQ,
-    check_activation,
-    check_conv,
-    fused_conv_from_match,
-)
-from embedl_dynamo.patterns.fused_modules import activation_name
-from embedl_dynamo.rewrite.match import Match, MatchResult
-from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.patterns.activation_fusion import ActivationFusion
+from embedl_dynamo.patterns.conv_bn import CONV_QDQ, check_conv, fused_conv_from_match
+from embedl_dynamo.patterns.fused_modules import FusedConv
+from embedl_dynamo.rewrite.match import Match
 
 __all__ = [
     "CONV",
@@ -51,7 +46,7 @@ def conv_target(activation: Callable[..., torch.Tensor] | None) -> Callable[...,
     return target
 
 
-class ConvActivation(Pattern):
+class ConvActivation(ActivationFusion):
     """Conv [-> activation] becomes one FusedConv(activation=...).
 
     Args:
@@ -59,24 +54,13 @@ class ConvActivation(Pattern):
         activation: the canonical activation function, or None for a lone convolution.
     """
 
-    phase = "fusion"
     id_node = "conv"
     qdq = CONV_QDQ
+    make_target = staticmethod(conv_target)
+    check_op = staticmethod(check_conv)
 
-    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
-        self.name = name
-        self.activation = activation
-        self.target = conv_target(activation)
-
-    def check(self, m: Match) -> MatchResult:
-        result = check_conv(m)
-        if not result or self.activation is None:
-            return result
-        return check_activation(m)
-
-    def replace(self, m: Match):
-        act = activation_name(m["act"]) if self.activation is not None else None
-        return m.call_module(fused_conv_from_match(m, act, self.name), m["x"])
+    def fused_module(self, m: Match, activation: str | None) -> FusedConv:
+        return fused_conv_from_match(m, activation, self.name)
 
 
 CONV_RELU = ConvActivation("conv_relu", torch.relu)  # squeeze-and-excitation reduce conv

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from embedl_dynamo.patterns.fused_modules import FusedConv, activation_name, fold_batch_norm
+from embedl_dynamo.patterns.activation_fusion import ActivationFusion
+from embedl_dynamo.patterns.fused_modules import FusedConv, fold_batch_norm
 from embedl_dynamo.rewrite.match import Match, MatchResult
-from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "CONV_BN_SILU",
     "CONV_QDQ",
     "ConvBNActivation",
-    "check_activation",
     "check_conv",
     "check_conv_bn",
     "conv_bn_target",
@@ -62,15 +61,6 @@ def check_conv_bn(m: Match) -> MatchResult:
     weight = m.value("w")
     if m.value("mean") is None or m.value("mean").shape[0] != weight.shape[0]:
         return m.fail("BatchNorm channels do not match the convolution's output channels")
-    return m.ok()
-
-
-def check_activation(m: Match, name: str = "act") -> MatchResult:
-    """The activation node ``name`` must be one a fused module can run."""
-    if activation_name(m[name]) is None:
-        approximate = m[name].kwargs.get("approximate")
-        return m.fail(f"activation {m[name].target.__name__}(approximate={approximate!r}) is "
-                      "not supported by the fused kernel")  # fmt: skip
     return m.ok()
 
 
@@ -112,7 +102,7 @@ def conv_bn_target(activation: Callable[..., torch.Tensor] | None) -> Callable[.
     return target
 
 
-class ConvBNActivation(Pattern):
+class ConvBNActivation(ActivationFusion):
     """Conv -> BatchNorm [-> activation] becomes one FusedConv (BatchNorm folded, activation fused).
 
     One class, one instance per activation (``conv_bn_relu``, ``conv_bn_silu``, ... and
@@ -123,24 +113,13 @@ class ConvBNActivation(Pattern):
         activation: the canonical activation function, or None for conv + BatchNorm only.
     """
 
-    phase = "fusion"
     id_node = "conv"
     qdq = CONV_QDQ
+    make_target = staticmethod(conv_bn_target)
+    check_op = staticmethod(check_conv_bn)
 
-    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
-        self.name = name
-        self.activation = activation
-        self.target = conv_bn_target(activation)
-
-    def check(self, m: Match) -> MatchResult:
-        result = check_conv_bn(m)
-        if not result or self.activation is None:
-            return result
-        return check_activation(m)
-
-    def replace(self, m: Match):
-        act = activation_name(m["act"]) if self.activation is not None else None
-        return m.call_module(fused_conv_from_match(m, act, self.name), m["x"])
+    def fused_module(self, m: Match, activation: str | None) -> FusedConv:
+        return fused_conv_from_match(m, activation, self.name)
 
 
 CONV_BN_RELU = ConvBNActivation("conv_bn_relu", torch.relu)  # ResNet

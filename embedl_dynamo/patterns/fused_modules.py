@@ -28,6 +28,7 @@ __all__ = [
     "FusedLinear",
     "activation_name",
     "fold_batch_norm",
+    "frozen_parameter",
 ]
 
 # canonical activation target -> name used in module reprs and ids
@@ -68,7 +69,12 @@ def _check_activation(activation: str | None) -> None:
         raise ValueError(f"unknown activation {activation!r}; known: {sorted(_ACTIVATION_FNS)}")
 
 
-def _frozen(tensor: torch.Tensor | None) -> nn.Parameter | None:
+def frozen_parameter(tensor: torch.Tensor | None) -> nn.Parameter | None:
+    """A fused module's copy of ``tensor`` as a parameter that takes no gradient (None stays None).
+
+    The copy is detached and owns its storage, so the fused module never shares or writes the
+    model's own tensors.
+    """
     if tensor is None:
         return None
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
@@ -121,8 +127,8 @@ class FusedConv(FusedModule):
     ) -> None:
         super().__init__()
         _check_activation(activation)
-        self.weight = _frozen(weight)
-        self.bias = _frozen(bias)
+        self.weight = frozen_parameter(weight)
+        self.bias = frozen_parameter(bias)
         self.stride, self.padding, self.dilation, self.groups = stride, padding, dilation, groups
         self.activation = activation
         self.kind = kind
@@ -198,8 +204,8 @@ class FusedLinear(FusedModule):
     ) -> None:
         super().__init__()
         _check_activation(activation)
-        self.weight = _frozen(weight)
-        self.bias = _frozen(bias)
+        self.weight = frozen_parameter(weight)
+        self.bias = frozen_parameter(bias)
         self.activation = activation
         self.kind = kind
 

@@ -13,10 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from embedl_dynamo.patterns.conv_bn import check_activation
-from embedl_dynamo.patterns.fused_modules import FusedLinear, activation_name
+from embedl_dynamo.patterns.activation_fusion import ActivationFusion
+from embedl_dynamo.patterns.fused_modules import FusedLinear
 from embedl_dynamo.rewrite.match import Match, MatchResult
-from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.qdq import QDQ, Role
 
 __all__ = [
@@ -57,7 +56,7 @@ def linear_target(activation: Callable[..., torch.Tensor] | None) -> Callable[..
     return target
 
 
-class LinearActivation(Pattern):
+class LinearActivation(ActivationFusion):
     """Linear [-> activation] becomes one FusedLinear(activation=...).
 
     Args:
@@ -65,25 +64,13 @@ class LinearActivation(Pattern):
         activation: the canonical activation function, or None for a lone linear layer.
     """
 
-    phase = "fusion"
     id_node = "linear"
     qdq = LINEAR_QDQ
+    make_target = staticmethod(linear_target)
+    check_op = staticmethod(check_linear)
 
-    def __init__(self, name: str, activation: Callable[..., torch.Tensor] | None) -> None:
-        self.name = name
-        self.activation = activation
-        self.target = linear_target(activation)
-
-    def check(self, m: Match) -> MatchResult:
-        result = check_linear(m)
-        if not result or self.activation is None:
-            return result
-        return check_activation(m)
-
-    def replace(self, m: Match):
-        act = activation_name(m["act"]) if self.activation is not None else None
-        fused = FusedLinear(m.value("w"), m.value("b"), activation=act, kind=self.name)
-        return m.call_module(fused, m["x"])
+    def fused_module(self, m: Match, activation: str | None) -> FusedLinear:
+        return FusedLinear(m.value("w"), m.value("b"), activation=activation, kind=self.name)
 
 
 LINEAR_RELU = LinearActivation("linear_relu", torch.relu)

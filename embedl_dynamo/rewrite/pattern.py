@@ -4,10 +4,11 @@ A pattern is four pieces of data and code, in the style of PT2E's pattern functi
 onnxscript rewriter's rules::
 
     class ConvBN(Pattern):
-        '''Fold eval-mode BatchNorm into the convolution: w' = w*g/std, b' = (b-mean)*g/std + beta.'''
+        '''Fold eval-mode BatchNorm into the conv: w' = w*g/std, b' = (b-mean)*g/std + beta.'''
         name = "conv_bn"
         phase = "fusion"
-        qdq = QDQ(inputs={"x": Role.ACTIVATION})
+        id_node = "conv"  # plan ids name the conv: conv_bn@layer1.0.conv1
+        qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})
 
         @staticmethod
         def target(x, w, b, mean, var, gamma, beta):
@@ -16,12 +17,24 @@ onnxscript rewriter's rules::
             return bn, {"conv": conv, "bn": bn}
 
         def check(self, m):
-            if not m.all_constant("w", "mean", "var"):
-                return m.fail("BatchNorm statistics are not constants")
+            if m.kwarg("bn", "training"):
+                return m.fail("BatchNorm is in training mode (call model.eval())")
+            if not m.all_constant("w", "b", "mean", "var", "gamma", "beta"):
+                return m.fail("convolution weights or BatchNorm statistics are not constants")
             return m.ok()
 
         def replace(self, m):
-            return m.call_module(FusedConvBN.from_match(m), m["x"])
+            w, b = fold_batch_norm(
+                *(m.value(n) for n in ("w", "b", "mean", "var", "gamma", "beta")),
+                m.kwarg("bn", "eps"),
+            )
+            c = m["conv"].kwargs  # canonical keywords
+            fused = FusedConv(w, b, c["stride"], c["padding"], c["dilation"], c["groups"])
+            return m.call_module(fused, m["x"])
+
+:class:`~embedl_dynamo.patterns.fused_modules.FusedConv` and
+:func:`~embedl_dynamo.patterns.fused_modules.fold_batch_norm` are the pattern library's; the
+README's "Writing a pattern" has the example with its imports.
 
 ``target`` is traced once and canonicalised like every graph, so any spelling of the same op
 matches. Literal arguments in ``target`` (strides, ``training=False``) are wildcards: ``check``

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from embedl_dynamo import apply_transformation_plan, get_transformation_plan
-from embedl_dynamo.backends.tensorrt import TENSORRT_FUSION_PATTERNS
+from embedl_dynamo.patterns.common import COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.conv_bn import CONV_BN_RELU, CONV_BN_SILU, ConvBNActivation
 from embedl_dynamo.patterns.fused_modules import FusedConv
 from tests.models import ResNetLike, randomize_batchnorm
@@ -26,7 +26,7 @@ def test_variants_compile_their_own_target_and_compare_by_arguments():
 def test_plan_matches_is_the_node_then_pattern_view_and_apply_false_skips():
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(1, 3, 16, 16)
-    plan = get_transformation_plan(model, TENSORRT_FUSION_PATTERNS, args=(x,))
+    plan = get_transformation_plan(model, COMMON_FUSION_PATTERNS, args=(x,))
     by_node = plan.matches
     entry = next(e for e in plan.entries if e.pattern is CONV_BN_RELU and e.apply)
     assert by_node[entry.node]["conv_bn_relu"] is entry

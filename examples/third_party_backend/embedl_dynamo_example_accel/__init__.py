@@ -9,14 +9,14 @@ built-in ones plus all structural conversions; its own patterns (subclasses of
 from __future__ import annotations
 
 from embedl_dynamo import Backend
-from embedl_dynamo.backends.tensorrt import TENSORRT_CONVERSION_PATTERNS
+from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS
 from embedl_dynamo.patterns.conv_bn import CONV_BN, CONV_BN_RELU
 
 __all__ = ["BACKEND"]
 
 BACKEND = Backend(
     name="exampleaccel",
-    conversion_patterns=TENSORRT_CONVERSION_PATTERNS,
+    conversion_patterns=COMMON_CONVERSION_PATTERNS,
     fusion_patterns=(CONV_BN_RELU, CONV_BN),
     description="ExampleAccel NPU (example plug-in): conv+BN(+ReLU) kernels, float only",
 )
