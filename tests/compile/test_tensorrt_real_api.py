@@ -367,8 +367,8 @@ def test_the_engine_is_exported_from_a_cpu_copy_and_the_graph_is_not_moved(
 def test_int8_without_modelopt_goes_onnx_to_tensorrt_and_says_so(
     tensorrt_on_cpu, tmp_path, monkeypatch
 ):
-    from embedl_dynamo.tuning import routing
     from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
+    from embedl_dynamo.tuning import routing
 
     monkeypatch.setattr(TorchTensorRTRuntime, "missing", classmethod(lambda cls: None))
     monkeypatch.setattr(routing, "has_quantize_op", lambda: False)

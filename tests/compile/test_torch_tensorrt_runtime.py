@@ -9,8 +9,8 @@ import torch
 
 from embedl_dynamo import quantize
 from embedl_dynamo.backend import as_backend
-from embedl_dynamo.runtimes.torch_tensorrt.runtime import MAX_SHAPES, TorchTensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt import runtime as trt_runtime
+from embedl_dynamo.runtimes.torch_tensorrt.runtime import MAX_SHAPES, TorchTensorRTRuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.transform import transform
 from tests.models import ResNetLike, randomize_batchnorm
