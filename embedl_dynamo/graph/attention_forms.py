@@ -90,6 +90,61 @@ def _getitem_users(node: fx.Node) -> list[fx.Node] | None:
     return users
 
 
+def _to_sequence_first(
+    graph: fx.Graph,
+    qkv: tuple[fx.Node, fx.Node, fx.Node],
+    path: str,
+    created: list[fx.Node],
+) -> tuple[fx.Node, fx.Node, fx.Node]:
+    """Transpose batch-first query, key and value to sequence first, once per distinct node
+    (self-attention passes one tensor three times; ``forward`` keeps that identity)."""
+    query, key, value = qkv
+    if key is value:
+        if query is key:
+            query = key = value = _transpose(graph, query, path)
+            created.append(query)
+        else:
+            query, key = (_transpose(graph, x, path) for x in (query, key))
+            value = key
+            created += [query, key]
+    else:
+        query, key, value = (_transpose(graph, x, path) for x in (query, key, value))
+        created += [query, key, value]
+    return query, key, value
+
+
+def _redirect_users(
+    gm: fx.GraphModule,
+    node: fx.Node,
+    mha: fx.Node,
+    users: list[fx.Node],
+    created: list[fx.Node],
+    path: str,
+    transpose: bool,
+) -> None:
+    """Point ``node``'s ``getitem`` users at ``mha``; the output (item 0) of a batch-first
+    module is transposed back to batch first after its getitem."""
+    outputs = [u for u in users if u.args[1] == 0]
+    for user in users:
+        for key_ in ("val", "example_value", "tensor_meta"):
+            user.meta.pop(key_, None)
+        user.meta[PATH_KEY] = path
+    user_nodes = []
+    for user in outputs:
+        user_nodes.append(user)
+        if not transpose:
+            continue
+        with user.graph.inserting_after(user):
+            back = _transpose(user.graph, user, path)
+        with user.graph.inserting_after(back):
+            contiguous = canonical_call(user.graph, canonical_ops.contiguous, path, input=back)
+        user.replace_all_uses_with(contiguous, delete_user_cb=lambda n, back=back: n is not back)
+        user_nodes += [back, contiguous]
+    infer_meta(gm, created)
+    node.replace_all_uses_with(mha)
+    infer_meta(gm, [u for u in users if u not in outputs] + user_nodes)
+
+
 def _multihead_attention(
     gm: fx.GraphModule, graph: fx.Graph, node: fx.Node, module: nn.MultiheadAttention
 ) -> fx.Node | None:
@@ -113,17 +168,7 @@ def _multihead_attention(
 
     created: list[fx.Node] = []
     if transpose:
-        if key is value:
-            if query is key:
-                query = key = value = _transpose(graph, query, path)
-                created.append(query)
-            else:
-                query, key = (_transpose(graph, x, path) for x in (query, key))
-                value = key
-                created += [query, key]
-        else:
-            query, key, value = (_transpose(graph, x, path) for x in (query, key, value))
-            created += [query, key, value]
+        query, key, value = _to_sequence_first(graph, (query, key, value), path, created)
 
     def param(name: str) -> fx.Node | None:
         return _get_attr(graph, module, path, name)
@@ -158,27 +203,7 @@ def _multihead_attention(
         is_causal=call["is_causal"],
     )
     created.append(mha)
-    # users read getitem(node, i); the canonicaliser points them at ``mha``. The output (0) is
-    # transposed back to batch first after its getitem.
-    outputs = [u for u in users if u.args[1] == 0]
-    for user in users:
-        for key_ in ("val", "example_value", "tensor_meta"):
-            user.meta.pop(key_, None)
-        user.meta[PATH_KEY] = path
-    user_nodes = []
-    for user in outputs:
-        user_nodes.append(user)
-        if not transpose:
-            continue
-        with graph.inserting_after(user):
-            back = _transpose(graph, user, path)
-        with graph.inserting_after(back):
-            contiguous = canonical_call(graph, canonical_ops.contiguous, path, input=back)
-        user.replace_all_uses_with(contiguous, delete_user_cb=lambda n, back=back: n is not back)
-        user_nodes += [back, contiguous]
-    infer_meta(gm, created)
-    node.replace_all_uses_with(mha)
-    infer_meta(gm, [u for u in users if u not in outputs] + user_nodes)
+    _redirect_users(gm, node, mha, users, created, path, transpose)
     return mha
 
 
