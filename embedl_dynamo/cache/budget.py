@@ -16,14 +16,16 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from embedl_dynamo.cache.files import CACHE_MARKER, is_cache_root
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "ENV_CACHE_MAX_SIZE",
     "CacheEntry",
+    "NotACacheError",
     "cache_entries",
     "clear_cache",
     "evict_to_budget",
@@ -38,6 +40,15 @@ DEFAULT_MAX_BYTES = 5 * 1024**3
 _META = ".meta.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+# how ArtifactCache names what it writes: <namespace>/<key[:2]>/<key><suffix>, a sidecar
+# <key><suffix>.meta.json, a lock <key>.lock and temporary files .<name>.<random>.tmp
+_NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+_ENTRY = re.compile(r"^(?P<key>[0-9a-f]{16,128})(\.[A-Za-z0-9_]{1,16}){0,5}$")
+_TEMPORARY = re.compile(r"^\.(?P<name>[0-9a-f]{16,128}[A-Za-z0-9_.]*)\.[A-Za-z0-9_]+\.tmp$")
+
+
+class NotACacheError(ValueError):
+    """A directory to clear holds no marker of an embedl_dynamo cache."""
 
 
 @dataclass(frozen=True)
@@ -77,12 +88,27 @@ def max_cache_bytes() -> int | None:
     return DEFAULT_MAX_BYTES if env is None or not env.strip() else parse_size(env)
 
 
+def written_by_store(path: Path) -> bool:
+    """Whether ``path`` is named as the store names what it writes (see ``_ENTRY``): a file
+    ``<namespace>/<key[:2]>/<key><suffix>`` (or its sidecar, lock or temporary file)."""
+    name = path.name
+    temporary = _TEMPORARY.match(name)
+    if temporary:
+        name = temporary.group("name")
+    entry = _ENTRY.match(name)
+    return bool(
+        entry
+        and path.parent.name == entry.group("key")[:2]
+        and _NAMESPACE.match(path.parent.parent.name)
+    )
+
+
 def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
     """Every complete entry under ``root`` (``<namespace>/<xx>/<key><suffix>`` with a sidecar)."""
     root = Path(root)
     entries = []
     for meta in root.glob(f"*/*/*{_META}"):
-        if meta.is_symlink():
+        if meta.is_symlink() or not written_by_store(meta):
             continue
         path = meta.with_name(meta.name[: -len(_META)])
         with contextlib.suppress(OSError):
@@ -127,17 +153,34 @@ def evict_to_budget(
 
 
 def clear_cache(root: str | os.PathLike[str]) -> int:
-    """Delete every namespace directory under ``root``; returns the bytes freed.
+    """Delete every file the store wrote under ``root``; returns the bytes freed.
 
-    Only directories holding our entry layout are removed, so a mistyped root that points at
-    unrelated files is left alone.
+    Only a directory holding the store's marker (:data:`~.files.CACHE_MARKER`, written with the
+    first entry) is cleared, and in it only files named as the store names its entries,
+    sidecars, locks and temporary files; directories left empty are removed. Anything else
+    (another program's files, a link) is kept.
+
+    Raises:
+        NotACacheError: ``root`` exists but is not an embedl_dynamo cache.
     """
     root = Path(root)
+    if not root.exists():
+        return 0
+    if not is_cache_root(root):
+        raise NotACacheError(
+            f"{root} is not an embedl_dynamo cache (it has no {CACHE_MARKER} marker), so "
+            "nothing was deleted; point --cache-dir or EMBEDL_DYNAMO_CACHE_DIR at the cache"
+        )
     freed = 0
-    namespaces = {e.namespace for e in cache_entries(root)}
-    namespaces |= {p.parent.parent.name for p in root.glob("*/*/*.lock")}
-    for name in sorted(namespaces):
-        directory = root / name
-        freed += sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
-        shutil.rmtree(directory, ignore_errors=True)
+    for path in sorted(root.glob("*/*/*")):
+        if path.is_symlink() or not path.is_file() or not written_by_store(path):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            size = path.stat().st_size
+            path.unlink()
+            freed += size
+    for directory in sorted(root.glob("*/*"), reverse=True) + sorted(root.glob("*")):
+        if directory.is_dir() and not directory.is_symlink():
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only an empty directory goes
     return freed

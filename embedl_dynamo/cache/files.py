@@ -12,12 +12,15 @@ from pathlib import Path
 from typing import TypeVar
 
 __all__ = [
+    "CACHE_MARKER",
     "ENV_CACHE_DIR",
     "atomic_write_bytes",
     "atomic_write_text",
     "default_cache_dir",
     "exclusive_lock",
     "file_mode",
+    "is_cache_root",
+    "mark_cache_root",
     "remove_tree",
     "run_in_background",
     "wait_for_cache_writes",
@@ -25,6 +28,9 @@ __all__ = [
 ]
 
 ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
+# written at a cache root by the store: only a root holding it is ever cleared
+CACHE_MARKER = ".embedl_dynamo_cache"
+_MARKER_TEXT = "This directory is an embedl_dynamo cache; `embedl-dynamo cache clear` empties it.\n"
 T = TypeVar("T")
 
 _WRITING: set[Future[Path]] = set()  # entries being written on helper threads
@@ -113,6 +119,19 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def mark_cache_root(root: Path) -> None:
+    """Write the marker that proves ``root`` is an embedl_dynamo cache (once; atomic)."""
+    marker = Path(root) / CACHE_MARKER
+    if not marker.is_file():
+        atomic_write_text(marker, _MARKER_TEXT)
+
+
+def is_cache_root(root: Path) -> bool:
+    """Whether ``root`` holds the marker the store writes (a regular file, not a link)."""
+    marker = Path(root) / CACHE_MARKER
+    return marker.is_file() and not marker.is_symlink()
 
 
 @contextlib.contextmanager

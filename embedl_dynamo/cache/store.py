@@ -45,6 +45,7 @@ from embedl_dynamo.cache.files import (
     atomic_write_text,
     default_cache_dir,
     exclusive_lock,
+    mark_cache_root,
     remove_tree,
     run_in_background,
     write_in_background,
@@ -261,6 +262,7 @@ class ArtifactCache:
         """
         path = self.path(key, suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
+        mark_cache_root(self.root)
 
         def record(digest: str, size: int) -> None:
             # the sidecar goes first: a reader that finds the file always finds its checksum

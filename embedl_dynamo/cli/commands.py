@@ -207,12 +207,20 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from embedl_dynamo.cache.budget import cache_entries, clear_cache, max_cache_bytes
+    from embedl_dynamo.cache.budget import (
+        NotACacheError,
+        cache_entries,
+        clear_cache,
+        max_cache_bytes,
+    )
     from embedl_dynamo.cache.files import default_cache_dir
 
     root = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
     if args.action == "clear":
-        freed = clear_cache(root)
+        try:
+            freed = clear_cache(root)
+        except NotACacheError as exc:
+            raise CliError(str(exc), EXIT_USAGE) from exc
         print(f"cleared {root}: {_megabytes(freed)} freed")
         return EXIT_OK
     entries = cache_entries(root)

@@ -9,13 +9,16 @@ import pytest
 from embedl_dynamo.cache.budget import (
     DEFAULT_MAX_BYTES,
     ENV_CACHE_MAX_SIZE,
+    NotACacheError,
     cache_entries,
+    clear_cache,
     max_cache_bytes,
     parse_size,
 )
+from embedl_dynamo.cache.files import CACHE_MARKER
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.cli import EXIT_OK, main
+from embedl_dynamo.cli import EXIT_OK, EXIT_USAGE, main
 
 
 def _age(path, seconds):
@@ -82,3 +85,45 @@ def test_cli_cache_info_and_clear(tmp_path, capsys):
     assert cache_entries(tmp_path) == [] and unrelated.read_text() == "mine"
     assert main(["cache", "info", "--cache-dir", str(tmp_path)]) == EXIT_OK
     assert "total      0" in capsys.readouterr().out
+
+
+def _project_tree(root):
+    """A directory a typo could name: a Rust and a Poetry project, and an ``X`` + meta pair."""
+    (root / "crate" / "sub").mkdir(parents=True)
+    (root / "crate" / "sub" / "Cargo.lock").write_text("lock")
+    (root / "py" / "deps").mkdir(parents=True)
+    (root / "py" / "deps" / "poetry.lock").write_text("lock")
+    (root / "notes" / "ab").mkdir(parents=True)
+    (root / "notes" / "ab" / "report").write_text("data")
+    (root / "notes" / "ab" / "report.meta.json").write_text("{}")
+    return sorted(
+        p for p in root.rglob("*") if p.parts[len(root.parts)] in ("crate", "py", "notes")
+    )
+
+
+def test_clear_refuses_a_directory_that_is_not_a_cache(tmp_path, capsys):
+    """Regression (issue 23 item 10): a mistyped --cache-dir lost every folder holding a
+    ``*/*/*.lock`` file or an ``X`` + ``X.meta.json`` pair, and said "0.0 MB freed"."""
+    before = _project_tree(tmp_path)
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "not an embedl_dynamo cache" in err and "nothing was deleted" in err
+    assert sorted(tmp_path.rglob("*")) == before and len(before) == 10
+    with pytest.raises(NotACacheError, match="EMBEDL_DYNAMO_CACHE_DIR"):
+        clear_cache(tmp_path)
+
+
+def test_clear_deletes_only_what_the_store_wrote(tmp_path):
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("entry")
+    cache.put(key, b"x" * 100, ".onnx")
+    before = _project_tree(tmp_path)  # someone else's files inside the cache root
+    stray = tmp_path / "onnx" / key[:2] / "README"
+    stray.write_text("not ours")
+    assert (tmp_path / CACHE_MARKER).is_file()
+    freed = clear_cache(tmp_path)
+    assert freed >= 100
+    assert cache.get(key, ".onnx") is None and cache_entries(tmp_path) == []
+    assert stray.read_text() == "not ours"
+    assert before and all(p.exists() for p in before)
+    assert not (tmp_path / "onnx" / key[:2] / f"{key}.onnx").exists()
