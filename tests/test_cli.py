@@ -307,3 +307,50 @@ def test_bad_calibration_files_are_usage_errors(tmp_path, net_py, capsys, data, 
     assert main(argv) == EXIT_USAGE
     _one_line_error(capsys.readouterr().err, text)
     assert not out.exists()
+
+
+def _no_work(monkeypatch):
+    """Fail the test if the command builds the model: a path check must come first."""
+    from embedl_dynamo.cli import commands
+
+    def build_model(*args, **kwargs):
+        raise AssertionError("the model was built before the output path was checked")
+
+    monkeypatch.setattr(commands, "build_model", build_model)
+
+
+@pytest.mark.parametrize("command", ["export", "plan-html"])
+def test_a_file_name_over_the_limit_exits_3_before_the_work(
+    tmp_path, net_py, capsys, monkeypatch, command
+):
+    """Regression (issue 23 item 21): a 300-byte name was an internal error after the work."""
+    _no_work(monkeypatch)
+    long = str(tmp_path / ("m" * 300 + ".onnx"))
+    shape = ["--input-shape", "1,3,8,8"]
+    argv = {
+        "export": ["export", f"{net_py}:build", *shape, "-o", long, "-q"],
+        "plan-html": ["plan", f"{net_py}:build", *shape, "--html", long],
+    }[command]
+    assert main(argv) == EXIT_EXPORT
+    _one_line_error(capsys.readouterr().err, "choose a shorter name")
+
+
+def test_an_unwritable_plot_path_exits_3_before_the_benchmark(
+    tmp_path, net_py, capsys, monkeypatch
+):
+    """Regression (issue 23 item 21): an unwritable --plot was exit 1 after the whole run."""
+    import tempfile
+
+    def _denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    _no_work(monkeypatch)
+    monkeypatch.setattr(tempfile, "mkstemp", _denied)  # root ignores chmod, so deny the write
+    argv = ["bench", f"{net_py}:build", "--input-shape", "1,3,8,8", "--plot",
+            str(tmp_path / "p.png")]  # fmt: skip
+    assert main(argv) == EXIT_EXPORT
+    _one_line_error(capsys.readouterr().err, "cannot write to directory")
+    missing = ["bench", f"{net_py}:build", "--input-shape", "1,3,8,8", "--plot",
+               str(tmp_path / "nowhere" / "p.png")]  # fmt: skip
+    assert main(missing) == EXIT_EXPORT
+    _one_line_error(capsys.readouterr().err, "does not exist")

@@ -16,6 +16,7 @@ from embedl_dynamo.cli.inputs import (
     backend_named,
     build_model,
     load_calibration,
+    require_writable,
 )
 
 __all__ = ["COMMANDS", "format_rows"]
@@ -60,6 +61,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from embedl_dynamo.pipeline import run_pipeline
 
     backend = backend_named(args.backend)
+    require_writable(args.html, "--html")
     model, inputs = build_model(args.model, args.input_shape)
     try:
         result = run_pipeline(capture(model, inputs), inputs, backend)
@@ -83,7 +85,7 @@ def run_plan(args: argparse.Namespace) -> int:
         try:
             path = CompileReport([sub]).to_html(args.html)
         except OSError as exc:
-            raise CliError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_USAGE) from exc
+            raise CliError(f"cannot write {args.html}: {exc.strerror or exc}", EXIT_EXPORT) from exc
         print(f"wrote {path}")
     return EXIT_OK
 
@@ -107,6 +109,7 @@ def run_export(args: argparse.Namespace) -> int:
         raise CliError(f"--int8 conflicts with --precision {args.precision}; give one")
     if args.calibration and precision not in ("int8", "mixed"):
         raise CliError("--calibration is only used with --precision int8/mixed; add one or drop it")
+    require_writable(args.output, "-o", longest=".data")
     model, inputs = build_model(args.model, args.input_shape)
     calibration = (
         load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
@@ -163,6 +166,7 @@ def run_bench(args: argparse.Namespace) -> int:
     backend_named(args.backend)
     if not args.no_int8:
         backend_named(args.int8_backend)
+    require_writable(args.plot, "--plot")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, inputs = build_model(args.model, args.input_shape)

@@ -7,7 +7,9 @@ import argparse
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ __all__ = [
     "build_model",
     "load_calibration",
     "load_factory",
+    "require_writable",
     "parse_shape",
 ]
 
@@ -167,3 +170,45 @@ def load_calibration(path_text: str, batch: int) -> list[Any]:
         f"calibration file {path.name!r} must hold a tensor [N, ...] or a list of tensors, "
         f"not {type(data).__name__}"
     )
+
+
+def require_writable(path: str | os.PathLike[str] | None, option: str, longest: str = "") -> None:
+    """Fail before any work if ``path`` cannot be written (exit 3, output unwritable).
+
+    Checks the file name's length against the file system's limit (with ``longest``, the
+    longest suffix written beside it, e.g. ``.data``), that the directory exists, and that a
+    file can be created in it (a trial file, removed at once).
+
+    Raises:
+        CliError: with :data:`EXIT_EXPORT`, naming the option, the problem and the fix.
+    """
+    if not path:
+        return
+    target = Path(path).expanduser()
+    directory = target.parent
+    if not directory.is_dir():
+        raise CliError(
+            f"cannot write {option} {target}: directory {directory} does not exist; create it "
+            "or choose another path",
+            EXIT_EXPORT,
+        )
+    limit = os.pathconf(directory, "PC_NAME_MAX")
+    size = len(os.fsencode(target.name + longest))
+    if size > limit:
+        raise CliError(
+            f"cannot write {option}: the file name {target.name[:40]}... is {size} bytes with "
+            f"{longest or 'no suffix'}, over this file system's {limit}; choose a shorter name",
+            EXIT_EXPORT,
+        )
+    if target.is_dir():
+        raise CliError(f"cannot write {option} {target}: it is a directory", EXIT_EXPORT)
+    try:
+        fd, trial = tempfile.mkstemp(prefix=".embedl-dynamo-write-check.", dir=directory)
+        os.close(fd)
+        os.unlink(trial)
+    except OSError as exc:
+        raise CliError(
+            f"cannot write {option} {target}: cannot write to directory {directory} "
+            f"({exc.strerror or exc}); choose another path",
+            EXIT_EXPORT,
+        ) from exc
