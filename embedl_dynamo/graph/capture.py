@@ -70,10 +70,14 @@ def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) 
 def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.GraphModule:
     """One Dynamo capture of ``model(*args)``, frozen; see :func:`capture`."""
     captured: list[tuple[FrozenGraph, list[Any]]] = []
+    refused: list[str] = []  # in-place ops that cannot be made functional, and why
 
     def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
         # freeze now: Dynamo drops the placeholders' source metadata once compilation ends
-        captured.append((freeze(gm, example_inputs), list(example_inputs)))
+        try:
+            captured.append((freeze(gm, example_inputs), list(example_inputs)))
+        except ValueError as exc:
+            refused.append(str(exc))
         return gm.forward
 
     compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=dynamic)
@@ -95,6 +99,11 @@ def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.
             f"Dynamo could not capture {type(model).__name__} as one graph: "
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from exc
+    if refused:
+        raise RuntimeError(
+            f"{type(model).__name__} cannot be captured without changing its results: "
+            f"{refused[0]}; write that op out of place (y = y.op(...) instead of y.op_(...))"
+        )
     if len(captured) != 1:
         raise RuntimeError(f"expected one Dynamo graph, got {len(captured)}")
     frozen, inputs = captured[0]

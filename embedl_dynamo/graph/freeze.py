@@ -15,14 +15,15 @@ Consequences, as with inductor's freezing:
 * gradients do not flow to the parameters. So a graph that trains (``batch_norm`` or
   ``dropout`` with ``training=True``) or receives inputs that require grad is not frozen:
   :func:`inference_blocker` names the reason and the backend runs that graph eagerly, warning
-  once.
+  once. So does a graph whose in-place ops cannot be made functional exactly (a write into an
+  input, a parameter or a buffer; see :mod:`embedl_dynamo.graph.functionalize`); the others
+  are made functional here, before any rewrite sees the graph.
 
 The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 """
 
 from __future__ import annotations
 
-import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+
+from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, output_alias
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
 
@@ -132,30 +135,6 @@ def _training_flag(node: fx.Node) -> bool:
     return _DEFAULT_TRAINING.get(node.target, False)
 
 
-_INPLACE_OPERATORS = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
-    operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor, operator.setitem,
-}  # fmt: skip
-
-
-def _mutated_placeholder(node: fx.Node) -> fx.Node | None:
-    """The graph input (user input, parameter or buffer) ``node`` modifies in place, if any.
-
-    Freezing makes parameters and buffers constants and canonicalisation makes in-place ops
-    functional, so such a write would be lost; the graph must run in PyTorch instead.
-    """
-    if node.op not in ("call_function", "call_method") or not node.args:
-        return None
-    first = node.args[0]
-    if not isinstance(first, fx.Node) or first.op != "placeholder":
-        return None
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    in_place = node.target in _INPLACE_OPERATORS or (
-        name.endswith("_") and not name.endswith("__") and not name.startswith("_")
-    )
-    return first if in_place else None
-
-
 def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
     """Why this graph must not be frozen for inference, or None when it may.
 
@@ -171,14 +150,13 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
                     f"{name} runs in training mode (node {node.name}); call model.eval() to "
                     "compile for inference"
                 )
-    for node in gm.graph.nodes:
-        mutated = _mutated_placeholder(node)
-        if mutated is not None:
-            name = _source_fqn(mutated) or mutated.name
-            return (
-                f"the graph mutates {name} in place; it runs in PyTorch so the change is kept "
-                "(buffers updated in forward, inputs modified in place)"
-            )
+    mutation = mutation_blocker(gm, lambda node: _source_fqn(node) or node.name)
+    mutation = mutation or output_alias(gm)
+    if mutation is not None:
+        return (
+            f"{mutation}; it runs in PyTorch so PyTorch's in-place semantics hold (buffers "
+            "updated in forward, inputs modified in place, writes through views)"
+        )
     if torch.is_grad_enabled():
         # frozen weights would silently detach the output and break backward()
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -272,7 +250,12 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
         example_inputs: the real tensors Dynamo gave with it, one per placeholder.
 
     Returns:
-        A :class:`FrozenGraph` with a new GraphModule and the indices of the remaining inputs.
+        A :class:`FrozenGraph` with a new GraphModule, its in-place ops made functional
+        (:mod:`embedl_dynamo.graph.functionalize`), and the indices of the remaining inputs.
+
+    Raises:
+        ValueError: an in-place op cannot be made functional exactly (a write into an input,
+            a parameter or a buffer, or through a view that is read later): the reason.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(example_inputs):
@@ -316,4 +299,5 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
 
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
+    functionalize(frozen)
     return FrozenGraph(gm=frozen, user_inputs=user_inputs)

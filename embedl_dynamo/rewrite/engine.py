@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,12 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.canonicalize import canonicalize
+from embedl_dynamo.graph.functionalize import (
+    functionalize,
+    mutated_tensor,
+    mutation_blocker,
+    record_storages,
+)
 from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
@@ -221,6 +228,31 @@ def _run_conversions(
     )
 
 
+def _functional_or_warned(gm: fx.GraphModule, args: Sequence[Any] | None) -> bool:
+    """Make ``gm``'s in-place ops functional (:mod:`embedl_dynamo.graph.functionalize`);
+    False, with one warning, where that would change the results: the graph then gets no
+    rewrite and runs its in-place ops as PyTorch does."""
+    if not any(mutated_tensor(node) is not None for node in gm.graph.nodes):
+        return True
+    if args is not None:
+        record_storages(gm, args)  # exact aliasing instead of the ops' worst case
+    reason = mutation_blocker(gm)
+    if reason is not None:
+        return _warn_unrewritten(reason)
+    functionalize(gm)
+    return True
+
+
+def _warn_unrewritten(reason: str) -> bool:
+    warnings.warn(
+        f"embedl_dynamo: {reason}; the graph is left as traced, without rewrites, so PyTorch's "
+        "in-place semantics hold",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return False
+
+
 def plan_transformation(
     graph_module: nn.Module,
     patterns: Sequence[Pattern],
@@ -237,6 +269,8 @@ def plan_transformation(
         The plan; ``plan.model`` is the converted copy that the fusion entries refer to.
     """
     gm = trace(graph_module, args)
+    if not _functional_or_warned(gm, args):
+        return TransformationPlan(gm, [])
     canonicalize(gm)
     entries: list[PatternMatch] = []
     _run_conversions(gm, [p for p in patterns if p.phase == "conversion"], entries)
