@@ -35,10 +35,12 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 __all__ = [
     "functionalize",
+    "keeps_side_effects",
     "mutated_tensor",
     "mutation_blocker",
     "output_alias",
     "record_storages",
+    "writes_into_input",
 ]
 
 STORAGE_KEY = "embedl_storage"  # node.meta: a hashable storage identity from a recorded run
@@ -206,6 +208,32 @@ def _alias_sources(node: fx.Node) -> list[Any]:
     return []
 
 
+def keeps_side_effects(node: fx.Node) -> bool:
+    """For ``Graph.eliminate_dead_code``: a node with an effect beyond its value (an in-place
+    write, or what FX itself counts as impure) stays even when nothing reads its value."""
+    return node.is_impure() or mutated_tensor(node) is not None
+
+
+def _identity_root(node: fx.Node) -> fx.Node:
+    """The tensor an in-place op's result *is* (``y.add_(1).mul_(2)`` is ``y``)."""
+    target = mutated_tensor(node)
+    while isinstance(target, fx.Node) and target is not node:
+        node, target = target, mutated_tensor(target)
+    return node
+
+
+def writes_into_input(gm: fx.GraphModule) -> bool:
+    """Whether an in-place op of ``gm`` may write into a graph input, parameter or buffer
+    (running the graph would then change the caller's tensors)."""
+    classes = _alias_classes(gm)
+    inputs = {classes[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
+    return any(
+        classes.get(target, target) in inputs
+        for target in (mutated_tensor(node) for node in gm.graph.nodes)
+        if isinstance(target, fx.Node)
+    )
+
+
 def mutation_blocker(
     gm: fx.GraphModule, name_of: Callable[[fx.Node], str] | None = None
 ) -> str | None:
@@ -244,9 +272,12 @@ def _live_alias(
     """A node created before ``node`` that shares ``target``'s storage and is read after it
     (the in-place op on ``target`` would change what it reads)."""
     position = order[node]
+    same = _identity_root(target)
     for other, key in classes.items():
-        if key != classes[target] or other in (target, node) or order[other] > position:
+        if key != classes[target] or order.get(other, position + 1) > position:
             continue
+        if other is node or _identity_root(other) is same:
+            continue  # the same tensor: functionalize() redirects its later readers
         if any(order.get(user, -1) > position for user in other.users):
             return other
     return None

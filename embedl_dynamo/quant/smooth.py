@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from embedl_dynamo.graph.functionalize import keeps_side_effects
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.patterns.attention import FusedLayerNorm, FusedQKVProjection
 from embedl_dynamo.patterns.fused_modules import FusedLinear
@@ -213,7 +214,7 @@ def apply_smoothing(gm: fx.GraphModule, rules: Sequence[SmoothingRule], data: An
     for rule, node, users in module_matches:
         rule.rewrite_module_site(gm, node, users, recorders[node.name].absmax)
         done.append(f"{rule.name}@{module_path(node) or node.name}")
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(keeps_side_effects)
     gm.graph.lint()
     gm.recompile()
     return done

@@ -26,9 +26,11 @@ from torch import fx, nn
 from embedl_dynamo.graph.canonicalize import canonicalize
 from embedl_dynamo.graph.functionalize import (
     functionalize,
+    keeps_side_effects,
     mutated_tensor,
     mutation_blocker,
     record_storages,
+    writes_into_input,
 )
 from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
@@ -58,7 +60,13 @@ _UNTRACEABLE_LEAVES: tuple[type[nn.Module], ...] = (
 
 
 class _Tracer(fx.Tracer):
-    """``symbolic_trace``'s tracer, with attention modules kept as leaves."""
+    """``symbolic_trace``'s tracer, with attention modules kept as leaves, and buffers traced
+    as graph values: by default a buffer is the real tensor while tracing, so ``self.b.add_(1)``
+    would run on the user's buffer at trace time and vanish from the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proxy_buffer_attributes = True
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
         if isinstance(m, _UNTRACEABLE_LEAVES):
@@ -89,13 +97,16 @@ class _Root(nn.Module):
         return graph
 
 
-def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule:
+def trace(
+    model: nn.Module, args: Sequence[Any] | None = None, shapes: bool = True
+) -> fx.GraphModule:
     """Trace ``model`` to a GraphModule (``call_module`` nodes kept), with shapes if ``args``.
 
     Args:
         model: an ``nn.Module`` or ``fx.GraphModule``; it is not modified.
         args: example inputs; when given, every node gets its shape (needed by shape-dependent
             canonicalisations such as ``view(n, -1)`` -> ``flatten``).
+        shapes: propagate shapes through ``args`` (False: only trace; the graph is not run).
 
     Returns:
         A new GraphModule that shares the model's tensors: rewrites put new tensors in place
@@ -121,14 +132,18 @@ def trace(model: nn.Module, args: Sequence[Any] | None = None) -> fx.GraphModule
                 logger.debug("symbolic_trace failed (%s); capturing with Dynamo", exc)
                 from embedl_dynamo.graph.capture import capture
 
-                return trace(capture(model, args), args)
+                return trace(capture(model, args), args, shapes)
         gm = _copy_sharing_tensors(fx.GraphModule(root, graph, type(model).__name__))
-    if args is not None:
-        from torch.fx.passes.shape_prop import ShapeProp
-
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*args)
+    if args is not None and shapes:
+        _propagate_shapes(gm, args)
     return gm
+
+
+def _propagate_shapes(gm: fx.GraphModule, args: Sequence[Any]) -> None:
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    with torch.no_grad():
+        ShapeProp(gm).propagate(*args)
 
 
 @dataclass
@@ -234,9 +249,10 @@ def _functional_or_warned(gm: fx.GraphModule, args: Sequence[Any] | None) -> boo
     rewrite and runs its in-place ops as PyTorch does."""
     if not any(mutated_tensor(node) is not None for node in gm.graph.nodes):
         return True
-    if args is not None:
-        record_storages(gm, args)  # exact aliasing instead of the ops' worst case
     reason = mutation_blocker(gm)
+    if reason is not None and args is not None and not writes_into_input(gm):
+        record_storages(gm, args)  # exact aliasing instead of the ops' worst case
+        reason = mutation_blocker(gm)
     if reason is not None:
         return _warn_unrewritten(reason)
     functionalize(gm)
@@ -268,9 +284,11 @@ def plan_transformation(
     Returns:
         The plan; ``plan.model`` is the converted copy that the fusion entries refer to.
     """
-    gm = trace(graph_module, args)
+    gm = trace(graph_module, args, shapes=False)  # not run before its in-place ops are known
     if not _functional_or_warned(gm, args):
         return TransformationPlan(gm, [])
+    if args is not None:
+        _propagate_shapes(gm, args)
     canonicalize(gm)
     entries: list[PatternMatch] = []
     _run_conversions(gm, [p for p in patterns if p.phase == "conversion"], entries)
@@ -314,13 +332,28 @@ def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
-    """Give ``gm`` its own copy of every tensor it still shares with ``source``."""
+    """Give ``gm`` its own copy of every tensor it still shares with ``source``.
+
+    Tensors that share storage (a constant and a view of it, which a trace makes of a buffer
+    created in ``forward``) keep sharing it: each storage is copied once and the views are
+    rebuilt on the copy, so an in-place write through one still shows in the other."""
     shared = {id(tensor) for _, _, tensor in _tensor_slots(source)}
+    copies: dict[int, Any] = {}
     for slots, name, tensor in _tensor_slots(gm):
         if id(tensor) in shared:
-            slots[name] = (
-                copy.deepcopy(tensor) if isinstance(tensor, nn.Parameter) else tensor.clone()
-            )
+            slots[name] = _copy_keeping_storage(tensor, copies)
+
+
+def _copy_keeping_storage(tensor: torch.Tensor, copies: dict[int, Any]) -> torch.Tensor:
+    storage = tensor.untyped_storage()
+    key = storage.data_ptr()
+    if key not in copies or not storage.nbytes():
+        copies[key] = storage.clone()
+    copy = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    copy.set_(copies[key], tensor.storage_offset(), tensor.size(), tensor.stride())
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    return copy
 
 
 def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
@@ -340,7 +373,7 @@ def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
         if m is None:
             raise RuntimeError(f"{entry.id} no longer matches node {entry.node}; re-plan the model")
         _replace(m)
-    gm.graph.eliminate_dead_code()
+    gm.graph.eliminate_dead_code(keeps_side_effects)
     gm.graph.lint()
     gm.delete_all_unused_submodules()
     _unshare_tensors(gm, plan.model)

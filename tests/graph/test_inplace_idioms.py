@@ -1,0 +1,151 @@
+"""In-place and view idioms: every target and ``transform()`` give eager's numbers, or run the
+graph in PyTorch with one warning. Never a silent wrong answer (issue 23 items 1, 2 and 7).
+
+Each idiom says what the backend must do with it: ``compiled`` (made functional, runs on the
+runtime), ``eager`` (refused with a reason: a write into an input or a buffer, through a view
+read later, outputs sharing storage) or ``either`` (made functional, but the ONNX exporter or
+the runtime may not take the op: then it runs in PyTorch). All must equal eager, inputs and
+buffers included.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
+
+PATTERNS = [*COMMON_CONVERSION_PATTERNS, *COMMON_FUSION_PATTERNS]
+IDX = torch.tensor([2, 0])
+
+
+def _y(x):
+    return x * 2 + 0.5
+
+
+IDIOMS = {
+    # in-place ops on tensors made inside forward
+    "masked_fill_": ("compiled", lambda s, x: _y(x).masked_fill_(x > 0, 0.0)),
+    "clamp_ not reassigned": ("compiled", lambda s, x: (lambda y: (y.clamp_(0, 1), y)[1])(_y(x))),
+    "index_copy_": ("compiled", lambda s, x: _y(x).index_copy_(0, IDX, x[:2] * 3)),
+    "index_put_": ("either", lambda s, x: _y(x).index_put_((IDX,), x[0] * 0 + 7.0)),
+    "index_add_": ("compiled", lambda s, x: _y(x).index_add_(0, IDX, x[:2])),
+    "scatter_": (
+        "compiled",
+        lambda s, x: _y(x).scatter_(1, torch.zeros(4, 1, dtype=torch.long), 5.0),
+    ),
+    "cumsum_": ("compiled", lambda s, x: (lambda y: (y.cumsum_(1), y)[1])(_y(x))),
+    "fill_diagonal_": ("either", lambda s, x: (lambda y: (y.fill_diagonal_(0.0), y)[1])(_y(x))),
+    "t_": ("compiled", lambda s, x: (lambda y: (y.t_(), y)[1])(_y(x))),
+    "unsqueeze_": ("compiled", lambda s, x: (lambda y: (y.unsqueeze_(0), y)[1])(_y(x))),
+    "exp_ then sigmoid_": ("compiled", lambda s, x: _y(x).exp_().sigmoid_()),
+    "chained add_ mul_": ("compiled", lambda s, x: (lambda y: (y.add_(1).mul_(2), y)[1])(_y(x))),
+    "zero_ then read": ("compiled", lambda s, x: (lambda y: (y.zero_(), y + x)[1])(_y(x))),
+    "copy_ into empty": ("either", lambda s, x: torch.empty_like(x).copy_(x * 3)),
+    "div_ floor": ("compiled", lambda s, x: _y(x).div_(0.3, rounding_mode="floor")),
+    "+=, relu_, setitem": ("compiled", lambda s, x: _plus_relu_setitem(x)),
+    "result of add_ used": ("compiled", lambda s, x: _y(x).add_(1) * 2),
+    # in-place ops on views of intermediates
+    "slice zero_": ("eager", lambda s, x: (lambda y: (y[..., :4].zero_(), y)[1])(_y(x))),
+    "narrow mul_": ("eager", lambda s, x: (lambda y: (y.narrow(1, 0, 2).mul_(2), y)[1])(_y(x))),
+    "chunk add_": ("eager", lambda s, x: (lambda y: (y.chunk(2)[0].add_(1), y)[1])(_y(x))),
+    "buffer narrow copy_": ("eager", lambda s, x: _narrow_copy(x)),
+    "select fill_": ("eager", lambda s, x: (lambda y: (y[0].fill_(1.0), y)[1])(_y(x))),
+    "view add_": ("eager", lambda s, x: (lambda y: (y.view(-1).add_(1), y)[1])(_y(x))),
+    "transpose mul_": ("eager", lambda s, x: (lambda y: (y.transpose(0, 1).mul_(2), y)[1])(_y(x))),
+    "view read after write": (
+        "eager",
+        lambda s, x: (lambda y, v: (y.add_(1), v * 1)[1])(*_y_and_row(x)),
+    ),
+    # writes into inputs and buffers, directly or through an alias
+    "input add_": ("eager", lambda s, x: (x.add_(1), x * 2)[1]),
+    "input slice zero_": ("eager", lambda s, x: (x[:, :2].zero_(), x * 2)[1]),
+    "buffer add_": ("eager", lambda s, x: (s.b.add_(1), x + s.b)[1]),
+    "buffer through to()": ("eager", lambda s, x: (s.b.to(torch.float32).add_(1), x + s.b)[1]),
+    # outputs that share storage
+    "output and its view": ("eager", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
+    "output view of input": ("eager", lambda s, x: (x.t(), x * 2)),
+}
+
+
+def _plus_relu_setitem(x):
+    y = _y(x)
+    y += 1
+    torch.relu_(y)
+    y[:, 0] = 3.0
+    return y
+
+
+def _narrow_copy(x):
+    buf = torch.zeros(4, 8)
+    buf.narrow(1, 1, 6).copy_(x)
+    return buf
+
+
+def _y_and_row(x):
+    y = _y(x)
+    return y, y[0]
+
+
+class Idiom(nn.Module):
+    def __init__(self, body) -> None:
+        super().__init__()
+        self.body = body
+        self.register_buffer("b", torch.zeros(6))
+
+    def forward(self, x):
+        return self.body(self, x)
+
+
+def _fresh(name):
+    torch.manual_seed(0)
+    return Idiom(IDIOMS[name][1]).eval(), torch.randn(4, 6)
+
+
+def _outputs(out):
+    return [t.clone() for t in (out if isinstance(out, tuple) else (out,))]
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("target", ["onnxruntime", "tensorrt", "openvino", "lattice"])
+@pytest.mark.parametrize("name", list(IDIOMS))
+def test_idiom_equals_eager_or_runs_in_pytorch(name, target, compile_isolation):
+    expected_route = IDIOMS[name][0]
+    model, x = _fresh(name)
+    reference, x_ref = _fresh(name)
+    compiled = torch.compile(model, backend=f"embedl_{target}")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(2):  # a second call: state written by the first must carry over
+            got, want = _outputs(compiled(x)), _outputs(reference(x_ref))
+            _assert_same(got, want)
+            _assert_same([x, model.b], [x_ref, reference.b])
+    runtimes = {sub.runtime for sub in embedl_dynamo.last_report().subgraphs}
+    if expected_route == "eager":
+        assert runtimes == {"eager"}, runtimes
+        assert any("PyTorch" in str(w.message) for w in caught), [str(w.message) for w in caught]
+    elif expected_route == "compiled":
+        assert "eager" not in runtimes, embedl_dynamo.last_report()
+
+
+@pytest.mark.parametrize("name", list(IDIOMS))
+def test_idiom_through_transform(name):
+    model, x = _fresh(name)
+    reference, x_ref = _fresh(name)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        result = embedl_dynamo.transform(model, (x.clone(),), PATTERNS)
+    assert torch.equal(model.b, torch.zeros(6)), "transform() ran the model's in-place ops"
+    with torch.no_grad():
+        _assert_same(_outputs(result.model(x)), _outputs(reference(x_ref)))
+        _assert_same([x], [x_ref])
