@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import from its own layer and the ones below it):
 
-    graph < cache < settings, report(_html) < rewrite < patterns < quant < backend(s)
+    errors < graph < cache < settings, report(_html) < rewrite < patterns < quant < backend(s)
       < transform, pipeline < onnx < runtimes < tuning < dynamo, deploy < cli < the package root
 
 Imports under ``if TYPE_CHECKING:`` count for the layer rule (they document a dependency) but
@@ -20,6 +20,7 @@ PACKAGE = Path(embedl_dynamo.__file__).resolve().parent
 ROOT = "embedl_dynamo"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
     ("graph",),
     ("cache",),
     ("settings", "report", "report_html"),

@@ -12,10 +12,17 @@ from embedl_dynamo.cli.inputs import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     EXIT_VERIFY,
-    CliError,
     backend_named,
     build_model,
     load_calibration,
+)
+from embedl_dynamo.errors import (
+    CalibrationDataError,
+    CliError,
+    EngineUnavailableError,
+    ExportArgumentError,
+    ExportError,
+    VerificationError,
 )
 
 __all__ = ["COMMANDS", "format_rows"]
@@ -91,15 +98,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     import json
 
-    from embedl_dynamo.deploy.export import (
-        EngineUnavailableError,
-        ExportArgumentError,
-        ExportError,
-        VerificationError,
-        export,
-        sidecar_path,
-    )
-    from embedl_dynamo.quant.observers import CalibrationDataError
+    from embedl_dynamo.deploy.export import export, sidecar_path
 
     backend_named(args.backend)
     precision = "int8" if args.int8 else args.precision

@@ -178,7 +178,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
 def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipped_byte(
     tmp_path, caplog
 ):
-    from embedl_dynamo.cache.store import CorruptEntryError
+    from embedl_dynamo.errors import CorruptEntryError
 
     cache = ArtifactCache(tmp_path, "onnx")
     key = content_key("verifying")
