@@ -39,12 +39,11 @@ from embedl_dynamo.cache.files import (
     atomic_write_text,
     file_mode,
 )
-from embedl_dynamo.cache.keys import library_versions, sha256_file
+from embedl_dynamo.cache.keys import jsonable, library_versions, sha256_file
 from embedl_dynamo.deploy.engine import build_engine_file
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
     io_specs,
-    jsonable,
     refuse_foreign_sidecar,
     sidecar_path,
     write_report_page,
@@ -386,5 +385,5 @@ def export(
     if html:
         seconds = time.perf_counter() - start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
-    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar), indent=2))
+    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
     return path

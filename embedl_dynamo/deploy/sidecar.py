@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from embedl_dynamo.cache.files import atomic_write_text
@@ -25,7 +24,6 @@ from embedl_dynamo.report_html import render_html
 __all__ = [
     "SIDECAR_FORMAT",
     "io_specs",
-    "jsonable",
     "refuse_foreign_sidecar",
     "sidecar_path",
     "write_report_page",
@@ -52,27 +50,6 @@ def refuse_foreign_sidecar(side: Path) -> None:
             f"{side} exists and is not an embedl_dynamo export sidecar; exporting there would "
             "overwrite it. Choose another file name or move that file."
         )
-
-
-def jsonable(value: Any) -> Any:
-    """Report values made JSON-safe: tensors to lists, paths to strings, unknowns to repr."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
 
 
 def io_specs(
