@@ -33,7 +33,7 @@ from embedl_dynamo.errors import (
     VerificationError,
 )
 from embedl_dynamo.pipeline import prepare_qat, quantize
-from embedl_dynamo.report import explain, last_report
+from embedl_dynamo.report.record import clear_reports, explain, last_report
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
@@ -71,6 +71,7 @@ __all__ = [
     "TransformResult",
     "TransformationPlan",
     "apply_transformation_plan",
+    "clear_reports",
     "discover_backends",
     "explain",
     "export",

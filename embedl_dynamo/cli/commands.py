@@ -81,7 +81,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"(backend {backend.name}); disable entries by glob with plan.disable('<id glob>')"
     )
     if args.html:
-        from embedl_dynamo.report import CompileReport, SubgraphReport
+        from embedl_dynamo.report.compile_report import CompileReport
+        from embedl_dynamo.report.subgraph import SubgraphReport
 
         ops = sum(n.op.startswith("call") for n in result.plan.model.graph.nodes)
         sub = SubgraphReport(index=0, backend=backend.name, runtime="none (planned only)",
@@ -170,7 +171,7 @@ def run_bench(args: argparse.Namespace) -> int:
         reference = model(*inputs)
     reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
     kw = {"warmup": args.warmup, "repeats": args.repeats, "reference": reference}
-    from embedl_dynamo.report import clear_reports, last_report
+    from embedl_dynamo.report.record import clear_reports, last_report
 
     rows = [measure("eager", model, inputs, **kw)]
     notes = []

@@ -18,8 +18,9 @@ import torch
 
 from embedl_dynamo.cache.files import atomic_write_text
 from embedl_dynamo.pipeline import PipelineResult
-from embedl_dynamo.report import CompileReport, SubgraphReport
-from embedl_dynamo.report_html import render_html
+from embedl_dynamo.report.compile_report import CompileReport
+from embedl_dynamo.report.html import render_html
+from embedl_dynamo.report.subgraph import SubgraphReport
 
 __all__ = [
     "SIDECAR_FORMAT",
@@ -68,7 +69,7 @@ def io_specs(
 def write_report_page(path: Path, backend: str, result: PipelineResult, seconds: float) -> Path:
     """``model.html`` beside ``model.onnx``: the report page of this export (atomic write).
 
-    One self-contained page (:mod:`embedl_dynamo.report_html`): the plan, each layer's
+    One self-contained page (:mod:`embedl_dynamo.report.html`): the plan, each layer's
     precision and why, and the per-layer latencies where they were measured.
     """
     page = path.with_suffix(".html")
@@ -79,5 +80,5 @@ def write_report_page(path: Path, backend: str, result: PipelineResult, seconds:
     )  # fmt: skip
     sub.plan = result.plan
     title = f"embedl_dynamo export: {path.name}"
-    atomic_write_text(page, render_html(CompileReport([sub]), title=title))
+    atomic_write_text(page, render_html([sub], CompileReport([sub]).summary(), title=title))
     return page
