@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
 from bench.measure import int8_layer_fraction, round_robin_medians  # noqa: E402
-from embedl_dynamo.report import clear_reports  # noqa: E402
+from embedl_dynamo import clear_reports  # noqa: E402
 from tests.quant.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")

@@ -48,7 +48,7 @@ from bench.measure import (  # noqa: E402
 )
 from bench.peers import openvino_peer  # noqa: E402
 from bench.zoo import ZOO  # noqa: E402
-from embedl_dynamo.report import clear_reports  # noqa: E402
+from embedl_dynamo import clear_reports  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")
 

@@ -49,7 +49,7 @@ import embedl_dynamo  # noqa: E402
 from bench.measure import cosine, first_tensor, round_robin_medians  # noqa: E402
 from bench.peers import inductor_peer, openvino_peer  # noqa: E402
 from bench.zoo import import_model_libraries  # noqa: E402
-from embedl_dynamo.report import clear_reports  # noqa: E402
+from embedl_dynamo import clear_reports  # noqa: E402
 
 VARIANTS = (
     "eager",

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from embedl_dynamo.report import CompileReport
+    from embedl_dynamo.report.compile_report import CompileReport
 
 __all__ = ["cosine", "first_tensor", "int8_layer_fraction", "round_robin_medians"]
 

@@ -3,7 +3,8 @@
 ``torch.compile(model, backend="embedl_tensorrt")`` runs conversions, fusions and (optionally)
 INT8 quantization on the Dynamo graph and hands it to ONNX Runtime, TensorRT or Torch-TensorRT.
 ``export``/``load`` do the same ahead of time; ``transform``, ``quantize`` and ``prepare_qat``
-run the stages on a plain module.
+run the stages on a plain module. Every error the package raises on purpose is an
+:class:`EmbedlDynamoError` (:mod:`embedl_dynamo.errors`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,21 @@ from embedl_dynamo.backend import (
 from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
+from embedl_dynamo.errors import (
+    CalibrationDataError,
+    CliError,
+    CorruptEntryError,
+    EmbedlDynamoError,
+    EngineUnavailableError,
+    ExportArgumentError,
+    ExportError,
+    NonFiniteError,
+    OutputMismatchError,
+    RuntimeUnavailableError,
+    VerificationError,
+)
 from embedl_dynamo.pipeline import prepare_qat, quantize
-from embedl_dynamo.report import explain, last_report
+from embedl_dynamo.report.record import clear_reports, explain, last_report
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
@@ -35,6 +49,17 @@ from embedl_dynamo.transform import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CalibrationDataError",
+    "CliError",
+    "CorruptEntryError",
+    "EmbedlDynamoError",
+    "EngineUnavailableError",
+    "ExportArgumentError",
+    "ExportError",
+    "NonFiniteError",
+    "OutputMismatchError",
+    "RuntimeUnavailableError",
+    "VerificationError",
     "QDQ",
     "Backend",
     "FusedModule",
@@ -46,6 +71,7 @@ __all__ = [
     "TransformResult",
     "TransformationPlan",
     "apply_transformation_plan",
+    "clear_reports",
     "discover_backends",
     "explain",
     "export",

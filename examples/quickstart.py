@@ -32,7 +32,7 @@ def main() -> None:
     model = resnet(args.small)
     x = torch.randn(args.batch, 3, size, size)
 
-    embedl_dynamo.report.clear_reports()
+    embedl_dynamo.clear_reports()
     compiled = torch.compile(model, backend="embedl_tensorrt")
     with torch.no_grad():
         expected, got = model(x), compiled(x)  # the first compiled call builds the artifact

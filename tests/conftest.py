@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import embedl_dynamo
+from embedl_dynamo import clear_reports
 from embedl_dynamo.onnx.artifact import BUILD_COUNTS
-from embedl_dynamo.report import clear_reports
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.deploy.export import ExportError, VerificationError, export, sidecar_path
+from embedl_dynamo.deploy.export import export, sidecar_path
+from embedl_dynamo.errors import ExportError, VerificationError
 from tests.models import ResNetLike
 
 verify_module = importlib.import_module("embedl_dynamo.deploy.verify")

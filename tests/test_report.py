@@ -19,7 +19,7 @@ def _normalised(text: str) -> str:
 
 class TestFirstScreen(expecttest.TestCase):
     def test_a_small_model_fits_on_one_screen(self) -> None:
-        embedl_dynamo.report.clear_reports()
+        embedl_dynamo.clear_reports()
         torch._dynamo.reset()
         model = randomize_batchnorm(ResNetLike().eval())
         with tempfile.TemporaryDirectory() as cache, torch.no_grad():  # a cold cache
@@ -40,12 +40,13 @@ full plan: print(report[i].plan)""",
         )
 
     def test_nothing_compiled_says_so(self) -> None:
-        embedl_dynamo.report.clear_reports()
+        embedl_dynamo.clear_reports()
         assert str(embedl_dynamo.last_report()) == "no subgraph compiled by an embedl_* backend yet"
 
 
 def test_precision_mix_counts_layers_per_precision() -> None:
-    from embedl_dynamo.report import CompileReport, SubgraphReport
+    from embedl_dynamo.report.compile_report import CompileReport
+    from embedl_dynamo.report.subgraph import SubgraphReport
 
     sub = SubgraphReport(index=0, backend="tensorrt", runtime="onnxruntime", ops=3, status="ok")
     sub.pipeline = {

@@ -41,7 +41,7 @@ class _Structure(HTMLParser):
 
 
 def _report(tmp_path, **options):
-    embedl_dynamo.report.clear_reports()
+    embedl_dynamo.clear_reports()
     torch._dynamo.reset()
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)

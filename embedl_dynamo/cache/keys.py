@@ -2,7 +2,8 @@
 
 :func:`content_key` hashes canonical JSON of its parts; :func:`fingerprint_graph` hashes a
 graph's normalised structure and every constant it holds; :func:`library_versions` lists the
-versions that change built artifacts. Equal inputs give equal keys, so a warm cache is found by
+versions that change built artifacts; :func:`jsonable` makes data JSON the one way the cache and
+the export sidecar both write it. Equal inputs give equal keys, so a warm cache is found by
 content and a stale entry is never served.
 """
 
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import fx
 
@@ -136,18 +140,49 @@ def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
     return obj
 
 
-def jsonable(value: Any) -> Any:
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
+def jsonable(value: Any, default: Callable[[Any], Any] | None = None) -> Any:
+    """``value`` as plain JSON data, the same way for content keys, cache and export sidecars.
+
+    Mappings become dicts with string keys (insertion order: dump with ``sort_keys=True`` for a
+    canonical text), lists, tuples and ``torch.Size`` lists, sets sorted lists, tensors and arrays
+    nested lists, numpy scalars numbers, NaN and infinity the strings ``"nan"``/``"inf"``,
+    dtypes, devices and paths strings.
+
+    Args:
+        value: the data.
+        default: what to make of anything else (``repr`` for a report); None raises.
+
+    Returns:
+        Data :func:`json.dumps` writes as is.
+
+    Raises:
+        TypeError: a value of another type and no ``default``.
+    """
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v, default) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(value, (torch.dtype, torch.device, torch.Size, Path)):
+        return [jsonable(v, default) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v, default) for v in value), key=repr)
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().tolist()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return jsonable(value.item(), default)
+    if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, (torch.dtype, torch.device)):
+        return str(value)
+    if default is not None:
+        return default(value)
     raise TypeError(
-        f"content_key part {value!r} ({type(value).__name__}) is not JSON-serialisable; "
-        "pass strings, numbers, lists or dicts"
+        f"{value!r} ({type(value).__name__}) is not JSON-serialisable; pass strings, numbers, "
+        "lists, dicts, tensors or paths"
     )
 
 

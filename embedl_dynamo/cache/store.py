@@ -52,20 +52,17 @@ from embedl_dynamo.cache.files import (
 )
 from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
+from embedl_dynamo.errors import CorruptEntryError
 
 T = TypeVar("T")
 
-__all__ = ["ArtifactCache", "CorruptEntryError"]
+__all__ = ["ArtifactCache"]
 
 logger = logging.getLogger(__name__)
 
 _SUFFIX = re.compile(r"^(\.[A-Za-z0-9_]{1,16}){0,3}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (warn once each)
-
-
-class CorruptEntryError(RuntimeError):
-    """A cache entry's bytes do not match its sidecar; the entry has been removed."""
 
 
 class ArtifactCache:

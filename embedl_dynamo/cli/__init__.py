@@ -32,7 +32,6 @@ from embedl_dynamo.cli.inputs import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     EXIT_VERIFY,
-    CliError,
     load_factory,
     parse_shape,
 )
@@ -45,7 +44,6 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "EXIT_VERIFY",
-    "CliError",
     "load_factory",
     "main",
     "parse_shape",

@@ -12,11 +12,18 @@ from embedl_dynamo.cli.inputs import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     EXIT_VERIFY,
-    CliError,
     backend_named,
     build_model,
     load_calibration,
     require_writable,
+)
+from embedl_dynamo.errors import (
+    CalibrationDataError,
+    CliError,
+    EngineUnavailableError,
+    ExportArgumentError,
+    ExportError,
+    VerificationError,
 )
 
 __all__ = ["COMMANDS", "format_rows"]
@@ -76,7 +83,8 @@ def run_plan(args: argparse.Namespace) -> int:
         f"(backend {backend.name}); disable entries by glob with plan.disable('<id glob>')"
     )
     if args.html:
-        from embedl_dynamo.report import CompileReport, SubgraphReport
+        from embedl_dynamo.report.compile_report import CompileReport
+        from embedl_dynamo.report.subgraph import SubgraphReport
 
         ops = sum(n.op.startswith("call") for n in result.plan.model.graph.nodes)
         sub = SubgraphReport(index=0, backend=backend.name, runtime="none (planned only)",
@@ -93,15 +101,7 @@ def run_plan(args: argparse.Namespace) -> int:
 def run_export(args: argparse.Namespace) -> int:
     import json
 
-    from embedl_dynamo.deploy.export import (
-        EngineUnavailableError,
-        ExportArgumentError,
-        ExportError,
-        VerificationError,
-        export,
-        sidecar_path,
-    )
-    from embedl_dynamo.quant.observers import CalibrationDataError
+    from embedl_dynamo.deploy.export import export, sidecar_path
 
     backend_named(args.backend)
     precision = "int8" if args.int8 else args.precision
@@ -175,7 +175,7 @@ def run_bench(args: argparse.Namespace) -> int:
         reference = model(*inputs)
     reference = [reference] if isinstance(reference, torch.Tensor) else list(reference)
     kw = {"warmup": args.warmup, "repeats": args.repeats, "reference": reference}
-    from embedl_dynamo.report import clear_reports, last_report
+    from embedl_dynamo.report.record import clear_reports, last_report
 
     rows = [measure("eager", model, inputs, **kw)]
     notes = []

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from embedl_dynamo.errors import CliError
+
 __all__ = [
     "EXIT_EXPORT",
     "EXIT_INTERNAL",
@@ -21,7 +23,6 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "EXIT_VERIFY",
-    "CliError",
     "backend_named",
     "build_model",
     "load_calibration",
@@ -36,14 +37,6 @@ EXIT_USAGE = 2
 EXIT_EXPORT = 3
 EXIT_VERIFY = 4
 EXIT_UNAVAILABLE = 5
-
-
-class CliError(Exception):
-    """A user-facing failure: one line of cause and fix, and the exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def parse_shape(text: str) -> tuple[int, ...]:

@@ -9,7 +9,8 @@ import traceback
 from collections.abc import Sequence
 
 from embedl_dynamo.cli.commands import COMMANDS
-from embedl_dynamo.cli.inputs import EXIT_INTERNAL, CliError, parse_shape
+from embedl_dynamo.cli.inputs import EXIT_INTERNAL, parse_shape
+from embedl_dynamo.errors import CliError, error_line
 
 __all__ = ["build_parser", "main"]
 
@@ -113,9 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             traceback.print_exc()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(
-            f"embedl-dynamo {args.command}: internal error: {type(exc).__name__}: {first}. "
+            f"embedl-dynamo {args.command}: internal error: {error_line(exc)}. "
             "Rerun with --debug for the traceback and report it.",
             file=sys.stderr,
         )

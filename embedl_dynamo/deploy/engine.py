@@ -10,18 +10,14 @@ import torch
 from embedl_dynamo.cache.files import atomic_write_bytes
 from embedl_dynamo.cache.keys import content_key, sha256_file
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.errors import EngineUnavailableError
 from embedl_dynamo.graph.dynamic_axes import batch_axes
-from embedl_dynamo.onnx.export import ExportError
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime, build_engine, engine_profile
 from embedl_dynamo.settings import Settings
 
-__all__ = ["EngineUnavailableError", "build_engine_file"]
+__all__ = ["build_engine_file"]
 
 logger = logging.getLogger(__name__)
-
-
-class EngineUnavailableError(ExportError):
-    """``engine=True`` where TensorRT or a CUDA GPU is missing."""
 
 
 def build_engine_file(onnx_path: Path, args: tuple[torch.Tensor, ...], settings: Settings) -> Path:

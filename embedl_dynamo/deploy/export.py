@@ -39,25 +39,28 @@ from embedl_dynamo.cache.files import (
     atomic_write_text,
     file_mode,
 )
-from embedl_dynamo.cache.keys import library_versions, sha256_file
-from embedl_dynamo.deploy.engine import EngineUnavailableError, build_engine_file
+from embedl_dynamo.cache.keys import jsonable, library_versions, sha256_file
+from embedl_dynamo.deploy.engine import build_engine_file
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
     io_specs,
-    jsonable,
     refuse_foreign_sidecar,
     sidecar_path,
     write_report_page,
 )
 from embedl_dynamo.deploy.verify import (
-    VerificationError,
     flat_outputs,
     float_tolerance,
     int8_tolerance,
     verify_onnx,
 )
+from embedl_dynamo.errors import (
+    ExportArgumentError,
+    ExportError,
+    VerificationError,
+)
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.onnx.export import ExportError, export_onnx, input_names, output_names
+from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
@@ -67,10 +70,6 @@ from embedl_dynamo.tuning.mixed_precision import apply_mixed
 __all__ = [
     "MIN_OPSET",
     "SIDECAR_FORMAT",
-    "EngineUnavailableError",
-    "ExportArgumentError",
-    "ExportError",
-    "VerificationError",
     "export",
     "float_tolerance",
     "int8_tolerance",
@@ -80,10 +79,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MIN_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
-
-
-class ExportArgumentError(ExportError, ValueError):
-    """A bad argument to :func:`export` (model, inputs, path, backend, options)."""
 
 
 def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
@@ -390,5 +385,5 @@ def export(
     if html:
         seconds = time.perf_counter() - start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
-    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar), indent=2))
+    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
     return path

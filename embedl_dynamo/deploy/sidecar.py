@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from embedl_dynamo.cache.files import atomic_write_text
 from embedl_dynamo.pipeline import PipelineResult
-from embedl_dynamo.report import CompileReport, SubgraphReport
-from embedl_dynamo.report_html import render_html
+from embedl_dynamo.report.compile_report import CompileReport
+from embedl_dynamo.report.html import render_html
+from embedl_dynamo.report.subgraph import SubgraphReport
 
 __all__ = [
     "SIDECAR_FORMAT",
     "io_specs",
-    "jsonable",
     "refuse_foreign_sidecar",
     "sidecar_path",
     "write_report_page",
@@ -54,27 +53,6 @@ def refuse_foreign_sidecar(side: Path) -> None:
         )
 
 
-def jsonable(value: Any) -> Any:
-    """Report values made JSON-safe: tensors to lists, paths to strings, unknowns to repr."""
-    if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [jsonable(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().tolist()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return repr(value)
-
-
 def io_specs(
     names: list[str], tensors: Sequence[torch.Tensor], batch: int | None, dynamic: bool
 ) -> list[dict[str, Any]]:
@@ -91,7 +69,7 @@ def io_specs(
 def write_report_page(path: Path, backend: str, result: PipelineResult, seconds: float) -> Path:
     """``model.html`` beside ``model.onnx``: the report page of this export (atomic write).
 
-    One self-contained page (:mod:`embedl_dynamo.report_html`): the plan, each layer's
+    One self-contained page (:mod:`embedl_dynamo.report.html`): the plan, each layer's
     precision and why, and the per-layer latencies where they were measured.
     """
     page = path.with_suffix(".html")
@@ -102,5 +80,5 @@ def write_report_page(path: Path, backend: str, result: PipelineResult, seconds:
     )  # fmt: skip
     sub.plan = result.plan
     title = f"embedl_dynamo export: {path.name}"
-    atomic_write_text(page, render_html(CompileReport([sub]), title=title))
+    atomic_write_text(page, render_html([sub], CompileReport([sub]).summary(), title=title))
     return page

@@ -18,11 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedl_dynamo.onnx.export import ExportError
+from embedl_dynamo.errors import ExportError, VerificationError, error_line
 
 __all__ = [
     "Verification",
-    "VerificationError",
     "cosine",
     "flat_outputs",
     "float_tolerance",
@@ -31,10 +30,6 @@ __all__ = [
     "run_onnx",
     "verify_onnx",
 ]
-
-
-class VerificationError(ExportError):
-    """The exported file does not reproduce PyTorch's outputs within tolerance."""
 
 
 def float_tolerance(reference_absmax: float) -> float:
@@ -102,10 +97,9 @@ _ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: 
 
 def _run_failure(exc: Exception, batch: int) -> VerificationError:
     """One line naming the node ONNX Runtime failed in, the batch size, and the way out."""
-    text = " ".join(str(exc).split())
-    found = _ORT_NODE.search(text)
+    found = _ORT_NODE.search(" ".join(str(exc).split()))  # the node may be named on any line
     where = f"{found.group(1)} node '{found.group(2)}'" if found else "a node"
-    detail = (found.group(3) or "") if found else text
+    detail = (found.group(3) or "") if found else error_line(exc, with_type=False)
     return VerificationError(
         f"the exported file fails at batch {batch} in {where}: {detail.strip()[:300]}. A size the "
         "model computes from its input (e.g. a class token's expand(x.shape[0], ...)) was "

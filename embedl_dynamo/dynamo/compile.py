@@ -29,14 +29,15 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
+from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
-from embedl_dynamo.quant.observers import CalibrationDataError
-from embedl_dynamo.report import SubgraphReport, next_index, record
-from embedl_dynamo.runtimes.base import Runtime, error_line
+from embedl_dynamo.report.record import next_index, record
+from embedl_dynamo.report.subgraph import SubgraphReport
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import CPU_TARGETS, runtime_candidates
 from embedl_dynamo.settings import Settings

@@ -19,12 +19,12 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias
+from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.report import SubgraphReport
+from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
-from embedl_dynamo.runtimes.base import error_line
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.settings import Settings
 

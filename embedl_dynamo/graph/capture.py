@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze
 
 __all__ = ["capture"]
@@ -90,14 +91,13 @@ def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.
                 model(*args)
         except Exception as eager_exc:
             shapes = ", ".join(str(tuple(a.shape)) for a in args if isinstance(a, torch.Tensor))
-            first = str(eager_exc).strip().splitlines()[0] if str(eager_exc).strip() else ""
             raise ValueError(
                 f"{type(model).__name__} fails in PyTorch itself on inputs of shape {shapes}: "
-                f"{type(eager_exc).__name__}: {first}. Pass inputs of the shape the model takes"
+                f"{error_line(eager_exc)}. Pass inputs of the shape the model takes"
             ) from eager_exc
         raise RuntimeError(
             f"Dynamo could not capture {type(model).__name__} as one graph: "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            f"{error_line(exc, with_type=False)}"
         ) from exc
     if refused:
         raise RuntimeError(

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
@@ -48,7 +49,6 @@ from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
 
 __all__ = [
     "DEFAULT_OPSET",
-    "ExportError",
     "export_onnx",
     "export_onnx_unwritten",
     "input_names",
@@ -60,10 +60,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPSET = 18
 _EXPORTERS = ("auto", "torchscript", "dynamo")
 _FD_LOCK = threading.Lock()  # file descriptors 1 and 2 are process-wide
-
-
-class ExportError(RuntimeError):
-    """The graph could not be exported to ONNX; the message names the op when known."""
 
 
 def input_names(n: int) -> list[str]:
@@ -95,11 +91,6 @@ def _check_io(example_inputs: Sequence[Any], outputs: Sequence[Any]) -> None:
     for i, value in enumerate(outputs):
         if not isinstance(value, torch.Tensor):
             raise ExportError(f"output {i} is a {type(value).__name__}, not a tensor")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 @contextlib.contextmanager
@@ -326,7 +317,7 @@ def _export(
                 folded = store_weights_as_int8(path)
                 onnx.checker.check_model(str(path))
         except Exception as exc:
-            errors.append(f"{name} exporter: {_first_line(exc)}")
+            errors.append(f"{name} exporter: {error_line(exc, with_type=False)}")
             logger.debug("ONNX export with the %s exporter failed: %s", name, exc)
             continue
         logger.debug(

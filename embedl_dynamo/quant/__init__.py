@@ -5,7 +5,6 @@ Entry points on a fused graph: :func:`quantize_graph` with a Backend's :class:`Q
 On a module, :func:`embedl_dynamo.quantize` and :func:`embedl_dynamo.prepare_qat`.
 """
 
-from embedl_dynamo.quant.observers import NonFiniteError
 from embedl_dynamo.quant.qat import make_trainable
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
@@ -21,7 +20,6 @@ from embedl_dynamo.quant.stage import quantize_graph
 __all__ = [
     "ONNXRUNTIME_INT8",
     "TENSORRT_INT8",
-    "NonFiniteError",
     "PlacementRule",
     "PreparationRewrite",
     "QuantizationConfig",

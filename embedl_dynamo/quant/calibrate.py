@@ -18,12 +18,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.quant.observers import (
-    CalibrationDataError,
-    Calibrator,
-    NonFiniteError,
-    scale_zero_point,
-)
+from embedl_dynamo.errors import CalibrationDataError, NonFiniteError, error_line
+from embedl_dynamo.quant.observers import Calibrator, scale_zero_point
 from embedl_dynamo.quant.placement import Placement
 from embedl_dynamo.quant.spec import QuantizationConfig
 
@@ -137,7 +133,7 @@ def fit_batches_to_graph(
             gm(*batches[0])
         return batches
     except Exception as exc:  # a shape error inside the graph: regroup below
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        reason = error_line(exc, with_type=False)
     columns = [torch.cat([b[i] for b in batches]) for i in range(len(batches[0]))]
     count = int(columns[0].shape[0]) // size
     logger.info(
@@ -320,6 +316,3 @@ def ranges_from_calibrators(
             "max": float(hi),
         }
     return ranges
-
-
-__all__ += ["NonFiniteError"]

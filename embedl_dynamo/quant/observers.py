@@ -19,26 +19,17 @@ import math
 
 import torch
 
+from embedl_dynamo.errors import NonFiniteError
 from embedl_dynamo.quant.spec import QuantizationSpec
 
 __all__ = [
     "Calibrator",
     "HistogramCalibrator",
     "MinMaxCalibrator",
-    "CalibrationDataError",
-    "NonFiniteError",
     "PercentileCalibrator",
     "make_calibrator",
     "scale_zero_point",
 ]
-
-
-class CalibrationDataError(ValueError):
-    """The calibration data cannot calibrate this graph; the message says why and the fix."""
-
-
-class NonFiniteError(CalibrationDataError):
-    """Calibration data holds NaN or infinity."""
 
 
 def _check_finite(x: torch.Tensor, name: str) -> None:

@@ -1,6 +1,8 @@
 """One occurrence of a pattern in a graph (:class:`Match`) and a check's verdict (:class:`MatchResult`).
 
-A leaf of the rewrite layer: the matcher builds matches, patterns read them.
+A leaf of the rewrite layer: the matcher builds matches, patterns read them. What a match needs
+of the rule that found it is the :class:`Rule` protocol (:class:`~.pattern.MatchRule` is one), so
+this module imports nothing from the rest of the layer.
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import fx, nn
@@ -21,10 +23,7 @@ from embedl_dynamo.graph.nodes import (
     node_shape,
 )
 
-if TYPE_CHECKING:
-    from embedl_dynamo.rewrite.pattern import MatchRule
-
-__all__ = ["Match", "MatchResult"]
+__all__ = ["Match", "MatchResult", "Rule"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +37,24 @@ class MatchResult:
         return self.ok
 
 
+class Rule(Protocol):
+    """What a :class:`Match` and its verdict need of the rule that found it."""
+
+    @property
+    def name(self) -> str:
+        """The rule's name; a match's id is ``name@module.path``."""
+        ...
+
+    @property
+    def id_node(self) -> str:
+        """The match name whose module path names the match (``""``: the anchor)."""
+        ...
+
+    def check(self, m: Match) -> MatchResult:
+        """Whether the match qualifies; a failure carries the reason."""
+        ...
+
+
 class Match:
     """One occurrence of a pattern in a graph, with names for its nodes and inputs.
 
@@ -47,7 +64,7 @@ class Match:
 
     def __init__(
         self,
-        pattern: MatchRule,
+        pattern: Rule,
         gm: fx.GraphModule,
         anchor: fx.Node,
         bindings: dict[str, Any],

@@ -20,19 +20,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import fx
 
 from embedl_dynamo.graph.canonical_ops import COMMUTATIVE
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.rewrite.match import Match
-
-if TYPE_CHECKING:
-    from embedl_dynamo.rewrite.pattern import MatchRule
+from embedl_dynamo.rewrite.match import Match, Rule
 
 __all__ = [
     "CompiledPattern",
+    "TracedRule",
     "compile_target",
     "escaping_node",
     "find_matches",
@@ -54,6 +52,14 @@ class CompiledPattern:
     @property
     def anchor_key(self) -> tuple[str, Any]:
         return self.anchor.op, self.anchor.target
+
+
+class TracedRule(Rule, Protocol):
+    """A :class:`~.match.Rule` the matcher can search for (:class:`~.pattern.MatchRule` is one)."""
+
+    def compiled(self) -> CompiledPattern:
+        """The rule's target traced to a canonical graph (see :func:`compile_target`)."""
+        ...
 
 
 @functools.cache
@@ -136,7 +142,7 @@ def _match_node(
     return results
 
 
-def match_at(pattern: MatchRule, gm: fx.GraphModule, node: fx.Node) -> Match | None:
+def match_at(pattern: TracedRule, gm: fx.GraphModule, node: fx.Node) -> Match | None:
     """Match ``pattern`` with its anchor at ``node``; the first consistent binding, or None."""
     compiled = pattern.compiled()
     states = _match_node(compiled.anchor, node, {}, {})
@@ -181,7 +187,7 @@ def verdict(m: Match) -> str:
     return "" if result.ok else (result.reason or "check failed")
 
 
-def find_matches(pattern: MatchRule, gm: fx.GraphModule, index: dict | None = None) -> list[Match]:
+def find_matches(pattern: TracedRule, gm: fx.GraphModule, index: dict | None = None) -> list[Match]:
     """Every place ``pattern`` matches in ``gm``, in graph order (matches may overlap)."""
     compiled = pattern.compiled()
     op, target = compiled.anchor_key

@@ -6,13 +6,12 @@ class the settings ask for, ``auto`` picking the best available.
 
 from __future__ import annotations
 
-from embedl_dynamo.runtimes.base import Runtime, RuntimeUnavailableError
+from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.registry import RUNTIME_CLASSES, resolve_runtime, runtime_for_file
 
 __all__ = [
     "RUNTIME_CLASSES",
     "Runtime",
-    "RuntimeUnavailableError",
     "resolve_runtime",
     "runtime_for_file",
 ]

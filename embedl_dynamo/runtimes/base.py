@@ -23,36 +23,20 @@ from typing import Any, ClassVar
 import torch
 from torch import fx
 
+from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.settings import Settings
 
 __all__ = [
-    "OutputMismatchError",
     "Runtime",
-    "RuntimeUnavailableError",
     "check_finite",
     "check_outputs",
-    "error_line",
     "graph_outputs",
     "output_cosine",
 ]
 
 logger = logging.getLogger(__name__)
-
-
-def error_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: how an error is named in reports and warnings."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
-
-
-class RuntimeUnavailableError(RuntimeError):
-    """A runtime was asked for but cannot run here; the message names what is missing."""
-
-
-class OutputMismatchError(RuntimeError):
-    """A built artifact's outputs differ from the GraphModule's on the build sample."""
 
 
 def check_outputs(

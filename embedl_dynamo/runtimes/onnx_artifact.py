@@ -32,7 +32,7 @@ class OnnxArtifactRuntime(Runtime):
         ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
         the untransformed graph (same function, so the check still holds). The file's sha256
         is computed while the runtime reads it, and confirmed before that check
-        (:class:`~embedl_dynamo.cache.store.CorruptEntryError` if it does not match).
+        (:class:`~embedl_dynamo.errors.CorruptEntryError` if it does not match).
         """
         found = cached_onnx(key, self.settings)
         if found is None:

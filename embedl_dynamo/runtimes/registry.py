@@ -7,8 +7,8 @@ CPU model stays on the CPU: copying every call's inputs to a GPU and back is not
 caller asked for). What remains are the candidates, best first. Where several CPU runtimes
 remain (OpenVINO and ONNX Runtime for the ``tensorrt`` target on a machine without a GPU) a
 float graph is timed on each and the faster one runs (:mod:`embedl_dynamo.tuning.runtime_choice`). A
-forced runtime that cannot run raises :class:`~.base.RuntimeUnavailableError` naming what is
-missing.
+forced runtime that cannot run raises
+:class:`~embedl_dynamo.errors.RuntimeUnavailableError` naming what is missing.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.runtimes.base import OutputMismatchError, Runtime, output_cosine
+from embedl_dynamo.errors import OutputMismatchError
+from embedl_dynamo.runtimes.base import Runtime, output_cosine
 
 __all__ = ["LOWER_PRECISION_MARGIN", "check_precision", "judging_sample"]
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from torch import fx, nn
 
 from embedl_dynamo.cache.files import atomic_write_text, default_cache_dir
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable
 from embedl_dynamo.cache.store import ArtifactCache
 from tests.models import ResNetLike
 
@@ -26,6 +27,28 @@ def test_content_key_is_deterministic_and_order_insensitive_for_dicts():
 def test_content_key_rejects_unserialisable_parts():
     with pytest.raises(TypeError, match="not JSON-serialisable"):
         content_key(object())
+
+
+def test_jsonable_is_one_rule_for_keys_and_sidecars():
+    import numpy as np
+
+    value = {
+        "t": torch.tensor([1.0, 2.0]),
+        "a": np.arange(2),
+        "n": np.float32(0.5),
+        "bad": float("nan"),
+        "s": {"b", "a"},
+        "shape": torch.Size([1, 3]),
+        "dtype": torch.float16,
+        "path": Path("/x/y.onnx"),
+    }
+    assert jsonable(value) == {
+        "t": [1.0, 2.0], "a": [0, 1], "n": 0.5, "bad": "nan", "s": ["a", "b"], "shape": [1, 3],
+        "dtype": "torch.float16", "path": "/x/y.onnx",
+    }  # fmt: skip
+    assert list(jsonable({"b": 1, "a": 2})) == ["b", "a"]  # the caller sorts keys when dumping
+    marker = object()
+    assert jsonable([marker], default=repr) == [repr(marker)]
 
 
 def test_fingerprint_covers_weights_and_structure():
@@ -178,7 +201,7 @@ def test_atomic_write_replaces_whole_file(tmp_path):
 def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipped_byte(
     tmp_path, caplog
 ):
-    from embedl_dynamo.cache.store import CorruptEntryError
+    from embedl_dynamo.errors import CorruptEntryError
 
     cache = ArtifactCache(tmp_path, "onnx")
     key = content_key("verifying")

@@ -41,7 +41,7 @@ def test_a_generator_serves_every_compile():
     batches = (torch.randn(2, 3, 8, 8) for _ in range(2))
     _int8(TinyConvNet().eval(), batches)
     torch._dynamo.reset()
-    embedl_dynamo.report.clear_reports()
+    embedl_dynamo.clear_reports()
     _int8(TinyConvNet().eval(), batches)  # the same generator object, reused
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.pipeline["quantized"] and sub.runtime == "onnxruntime"

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import embedl_dynamo
+from embedl_dynamo import last_report
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
-from embedl_dynamo.report import last_report
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime

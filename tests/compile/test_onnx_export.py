@@ -10,8 +10,9 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.backends.tensorrt import BACKEND
+from embedl_dynamo.errors import ExportError
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.onnx.export import ExportError, export_onnx
+from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.pipeline import run_pipeline
 from tests.models import ResNetLike, randomize_batchnorm
 

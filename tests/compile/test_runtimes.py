@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from embedl_dynamo.backends.tensorrt import BACKEND
+from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.runtimes import RUNTIME_CLASSES, RuntimeUnavailableError, resolve_runtime
-from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
+from embedl_dynamo.runtimes import RUNTIME_CLASSES, resolve_runtime
+from embedl_dynamo.runtimes.base import check_outputs
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_providers
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime

@@ -58,7 +58,7 @@ def test_fusion_is_opt_in_and_cnns_never_go_through_it(tmp_path) -> None:
     torch.manual_seed(0)
     _compile(ViTLike().eval(), torch.randn(2, 3, 16, 16), tmp_path)
     assert "ort_fusions" not in embedl_dynamo.last_report().subgraphs[0].runtime_info
-    embedl_dynamo.report.clear_reports()
+    embedl_dynamo.clear_reports()
     _compile(randomize_batchnorm(ResNetLike().eval()), torch.randn(1, 3, 16, 16), tmp_path,
              transformer_fusion=True)  # fmt: skip
     assert "ort_fusions" not in embedl_dynamo.last_report().subgraphs[0].runtime_info

@@ -66,7 +66,7 @@ def test_vgg_style_head_at_128_compiles_on_the_runtime():
 
     model = Head().eval()
     x = torch.randn(1, 3, 128, 128)  # a 4x4 map before the 7x7 pool
-    embedl_dynamo.report.clear_reports()
+    embedl_dynamo.clear_reports()
     with torch.no_grad():
         assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     (sub,) = embedl_dynamo.last_report().subgraphs

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from embedl_dynamo.errors import NonFiniteError
 from embedl_dynamo.quant.observers import (
     HistogramCalibrator,
     MinMaxCalibrator,
-    NonFiniteError,
     PercentileCalibrator,
     make_calibrator,
     scale_zero_point,

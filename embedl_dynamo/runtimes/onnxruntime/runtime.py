@@ -24,10 +24,10 @@ import torch
 from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
+from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.patterns.attention import FusedAttention
-from embedl_dynamo.runtimes.base import error_line
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.onnxruntime.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import fx
 
+from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
@@ -47,9 +48,7 @@ _NOT_COMPUTE = frozenset(
 def openvino_cause(exc: BaseException) -> str:
     """The line of an OpenVINO error that says what is wrong (its first lines only name the
     C++ source files the exception passed through: ``Exception from src/...cpp:117:``)."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    causes = [line for line in lines if not line.startswith("Exception from ")]
-    return (causes or lines or [type(exc).__name__])[0]
+    return error_line(exc, with_type=False, skip=("Exception from ",))
 
 
 def compile_openvino(

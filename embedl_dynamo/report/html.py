@@ -1,23 +1,24 @@
-"""One self-contained HTML page for a :class:`~embedl_dynamo.report.CompileReport`.
+"""One self-contained HTML page for a compile report: its summary and its subgraph reports.
 
 No network, no scripts: inline CSS and SVG only, so the file can be mailed, attached to a CI
 run or opened offline. It shows the first screen's summary, every plan entry of every subgraph
 (id, pattern, applied or why not, precision and why, sensitivity and latency where known), a bar
 chart of per-layer latency coloured by precision when latencies were measured, and what stayed in
 PyTorch and why. The layout reflows from a phone's width to a 4k monitor.
+
+It renders plain data (the summary text and the :class:`SubgraphReport` list), so it sits below
+:class:`~embedl_dynamo.report.compile_report.CompileReport`, whose ``to_html`` calls it.
 """
 
 from __future__ import annotations
 
 import html
-import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
-if TYPE_CHECKING:  # the report imports this renderer for its to_html
-    from embedl_dynamo.report import CompileReport, SubgraphReport
+from embedl_dynamo.report.subgraph import SubgraphReport
 
-__all__ = ["layer_rows", "render_html", "write_html"]
+__all__ = ["layer_rows", "render_html"]
 
 _COLOURS = {"int8": "#2f7d32", "fp16": "#1565c0", "bf16": "#6a1b9a", "fp32": "#757575"}
 
@@ -116,8 +117,20 @@ def _chart(sub: SubgraphReport) -> str:
     )
 
 
-def render_html(report: CompileReport, title: str = "embedl_dynamo compile report") -> str:
-    """The page as a string."""
+def render_html(
+    subgraphs: Sequence[SubgraphReport], summary: str, title: str = "embedl_dynamo compile report"
+) -> str:
+    """The page as a string.
+
+    Args:
+        subgraphs: the subgraph reports, oldest first.
+        summary: the first screen (:meth:`CompileReport.summary
+            <embedl_dynamo.report.compile_report.CompileReport.summary>`).
+        title: the page's title and heading.
+
+    Returns:
+        One HTML document, with inline CSS and nothing loaded from elsewhere.
+    """
     esc = html.escape
     parts = [
         "<!DOCTYPE html>",
@@ -125,14 +138,14 @@ def render_html(report: CompileReport, title: str = "embedl_dynamo compile repor
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{esc(title)}</h1>",
-        f'<section id="summary"><pre>{esc(report.summary())}</pre></section>',
+        f'<section id="summary"><pre>{esc(summary)}</pre></section>',
     ]
-    fallbacks = [s for s in report.subgraphs if s.runtime == "eager" or s.reason]
+    fallbacks = [s for s in subgraphs if s.runtime == "eager" or s.reason]
     if fallbacks:
         parts.append('<section id="fallbacks"><h2>What stayed in PyTorch, and why</h2><ul>')
         parts += [f"<li>subgraph {s.index}: {esc(s.reason or s.status)}</li>" for s in fallbacks]
         parts.append("</ul></section>")
-    for sub in report.subgraphs:
+    for sub in subgraphs:
         rows = layer_rows(sub)
         parts.append(f'<section class="subgraph" id="subgraph-{sub.index}">')
         parts.append(f"<h2>Subgraph {sub.index}: {esc(sub.status)} on {esc(sub.runtime)}</h2>")
@@ -153,10 +166,3 @@ def render_html(report: CompileReport, title: str = "embedl_dynamo compile repor
         parts.append("</tbody></table></div></section>")
     parts.append("</body></html>")
     return "\n".join(parts)
-
-
-def write_html(report: CompileReport, path: str | os.PathLike[str]) -> Path:
-    """Write :func:`render_html` to ``path`` (UTF-8) and return it."""
-    target = Path(path)
-    target.write_text(render_html(report), encoding="utf-8")
-    return target

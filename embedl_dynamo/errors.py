@@ -1,0 +1,100 @@
+"""Every public exception of the package, under one base, and how an error is named in one line.
+
+``except EmbedlDynamoError`` catches any failure the package raises on purpose. Each class keeps
+the builtin base its callers rely on (``ExportArgumentError`` and ``CalibrationDataError`` are
+``ValueError``; ``ExportError``, ``RuntimeUnavailableError``, ``OutputMismatchError`` and
+``CorruptEntryError`` are ``RuntimeError``). This module imports nothing from the package.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CalibrationDataError",
+    "CliError",
+    "CorruptEntryError",
+    "EmbedlDynamoError",
+    "EngineUnavailableError",
+    "ExportArgumentError",
+    "ExportError",
+    "NonFiniteError",
+    "OutputMismatchError",
+    "RuntimeUnavailableError",
+    "VerificationError",
+    "error_line",
+]
+
+
+class EmbedlDynamoError(Exception):
+    """The base of every exception the package raises on purpose; the message names the fix."""
+
+
+class CorruptEntryError(EmbedlDynamoError, RuntimeError):
+    """A cache entry's bytes do not match its sidecar; the entry has been removed."""
+
+
+class CalibrationDataError(EmbedlDynamoError, ValueError):
+    """The calibration data cannot calibrate this graph; the message says why and the fix."""
+
+
+class NonFiniteError(CalibrationDataError):
+    """Calibration data holds NaN or infinity."""
+
+
+class ExportError(EmbedlDynamoError, RuntimeError):
+    """The graph could not be exported to ONNX; the message names the op when known."""
+
+
+class ExportArgumentError(ExportError, ValueError):
+    """A bad argument to :func:`~embedl_dynamo.export` (model, inputs, path, backend, options)."""
+
+
+class VerificationError(ExportError):
+    """The exported file does not reproduce PyTorch's outputs within tolerance."""
+
+
+class EngineUnavailableError(ExportError):
+    """``engine=True`` where TensorRT or a CUDA GPU is missing."""
+
+
+class RuntimeUnavailableError(EmbedlDynamoError, RuntimeError):
+    """A runtime was asked for but cannot run here; the message names what is missing."""
+
+
+class OutputMismatchError(EmbedlDynamoError, RuntimeError):
+    """A built artifact's outputs differ from the GraphModule's on the build sample."""
+
+
+class CliError(EmbedlDynamoError):
+    """A user-facing failure of the command line: one line of cause and fix, and the exit code.
+
+    Args:
+        message: the cause and the fix, one line.
+        code: the process exit code (:mod:`embedl_dynamo.cli` lists them; 2, a usage error, by
+            default).
+    """
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error_line(exc: BaseException, *, with_type: bool = True, skip: tuple[str, ...] = ()) -> str:
+    """An exception named in one line, as reports, warnings and error messages show it.
+
+    Args:
+        exc: the exception.
+        with_type: ``Type: first line`` (``Type`` alone for an empty message); without it, the
+            first line alone (the type's name for an empty message).
+        skip: prefixes of lines that say nothing about the cause (OpenVINO's
+            ``Exception from src/...cpp:117:``); the first other line is shown, if any.
+
+    Returns:
+        The first non-blank line of the message (after ``skip``), stripped.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if not line.startswith(skip)]
+    first = (causes or lines or [""])[0]
+    name = type(exc).__name__
+    if not with_type:
+        return first or name
+    return f"{name}: {first}" if first else name
