@@ -17,6 +17,7 @@ __all__ = [
     "ExportArgumentError",
     "ExportError",
     "NonFiniteError",
+    "NotACacheError",
     "OutputMismatchError",
     "RuntimeUnavailableError",
     "VerificationError",
@@ -30,6 +31,10 @@ class EmbedlDynamoError(Exception):
 
 class CorruptEntryError(EmbedlDynamoError, RuntimeError):
     """A cache entry's bytes do not match its sidecar; the entry has been removed."""
+
+
+class NotACacheError(EmbedlDynamoError, ValueError):
+    """A directory to clear holds no marker of an embedl_dynamo cache; nothing was deleted."""
 
 
 class CalibrationDataError(EmbedlDynamoError, ValueError):

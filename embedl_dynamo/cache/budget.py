@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from embedl_dynamo.cache.files import CACHE_MARKER, is_cache_root
+from embedl_dynamo.errors import NotACacheError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "ENV_CACHE_MAX_SIZE",
     "CacheEntry",
-    "NotACacheError",
     "cache_entries",
     "clear_cache",
     "evict_to_budget",
@@ -45,10 +45,6 @@ _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _ENTRY = re.compile(r"^(?P<key>[0-9a-f]{16,128})(\.[A-Za-z0-9_]{1,16}){0,5}$")
 _TEMPORARY = re.compile(r"^\.(?P<name>[0-9a-f]{16,128}[A-Za-z0-9_.]*)\.[A-Za-z0-9_]+\.tmp$")
-
-
-class NotACacheError(ValueError):
-    """A directory to clear holds no marker of an embedl_dynamo cache."""
 
 
 @dataclass(frozen=True)

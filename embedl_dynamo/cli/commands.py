@@ -212,12 +212,12 @@ def run_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from embedl_dynamo.cache.budget import (
-        NotACacheError,
         cache_entries,
         clear_cache,
         max_cache_bytes,
     )
     from embedl_dynamo.cache.files import default_cache_dir
+    from embedl_dynamo.errors import NotACacheError
 
     root = Path(args.cache_dir).expanduser() if args.cache_dir else default_cache_dir()
     if args.action == "clear":

@@ -9,7 +9,6 @@ import pytest
 from embedl_dynamo.cache.budget import (
     DEFAULT_MAX_BYTES,
     ENV_CACHE_MAX_SIZE,
-    NotACacheError,
     cache_entries,
     clear_cache,
     max_cache_bytes,
@@ -19,6 +18,7 @@ from embedl_dynamo.cache.files import CACHE_MARKER
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.cli import EXIT_OK, EXIT_USAGE, main
+from embedl_dynamo.errors import NotACacheError
 
 
 def _age(path, seconds):
