@@ -24,9 +24,9 @@ import logging
 import os
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +41,14 @@ from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session
 from embedl_dynamo.runtimes.openvino.runtime import compile_openvino
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.timer import time_options
 
 __all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
 
 logger = logging.getLogger(__name__)
 
 _KERNEL_SUFFIX = "_kernel_time"
-_WARMUP = 5  # untimed runs first: thread pools and allocators settle
+_PROFILE_WARMUP = 5  # untimed profiled runs first: thread pools and allocators settle
 
 
 class LayerTimes:
@@ -94,11 +95,11 @@ def _onnxruntime_node_times(
         path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
     )
     feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
-    for _ in range(runs + _WARMUP):
+    for _ in range(runs + _PROFILE_WARMUP):
         session.run(None, feeds)
     with open(session.end_profiling(), encoding="utf-8") as f:
         events = json.load(f)
-    return node_times(events, runs + _WARMUP)
+    return node_times(events, runs + _PROFILE_WARMUP)
 
 
 def _openvino_node_times(
@@ -107,7 +108,7 @@ def _openvino_node_times(
     """Median ms per node over ``runs`` calls, from OpenVINO's performance counters."""
     request = compile_openvino(path, num_threads, {"PERF_COUNT": True}).create_infer_request()
     feeds = [t.detach().cpu().numpy() for t in inputs]
-    for _ in range(_WARMUP):
+    for _ in range(_PROFILE_WARMUP):
         request.infer(feeds)
     samples: dict[str, list[float]] = defaultdict(list)
     for _ in range(runs):
@@ -168,7 +169,6 @@ def _build_runtime(
 def time_graphs(
     graphs: Mapping[str, fx.GraphModule],
     inputs: Sequence[torch.Tensor],
-    rounds: int = 15,
     num_threads: int | None = None,
     settings: Settings | None = None,
     axes: DynamicAxes | None = None,
@@ -176,11 +176,11 @@ def time_graphs(
     judge: Callable[[str, Runtime], bool] | None = None,
     artifacts: Mapping[str, OnnxArtifact] | None = None,
 ) -> dict[str, float]:
-    """Median milliseconds per run of each graph on ``runtime``, timed round-robin.
+    """Median milliseconds per run of each graph on ``runtime``
+    (:func:`~embedl_dynamo.tuning.timer.time_options`: round-robin).
 
     Whole graphs are compared this way rather than by separate profiles: a machine's load and
-    clock changes hit every candidate alike. Each round calls each graph three times and times
-    the last two, so one runtime's spinning worker threads do not bill the next.
+    clock changes hit every candidate alike.
 
     Each graph is built as the runtime builds it (the cached ONNX artifact with the same dynamic
     axes: ``axes``, or the batch per ``settings``), so the runtime later reuses the very file
@@ -201,17 +201,7 @@ def time_graphs(
         }
         if judge is not None:
             built = {name: r for name, r in built.items() if judge(name, r)}
-        for built_runtime in built.values():
-            for _ in range(_WARMUP):
-                built_runtime.infer(*inputs)
-        samples: dict[str, list[float]] = {name: [] for name in built}
-        for _ in range(rounds):
-            for name, built_runtime in built.items():
-                for call in range(3):
-                    start = time.perf_counter()
-                    built_runtime.infer(*inputs)
-                    if call:
-                        samples[name].append(time.perf_counter() - start)
+        timings = time_options({name: partial(r.infer, *inputs) for name, r in built.items()})
         for built_runtime in built.values():
             built_runtime.deactivate()
-    return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}
+    return timings

@@ -16,9 +16,9 @@ is decided from two measurements (the per-layer rules are in :mod:`.mixed_layers
 
 Per-node times miss context (a float stem convolution leaves its max pool in float too), so
 finally the whole graphs within the budget compete on that runtime, timed round-robin: fp32,
-the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by 3% to be chosen.
-So ``mixed`` is never slower than ``fp32`` beyond noise, nor than ``int8`` where ``int8`` holds
-the budget. Every decision is recorded per layer (id, precision, reason, sensitivity,
+the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by more than noise
+(:func:`.timer.fastest_of`). So ``mixed`` is never slower than ``fp32`` beyond noise, nor than
+``int8`` where ``int8`` holds the budget. Every decision is recorded per layer (id, precision, reason, sensitivity,
 latency) and cached next to the calibration ranges, keyed by the calibration key, the budget,
 the runtime, the library versions and this package's code: a second process measures nothing.
 """
@@ -46,7 +46,7 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN, judging_sample
+from embedl_dynamo.tuning.judge import judging_sample
 from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
 from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
@@ -54,6 +54,7 @@ from embedl_dynamo.tuning.mixed_layers import (
     layer_latencies,
     outputs_cosine,
 )
+from embedl_dynamo.tuning.timer import fastest_of
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
 
@@ -148,6 +149,31 @@ def choose_mixed(
     return MixedChoice(model, report, records, judged)
 
 
+@dataclass
+class _Layers:
+    """The per-layer decision (:func:`~.mixed_layers.decide_layers`) and its latencies."""
+
+    int8: list[str]
+    reasons: dict[str, str]
+    sensitivity: dict[str, float]
+    cosine: float  # the INT8 set's output cosine
+    latency: dict[str, tuple[float, float] | None]
+
+
+@dataclass
+class _Race:
+    """The whole graphs timed on the runtime: ms by name (fp32 first), the cosines of those the
+    runtime got wrong, and the artifact key of each that held the budget there."""
+
+    timings: dict[str, float]
+    refused: dict[str, float]
+    held: dict[str, str | None]
+
+    def shown(self) -> str:
+        """The timings, for the reasons and the log."""
+        return ", ".join(f"{name} {ms:.3f} ms" for name, ms in self.timings.items())
+
+
 def _measure(
     calibrated: CalibratedGraph,
     inputs: Sequence[torch.Tensor],
@@ -161,108 +187,151 @@ def _measure(
     :class:`MixedChoice`)."""
     where = runtime.name
     settings, axes, float_model = deploy
-    # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
-    # higher (the runtime's integer kernels round a little differently: ResNet-50 0.9902 there,
-    # 0.9898 on OpenVINO); every candidate is then judged on the runtime at the budget itself
-    target = 1.0 - (1.0 - budget) * (1.0 - _RESERVE)
     every_int8 = calibrated.build()[0]
-    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads, runtime=where)
     # the all-INT8 graph is keyed and exported once: the artifact the runtime deploys is both
     # profiled here and timed as a whole below
     int8_artifact = None
     if settings is not None:
         int8_artifact = onnx_artifact(every_int8, list(inputs), settings, axes)
+    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads, runtime=where)
     int8_times = profile_graph(
         every_int8, inputs, num_threads=num_threads, runtime=where, artifact=int8_artifact
     )
     latency = layer_latencies(calibrated, float_times, int8_times)
     # the float graph's outputs on the sample, which every cosine below is taken against
     reference = flat_outputs(calibrated.gm, sample)
-    int8, reasons, sensitivity, int8_set_cosine = decide_layers(
-        calibrated, sample, target, latency, reference
+    # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
+    # higher (the runtime's integer kernels round a little differently); every candidate is
+    # then judged on the runtime at the budget itself
+    target = 1.0 - (1.0 - budget) * (1.0 - _RESERVE)
+    layers = _Layers(*decide_layers(calibrated, sample, target, latency, reference), latency)
+    if set(layers.int8) == set(calibrated.placement.layers):
+        full_cosine = layers.cosine
+    else:
+        full_cosine = outputs_cosine(flat_outputs(every_int8, sample), reference)
+    candidates = _candidates(
+        calibrated, layers.int8, float_model or calibrated.gm, every_int8, full_cosine >= budget
     )
+    race = _race(
+        candidates, inputs, (sample, reference, budget),
+        num_threads=num_threads, settings=settings, axes=axes, runtime=runtime,
+        artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
+    )  # fmt: skip
+    best = _settle(calibrated, layers, race, full_cosine, where)
+    records = _records(calibrated, layers, best, race.shown(), where)
+    artifact = race.held.get(best) if best != "fp32" else None
+    judged = {"runtime": where, "artifact": artifact} if artifact else None
+    return layers.int8, records, judged
+
+
+def _candidates(
+    calibrated: CalibratedGraph,
+    int8: list[str],
+    float_model: fx.GraphModule,
+    every_int8: fx.GraphModule,
+    int8_holds: bool,
+) -> dict[str, fx.GraphModule]:
+    """The whole graphs that compete: fp32, the per-layer set (when it is neither none nor every
+    layer) and INT8 everywhere (when it holds the budget). Per-node times miss context (a float
+    stem conv leaves its max pool float too), hence the whole graphs."""
     every = list(calibrated.placement.layers)
-    # per-node times miss context (a float stem conv leaves its max pool float too), so the
-    # whole graphs within the budget compete, timed round-robin: fp32, the per-layer set and
-    # INT8 everywhere. A lower precision must win by more than noise (LOWER_PRECISION_MARGIN)
-    # to be chosen.
-    candidates = {"fp32": float_model or calibrated.gm}
+    candidates = {"fp32": float_model}
     if int8 and set(int8) != set(every):
         keep = {i: "mixed: fp32" for i in every if i not in int8}
         candidates["mixed"] = calibrated.build(keep)[0]
-    if set(int8) == set(every):
-        full_cosine = int8_set_cosine
-    else:
-        full_cosine = outputs_cosine(flat_outputs(every_int8, sample), reference)
-    if full_cosine >= budget:
+    if int8_holds:
         candidates["int8"] = every_int8
-    # the candidates are judged on the runtime too: its integer kernels are what will run (and
-    # OpenVINO 2026.4 returns zeros for some ConvNeXt Q/DQ subsets that ONNX Runtime runs right)
-    refused: dict[str, float] = {}
-    held: dict[str, str | None] = {}  # candidate -> the artifact key that held the budget
+    return candidates
+
+
+def _race(
+    candidates: dict[str, fx.GraphModule],
+    inputs: Sequence[torch.Tensor],
+    judging: tuple[list[tuple[torch.Tensor, ...]], torch.Tensor, float],
+    **timing: Any,
+) -> _Race:
+    """Build the candidates on the runtime, judge each lower one there against the budget (its
+    integer kernels are what will run, and a runtime can get a Q/DQ subset wrong that another
+    runs right) and time those that hold (:func:`~.layer_profile.time_graphs`, given
+    ``timing``). ``judging`` is the sample, the float graph's outputs on it and the budget."""
+    sample, reference, budget = judging
+    race = _Race({}, {}, {})
 
     def judge(name: str, built: Runtime) -> bool:
         if name == "fp32":
             return True
         cosine = outputs_cosine(flat_outputs(built.infer, sample), reference)
         if cosine < budget:
-            refused[name] = cosine
+            race.refused[name] = cosine
         else:
-            held[name] = built.key()
+            race.held[name] = built.key()
         return cosine >= budget
 
-    options = time_graphs(
-        candidates, inputs, num_threads=num_threads, settings=settings, axes=axes,
-        runtime=runtime, judge=judge,
-        artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
-    )  # fmt: skip
-    if refused:
+    race.timings = time_graphs(candidates, inputs, judge=judge, **timing)
+    return race
+
+
+def _settle(
+    calibrated: CalibratedGraph, layers: _Layers, race: _Race, full_cosine: float, where: str
+) -> str:
+    """The fastest whole graph (:func:`~.timer.fastest_of`: a lower precision must beat fp32 by
+    more than noise); ``layers`` updated to it, with the reasons of layers that go back to fp32.
+    """
+    every = list(calibrated.placement.layers)
+    if race.refused:
         logger.info("mixed precision on %s: refused on the runtime: %s", where,
-                    ", ".join(f"{n} (cosine {c:.4f})" for n, c in refused.items()))  # fmt: skip
-    if "mixed" in refused and "int8" in options:
+                    ", ".join(f"{n} (cosine {c:.4f})" for n, c in race.refused.items()))  # fmt: skip
+    if "mixed" in race.refused and "int8" in race.timings:
         # the per-layer set failed; INT8 everywhere holds
-        int8, int8_set_cosine = every, full_cosine
-    best = min(options, key=options.__getitem__)
-    if best != "fp32" and options[best] > options["fp32"] * LOWER_PRECISION_MARGIN:
-        best = "fp32"
-    timing = ", ".join(f"{name} {ms:.3f} ms" for name, ms in options.items())
-    if best == "fp32" and int8 and refused and "int8" not in options:
-        why = ", ".join(f"{n}: cosine {c:.4f}" for n, c in refused.items())
-        reasons.update({i: f"the INT8 set failed the budget on {where} ({why})" for i in int8})
-        int8 = []
-    elif best == "fp32" and int8:
-        reasons.update({i: f"the INT8 set was not faster as a whole ({timing})" for i in int8})
-        int8 = []
+        layers.int8, layers.cosine = every, full_cosine
+    best = fastest_of(race.timings, lower_precision={"mixed", "int8"})
+    timing = race.shown()
+    if best == "fp32" and layers.int8 and race.refused and "int8" not in race.timings:
+        why = ", ".join(f"{n}: cosine {c:.4f}" for n, c in race.refused.items())
+        reason = f"the INT8 set failed the budget on {where} ({why})"
+        layers.reasons.update(dict.fromkeys(layers.int8, reason))
+        layers.int8 = []
+    elif best == "fp32" and layers.int8:
+        reason = f"the INT8 set was not faster as a whole ({timing})"
+        layers.reasons.update(dict.fromkeys(layers.int8, reason))
+        layers.int8 = []
     elif best == "int8":
-        int8, int8_set_cosine = every, full_cosine
+        layers.int8, layers.cosine = every, full_cosine
     logger.info("mixed precision on %s, whole graphs: %s; chose %s", where, timing, best)
+    return best
+
+
+def _records(
+    calibrated: CalibratedGraph, layers: _Layers, best: str, timing: str, where: str
+) -> list[dict[str, Any]]:
+    """One record per layer: id, precision, reason, sensitivity and latencies."""
+    if best == "int8":
+        int8_reason = (
+            f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
+            f"output cosine {layers.cosine:.4f}, within the budget"
+        )
+    else:
+        int8_reason = (
+            f"faster in INT8 on {where}; output cosine {layers.cosine:.4f} with "
+            "the INT8 set, within the budget"
+        )
     records = []
     for ident in calibrated.placement.layers:
-        times = latency[ident]
-        is_int8 = ident in int8
+        times = layers.latency[ident]
+        is_int8 = ident in layers.int8
         records.append(
             {
                 "id": ident,
                 "precision": "int8" if is_int8 else "fp32",
-                "reason": (
-                    f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
-                    f"output cosine {int8_set_cosine:.4f}, within the budget"
-                    if best == "int8"
-                    else f"faster in INT8 on {where}; output cosine {int8_set_cosine:.4f} with "
-                    "the INT8 set, within the budget"
-                )
-                if is_int8
-                else reasons[ident],
-                "sensitivity": sensitivity.get(ident),
+                "reason": int8_reason if is_int8 else layers.reasons[ident],
+                "sensitivity": layers.sensitivity.get(ident),
                 "latency_ms": None if times is None else round(times[1 if is_int8 else 0], 4),
                 "latency_fp32_ms": None if times is None else round(times[0], 4),
                 "latency_int8_ms": None if times is None else round(times[1], 4),
             }
         )
-    logger.info("mixed precision: %d of %d layers INT8", len(int8), len(records))
-    artifact = held.get(best) if best != "fp32" else None
-    judged = {"runtime": where, "artifact": artifact} if artifact else None
-    return int8, records, judged
+    logger.info("mixed precision: %d of %d layers INT8", len(layers.int8), len(records))
+    return records
 
 
 def _load(

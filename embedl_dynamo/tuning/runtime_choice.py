@@ -1,13 +1,11 @@
 """``runtime="auto"`` among several CPU runtimes: build each way to run, keep the fastest.
 
-No CPU runtime wins everywhere. On this project's 2-core x86 CI machine, on the same float ONNX
-file (medians, round-robin): OpenVINO is 15-22% faster than ONNX Runtime on BERT-base and
-ViT-small and 4% on ResNet-50, ONNX Runtime 12-16% faster on MobileNetV3 and EfficientNet-B0
-(depthwise convolutions). Other CPUs differ again. So where a target lists several CPU runtimes
-and more than one is installed, the ways to run a subgraph (:func:`run_options`: a float graph
-on each runtime; a ``mixed`` graph on its runtime against the float graph on each other one) are
-built, timed round-robin on the example inputs within a small time budget, and the fastest runs;
-the others are released.
+No CPU runtime wins everywhere: OpenVINO tends to lead on transformers and plain convolutions,
+ONNX Runtime on depthwise convolutions, and other CPUs differ again (``bench/bench_runtimes.py`` measures them).
+So where a target lists several CPU runtimes and more than one is installed, the ways to run a
+subgraph (:func:`run_options`: a float graph on each runtime; a ``mixed`` graph on its runtime
+against the float graph on each other one) are built, timed on the example inputs and the
+fastest runs (:mod:`.timer`: the contest every speed decision uses); the others are released.
 
 The decision is cached, keyed by the options (labels, runtimes and artifact keys), the threads,
 the library versions and the CPU model: a second process (or a warm start) builds only the
@@ -19,11 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import platform
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import torch
@@ -36,13 +32,12 @@ from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN
+from embedl_dynamo.tuning.timer import fastest_of, time_options
 
 __all__ = [
     "RunOption",
     "RuntimeChoice",
     "fastest",
-    "fastest_runtime",
     "measure_runtimes",
     "run_options",
 ]
@@ -51,11 +46,6 @@ logger = logging.getLogger(__name__)
 
 _NAMESPACE = "runtime_choice"
 _FORMAT = 1
-_WARMUP = 1  # each runtime ran the sample once already, when its artifact was checked
-_MIN_ROUNDS = 3
-_MAX_ROUNDS = 40
-_BUDGET_S = 1.0  # timing rounds stop once this much time went into them (after _MIN_ROUNDS)
-_CLEAR = 1.05  # ...or once the same option led every round by 5%
 
 
 @dataclass(frozen=True)
@@ -66,14 +56,14 @@ class RunOption:
         label: how reports name it (``openvino``, ``openvino mixed``).
         runtime: the runtime class.
         model: the graph it builds.
-        handicap: its time is multiplied by this when compared (a lower precision must beat
-            float by more than noise: ``mixed`` by 3%).
+        lower_precision: a lower precision than float (``mixed``): it must beat float by more
+            than noise (:func:`~embedl_dynamo.tuning.timer.fastest_of`).
     """
 
     label: str
     runtime: type[Runtime]
     model: fx.GraphModule
-    handicap: float = 1.0
+    lower_precision: bool = False
 
 
 @dataclass
@@ -100,40 +90,58 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _decided(samples: dict[str, list[float]]) -> bool:
-    """Whether every round ranked the same option first by a clear margin (large models: a
-    few rounds of 100+ ms settle it, and more would only lengthen the compile)."""
-    rounds = list(zip(*samples.values()))
-    winners = {min(range(len(r)), key=r.__getitem__) for r in rounds}
-    if len(winners) != 1:
-        return False
-    best = winners.pop()
-    return all(min(t for i, t in enumerate(r) if i != best) > r[best] * _CLEAR for r in rounds)
-
-
 def measure_runtimes(
     runtimes: dict[str, Runtime], inputs: Sequence[torch.Tensor]
 ) -> dict[str, float]:
-    """Median ms per call of each runtime, round-robin (each round calls each twice, timing the
-    second: one runtime's spinning worker threads must not bill the next). Rounds go on until
-    the time budget is spent, or sooner once the ranking is clear."""
-    for runtime in runtimes.values():
-        for _ in range(_WARMUP):
-            runtime.infer(*inputs)
-    samples: dict[str, list[float]] = {name: [] for name in runtimes}
-    spent, rounds = 0.0, 0
-    while rounds < _MAX_ROUNDS and (rounds < _MIN_ROUNDS or spent < _BUDGET_S):
-        for name, runtime in runtimes.items():
-            runtime.infer(*inputs)
-            start = time.perf_counter()
-            runtime.infer(*inputs)
-            elapsed = time.perf_counter() - start
-            samples[name].append(elapsed)
-            spent += 2 * elapsed
-        rounds += 1
-        if rounds >= _MIN_ROUNDS and _decided(samples):
-            break
-    return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}
+    """Median ms per call of each built runtime on ``inputs``
+    (:func:`~embedl_dynamo.tuning.timer.time_options`)."""
+    return time_options({name: partial(r.infer, *inputs) for name, r in runtimes.items()})
+
+
+class _Builder:
+    """Builds the options' runtimes from one run of each graph on the sample and one export of
+    it, shared by every runtime that builds that graph."""
+
+    def __init__(
+        self,
+        options: Sequence[RunOption],
+        inputs: Sequence[torch.Tensor],
+        settings: Settings,
+        axes: DynamicAxes | None,
+    ) -> None:
+        self.inputs, self.settings, self.axes = inputs, settings, axes
+        self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.exported: dict[int, OnnxArtifact] = {}
+        for o in options:
+            if id(o.model) not in self.exported:
+                in_memory = any(
+                    p.runtime.builds_from_memory()
+                    for p in options
+                    if p.model is o.model and issubclass(p.runtime, OnnxArtifactRuntime)
+                )
+                self.exported[id(o.model)] = onnx_artifact(
+                    o.model, list(inputs), settings, axes,
+                    reference=lambda m=o.model: self.outputs_of(m), in_memory=in_memory,
+                )  # fmt: skip
+
+    def outputs_of(self, model: fx.GraphModule) -> tuple[torch.Tensor, ...]:
+        """``model``'s outputs on the sample, computed once."""
+        if id(model) not in self.outputs:
+            self.outputs[id(model)] = graph_outputs(model, self.inputs)
+        return self.outputs[id(model)]
+
+    def artifact_key(self, option: RunOption) -> str:
+        """The key of the artifact ``option`` builds from."""
+        return self.exported[id(option.model)].key
+
+    def build(self, option: RunOption) -> Runtime:
+        """``option``'s runtime, built (raises what the build raises)."""
+        runtime = option.runtime(self.settings, self.axes)
+        if isinstance(runtime, OnnxArtifactRuntime):
+            runtime.use_artifact(self.exported[id(option.model)])
+        if id(option.model) in self.outputs:
+            runtime.share_reference(option.model, self.inputs, self.outputs[id(option.model)])
+        return runtime.build(option.model, self.inputs)
 
 
 def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:
@@ -144,6 +152,50 @@ def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None
         return label
 
     return None if cache is None else cache.get_json(key, read, "runtime choice", "timing again")
+
+
+def _store(cache: ArtifactCache | None, key: str, winner: str, timings: dict[str, float]) -> None:
+    if cache is None:
+        return
+    document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": _cpu_name()}
+    try:
+        cache.put(key, json.dumps(document, indent=1).encode(), ".json",
+                  meta={"kind": "runtime choice"})  # fmt: skip
+    except OSError as exc:
+        logger.debug("runtime choice not cached: %s", exc)
+
+
+def _cached_choice(
+    options: Sequence[RunOption], builder: _Builder, cache: ArtifactCache | None, key: str
+) -> RuntimeChoice | None:
+    """The cached winner, built alone (None: nothing cached, or it no longer builds)."""
+    by_label = {o.label: o for o in options}
+    cached = _load(cache, key, set(by_label)) if len(options) > 1 else None
+    if cached is None:
+        return None
+    option = by_label[cached]
+    try:
+        runtime = builder.build(option)
+    except Exception as exc:
+        logger.warning("cached runtime choice %s failed to build (%s); timing again", cached, exc)
+        return None
+    return RuntimeChoice(option, runtime, {}, f"auto: {cached} (timed fastest here before)")
+
+
+def _build_all(options: Sequence[RunOption], builder: _Builder) -> dict[str, Runtime]:
+    """Every option that builds, by label; raises the last error when none does."""
+    built: dict[str, Runtime] = {}
+    error: Exception | None = None
+    for option in options:
+        try:
+            built[option.label] = builder.build(option)
+        except Exception as exc:  # the others may still run it
+            logger.info("%s cannot run this graph: %s", option.label, exc)
+            error = exc
+    if not built:
+        assert error is not None
+        raise error
+    return built
 
 
 def fastest(
@@ -167,97 +219,36 @@ def fastest(
     Raises:
         Exception: what the last option raised, when none of them builds.
     """
-    # one run of each graph on the sample and one export, shared by every runtime's build
-    outputs: dict[int, tuple[torch.Tensor, ...]] = {}
-
-    def outputs_of(model: fx.GraphModule) -> tuple[torch.Tensor, ...]:
-        if id(model) not in outputs:
-            outputs[id(model)] = graph_outputs(model, inputs)
-        return outputs[id(model)]
-
-    exported: dict[int, OnnxArtifact] = {}
-    for o in options:
-        if id(o.model) not in exported:
-            in_memory = any(
-                p.runtime.builds_from_memory()
-                for p in options
-                if p.model is o.model and issubclass(p.runtime, OnnxArtifactRuntime)
-            )
-            exported[id(o.model)] = onnx_artifact(
-                o.model,
-                list(inputs),
-                settings,
-                axes,
-                reference=lambda m=o.model: outputs_of(m),
-                in_memory=in_memory,
-            )
-    artifacts = [exported[id(o.model)].key for o in options]
-
-    def runtime_of(option: RunOption) -> Runtime:
-        runtime = option.runtime(settings, axes)
-        if isinstance(runtime, OnnxArtifactRuntime):
-            runtime.use_artifact(exported[id(option.model)])
-        if id(option.model) in outputs:
-            runtime.share_reference(option.model, inputs, outputs[id(option.model)])
-        return runtime
-
+    builder = _Builder(options, inputs, settings, axes)
     key = content_key(
-        _NAMESPACE, _FORMAT, [[o.label, o.runtime.name, a] for o, a in zip(options, artifacts)],
+        _NAMESPACE, _FORMAT,
+        [[o.label, o.runtime.name, builder.artifact_key(o)] for o in options],
         settings.num_threads, library_versions(), _cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
     except OSError:
         cache = None
-    by_label = {o.label: o for o in options}
-    cached = _load(cache, key, set(by_label)) if len(options) > 1 else None
-    if cached is not None:  # the cached winner: build it alone
-        option = by_label[cached]
-        try:
-            runtime = runtime_of(option).build(option.model, inputs)
-        except Exception as exc:
-            logger.warning("cached runtime choice %s failed to build (%s); timing again",
-                           cached, exc)  # fmt: skip
-        else:
-            return RuntimeChoice(option, runtime, {}, f"auto: {cached} (timed fastest here before)")
-    built: dict[str, Runtime] = {}
-    error: Exception | None = None
-    for option in options:
-        try:
-            built[option.label] = runtime_of(option).build(option.model, inputs)
-        except Exception as exc:  # the others may still run it
-            logger.info("%s cannot run this graph: %s", option.label, exc)
-            error = exc
-    if not built:
-        assert error is not None
-        raise error
-    timings = measure_runtimes(built, inputs) if len(built) > 1 else {}
-    winner = min(built, key=lambda label: timings.get(label, 0.0) * by_label[label].handicap)
+    cached = _cached_choice(options, builder, cache, key)
+    if cached is not None:
+        return cached
+    built = _build_all(options, builder)
+    if len(built) == 1:
+        (winner,) = built
+        timings: dict[str, float] = {}
+    else:
+        timings = measure_runtimes(built, inputs)
+        lower = {o.label for o in options if o.lower_precision}
+        winner = fastest_of({label: timings[label] for label in built}, lower)
+        _store(cache, key, winner, timings)
     for label, runtime in built.items():
         if label != winner:
             runtime.deactivate()
-    if len(built) > 1 and cache is not None:
-        document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": _cpu_name()}
-        try:
-            cache.put(key, json.dumps(document, indent=1).encode(), ".json",
-                      meta={"kind": "runtime choice"})  # fmt: skip
-        except OSError as exc:
-            logger.debug("runtime choice not cached: %s", exc)
     shown = ", ".join(f"{n} {ms:.2f} ms" for n, ms in sorted(timings.items(), key=lambda t: t[1]))
     note = f"auto: {winner}, timed fastest here ({shown})" if timings else f"auto: {winner}"
     logger.info("%s", note)
-    return RuntimeChoice(by_label[winner], built[winner], timings, note)
-
-
-def fastest_runtime(
-    candidates: Sequence[type[Runtime]],
-    model: fx.GraphModule,
-    inputs: Sequence[torch.Tensor],
-    settings: Settings,
-    axes: DynamicAxes | None = None,
-) -> RuntimeChoice:
-    """:func:`fastest` of ``model`` on each of ``candidates`` (labelled by runtime name)."""
-    return fastest([RunOption(c.name, c, model) for c in candidates], inputs, settings, axes)
+    option = next(o for o in options if o.label == winner)
+    return RuntimeChoice(option, built[winner], timings, note)
 
 
 def run_options(
@@ -280,8 +271,6 @@ def run_options(
         return [RunOption(c.name, c, model) for c in timed]
     if precision != "mixed":
         return [RunOption(runtime_cls.name, runtime_cls, model)]
-    mixed = RunOption(
-        f"{runtime_cls.name} mixed", runtime_cls, model, handicap=1 / LOWER_PRECISION_MARGIN
-    )
+    mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model, lower_precision=True)
     others = [c for c in timed if c is not runtime_cls]
     return [mixed, *(RunOption(f"{c.name} fp32", c, float_model) for c in others)]

@@ -16,7 +16,8 @@ from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning import runtime_choice
+from embedl_dynamo.tuning import runtime_choice, timer
+from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN
 from tests.helpers import assert_close_to_scale
 from tests.models import ResNetLike, randomize_batchnorm
 
@@ -47,6 +48,12 @@ def _winner(name):
     return timings
 
 
+def _auto(gm, x, settings):
+    """``runtime="auto"``'s choice for the float graph ``gm`` among :data:`CANDIDATES`."""
+    options = runtime_choice.run_options(gm, None, CANDIDATES[0], CANDIDATES, "fp32")
+    return runtime_choice.fastest(options, [x], settings)
+
+
 def _no_timing(runtimes, inputs):
     raise AssertionError("a cached runtime choice must not be measured again")
 
@@ -74,11 +81,11 @@ def test_the_faster_runtime_runs_and_the_choice_is_cached(monkeypatch, tmp_path,
     _, gm, x = _graph()
     settings = Settings(cache_dir=tmp_path)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner(name))
-    choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], settings)
+    choice = _auto(gm, x, settings)
     assert choice.runtime.name == name and choice.runtime.active
     assert choice.timings[name] == 1.0 and name in choice.note
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
-    again = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], settings)
+    again = _auto(gm, x, settings)
     assert again.runtime.name == name and again.timings == {}
     assert again.note == f"auto: {name} (timed fastest here before)"
     with torch.no_grad():
@@ -101,7 +108,7 @@ def test_a_corrupt_or_stale_decision_is_measured_again(
     _, gm, x = _graph()
     settings = Settings(cache_dir=tmp_path)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("openvino"))
-    runtime_choice.fastest_runtime(CANDIDATES, gm, [x], settings)
+    _auto(gm, x, settings)
     (entry,) = [
         p
         for p in (tmp_path / "runtime_choice").rglob("*.json")
@@ -113,7 +120,7 @@ def test_a_corrupt_or_stale_decision_is_measured_again(
         key = entry.name[: -len(".json")]
         ArtifactCache(tmp_path, "runtime_choice").put(key, json.dumps(document).encode(), ".json")
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("onnxruntime"))
-    choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], settings)
+    choice = _auto(gm, x, settings)
     assert choice.runtime.name == "onnxruntime" and choice.timings
     assert message in caplog.text
 
@@ -126,7 +133,7 @@ def test_a_runtime_that_cannot_build_the_graph_is_skipped(monkeypatch, tmp_path)
 
     monkeypatch.setattr(OpenVINORuntime, "_build", fails)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
-    choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], Settings(cache_dir=tmp_path))
+    choice = _auto(gm, x, Settings(cache_dir=tmp_path))
     assert choice.runtime.name == "onnxruntime" and choice.note == "auto: onnxruntime"
 
 
@@ -209,7 +216,7 @@ def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path,
     _int8_pays(monkeypatch)  # the layer profile; the whole-graph timing is replaced below
 
     def whole(graphs, inputs, **options):  # built and judged on the runtime; timings fixed
-        kept = real_time_graphs(graphs, inputs, **dict(options, rounds=1))
+        kept = real_time_graphs(graphs, inputs, **options)
         return {name: {"fp32": 10.0, "mixed": 6.0, "int8": 5.0}[name] for name in kept}
 
     monkeypatch.setattr(mixed_precision, "time_graphs", whole)
@@ -259,23 +266,71 @@ def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
     assert len(judging_sample([x], lambda model: None)) == 1  # a forward_loop: the sample only
 
 
-class _Sleeper:
-    def __init__(self, seconds):
-        self.seconds, self.calls = seconds, 0
+class _FakeClock:
+    """A clock that only the options move: each call of an option takes its given seconds."""
 
-    def infer(self, *inputs):
-        import time
+    def __init__(self):
+        self.now = 0.0
 
-        self.calls += 1
-        time.sleep(self.seconds)
+    def __call__(self):
+        return self.now
+
+    def option(self, seconds):
+        calls = []
+
+        def call():
+            calls.append(1)
+            self.now += seconds
+
+        return call, calls
 
 
 def test_timing_stops_once_the_ranking_is_clear():
-    fast, slow = _Sleeper(0.002), _Sleeper(0.02)
-    timings = REAL_MEASURE({"fast": fast, "slow": slow}, [])
-    assert timings["fast"] < timings["slow"]
+    clock = _FakeClock()
+    (fast, fast_calls), (slow, slow_calls) = clock.option(0.002), clock.option(0.02)
+    timings = timer.time_options({"fast": fast, "slow": slow}, clock=clock)
+    assert timings == pytest.approx({"fast": 2.0, "slow": 20.0})
     # warm-up and three rounds of two calls: a 10x gap needs no more
-    assert fast.calls == slow.calls == runtime_choice._WARMUP + 2 * runtime_choice._MIN_ROUNDS
+    assert len(fast_calls) == len(slow_calls) == timer.WARMUP + 2 * timer.MIN_ROUNDS
+
+
+def test_timing_of_close_options_goes_on_until_the_budget_is_spent():
+    clock = _FakeClock()
+    (a, a_calls), (b, b_calls) = clock.option(0.010), clock.option(0.0101)
+    timings = timer.time_options({"a": a, "b": b}, clock=clock)
+    assert len(a_calls) == len(b_calls)  # round-robin: every option as often
+    assert timings == pytest.approx({"a": 10.0, "b": 10.1})
+    rounds = (len(a_calls) - timer.WARMUP) // 2
+    assert timer.MIN_ROUNDS < rounds < timer.MAX_ROUNDS
+    assert 2 * rounds * (0.010 + 0.0101) >= timer.BUDGET_S  # the budget, not the round cap
+
+
+def test_one_option_is_timed_for_the_least_rounds():
+    clock = _FakeClock()
+    only, calls = clock.option(0.001)
+    assert timer.time_options({"only": only}, clock=clock) == pytest.approx({"only": 1.0})
+    assert len(calls) == timer.WARMUP + 2 * timer.MIN_ROUNDS
+
+
+def test_a_lower_precision_must_win_by_the_margin():
+    lower = {"mixed"}
+    margin = LOWER_PRECISION_MARGIN
+    assert timer.fastest_of({"fp32": 10.0, "mixed": 10.0 * margin * 0.999}, lower) == "mixed"
+    assert timer.fastest_of({"fp32": 10.0, "mixed": 10.0 * margin * 1.001}, lower) == "fp32"
+    # the margin is for lower precisions only: between float options, faster is faster
+    assert timer.fastest_of({"onnxruntime": 10.0, "openvino": 9.9}) == "openvino"
+    assert timer.fastest_of({"a": 1.0, "b": 1.0}) == "a"  # a tie favours the earlier
+    with pytest.raises(ValueError, match="no timed option"):
+        timer.fastest_of({})
+
+
+def test_mixed_on_its_runtime_is_a_lower_precision_option():
+    _, gm, _ = _graph()
+    options = runtime_choice.run_options(gm, gm, OpenVINORuntime, CANDIDATES, "mixed")
+    assert [(o.label, o.lower_precision) for o in options] == [
+        ("openvino mixed", True),
+        ("onnxruntime fp32", False),
+    ]
 
 
 def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, tmp_path):
@@ -295,7 +350,7 @@ def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, 
     )
     monkeypatch.setattr(store, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("openvino"))
-    choice = runtime_choice.fastest_runtime(CANDIDATES, gm, [x], Settings(cache_dir=tmp_path))
+    choice = _auto(gm, x, Settings(cache_dir=tmp_path))
     assert choice.option.label == "openvino"
     # one run for the exporter to trace, one shared by the export and both runtimes' checks
     assert len(fingerprints) == 1 and len(runs) == 2
