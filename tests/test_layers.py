@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import from its own layer and the ones below it):
 
-    graph < cache < settings, report(_html) < rewrite < patterns < quant < backend(s)
+    graph < cache < settings, precision, report(_html) < rewrite < patterns < quant < backend(s)
       < transform, pipeline < onnx < runtimes < tuning < dynamo, deploy < cli < the package root
 
 Imports under ``if TYPE_CHECKING:`` count for the layer rule (they document a dependency) but
@@ -22,7 +22,7 @@ ROOT = "embedl_dynamo"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("graph",),
     ("cache",),
-    ("settings", "report", "report_html"),
+    ("settings", "precision", "report", "report_html"),
     ("rewrite",),
     ("patterns",),
     ("quant",),

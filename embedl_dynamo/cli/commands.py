@@ -99,14 +99,18 @@ def run_export(args: argparse.Namespace) -> int:
         export,
         sidecar_path,
     )
+    from embedl_dynamo.precision import get_precision, precision_names
     from embedl_dynamo.quant.observers import CalibrationDataError
 
     backend_named(args.backend)
     precision = "int8" if args.int8 else args.precision
     if args.int8 and args.precision not in (None, "int8"):
         raise CliError(f"--int8 conflicts with --precision {args.precision}; give one")
-    if args.calibration and precision not in ("int8", "mixed"):
-        raise CliError("--calibration is only used with --precision int8/mixed; add one or drop it")
+    calibrated = [n for n in precision_names() if get_precision(n).calibrates]
+    if args.calibration and precision not in calibrated:
+        raise CliError(
+            f"--calibration is only used with --precision {'/'.join(calibrated)}; add one or drop it"
+        )
     model, inputs = build_model(args.model, args.input_shape)
     calibration = (
         load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
