@@ -157,7 +157,7 @@ def compile_subgraph(
                 )  # fmt: skip
             if fitted is not None or not callable(settings.calibration_data):
                 settings = dataclasses.replace(settings, calibration_data=fitted)
-    lazy = settings.precision.calibrates and not settings.precision.per_layer
+    lazy = settings.precision.quantizes and not settings.precision.per_layer  # lazy INT8
     lazy_int8 = lazy and settings.calibration_data is None
     mixed = settings.precision.per_layer
     float_settings = settings.float_copy() if lazy_int8 or mixed else settings
