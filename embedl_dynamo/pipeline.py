@@ -6,9 +6,10 @@
 1. canonicalisation and the Backend's conversions to a fixpoint, then its fusions, planned
    longest first (:func:`~embedl_dynamo.rewrite.engine.plan_transformation` /
    :func:`~embedl_dynamo.rewrite.engine.apply_transformation_plan`);
-2. the precision stage: for ``fp16``/``bf16``, half-precision casting with the sensitive ops
-   in fp32 (:func:`~embedl_dynamo.quant.half_precision.cast_graph`); for ``int8``/``mixed``,
-   the Backend's quantizer (:func:`~embedl_dynamo.quant.stage.quantize_graph`).
+2. the stage of ``settings.precision`` (:class:`~embedl_dynamo.precision.Precision`, from its
+   registry): for ``fp16``/``bf16``, half-precision casting with the sensitive ops in fp32
+   (:func:`~embedl_dynamo.quant.half_precision.half_stage`); for ``int8``/``mixed``, the
+   Backend's quantizer (:func:`~embedl_dynamo.quant.stage.int8_stage`); for ``fp32``, none.
 
 It knows nothing about Dynamo or runtimes, so any caller that has a frozen graph can use it.
 :func:`quantize` and :func:`prepare_qat` run the same stages on a plain module and return the
@@ -23,11 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import fx, nn
 
 from embedl_dynamo.backend import Backend, as_backend
-from embedl_dynamo.quant.half_precision import HALF_DTYPES, cast_graph
 from embedl_dynamo.quant.qat import make_trainable
 from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.quant.stage import quantize_graph
@@ -73,8 +72,8 @@ def run_pipeline(
         gm: the frozen graph; not modified.
         example_inputs: one real input per placeholder (used for shapes and calibration).
         backend: the target whose patterns are used.
-        settings: the settings (defaults when None); only ``quantize`` and the INT8 options
-            are read here.
+        settings: the settings (defaults when None); ``precision`` picks the stage, which
+            reads the options it needs.
 
     Returns:
         A :class:`PipelineResult`.
@@ -91,29 +90,12 @@ def run_pipeline(
     }
     report["transform_s"] = round(time.perf_counter() - start, 4)
     model = float_model = result.model
-    report["precision"] = settings.precision
+    report["precision"] = settings.precision.name
     report["quantized"] = False
-    if settings.precision in HALF_DTYPES:
-        start = time.perf_counter()
-        model, report["layers"] = cast_graph(float_model, list(example_inputs), settings.precision)
-        report["cast_s"] = round(time.perf_counter() - start, 4)
-    if settings.quantize is not None:
-        start = time.perf_counter()
-        data = settings.calibration_data
-        if data is None:  # one batch: the example inputs (torch.compile calibrates lazily instead)
-            data = [tuple(t for t in example_inputs if isinstance(t, torch.Tensor))]
-        model, quant_report = quantize_graph(
-            float_model,
-            backend.quantizer,
-            data,
-            observer=settings.observer,
-            cache_dir=settings.cache_dir if settings.calibration_cache else None,
-            use_cache=settings.calibration_cache,
-            progress=settings.progress,
-        )
-        report["quantized"] = True
-        report["quantization"] = quant_report
-        report["quantize_s"] = round(time.perf_counter() - start, 4)
+    stage = settings.precision.load_stage()
+    if stage is not None:
+        model, entries = stage(float_model, list(example_inputs), backend, settings)
+        report.update(entries)
     logger.debug(
         "pipeline on backend %s: %s fusions/conversions applied in %.3f s",
         backend.name,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir
+from embedl_dynamo.precision import Precision, get_precision, precision_names
 
 __all__ = [
     "AUTO_ORDER",
@@ -25,8 +26,6 @@ __all__ = [
     "ENV_RUNTIME",
     "FALLBACKS",
     "OBSERVERS",
-    "PRECISIONS",
-    "QUANTIZE_MODES",
     "RUNTIMES",
     "Settings",
 ]
@@ -38,8 +37,8 @@ RUNTIMES = ("auto", "onnxruntime", "openvino", "tensorrt", "torch_tensorrt", "ea
 # what ``auto`` tries for a target that names no runtimes of its own, best first
 AUTO_ORDER = ("tensorrt", "torch_tensorrt", "openvino", "onnxruntime", "eager")
 FALLBACKS = ("eager", "raise")
-QUANTIZE_MODES = (None, "int8")
-PRECISIONS = ("fp32", "fp16", "bf16", "int8", "mixed")
+# ``quantize="int8"``: the older spelling of ``precision="int8"``, accepted as an option only
+_QUANTIZE_ALIAS = "quantize"
 OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 
 # options that are never part of a cache key (data, or purely cosmetic)
@@ -63,6 +62,23 @@ def _bool(name: str, value: Any, optional: bool = False) -> None:
         raise ValueError(f"invalid {name}={value!r}; expected {expected}")
 
 
+def _alias_precision(quantize: Any, precision: str | Precision) -> str | Precision:
+    """The precision that ``quantize=`` (the older spelling of ``precision="int8"``) asks for."""
+    _choice("quantize", quantize, (None, "int8"))
+    if quantize is None:
+        return precision
+    asked = get_precision(precision)
+    if asked.quantizes:  # int8 or mixed: already quantizes
+        return asked
+    if asked.lower:
+        raise ValueError(
+            f"quantize='int8' conflicts with precision={asked.name!r}; give one: "
+            "precision='int8' (every layer the target quantizes) or 'mixed' (INT8 where "
+            "it pays, the rest float)"
+        )
+    return "int8"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Settings of one ``torch.compile`` call.
@@ -76,12 +92,12 @@ class Settings:
         min_subgraph_size: subgraphs with fewer operations stay in PyTorch.
         dynamic_batch: export with a dynamic batch axis so a new batch size does not rebuild.
         num_threads: ONNX Runtime intra-op threads (its default when None).
-        precision: ``fp32`` (default); ``fp16``/``bf16`` (compute in half precision, with
+        precision: a registered :class:`~embedl_dynamo.precision.Precision`, given by name:
+            ``fp32`` (default); ``fp16``/``bf16`` (compute in half precision, with
             reductions, normalisation statistics, softmax and the outputs kept in fp32);
             ``int8`` (every layer the target quantizes); ``mixed`` (INT8 per layer where it is
-            faster and the output stays within ``accuracy_budget``, the rest fp32).
-        quantize: the older spelling of ``precision="int8"``: ``int8`` or None; always
-            ``int8`` when ``precision`` is ``int8`` or ``mixed``.
+            faster and the output stays within ``accuracy_budget``, the rest fp32). The option
+            ``quantize="int8"`` is the older spelling of ``precision="int8"``.
         calibration_data: iterable of input tensors / tuples, or a callable
             ``forward_loop(model)``; None calibrates on the first real calls.
         calibration_steps: how many batches calibration uses.
@@ -106,8 +122,7 @@ class Settings:
     min_subgraph_size: int = 3
     dynamic_batch: bool = True
     num_threads: int | None = None
-    precision: str = "fp32"
-    quantize: str | None = None
+    precision: Precision = "fp32"  # type: ignore[assignment]  # a name, looked up on init
     calibration_data: Any = field(default=None, compare=False, repr=False)
     calibration_steps: int = 32
     observer: str = "minmax"
@@ -121,18 +136,7 @@ class Settings:
     def __post_init__(self) -> None:
         _choice("runtime", self.runtime, RUNTIMES)
         _choice("fallback", self.fallback, FALLBACKS)
-        _choice("quantize", self.quantize, QUANTIZE_MODES)
-        _choice("precision", self.precision, PRECISIONS)
-        if self.quantize == "int8" and self.precision in ("fp16", "bf16"):
-            raise ValueError(
-                f"quantize='int8' conflicts with precision={self.precision!r}; give one: "
-                "precision='int8' (every layer the target quantizes) or 'mixed' (INT8 where "
-                "it pays, the rest float)"
-            )
-        if self.quantize == "int8" and self.precision == "fp32":
-            object.__setattr__(self, "precision", "int8")
-        if self.precision in ("int8", "mixed"):
-            object.__setattr__(self, "quantize", "int8")
+        object.__setattr__(self, "precision", get_precision(self.precision))
         _choice("observer", self.observer, OBSERVERS)
         _int("min_subgraph_size", self.min_subgraph_size, 0)
         _int("calibration_steps", self.calibration_steps, 1)
@@ -173,12 +177,12 @@ class Settings:
 
     def float_copy(self) -> Settings:
         """These settings at ``precision="fp32"`` (the float build an INT8 one is judged by)."""
-        return dataclasses.replace(self, precision="fp32", quantize=None)
+        return dataclasses.replace(self, precision="fp32")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        """Every valid option name."""
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """Every valid option name (the fields, and the ``quantize`` alias)."""
+        return (*(f.name for f in dataclasses.fields(cls)), _QUANTIZE_ALIAS)
 
     @classmethod
     def from_options(
@@ -210,15 +214,20 @@ class Settings:
                     f"invalid {ENV_RUNTIME}={runtime!r}; valid values: {', '.join(RUNTIMES)}"
                 )
             kwargs["runtime"] = runtime
-        if env.get(ENV_PRECISION) and not {"precision", "quantize"} & set(options):
+        if env.get(ENV_PRECISION) and not {"precision", _QUANTIZE_ALIAS} & set(options):
             precision = env[ENV_PRECISION]
-            if precision not in PRECISIONS:
+            if precision not in precision_names():
                 raise ValueError(
-                    f"invalid {ENV_PRECISION}={precision!r}; valid values: {', '.join(PRECISIONS)}"
+                    f"invalid {ENV_PRECISION}={precision!r}; valid values: "
+                    f"{', '.join(precision_names())}"
                 )
             kwargs["precision"] = precision
         if env.get(ENV_CACHE_DIR):
             kwargs["cache_dir"] = Path(env[ENV_CACHE_DIR])
+        if _QUANTIZE_ALIAS in options:
+            options["precision"] = _alias_precision(
+                options.pop(_QUANTIZE_ALIAS), options.get("precision", "fp32")
+            )
         kwargs.update(options)
         return cls(**kwargs)
 
@@ -229,6 +238,8 @@ class Settings:
             value = getattr(self, f.name)
             if f.name == "calibration_data":
                 data[f.name] = None if value is None else type(value).__name__
+            elif isinstance(value, Precision):
+                data[f.name] = value.name  # the same string as before the registry: keys hold
             elif isinstance(value, Path):
                 data[f.name] = str(value)
             else:
@@ -238,7 +249,6 @@ class Settings:
     def key_dict(self) -> dict[str, Any]:
         """:meth:`to_dict` less the fields that do not change built artifacts."""
         data = self.to_dict()
-        data.pop("quantize", None)  # implied by precision
         for name in _NOT_KEYED:
             data.pop(name, None)
         return data

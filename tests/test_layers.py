@@ -2,7 +2,7 @@
 
 Layers, lowest first (a module may import from its own layer and the ones below it):
 
-    errors < graph < cache < settings, report < rewrite < patterns < quant < backend(s)
+    ("settings", "precision", "report"),
       < transform, pipeline < onnx < runtimes < tuning < dynamo, deploy < cli < the package root
 
 Every import counts, at module level, inside a function or under ``if TYPE_CHECKING:`` (a
@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("graph",),
     ("cache",),
-    ("settings", "report"),
+    ("settings", "precision", "report"),
     ("rewrite",),
     ("patterns",),
     ("quant",),

@@ -102,13 +102,17 @@ def run_export(args: argparse.Namespace) -> int:
     import json
 
     from embedl_dynamo.deploy.export import export, sidecar_path
+    from embedl_dynamo.precision import get_precision, precision_names
 
     backend_named(args.backend)
     precision = "int8" if args.int8 else args.precision
     if args.int8 and args.precision not in (None, "int8"):
         raise CliError(f"--int8 conflicts with --precision {args.precision}; give one")
-    if args.calibration and precision not in ("int8", "mixed"):
-        raise CliError("--calibration is only used with --precision int8/mixed; add one or drop it")
+    calibrated = [n for n in precision_names() if get_precision(n).calibrates]
+    if args.calibration and precision not in calibrated:
+        raise CliError(
+            f"--calibration is only used with --precision {'/'.join(calibrated)}; add one or drop it"
+        )
     require_writable(args.output, "-o", longest=".data")
     model, inputs = build_model(args.model, args.input_shape)
     calibration = (

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from embedl_dynamo.cli.commands import COMMANDS
 from embedl_dynamo.cli.inputs import EXIT_INTERNAL, parse_shape
 from embedl_dynamo.errors import CliError, error_line
+from embedl_dynamo.precision import precision_names
 
 __all__ = ["build_parser", "main"]
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="the .onnx file to write")
     export.add_argument(
         "--precision",
-        choices=("fp32", "fp16", "bf16", "int8", "mixed"),
+        choices=precision_names(),
         help="precision in the file (default fp32, or EMBEDL_DYNAMO_PRECISION)",
     )
     export.add_argument("--int8", action="store_true", help="same as --precision int8")

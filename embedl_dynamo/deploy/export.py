@@ -213,10 +213,10 @@ def export(
             f"calibration_data does not fit the model's inputs: {mismatch}; give batches shaped "
             "like example_inputs"
         )
-    if settings.quantize is not None and target.quantization is None:
+    if settings.precision.quantizes and target.quantization is None:
         raise ExportArgumentError(
             f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "
-            f"'onnxruntime' for precision={settings.precision!r}"
+            f"'onnxruntime' for precision={settings.precision.name!r}"
         )
 
     show = settings.progress
@@ -245,7 +245,7 @@ def export(
 
         stages.set_postfix_str("pipeline")
         t0 = time.perf_counter()
-        if settings.precision == "mixed":
+        if settings.precision.per_layer:
             result = run_pipeline(gm, args, target, settings.float_copy())
             result = apply_mixed(result, args, target.quantizer, settings)
         else:
@@ -352,7 +352,7 @@ def export(
         "tensorrt_lint": lint_for_tensorrt(onnx.load(str(path)))
         if target.name == "tensorrt"
         else None,
-        "precision": settings.precision,
+        "precision": settings.precision.name,
         "quantized": quantized,
         "layers": result.report.get("layers", []),
         "plan": result.plan.summary(),

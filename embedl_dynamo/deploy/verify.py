@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from embedl_dynamo.errors import ExportError, VerificationError, error_line
+from embedl_dynamo.precision import Precision
 
 __all__ = [
     "Verification",
@@ -138,7 +139,7 @@ def verify_onnx(
     args: tuple[torch.Tensor, ...],
     reference: Callable[..., Any],
     float_model: nn.Module,
-    precision: str,
+    precision: Precision,
     dynamic_batch: bool,
     tolerance: float | None,
 ) -> Verification:
@@ -148,7 +149,7 @@ def verify_onnx(
     (fake-quant for ``int8``/``mixed``, cast for ``fp16``/``bf16``); the cosine to
     ``float_model`` is measured for every precision but ``fp32``.
     """
-    lowered = precision != "fp32"
+    lowered = precision.lower
     batches = [args]
     if dynamic_batch and args[0].dim() > 0:
         batch = args[0].shape[0]
@@ -174,12 +175,16 @@ def verify_onnx(
                 cosine_to_float = cosine(got, flat_outputs(float_model(*inputs)))
     if tolerance is not None:
         limit = tolerance
-    elif precision in ("int8", "mixed"):
+    elif precision.quantizes:
         limit = int8_tolerance(absmax)
     else:
         limit = half_tolerance(absmax) if lowered else float_tolerance(absmax)
-    compared_with = {"int8": "fake-quant PyTorch graph", "mixed": "fake-quant PyTorch graph"}.get(
-        precision, f"{precision} PyTorch graph" if lowered else "eager PyTorch model"
+    compared_with = (
+        "fake-quant PyTorch graph"
+        if precision.quantizes
+        else f"{precision.name} PyTorch graph"
+        if lowered
+        else "eager PyTorch model"
     )
     return Verification(
         max_abs_diff=worst,

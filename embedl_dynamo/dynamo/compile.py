@@ -129,7 +129,7 @@ def compile_subgraph(
     axes = dynamic_axes(gm, user, inputs, settings.dynamic_batch)
 
     alias_key = None
-    if settings.precision == "fp32" and runtime_cls in CPU_TARGETS:
+    if not settings.precision.lower and runtime_cls in CPU_TARGETS:
         alias_key = source_key(frozen.gm, inputs, axes, backend, settings)
         runtimes = timed or [runtime_cls]
         infer = warm_start(alias_key, frozen.gm, inputs, axes, backend, settings, report, runtimes)
@@ -140,7 +140,7 @@ def compile_subgraph(
             logger.info("%s", report)
             return _wrap(gm, infer, user, report, settings, backend, example_inputs)
 
-    if settings.quantize is not None and settings.calibration_data is not None:
+    if settings.precision.calibrates and settings.calibration_data is not None:
         mismatch = calibration_mismatch(settings.calibration_data, inputs)
         if mismatch:  # e.g. a subgraph after a graph break: it sees other tensors
             logger.warning(
@@ -158,8 +158,9 @@ def compile_subgraph(
                 )  # fmt: skip
             if fitted is not None or not callable(settings.calibration_data):
                 settings = dataclasses.replace(settings, calibration_data=fitted)
-    lazy_int8 = settings.precision == "int8" and settings.calibration_data is None
-    mixed = settings.precision == "mixed"
+    lazy = settings.precision.quantizes and not settings.precision.per_layer  # lazy INT8
+    lazy_int8 = lazy and settings.calibration_data is None
+    mixed = settings.precision.per_layer
     float_settings = settings.float_copy() if lazy_int8 or mixed else settings
     try:
         result = run_pipeline(frozen.gm, inputs, backend, float_settings)

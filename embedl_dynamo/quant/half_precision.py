@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import operator
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,17 +32,18 @@ from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.precision import Precision, get_precision
+from embedl_dynamo.settings import Settings
 
 __all__ = [
     "FP32_FUNCTIONS",
     "FP32_METHODS",
-    "HALF_DTYPES",
     "HALF_FUNCTIONS",
     "HALF_PRECISION_META",
     "cast_graph",
+    "half_stage",
 ]
 
-HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # ``gm.meta`` key of a cast graph: its precision (``fp16``/``bf16``)
 HALF_PRECISION_META = "embedl_half_precision"
 
@@ -106,21 +109,49 @@ def _layer_id(node: fx.Node, module: Any) -> str:
     return f"{name}@{module_path(node) or node.name}"
 
 
+def half_stage(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Any, settings: Settings
+) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """The pipeline's stage of a precision with a half dtype (``fp16``/``bf16``).
+
+    Args:
+        gm: the fused, canonical float graph; not modified.
+        example_inputs: one input per placeholder.
+        backend: the target (unused: the cast does not depend on it).
+        settings: the settings; ``precision`` gives the half dtype.
+
+    Returns:
+        ``(cast graph, report entries)``: ``layers`` (see :func:`cast_graph`) and ``cast_s``.
+    """
+    start = time.perf_counter()
+    model, layers = cast_graph(gm, list(example_inputs), settings.precision)
+    return model, {"layers": layers, "cast_s": round(time.perf_counter() - start, 4)}
+
+
 def cast_graph(
-    gm: fx.GraphModule, example_inputs: list[Any], precision: str
+    gm: fx.GraphModule, example_inputs: list[Any], precision: str | Precision
 ) -> tuple[fx.GraphModule, list[dict[str, str]]]:
-    """A copy of ``gm`` computing in ``precision`` (``fp16``/``bf16``) where that is safe.
+    """A copy of ``gm`` computing in ``precision``'s half dtype where that is safe.
 
     Args:
         gm: the fused, canonical float graph; not modified.
         example_inputs: one input per placeholder (dtypes are propagated from them).
-        precision: ``fp16`` or ``bf16``.
+        precision: a precision with a half dtype (``fp16``, ``bf16``), or its name.
 
     Returns:
         ``(graph, layers)``: the cast graph, and one record per decided layer with ``id``,
         ``precision`` and ``reason``.
+
+    Raises:
+        ValueError: ``precision`` has no half dtype.
     """
-    half = HALF_DTYPES[precision]
+    precision = get_precision(precision)
+    half = precision.half_dtype
+    if half is None:
+        raise ValueError(
+            f"cast_graph: precision {precision.name!r} has no half dtype; give one that has "
+            "(fp16, bf16)"
+        )
     gm = copy.deepcopy(gm)
     ShapeProp(gm).propagate(*example_inputs)
     modules = dict(gm.named_modules())
@@ -163,7 +194,7 @@ def cast_graph(
             return None, ""
         if node in feeds_output:
             return torch.float32, "produces a graph output (logits stay fp32)"
-        return kind, f"matmul-class layer: {precision} compute, fp32 accumulation"
+        return kind, f"matmul-class layer: {precision.name} compute, fp32 accumulation"
 
     for node in list(gm.graph.nodes):
         if node.op in ("placeholder", "get_attr"):
@@ -181,7 +212,7 @@ def cast_graph(
                 _set_attr(gm, target, copy.deepcopy(modules[target]).to(half))
             dtype_of[node] = dtype
             module = modules.get(node.target) if node.op == "call_module" else None
-            name = "fp32" if dtype == torch.float32 else precision
+            name = "fp32" if dtype == torch.float32 else precision.name
             layers.append({"id": _layer_id(node, module), "precision": name, "reason": reason})
         elif _is_float(node):
             inputs = [dtype_of[a] for a in node.all_input_nodes if a in dtype_of]
@@ -196,7 +227,7 @@ def cast_graph(
     output.args = fx.node.map_arg(output.args, restore)
     gm.graph.lint()
     gm.recompile()
-    gm.meta[HALF_PRECISION_META] = precision
+    gm.meta[HALF_PRECISION_META] = precision.name
     return gm, layers
 
 

@@ -1,6 +1,6 @@
 """Calibrate on a compiled model's first real calls, then switch to the quantized artifact.
 
-When ``quantize="int8"`` is given without ``calibration_data``, the torch.compile backend wraps
+When ``precision="int8"`` is given without ``calibration_data``, the torch.compile backend wraps
 the fused float graph with :func:`calibrate_then_build`. For the first
 ``settings.calibration_steps`` calls the wrapper runs the float graph (``phase ==
 "calibrating"``) and keeps a copy of each call's inputs; at the last of them it calibrates on

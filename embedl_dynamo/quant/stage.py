@@ -1,6 +1,7 @@
 """The quantization stage on a fused graph: prepare -> annotate -> calibrate -> insert QDQ.
 
-:func:`quantize_graph` runs a target's :class:`~.quantizer.Quantizer` (SmoothQuant and
+:func:`int8_stage` is the pipeline's stage of the precisions that quantize (``int8``, and
+``mixed`` before its per-layer choice). :func:`quantize_graph` runs a target's :class:`~.quantizer.Quantizer` (SmoothQuant and
 preparation rewrites, then placement), calibrates the chosen points (or reads their ranges from
 the on-disk calibration cache) and inserts fake-quant nodes that export as Q/DQ.
 """
@@ -10,10 +11,12 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx, nn
 
 from embedl_dynamo.quant.cache import calibration_key, load_ranges, store_ranges
@@ -28,8 +31,9 @@ from embedl_dynamo.quant.insert import insert_fake_quant, insert_observers
 from embedl_dynamo.quant.placement import Placement
 from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.settings import Settings
 
-__all__ = ["CalibratedGraph", "calibrate_graph", "quantize_graph"]
+__all__ = ["CalibratedGraph", "calibrate_graph", "int8_stage", "quantize_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +80,39 @@ class CalibratedGraph:
         }
         quantized.meta["embedl_quantization"] = report
         return quantized, report
+
+
+def int8_stage(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Any, settings: Settings
+) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """The pipeline's stage of a precision that quantizes: calibrate, then insert Q/DQ.
+
+    Args:
+        gm: the fused, canonical float graph; not modified.
+        example_inputs: one input per placeholder; the one calibration batch when
+            ``settings.calibration_data`` is None (``torch.compile`` calibrates lazily instead).
+        backend: the target; its ``quantizer`` places the Q/DQ.
+        settings: the calibration options (data, observer, cache, progress).
+
+    Returns:
+        ``(fake-quant graph, report entries)``: ``quantized``, ``quantization`` (see
+        :func:`quantize_graph`) and ``quantize_s``.
+    """
+    start = time.perf_counter()
+    data = settings.calibration_data
+    if data is None:
+        data = [tuple(t for t in example_inputs if isinstance(t, torch.Tensor))]
+    model, report = quantize_graph(
+        gm,
+        backend.quantizer,
+        data,
+        observer=settings.observer,
+        cache_dir=settings.cache_dir if settings.calibration_cache else None,
+        use_cache=settings.calibration_cache,
+        progress=settings.progress,
+    )
+    entries = {"quantized": True, "quantization": report}
+    return model, {**entries, "quantize_s": round(time.perf_counter() - start, 4)}
 
 
 def quantize_graph(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.precision import Precision
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.registry import CPU_TARGETS
@@ -22,7 +23,7 @@ __all__ = ["cpu_precision_route", "int8_route"]
 logger = logging.getLogger(__name__)
 
 
-def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
+def int8_route(cls: type[Runtime], precision: Precision) -> tuple[type[Runtime], str]:
     """The runtime that carries INT8 for ``cls``, and a note for the report ("" if ``cls``).
 
     Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
@@ -30,7 +31,7 @@ def int8_route(cls: type[Runtime], precision: str) -> tuple[type[Runtime], str]:
     file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
     ends in its clear error and the float artifact.
     """
-    if cls is not TorchTensorRTRuntime or precision not in ("int8", "mixed"):
+    if cls is not TorchTensorRTRuntime or not precision.quantizes:
         return cls, ""
     if has_quantize_op() or not TensorRTRuntime.is_available():
         return cls, ""
@@ -59,7 +60,7 @@ def cpu_precision_route(
         The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
     target = CPU_TARGETS.get(cls)
-    if backend.name != "tensorrt" or settings.precision not in ("int8", "mixed") or not target:
+    if backend.name != "tensorrt" or not settings.precision.quantizes or not target:
         return backend, ""
     note = (
         f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "

@@ -29,6 +29,7 @@ from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
+from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
@@ -256,7 +257,7 @@ def run_options(
     float_model: fx.GraphModule | None,
     runtime_cls: type[Runtime],
     timed: list[type[Runtime]],
-    precision: str,
+    precision: Precision,
 ) -> list[RunOption]:
     """The ways to run ``model`` that :func:`fastest` chooses among (one: nothing to time).
 
@@ -269,7 +270,7 @@ def run_options(
         return [RunOption(runtime_cls.name, runtime_cls, model)]
     if float_model is None:
         return [RunOption(c.name, c, model) for c in timed]
-    if precision != "mixed":
+    if not precision.per_layer:
         return [RunOption(runtime_cls.name, runtime_cls, model)]
     mixed = RunOption(f"{runtime_cls.name} mixed", runtime_cls, model, lower_precision=True)
     others = [c for c in timed if c is not runtime_cls]

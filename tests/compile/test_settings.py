@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from embedl_dynamo.precision import get_precision
 from embedl_dynamo.settings import Settings
 
 
@@ -15,13 +17,14 @@ def test_defaults(monkeypatch, tmp_path):
     monkeypatch.delenv("EMBEDL_DYNAMO_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     s = Settings.from_options(None)
-    assert (s.runtime, s.fallback, s.dynamic_batch, s.quantize, s.observer) == (
+    assert (s.runtime, s.fallback, s.dynamic_batch, s.precision.name, s.observer) == (
         "auto",
         "eager",
         True,
-        None,
+        "fp32",
         "minmax",
     )
+    assert not s.precision.quantizes
     assert s.cache_dir == tmp_path / "embedl_dynamo"
     assert s.calibration_steps == 32 and s.calibration_cache is True
 
@@ -67,20 +70,35 @@ def test_bad_values(options, message):
 
 
 def test_precision_default_alias_and_environment():
-    assert Settings.from_options({}, env={}).precision == "fp32"
+    assert Settings.from_options({}, env={}).precision.name == "fp32"
     alias = Settings.from_options({"quantize": "int8"}, env={})
-    assert (alias.precision, alias.quantize) == ("int8", "int8")
+    assert alias.precision is get_precision("int8") and alias.precision.quantizes
+    assert Settings.from_options({"quantize": None}, env={}).precision.name == "fp32"
+    both = Settings.from_options({"quantize": "int8", "precision": "mixed"}, env={})
+    assert both.precision.name == "mixed"  # the alias keeps a precision that quantizes
     mixed = Settings.from_options({"precision": "mixed"}, env={})
-    assert mixed.quantize == "int8"  # mixed quantizes, per layer
+    assert mixed.precision.quantizes and mixed.precision.per_layer  # mixed quantizes, per layer
     env = {"EMBEDL_DYNAMO_PRECISION": "fp16"}
-    assert Settings.from_options({}, env=env).precision == "fp16"
-    assert Settings.from_options({"quantize": "int8"}, env=env).precision == "int8"  # option wins
-    assert Settings.from_options({"precision": "fp32"}, env=env).precision == "fp32"
+    assert Settings.from_options({}, env=env).precision.name == "fp16"
+    wins = Settings.from_options({"quantize": "int8"}, env=env)
+    assert wins.precision.name == "int8"  # option wins
+    assert Settings.from_options({"precision": "fp32"}, env=env).precision.name == "fp32"
     with pytest.raises(ValueError, match="invalid EMBEDL_DYNAMO_PRECISION='half'"):
         Settings.from_options({}, env={"EMBEDL_DYNAMO_PRECISION": "half"})
     float_copy = mixed.float_copy()
-    assert (float_copy.precision, float_copy.quantize) == ("fp32", None)
+    assert float_copy.precision.name == "fp32" and not float_copy.precision.quantizes
     assert alias.key_dict() == Settings.from_options({"precision": "int8"}, env={}).key_dict()
+    assert "quantize" not in {f.name for f in dataclasses.fields(Settings)}  # an alias, not a field
+    assert "quantize" in Settings.names()
+
+
+def test_precision_is_typed_and_keys_keep_its_name():
+    s = Settings.from_options({"precision": "bf16"}, env={})
+    assert s.precision.half_dtype is torch.bfloat16 and s.precision.lower
+    assert s.key_dict()["precision"] == "bf16" and s.to_dict()["precision"] == "bf16"
+    assert Settings(**s.to_dict()) == dataclasses.replace(s, calibration_data=None)
+    with pytest.raises(TypeError, match="ask its facts"):
+        s.precision == "bf16"  # noqa: B015  # a string comparison is an error, not False
 
 
 def test_bad_env_value_names_the_variable():
@@ -100,5 +118,5 @@ def test_to_dict_is_json_and_skips_calibration_data():
     s = Settings.from_options({"calibration_data": data, "quantize": "int8"}, env={})
     d = s.to_dict()
     json.dumps(d)
-    assert d["calibration_data"] == "list" and d["quantize"] == "int8"
+    assert d["calibration_data"] == "list" and d["precision"] == "int8" and "quantize" not in d
     assert "calibration_data" not in s.key_dict() and "cache_dir" not in s.key_dict()
