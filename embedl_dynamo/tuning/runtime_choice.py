@@ -203,7 +203,7 @@ def fastest(
 
     key = content_key(
         _NAMESPACE, _FORMAT, [[o.label, o.runtime.name, a] for o, a in zip(options, artifacts)],
-        settings.num_threads, library_versions(), _cpu_name(),
+        settings.num_threads, library_versions(o.runtime for o in options), _cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
