@@ -221,3 +221,39 @@ def test_a_runtime_choice_is_measured_again_after_an_openvino_upgrade(monkeypatc
     monkeypatch.setattr(runtime_choice, "measure_runtimes", fake_timings("onnxruntime"))
     choice = runtime_choice.fastest_runtime(candidates, gm, [x], settings)
     assert len(measured) == 2 and choice.runtime.name == "onnxruntime" and choice.timings
+
+
+def test_a_mixed_decision_is_measured_again_after_an_openvino_upgrade(monkeypatch, tmp_path):
+    from embedl_dynamo.tuning import mixed_precision
+    from tests.precision.test_mixed_precision import (
+        BATCHES,
+        _calibrated,
+        _fake_profile,
+        _fake_timing,
+        _int8_modules,
+    )
+
+    calibrated = _calibrated()
+    modules = {p.module for p in calibrated.placement.layers.values()}
+    profiled: list[str] = []
+    fake = _fake_profile(modules)
+
+    def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime", **kw):
+        profiled.append(runtime)  # stand-in timings: no real clock is read
+        return fake(gm, inputs, runs, num_threads, runtime, **kw)
+
+    monkeypatch.setattr(mixed_precision, "profile_graph", profile)
+    _fake_timing(monkeypatch, lambda name, gm: 10.0 - 0.1 * _int8_modules(gm))
+
+    def choose():
+        return mixed_precision.choose_mixed(
+            calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path,
+            runtime=OpenVINORuntime,
+        )  # fmt: skip
+
+    first = choose()
+    measured = len(profiled)
+    assert measured and set(profiled) == {"openvino"}
+    assert choose().layers == first.layers and len(profiled) == measured  # cached
+    monkeypatch.setattr(OpenVINORuntime, "version", classmethod(lambda cls: "99.0"))
+    assert choose().layers == first.layers and len(profiled) == 2 * measured  # measured again
