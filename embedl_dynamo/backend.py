@@ -26,7 +26,6 @@ from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.quant.smooth import SmoothingRule
 from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.rewrite.pattern import PHASES, Pattern
-from embedl_dynamo.settings import AUTO_ORDER
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -77,7 +76,8 @@ class Backend:
         runtimes: the runtimes the target's artifacts are meant for, best first: ``auto``
             picks the first available one (CUDA-only runtimes only for a graph on a CUDA
             device; where several CPU runtimes remain, float graphs are timed on each). Empty:
-            every runtime, in :data:`~embedl_dynamo.settings.AUTO_ORDER`.
+            every registered runtime (:func:`~embedl_dynamo.runtimes.registry.auto_order`).
+            The runtime registry checks the names when it resolves them.
         description: one line for ``embedl-dynamo backends``.
     """
 
@@ -113,11 +113,8 @@ class Backend:
                 raise ValueError(f"Backend {self.name!r}: {attr} repeats {duplicates}")
             object.__setattr__(self, attr, patterns)
         runtimes = tuple(self.runtimes)
-        unknown = [r for r in runtimes if r not in AUTO_ORDER]
-        if unknown:
-            raise ValueError(
-                f"Backend {self.name!r}: unknown runtimes {unknown}; valid: {', '.join(AUTO_ORDER)}"
-            )
+        if not all(isinstance(r, str) and r for r in runtimes):
+            raise TypeError(f"Backend {self.name!r}: runtimes must be names, got {runtimes!r}")
         object.__setattr__(self, "runtimes", runtimes)
         if self.quantization is not None and not isinstance(self.quantization, QuantizationConfig):
             raise TypeError(

@@ -3,7 +3,9 @@
 Each value comes from, in order: ``torch.compile(..., options={...})``, then an environment
 variable (``EMBEDL_DYNAMO_RUNTIME``, ``EMBEDL_DYNAMO_PRECISION``, ``EMBEDL_DYNAMO_CACHE_DIR``),
 then the default. Unknown keys
-and bad values raise ``ValueError`` listing what is valid. :class:`Settings` is a frozen
+and bad values raise ``ValueError`` listing what is valid; a removed option says why it went. The
+runtime name is checked by the runtime registry, which sits above the settings and knows every
+runtime (:func:`embedl_dynamo.runtimes.registry.runtime_settings`). :class:`Settings` is a frozen
 dataclass: derive a changed copy with :func:`dataclasses.replace`, never mutate.
 """
 
@@ -21,21 +23,16 @@ from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir
 from embedl_dynamo.precision import Precision, get_precision, precision_names
 
 __all__ = [
-    "AUTO_ORDER",
     "ENV_PRECISION",
     "ENV_RUNTIME",
     "FALLBACKS",
     "OBSERVERS",
-    "RUNTIMES",
     "Settings",
 ]
 
 ENV_RUNTIME = "EMBEDL_DYNAMO_RUNTIME"
 ENV_PRECISION = "EMBEDL_DYNAMO_PRECISION"
 
-RUNTIMES = ("auto", "onnxruntime", "openvino", "tensorrt", "torch_tensorrt", "eager")
-# what ``auto`` tries for a target that names no runtimes of its own, best first
-AUTO_ORDER = ("tensorrt", "torch_tensorrt", "openvino", "onnxruntime", "eager")
 FALLBACKS = ("eager", "raise")
 # ``quantize="int8"``: the older spelling of ``precision="int8"``, accepted as an option only
 _QUANTIZE_ALIAS = "quantize"
@@ -44,6 +41,13 @@ OBSERVERS = ("minmax", "percentile", "mse", "entropy")
 # options that are never part of a cache key (data, or purely cosmetic)
 _READ_ONCE: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 _NOT_KEYED = ("calibration_data", "progress", "cache_dir")
+# options that existed once: name -> why it went and what to do instead
+_REMOVED = {
+    "transformer_fusion": (
+        "ONNX Runtime's transformer optimizer pass was removed: it was not faster on BERT-class "
+        "models and added compile time. Delete the option"
+    ),
+}
 
 
 def _choice(name: str, value: Any, valid: tuple[Any, ...]) -> None:
@@ -84,8 +88,9 @@ class Settings:
     """Settings of one ``torch.compile`` call.
 
     Attributes:
-        runtime: ``auto`` (best available), ``onnxruntime``, ``openvino``, ``tensorrt``,
-            ``torch_tensorrt`` or ``eager``.
+        runtime: ``auto`` (best available) or a registered runtime's name (``onnxruntime``,
+            ``openvino``, ``tensorrt``, ``torch_tensorrt``, ``eager``...); the runtime registry
+            checks it (:func:`embedl_dynamo.runtimes.registry.check_runtime`).
         cache_dir: the artifact cache root.
         fallback: ``eager`` runs a subgraph the runtime cannot take in PyTorch (and reports
             why); ``raise`` raises.
@@ -105,10 +110,6 @@ class Settings:
         calibration_cache: keep calibrated ranges in the cache directory.
         accuracy_budget: the least cosine similarity a lower-precision artifact's outputs must
             have to the float model's on the build sample; below it the float artifact runs.
-        transformer_fusion: run ONNX Runtime's transformer optimizer (fused Attention,
-            SkipLayerNormalization, BiasGelu kernels) on float graphs with attention. Off by
-            default: on BERT-base it fuses 24 SkipLayerNormalization and 12 BiasGelu (not the
-            attention) for ~1% speed at +13.6 s of compile.
         max_batch: the largest batch a TensorRT engine's profile takes (None: 32, or the
             example's batch if larger).
         max_seq: the largest size of any other dynamic axis (sequence length, image side) in a
@@ -128,13 +129,13 @@ class Settings:
     observer: str = "minmax"
     calibration_cache: bool = True
     accuracy_budget: float = 0.99
-    transformer_fusion: bool = False
     max_batch: int | None = None
     max_seq: int | None = None
     progress: bool | None = None
 
     def __post_init__(self) -> None:
-        _choice("runtime", self.runtime, RUNTIMES)
+        if not isinstance(self.runtime, str) or not self.runtime:
+            raise ValueError(f"invalid runtime={self.runtime!r}; expected a runtime name")
         _choice("fallback", self.fallback, FALLBACKS)
         object.__setattr__(self, "precision", get_precision(self.precision))
         _choice("observer", self.observer, OBSERVERS)
@@ -147,7 +148,6 @@ class Settings:
                 _int(name, getattr(self, name), 1)
         _bool("dynamic_batch", self.dynamic_batch)
         _bool("calibration_cache", self.calibration_cache)
-        _bool("transformer_fusion", self.transformer_fusion)
         budget = self.accuracy_budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
             raise ValueError(
@@ -200,6 +200,9 @@ class Settings:
         """
         options = dict(options or {})
         env = os.environ if env is None else env
+        removed = sorted(set(options) & set(_REMOVED))
+        if removed:
+            raise ValueError(f"option {removed[0]!r} no longer exists: {_REMOVED[removed[0]]}")
         unknown = sorted(set(options) - set(cls.names()))
         if unknown:
             raise ValueError(
@@ -207,13 +210,8 @@ class Settings:
                 f"{', '.join(cls.names())}"
             )
         kwargs: dict[str, Any] = {}
-        if env.get(ENV_RUNTIME):
-            runtime = env[ENV_RUNTIME]
-            if runtime not in RUNTIMES:
-                raise ValueError(
-                    f"invalid {ENV_RUNTIME}={runtime!r}; valid values: {', '.join(RUNTIMES)}"
-                )
-            kwargs["runtime"] = runtime
+        if env.get(ENV_RUNTIME):  # the runtime registry checks the name
+            kwargs["runtime"] = env[ENV_RUNTIME]
         if env.get(ENV_PRECISION) and not {"precision", _QUANTIZE_ALIAS} & set(options):
             precision = env[ENV_PRECISION]
             if precision not in precision_names():

@@ -2,8 +2,9 @@
 
 :func:`content_key` hashes canonical JSON of its parts; :func:`fingerprint_graph` hashes a
 graph's normalised structure and every constant it holds; :func:`library_versions` lists the
-versions that change built artifacts; :func:`jsonable` makes data JSON the one way the cache and
-the export sidecar both write it. Equal inputs give equal keys, so a warm cache is found by
+versions that change built artifacts and measured decisions; :func:`jsonable` makes data JSON the
+one way the cache and the export sidecar both write it. Equal inputs give equal keys, so a warm
+cache is found by
 content and a stale entry is never served.
 """
 
@@ -14,7 +15,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +45,25 @@ def _version(module: str) -> str | None:
         return None
 
 
-def library_versions() -> dict[str, str | None]:
-    """Versions that change built artifacts: torch, onnx, onnxruntime, tensorrt, embedl-dynamo."""
-    return {
+def library_versions(runtimes: Iterable[Any] = ()) -> dict[str, str | None]:
+    """Versions that change built artifacts and measured decisions.
+
+    Args:
+        runtimes: the runtime classes a decision was timed on, or an artifact is built for;
+            each adds its name and its declared ``version()`` (the library it runs on), so an
+            upgrade of any of them measures or builds again.
+
+    Returns:
+        torch, onnx and embedl-dynamo's versions, then one entry per runtime.
+    """
+    versions = {
         "torch": torch.__version__,
         "onnx": _version("onnx"),
-        "onnxruntime": _version("onnxruntime") or _version("onnxruntime-gpu"),
-        "tensorrt": _version("tensorrt"),
-        "torch_tensorrt": _version("torch-tensorrt") or _version("torch_tensorrt"),
         "embedl_dynamo": _version("embedl-dynamo"),
     }
+    for runtime in runtimes:
+        versions[f"runtime:{runtime.name}"] = runtime.version()
+    return versions
 
 
 # tensors at least this big are hashed on worker threads (hashlib releases the GIL)

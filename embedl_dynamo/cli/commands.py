@@ -31,7 +31,7 @@ __all__ = ["COMMANDS", "format_rows"]
 
 def run_backends(args: argparse.Namespace) -> int:
     from embedl_dynamo.backend import discover_backends
-    from embedl_dynamo.runtimes import RUNTIME_CLASSES
+    from embedl_dynamo.runtimes import runtime_classes
 
     backends = discover_backends()
     if not backends:
@@ -56,7 +56,7 @@ def run_backends(args: argparse.Namespace) -> int:
             print(f"  {name}: {backends[name].description}")
     print()
     rows = [("runtime", "available", "why not")]
-    for name, cls in RUNTIME_CLASSES.items():
+    for name, cls in runtime_classes().items():
         missing = cls.missing()
         rows.append((name, "yes" if missing is None else "no", missing or ""))
     print(format_rows(rows))

@@ -12,6 +12,7 @@ from embedl_dynamo.cache.keys import content_key, sha256_file
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.errors import EngineUnavailableError
 from embedl_dynamo.graph.dynamic_axes import batch_axes
+from embedl_dynamo.runtimes.base import target_device
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime, build_engine, engine_profile
 from embedl_dynamo.settings import Settings
 
@@ -38,7 +39,7 @@ def build_engine_file(onnx_path: Path, args: tuple[torch.Tensor, ...], settings:
         )
     import tensorrt as trt
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = target_device()
     axes = batch_axes(list(args), (), settings.dynamic_batch)
     profile = engine_profile(list(args), axes, settings.max_batch, settings.max_seq)
     key = content_key(

@@ -63,7 +63,7 @@ from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
-from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
+from embedl_dynamo.runtimes.registry import runtime_classes, runtime_lint, runtime_settings
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 
@@ -112,7 +112,7 @@ def _settings(
     if progress is not None:
         merged.setdefault("progress", progress)
     try:
-        return Settings.from_options(merged)
+        return runtime_settings(merged)
     except ValueError as exc:
         raise ExportArgumentError(str(exc)) from exc
 
@@ -349,9 +349,7 @@ def export(
         "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
         "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
         "opset": written_opset,
-        "tensorrt_lint": lint_for_tensorrt(onnx.load(str(path)))
-        if target.name == "tensorrt"
-        else None,
+        "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
         "precision": settings.precision.name,
         "quantized": quantized,
         "layers": result.report.get("layers", []),
@@ -376,7 +374,7 @@ def export(
         },
         "settings": settings.to_dict(),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        "versions": library_versions(),
+        "versions": library_versions(runtime_classes().values()),
     }
     if sidecar["tensorrt_lint"]:
         lint = sidecar["tensorrt_lint"]

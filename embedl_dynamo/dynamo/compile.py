@@ -39,7 +39,7 @@ from embedl_dynamo.report.record import next_index, record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.registry import CPU_TARGETS, runtime_candidates
+from embedl_dynamo.runtimes.registry import runtime_candidates
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import check_precision, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
@@ -96,7 +96,7 @@ def compile_subgraph(
     backend, cpu_route = cpu_precision_route(runtime_cls, backend, settings)
     report.reason = route or cpu_route
     # with several CPU runtimes, float graphs (and mixed against float) are timed on each
-    timed = [] if on_cuda else [c for c in candidates if c in CPU_TARGETS]
+    timed = [] if on_cuda else [c for c in candidates if c.cpu_target is not None]
     if len(timed) < 2:
         timed = []
 
@@ -129,7 +129,7 @@ def compile_subgraph(
     axes = dynamic_axes(gm, user, inputs, settings.dynamic_batch)
 
     alias_key = None
-    if not settings.precision.lower and runtime_cls in CPU_TARGETS:
+    if not settings.precision.lower and runtime_cls.cpu_target is not None:
         alias_key = source_key(frozen.gm, inputs, axes, backend, settings)
         runtimes = timed or [runtime_cls]
         infer = warm_start(alias_key, frozen.gm, inputs, axes, backend, settings, report, runtimes)

@@ -22,6 +22,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
 from embedl_dynamo.dynamo.compile import compile_subgraph
+from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -48,7 +49,7 @@ def _compile(
             f"embedl backends take only options={{...}}; got {sorted(kwargs)}. Valid options: "
             f"{', '.join(Settings.names())}"
         )
-    settings = Settings.from_options(options)
+    settings = runtime_settings(options)
     return compile_subgraph(gm, example_inputs, backend or get_backend(), settings)
 
 

@@ -26,6 +26,7 @@ from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
 
 __all__ = ["source_key", "warm_start"]
@@ -49,7 +50,7 @@ def source_key(
         backend.to_dict(),
         settings.key_dict(),
         code_fingerprint(),
-        library_versions(),
+        library_versions(runtime_classes().values()),
     )
 
 

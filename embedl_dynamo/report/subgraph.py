@@ -24,7 +24,7 @@ class SubgraphReport:
         plan: the :class:`~embedl_dynamo.rewrite.plan.TransformationPlan` (None when not transformed;
             planned on first access when a warm cache let compilation skip the pipeline).
         pipeline: the pipeline report (applied/skipped counts, timings).
-        runtime_info: the runtime's ``to_dict()["build_info"]``.
+        runtime_info: the runtime's ``build_info``.
         compile_s: seconds spent in the backend for this subgraph.
     """
 

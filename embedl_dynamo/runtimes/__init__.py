@@ -1,17 +1,26 @@
 """Runtimes: where a transformed graph runs (ONNX Runtime, OpenVINO, TensorRT, Torch-TensorRT, eager).
 
-All follow one lifecycle (:class:`~.base.Runtime`); :func:`~.registry.resolve_runtime` picks the
-class the settings ask for, ``auto`` picking the best available.
+All follow one lifecycle (:class:`~.base.Runtime`) and declare their own facts; the registry
+(:mod:`.registry`) is the one list of them (third parties add theirs through the
+``embedl_dynamo.runtimes`` entry-point group or :func:`~.registry.register_runtime`) and
+:func:`~.registry.runtime_candidates` picks the classes the settings ask for, ``auto`` the best
+available. Adding a runtime is one folder plus one registry line.
 """
 
 from __future__ import annotations
 
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.registry import RUNTIME_CLASSES, resolve_runtime, runtime_for_file
+from embedl_dynamo.runtimes.registry import (
+    register_runtime,
+    runtime_candidates,
+    runtime_classes,
+    runtime_for_file,
+)
 
 __all__ = [
-    "RUNTIME_CLASSES",
     "Runtime",
-    "resolve_runtime",
+    "register_runtime",
+    "runtime_candidates",
+    "runtime_classes",
     "runtime_for_file",
 ]

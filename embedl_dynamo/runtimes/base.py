@@ -6,10 +6,13 @@
   ``build`` the runtime is active.
 * :meth:`Runtime.activate` / :meth:`Runtime.deactivate` acquire and release what inference
   needs (a session, an execution context); a deactivated runtime refuses :meth:`Runtime.infer`.
-* :meth:`Runtime.deploy` marks the runtime final: it stays active and cannot be deactivated.
-* :meth:`Runtime.to_dict` / :meth:`Runtime.from_dict` describe it (artifact paths as strings),
-  :meth:`Runtime.key` is its cache key, :meth:`Runtime.describe` one line for reports, and
-  :attr:`Runtime.is_jit` says whether it compiles on first call rather than in ``build``.
+* :meth:`Runtime.key` is its cache key and :meth:`Runtime.describe` one line for reports.
+
+A runtime class also declares its facts, so no table elsewhere tests its name: :attr:`~Runtime.name`,
+:attr:`~Runtime.artifact_suffixes`, :attr:`~Runtime.cuda_only`, :attr:`~Runtime.auto_rank`,
+:attr:`~Runtime.cpu_target`, :meth:`~Runtime.version` (keys every cached decision timed on it),
+:meth:`~Runtime.layer_profiler` and :meth:`~Runtime.lint`. The registry
+(:mod:`embedl_dynamo.runtimes.registry`) is the one list of runtime classes.
 """
 
 from __future__ import annotations
@@ -18,25 +21,52 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import fx
 
+from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.settings import Settings
 
+if TYPE_CHECKING:
+    import onnx
+
+#: what a layer profiler is: ``(onnx_path, inputs, runs, num_threads) -> {node name: ms per run}``
+LayerProfiler = Callable[[Path, Sequence[torch.Tensor], int, "int | None"], dict[str, float]]
+
 __all__ = [
+    "LayerProfiler",
     "Runtime",
     "check_finite",
     "check_outputs",
     "graph_outputs",
     "output_cosine",
+    "package_version",
+    "target_device",
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def package_version(*distributions: str) -> str | None:
+    """The installed version of the first of ``distributions`` that is installed (None: none)."""
+    from importlib import metadata
+
+    for distribution in distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def target_device() -> torch.device:
+    """The CUDA device engines are built for and run on (the current one)."""
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def check_outputs(
@@ -116,9 +146,18 @@ class Runtime(ABC):
             sizes); None: dim 0 where ``settings.dynamic_batch`` says.
     """
 
+    #: the name ``runtime=`` takes
     name: ClassVar[str] = ""
     #: file suffixes of prebuilt artifacts :meth:`load_artifact` takes (``load()`` maps on them)
     artifact_suffixes: ClassVar[tuple[str, ...]] = ()
+    #: runs only on a CUDA device: ``auto`` skips it for a graph on the CPU
+    cuda_only: ClassVar[bool] = False
+    #: where ``auto`` tries it among a target's runtimes when the target names none (higher
+    #: first; equal ranks keep the registry's order)
+    auto_rank: ClassVar[int] = 0
+    #: the target whose INT8 placement this CPU runtime turns into integer kernels (None: it
+    #: runs the placement of the target it is given)
+    cpu_target: ClassVar[Backend | None] = None
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -127,12 +166,30 @@ class Runtime(ABC):
         self.dynamic_axes = dynamic_axes  # Dynamo's symbolic axes; dim 0 by the settings if None
         self.built = False
         self.active = False
-        self.deployed = False
         self.from_cache = False
         self.build_info: dict[str, Any] = {}
         self._reference: tuple[tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
         # (sample, its version counters, the artifact's outputs on it) from check_artifact
         self._checked_call: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None
+
+    # facts --------------------------------------------------------------------------------
+    @classmethod
+    def version(cls) -> str | None:
+        """The version of the library this runtime runs on (None: nothing beyond torch); it
+        keys every cached decision timed on the runtime, so an upgrade measures again."""
+        return None
+
+    @classmethod
+    def layer_profiler(cls) -> LayerProfiler | None:
+        """The function that times each node of an ONNX file on this runtime (None: the
+        runtime has none; per-layer decisions are then timed on ONNX Runtime)."""
+        return None
+
+    @classmethod
+    def lint(cls, model: onnx.ModelProto) -> list[str] | None:
+        """Problems this runtime's parser would have with an exported ONNX ``model``, one line
+        each (None: the runtime has no lint; ``[]``: it passes)."""
+        return None
 
     # availability -------------------------------------------------------------------------
     @classmethod
@@ -181,11 +238,6 @@ class Runtime(ABC):
         return []
 
     # lifecycle ----------------------------------------------------------------------------
-    @property
-    @abstractmethod
-    def is_jit(self) -> bool:
-        """True when the artifact is compiled on first inference rather than in ``build``."""
-
     def build(self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Runtime:
         """Build the artifact (idempotent; runs the sample at most once) and activate.
 
@@ -262,16 +314,9 @@ class Runtime(ABC):
 
     def deactivate(self) -> None:
         """Release inference resources; :meth:`infer` then fails until :meth:`activate`."""
-        if self.deployed:
-            raise RuntimeError(f"{self.name} runtime is deployed and cannot be deactivated")
         if self.active:
             self._deactivate()
             self.active = False
-
-    def deploy(self, device: torch.device | str | None = None) -> None:
-        """Activate for good (on ``device`` when the runtime supports choosing it)."""
-        self.activate()
-        self.deployed = True
 
     def _activate(self) -> None:  # noqa: B027 - optional hook
         """Hook: acquire resources."""
@@ -315,26 +360,6 @@ class Runtime(ABC):
     def key(self) -> str | None:
         """The content key of the built artifact (None before build or when not cached)."""
         return self.build_info.get("key")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready state: the runtime name, settings and build information."""
-        return {
-            "runtime": self.name,
-            "settings": self.settings.to_dict(),
-            "build_info": dict(self.build_info),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Runtime:
-        """A runtime with the settings of :meth:`to_dict` output (call :meth:`build` next)."""
-        from dataclasses import fields
-
-        known = {f.name for f in fields(Settings)}
-        raw = {k: v for k, v in data.get("settings", {}).items() if k in known}
-        raw.pop("calibration_data", None)
-        runtime = cls(Settings(**raw))
-        runtime.build_info = dict(data.get("build_info", {}))
-        return runtime
 
     def describe(self) -> str:
         """One line: runtime, whether built or loaded from the cache, and the artifact."""

@@ -19,16 +19,12 @@ whole-model time.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
-import statistics
 import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import fx
@@ -38,17 +34,14 @@ from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session
-from embedl_dynamo.runtimes.openvino.runtime import compile_openvino
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.timer import time_options
 
-__all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
+__all__ = ["LayerTimes", "profile_graph", "time_graphs"]
 
 logger = logging.getLogger(__name__)
-
-_KERNEL_SUFFIX = "_kernel_time"
-_PROFILE_WARMUP = 5  # untimed profiled runs first: thread pools and allocators settle
 
 
 class LayerTimes:
@@ -71,54 +64,6 @@ class LayerTimes:
         return self._by_segment.get(f"fq_{node}", 0.0)
 
 
-def node_times(profile: Sequence[Mapping[str, Any]], runs: int) -> dict[str, float]:
-    """Milliseconds per run of each node, from ONNX Runtime's profile events."""
-    totals: dict[str, float] = defaultdict(float)
-    for event in profile:
-        name = str(event.get("name", ""))
-        if event.get("cat") == "Node" and name.endswith(_KERNEL_SUFFIX):
-            totals[name[: -len(_KERNEL_SUFFIX)]] += float(event.get("dur", 0)) / 1000.0
-    return {name: total / runs for name, total in totals.items()}
-
-
-def _onnxruntime_node_times(
-    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None, tmp: str
-) -> dict[str, float]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.log_severity_level = 3
-    options.enable_profiling = True
-    options.profile_file_prefix = os.path.join(tmp, "profile")
-    session = create_session(
-        path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
-    )
-    feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
-    for _ in range(runs + _PROFILE_WARMUP):
-        session.run(None, feeds)
-    with open(session.end_profiling(), encoding="utf-8") as f:
-        events = json.load(f)
-    return node_times(events, runs + _PROFILE_WARMUP)
-
-
-def _openvino_node_times(
-    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None
-) -> dict[str, float]:
-    """Median ms per node over ``runs`` calls, from OpenVINO's performance counters."""
-    request = compile_openvino(path, num_threads, {"PERF_COUNT": True}).create_infer_request()
-    feeds = [t.detach().cpu().numpy() for t in inputs]
-    for _ in range(_PROFILE_WARMUP):
-        request.infer(feeds)
-    samples: dict[str, list[float]] = defaultdict(list)
-    for _ in range(runs):
-        request.infer(feeds)
-        for info in request.profiling_info:
-            if str(info.status).endswith(".EXECUTED"):
-                samples[info.node_name].append(info.real_time.total_seconds() * 1000.0)
-    return {name: statistics.median(v) for name, v in samples.items()}
-
-
 def profile_graph(
     gm: fx.GraphModule,
     inputs: Sequence[torch.Tensor],
@@ -134,23 +79,26 @@ def profile_graph(
         inputs: its inputs.
         runs: profiled runs (after a few warm-up runs).
         num_threads: intra-op threads (the runtime's default when None).
-        runtime: ``onnxruntime`` or ``openvino``.
+        runtime: the name of a runtime with a layer profiler (``onnxruntime``, ``openvino``).
         artifact: ``gm``'s ONNX artifact (:func:`~.artifacts.onnx_artifact`: the very file the
             runtime deploys) to profile; without, a static export in a temporary file.
 
     Returns:
         The :class:`LayerTimes`.
     """
-    if runtime not in ("onnxruntime", "openvino"):
-        raise ValueError(f"no layer profiler for runtime {runtime!r}; use onnxruntime or openvino")
+    classes = runtime_classes()
+    profiler = classes[runtime].layer_profiler() if runtime in classes else None
+    if profiler is None:
+        profiled = [name for name, cls in classes.items() if cls.layer_profiler() is not None]
+        raise ValueError(
+            f"no layer profiler for runtime {runtime!r}; use one of: {', '.join(profiled)}"
+        )
     with tempfile.TemporaryDirectory(prefix="embedl_profile_") as tmp:
         if artifact is not None:
             path = artifact.path
         else:
             path = export_onnx(gm, list(inputs), Path(tmp) / "model.onnx", dynamic_batch=False)
-        if runtime == "openvino":
-            return LayerTimes(_openvino_node_times(path, inputs, runs, num_threads))
-        return LayerTimes(_onnxruntime_node_times(path, inputs, runs, num_threads, tmp))
+        return LayerTimes(profiler(path, inputs, runs, num_threads))
 
 
 def _build_runtime(

@@ -44,7 +44,6 @@ from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judging_sample
 from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
@@ -62,7 +61,6 @@ logger = logging.getLogger(__name__)
 
 _FORMAT = 1
 _RESERVE = 0.2  # of the budget's slack, kept for the runtime's own rounding
-_PROFILED = (OnnxRuntime, OpenVINORuntime)  # runtimes with a per-layer profiler here
 
 
 @dataclass
@@ -114,14 +112,14 @@ def choose_mixed(
     # judged on what the artifact will be judged on (the build sample and two calibration
     # batches)
     sample = [tuple(b) for b in judging_sample(list(inputs), batches)]
-    measured_on = runtime if runtime in _PROFILED else OnnxRuntime
+    measured_on = runtime if runtime.layer_profiler() is not None else OnnxRuntime
     key = content_key(
         "mixed",
         calibrated.report["calibration_key"],
         budget,
         num_threads,
         measured_on.name,
-        library_versions(),
+        library_versions([measured_on, runtime]),
         code_fingerprint(),
     )
     cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE) if cache_dir is not None else None

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.runtimes.registry import CPU_TARGETS
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
 from embedl_dynamo.settings import Settings
@@ -50,17 +50,17 @@ def cpu_precision_route(
 
     TensorRT's Q/DQ (symmetric, on layer inputs, depthwise convs float) is what TensorRT runs as
     INT8, but not what a CPU runtime runs fastest: ONNX Runtime fuses only its own placement
-    (Q/DQ around each layer, uint8 activations) and ran TensorRT's convs in float between Q/DQ
-    (ResNet-50: 1.02x eager, against 0.19x); OpenVINO runs NNCF's placement (depthwise and
-    squeeze-excite included) as integer kernels. So on a CPU runtime the graph gets that
-    runtime's own target's placement (``onnxruntime`` / ``openvino``). Float, other targets and
-    GPU runtimes are unchanged.
+    (Q/DQ around each layer, uint8 activations) and runs TensorRT's convs in float between
+    Q/DQ; OpenVINO runs NNCF's placement (depthwise and squeeze-excite included) as integer
+    kernels. So on a CPU runtime the graph gets the placement of the target the runtime declares
+    (:attr:`~embedl_dynamo.runtimes.base.Runtime.cpu_target`). Float, other targets and GPU
+    runtimes are unchanged.
 
     Returns:
         The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
-    target = CPU_TARGETS.get(cls)
-    if backend.name != "tensorrt" or not settings.precision.quantizes or not target:
+    target = cls.cpu_target
+    if backend != TENSORRT or not settings.precision.quantizes or target is None:
         return backend, ""
     note = (
         f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "

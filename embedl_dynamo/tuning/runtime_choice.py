@@ -224,7 +224,7 @@ def fastest(
     key = content_key(
         _NAMESPACE, _FORMAT,
         [[o.label, o.runtime.name, builder.artifact_key(o)] for o in options],
-        settings.num_threads, library_versions(), _cpu_name(),
+        settings.num_threads, library_versions(o.runtime for o in options), _cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)

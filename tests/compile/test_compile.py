@@ -239,9 +239,9 @@ def test_error_unknown_backend():
     [("tensorrt", "tensorrt"), ("torch_tensorrt", "torch-tensorrt|torch_tensorrt|CUDA")],
 )
 def test_error_forced_unavailable_runtime_names_what_is_missing(runtime, missing):
-    from embedl_dynamo.runtimes import RUNTIME_CLASSES
+    from embedl_dynamo.runtimes import runtime_classes
 
-    if RUNTIME_CLASSES[runtime].is_available():
+    if runtime_classes()[runtime].is_available():
         pytest.skip(f"{runtime} is available here")
     with pytest.raises(Exception, match=rf"runtime '{runtime}' is unavailable: .*({missing})"):
         _compile_error({"runtime": runtime})
@@ -435,10 +435,10 @@ def test_only_a_runtime_that_builds_from_memory_keeps_the_export_in_memory(
     once for it and the writer; OpenVINO waits for the file, so nothing is copied ahead of the
     writer on the compiling thread."""
     from embedl_dynamo.onnx.initializers import UnwrittenOnnx
-    from embedl_dynamo.runtimes.registry import RUNTIME_CLASSES
+    from embedl_dynamo.runtimes.registry import runtime_classes
 
-    if RUNTIME_CLASSES[runtime].missing():
-        pytest.skip(RUNTIME_CLASSES[runtime].missing())
+    if runtime_classes()[runtime].missing():
+        pytest.skip(runtime_classes()[runtime].missing())
     calls, real = [], UnwrittenOnnx.make_contiguous
     monkeypatch.setattr(UnwrittenOnnx, "make_contiguous", lambda self: calls.append(real(self)))
     _compile_resnet_on(runtime, tmp_path)

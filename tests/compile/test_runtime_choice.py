@@ -13,6 +13,7 @@ import embedl_dynamo
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.precision import get_precision
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
@@ -50,7 +51,7 @@ def _winner(name):
 
 def _auto(gm, x, settings):
     """``runtime="auto"``'s choice for the float graph ``gm`` among :data:`CANDIDATES`."""
-    options = runtime_choice.run_options(gm, None, CANDIDATES[0], CANDIDATES, "fp32")
+    options = runtime_choice.run_options(gm, None, CANDIDATES[0], CANDIDATES, get_precision("fp32"))
     return runtime_choice.fastest(options, [x], settings)
 
 
@@ -326,7 +327,7 @@ def test_a_lower_precision_must_win_by_the_margin():
 
 def test_mixed_on_its_runtime_is_a_lower_precision_option():
     _, gm, _ = _graph()
-    options = runtime_choice.run_options(gm, gm, OpenVINORuntime, CANDIDATES, "mixed")
+    options = runtime_choice.run_options(gm, gm, OpenVINORuntime, CANDIDATES, get_precision("mixed"))
     assert [(o.label, o.lower_precision) for o in options] == [
         ("openvino mixed", True),
         ("onnxruntime fp32", False),

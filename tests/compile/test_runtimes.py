@@ -10,7 +10,7 @@ from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.pipeline import run_pipeline
-from embedl_dynamo.runtimes import RUNTIME_CLASSES, resolve_runtime
+from embedl_dynamo.runtimes import runtime_candidates, runtime_classes
 from embedl_dynamo.runtimes.base import check_outputs
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_providers
@@ -18,13 +18,14 @@ from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from tests.models import ResNetLike, randomize_batchnorm
 
+RUNTIMES = runtime_classes()
 requires_tensorrt = pytest.mark.skipif(
-    not RUNTIME_CLASSES["tensorrt"].is_available(),
-    reason=f"TensorRT runtime unavailable: {RUNTIME_CLASSES['tensorrt'].missing()}",
+    not RUNTIMES["tensorrt"].is_available(),
+    reason=f"TensorRT runtime unavailable: {RUNTIMES['tensorrt'].missing()}",
 )
 requires_torch_tensorrt = pytest.mark.skipif(
-    not RUNTIME_CLASSES["torch_tensorrt"].is_available(),
-    reason=f"Torch-TensorRT unavailable: {RUNTIME_CLASSES['torch_tensorrt'].missing()}",
+    not RUNTIMES["torch_tensorrt"].is_available(),
+    reason=f"Torch-TensorRT unavailable: {RUNTIMES['torch_tensorrt'].missing()}",
 )
 
 
@@ -67,16 +68,13 @@ def test_onnxruntime_lifecycle(transformed, tmp_path):
     assert rt.build(counting, [x]) is rt  # idempotent
     assert counting.calls == 1  # the sample ran once, to check the artifact's outputs
     assert BUILD_COUNTS["onnx"] == 1
-    assert rt.active and not rt.is_jit and rt.key() and "onnxruntime (cached)" in rt.describe()
+    assert rt.active and rt.key() and "onnxruntime (cached)" in rt.describe()
     torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=1e-4, atol=1e-5)
     rt.deactivate()
     with pytest.raises(RuntimeError, match="not active"):
         rt.infer(x)
-    rt.deploy()
-    with pytest.raises(RuntimeError, match="deployed and cannot be deactivated"):
-        rt.deactivate()
-    again = OnnxRuntime.from_dict(rt.to_dict())
-    assert again.settings == rt.settings and again.key() == rt.key()
+    rt.activate()
+    torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=1e-4, atol=1e-5)
 
 
 def test_onnxruntime_outputs_share_memory_with_ort(transformed, tmp_path):
@@ -149,12 +147,12 @@ def test_check_outputs_catches_mismatch():
 def test_auto_logs_its_candidates_on_this_cpu(caplog):
     import logging
 
-    import embedl_dynamo.runtimes.registry as select
+    from embedl_dynamo.runtimes.registry import reset_runtimes
 
-    select._logged_auto.clear()
+    reset_runtimes()  # forgets which candidates were logged
     with caplog.at_level(logging.INFO, logger="embedl_dynamo.runtimes.registry"):
-        cls = resolve_runtime("auto")
-    if not RUNTIME_CLASSES["tensorrt"].is_available():
+        cls = runtime_candidates("auto")[0]
+    if not RUNTIMES["tensorrt"].is_available():
         expected = OpenVINORuntime if OpenVINORuntime.is_available() else OnnxRuntime
         assert cls is expected
     assert f"runtime 'auto' selected {cls.name}" in caplog.text
@@ -165,23 +163,24 @@ def test_auto_picks_tensorrt_only_for_cuda_graphs(monkeypatch):
 
     monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
     monkeypatch.setattr(OpenVINORuntime, "missing", classmethod(lambda cls: "not installed"))
-    assert resolve_runtime("auto", on_cuda=True) is TensorRTRuntime
-    assert resolve_runtime("auto", on_cuda=False) is OnnxRuntime  # a CPU model stays on CPU
-    assert resolve_runtime("auto") is OnnxRuntime
+    assert runtime_candidates("auto", on_cuda=True)[0] is TensorRTRuntime
+    assert runtime_candidates("auto", on_cuda=False)[0] is OnnxRuntime  # a CPU model stays on CPU
+    assert runtime_candidates("auto")[0] is OnnxRuntime
 
 
 def test_unknown_runtime_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid runtimes: auto, onnxruntime, openvino, tensorrt"):
-        resolve_runtime("tvm")
+    match = "invalid runtime='tvm'; valid values: 'auto', 'onnxruntime', 'openvino', 'tensorrt'"
+    with pytest.raises(ValueError, match=match):
+        runtime_candidates("tvm")
 
 
 @pytest.mark.parametrize("name", ["tensorrt", "torch_tensorrt"])
 def test_unavailable_runtime_names_what_is_missing(name):
-    cls = RUNTIME_CLASSES[name]
+    cls = RUNTIMES[name]
     if cls.is_available():
         pytest.skip(f"{name} is available here")
     with pytest.raises(RuntimeUnavailableError, match=f"runtime '{name}' is unavailable: ") as e:
-        resolve_runtime(name)
+        runtime_candidates(name)
     assert any(w in str(e.value) for w in ("not installed", "CUDA", "fails to import", "version"))
 
 
@@ -190,12 +189,12 @@ def test_unavailable_runtime_names_what_is_missing(name):
 @requires_tensorrt
 def test_tensorrt_engine_matches_and_is_cached(transformed, tmp_path):
     model, gm, x = transformed
-    rt = RUNTIME_CLASSES["tensorrt"](_settings(tmp_path)).build(gm, [x])
+    rt = RUNTIMES["tensorrt"](_settings(tmp_path)).build(gm, [x])
     out = rt.infer(x.cuda())[0].cpu()
     torch.testing.assert_close(out, model(x).detach(), rtol=1e-2, atol=1e-2)
     out5 = rt.infer(torch.randn(5, 3, 16, 16).cuda())[0]  # dynamic batch, same engine
     assert out5.shape[0] == 5
-    again = RUNTIME_CLASSES["tensorrt"](_settings(tmp_path)).build(gm, [x])
+    again = RUNTIMES["tensorrt"](_settings(tmp_path)).build(gm, [x])
     assert again.from_cache and BUILD_COUNTS["trt_engine"] == 1
 
 
@@ -204,7 +203,7 @@ def test_tensorrt_engine_matches_and_is_cached(transformed, tmp_path):
 @requires_torch_tensorrt
 def test_torch_tensorrt_matches(transformed, tmp_path):
     model, gm, x = transformed
-    rt = RUNTIME_CLASSES["torch_tensorrt"](_settings(tmp_path)).build(gm, [x])
+    rt = RUNTIMES["torch_tensorrt"](_settings(tmp_path)).build(gm, [x])
     out = rt.infer(x.cuda())[0].cpu()
     torch.testing.assert_close(out, model(x).detach(), rtol=1e-2, atol=1e-2)
 

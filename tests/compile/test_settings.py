@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from embedl_dynamo.precision import get_precision
+from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
 
@@ -46,7 +47,6 @@ def test_unknown_option_lists_valid_ones():
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"runtime": "tvm"}, "invalid runtime='tvm'; valid values: 'auto', 'onnxruntime'"),
         ({"fallback": "ignore"}, "invalid fallback='ignore'; valid values: 'eager', 'raise'"),
         ({"quantize": "int4"}, "invalid quantize='int4'; valid values: None, 'int8'"),
         ({"observer": "max"}, "valid values: 'minmax', 'percentile', 'mse', 'entropy'"),
@@ -101,9 +101,30 @@ def test_precision_is_typed_and_keys_keep_its_name():
         s.precision == "bf16"  # noqa: B015  # a string comparison is an error, not False
 
 
+def test_unknown_runtime_lists_the_registered_ones():
+    """The runtime registry checks the name (settings sit below it and keep no list)."""
+    message = "invalid runtime='tvm'; valid values: 'auto', 'onnxruntime'"
+    with pytest.raises(ValueError, match=message):
+        runtime_settings({"runtime": "tvm"}, env={})
+    with pytest.raises(ValueError, match="invalid runtime=3; expected a runtime name"):
+        Settings.from_options({"runtime": 3}, env={})
+
+
 def test_bad_env_value_names_the_variable():
     with pytest.raises(ValueError, match="invalid EMBEDL_DYNAMO_RUNTIME='gpu'; valid values: auto"):
-        Settings.from_options({}, env={"EMBEDL_DYNAMO_RUNTIME": "gpu"})
+        runtime_settings({}, env={"EMBEDL_DYNAMO_RUNTIME": "gpu"})
+    # the option wins over the environment, and the error names what was given
+    with pytest.raises(ValueError, match="invalid runtime='tvm'"):
+        runtime_settings({"runtime": "tvm"}, env={"EMBEDL_DYNAMO_RUNTIME": "eager"})
+    assert runtime_settings({}, env={"EMBEDL_DYNAMO_RUNTIME": "eager"}).runtime == "eager"
+
+
+def test_removed_option_says_why_and_what_to_do():
+    with pytest.raises(
+        ValueError, match="option 'transformer_fusion' no longer exists: .*not faster"
+    ):
+        Settings.from_options({"transformer_fusion": True}, env={})
+    assert "transformer_fusion" not in Settings.names()
 
 
 def test_frozen():

@@ -16,10 +16,7 @@ class EagerRuntime(Runtime):
     """Runs the transformed (fused, frozen) GraphModule under ``torch.no_grad``."""
 
     name = "eager"
-
-    @property
-    def is_jit(self) -> bool:
-        return False
+    auto_rank = -1  # always available: the last resort of ``auto``
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         self._gm = gm

@@ -1,42 +1,53 @@
 """The ``onnxruntime`` runtime: the transformed graph as ONNX, run by an ``InferenceSession``.
 
 The ONNX file comes from the artifact cache (exported once per content key, dynamic batch
-axis, weights as initializers). A float graph with attention then goes through ONNX Runtime's
-own transformer optimizer (:mod:`.transformer_fusion`) when ``transformer_fusion=True``. The session uses the best execution providers installed
+axis, weights as initializers). The session uses the best execution providers installed
 (TensorRT EP > CUDA EP > CPU) with graph optimisation level ``ORT_ENABLE_ALL``.
 
 Copies: CPU tensors are handed to ORT as zero-copy numpy views (``Tensor.numpy()`` of a
 contiguous tensor shares memory) and outputs come back as ``torch.from_numpy`` views of ORT's
 arrays, so no tensor is copied on either side. CUDA tensors go through IO binding with their
 device pointers.
+
+The runtime's layer profiler (:func:`onnxruntime_node_times`) times each node of an ONNX file
+from ONNX Runtime's own profile (``SessionOptions.enable_profiling``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
-from collections.abc import Sequence
+import tempfile
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx
-from torch.fx.passes.shape_prop import ShapeProp
 
-from embedl_dynamo.errors import error_line
+from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.patterns.attention import FusedAttention
+from embedl_dynamo.runtimes.base import LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.onnxruntime.transformer_fusion import fused_artifact
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OnnxRuntime", "create_session", "ort_providers"]
+__all__ = [
+    "WARMUP_RUNS",
+    "OnnxRuntime",
+    "create_session",
+    "node_times",
+    "onnxruntime_node_times",
+    "ort_providers",
+]
 
 logger = logging.getLogger(__name__)
 
 _CPU_PROVIDER = "CPUExecutionProvider"
+_KERNEL_SUFFIX = "_kernel_time"
 _PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
 
 
@@ -94,30 +105,13 @@ def create_session(
     return session
 
 
-def _attention_heads(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> dict[str, int]:
-    """Fused attention module name -> number of heads (the query's dim 1): what the fusion
-    recorded, else from one shape-propagating run of the graph on the example inputs."""
-    modules = dict(gm.named_modules())
-    calls = [
-        n for n in gm.graph.nodes
-        if n.op == "call_module" and isinstance(modules.get(str(n.target)), FusedAttention)
-    ]  # fmt: skip
-    heads = {str(n.target): modules[str(n.target)].num_heads for n in calls}
-    if calls and not all(heads.values()):
-        with torch.no_grad():
-            ShapeProp(gm).propagate(*example_inputs)
-        for node in calls:
-            meta = node.args[0].meta.get("tensor_meta") if node.args else None
-            if meta is not None and len(meta.shape) == 4:
-                heads[str(node.target)] = int(meta.shape[1])
-    return {name: count for name, count in heads.items() if count}
-
-
 class OnnxRuntime(OnnxArtifactRuntime):
     """ONNX Runtime ``InferenceSession`` over the cached ONNX artifact."""
 
     name = "onnxruntime"
     artifact_suffixes = (".onnx",)
+    auto_rank = 10
+    cpu_target = ONNXRUNTIME
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -126,7 +120,6 @@ class OnnxRuntime(OnnxArtifactRuntime):
         self._session: Any = None
         self._input_names: list[str] = []
         self._output_names: list[str] = []
-        self._fuse = self.settings.transformer_fusion
 
     @classmethod
     def missing(cls) -> str | None:
@@ -134,9 +127,13 @@ class OnnxRuntime(OnnxArtifactRuntime):
             return "the onnxruntime package is not installed (pip install onnxruntime)"
         return None
 
-    @property
-    def is_jit(self) -> bool:
-        return False
+    @classmethod
+    def version(cls) -> str | None:
+        return package_version("onnxruntime", "onnxruntime-gpu")
+
+    @classmethod
+    def layer_profiler(cls) -> LayerProfiler:
+        return onnxruntime_node_times
 
     @classmethod
     def load_artifact(
@@ -179,28 +176,6 @@ class OnnxRuntime(OnnxArtifactRuntime):
             "artifact": str(artifact.final),
             "providers": ort_providers(),
         }
-        fused = None
-        if self._fuse:
-            fused = fused_artifact(
-                artifact.path,
-                artifact.key,
-                self.settings.cache_dir,
-                lambda: _attention_heads(gm, example_inputs),
-            )
-        if fused is not None:
-            self._artifact = OnnxArtifact.of_file(fused[0])
-            try:
-                self._activate()
-                self.check_artifact(gm, example_inputs, "ONNX Runtime's fused transformer graph")
-            except Exception as exc:  # the plain artifact is right by construction: use it
-                logger.warning(
-                    "ONNX Runtime's transformer fusions not used (%s); running the unfused graph",
-                    error_line(exc),
-                )
-                self._session, self._artifact = None, artifact
-            else:
-                self.build_info.update(artifact=str(fused[0]), ort_fusions=fused[1])
-                return
         self._activate()
         self.check_artifact(gm, example_inputs, "onnxruntime artifact")
 
@@ -257,3 +232,49 @@ class OnnxRuntime(OnnxArtifactRuntime):
 
 def _numpy_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
+
+
+WARMUP_RUNS = 5  # untimed runs first: thread pools and allocators settle
+
+
+def node_times(profile: Sequence[Mapping[str, Any]], runs: int) -> dict[str, float]:
+    """Milliseconds per run of each node, from ONNX Runtime's profile events."""
+    totals: dict[str, float] = defaultdict(float)
+    for event in profile:
+        name = str(event.get("name", ""))
+        if event.get("cat") == "Node" and name.endswith(_KERNEL_SUFFIX):
+            totals[name[: -len(_KERNEL_SUFFIX)]] += float(event.get("dur", 0)) / 1000.0
+    return {name: total / runs for name, total in totals.items()}
+
+
+def onnxruntime_node_times(
+    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None
+) -> dict[str, float]:
+    """Milliseconds per run of each node of ``path`` on ONNX Runtime's CPU provider.
+
+    Args:
+        path: the ONNX file.
+        inputs: one tensor per graph input.
+        runs: profiled runs (after :data:`WARMUP_RUNS` more, which are averaged in too).
+        num_threads: intra-op threads (ONNX Runtime's default when None).
+
+    Returns:
+        Node name -> milliseconds per run.
+    """
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="embedl_ort_profile_") as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        options.enable_profiling = True
+        options.profile_file_prefix = os.path.join(tmp, "profile")
+        session = create_session(
+            path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
+        )
+        feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
+        for _ in range(runs + WARMUP_RUNS):
+            session.run(None, feeds)
+        with open(session.end_profiling(), encoding="utf-8") as f:
+            events = json.load(f)
+    return node_times(events, runs + WARMUP_RUNS)

@@ -11,14 +11,16 @@ faster than f32 here), else in ``f32`` with its half weights, as reported in ``b
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
-error); this runtime is a working route from ``torch.compile`` to OpenVINO.
+error); this runtime is a working route from ``torch.compile`` to OpenVINO. Its layer profiler
+(:func:`openvino_node_times`) reads the CPU plugin's performance counters (``PERF_COUNT``).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-from collections import Counter
+import statistics
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,13 +29,22 @@ import numpy as np
 import torch
 from torch import fx
 
+from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.runtimes.base import LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OpenVINORuntime", "compile_openvino", "inference_precision", "openvino_cause"]
+__all__ = [
+    "WARMUP_RUNS",
+    "OpenVINORuntime",
+    "compile_openvino",
+    "inference_precision",
+    "openvino_cause",
+    "openvino_node_times",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +129,8 @@ class OpenVINORuntime(OnnxArtifactRuntime):
     """OpenVINO ``CompiledModel`` over the cached ONNX artifact, on the CPU."""
 
     name = "openvino"
+    auto_rank = 20
+    cpu_target = OPENVINO
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -132,9 +145,13 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             return "the openvino package is not installed (pip install embedl-dynamo[openvino])"
         return None
 
-    @property
-    def is_jit(self) -> bool:
-        return False
+    @classmethod
+    def version(cls) -> str | None:
+        return package_version("openvino")
+
+    @classmethod
+    def layer_profiler(cls) -> LayerProfiler:
+        return openvino_node_times
 
     @property
     def input_names(self) -> list[str]:
@@ -194,3 +211,33 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         outputs = [results[port] for port in self._compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
+
+
+WARMUP_RUNS = 5  # untimed runs first: thread pools and allocators settle
+
+
+def openvino_node_times(
+    path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None
+) -> dict[str, float]:
+    """Median milliseconds per node over ``runs`` calls, from OpenVINO's performance counters.
+
+    Args:
+        path: the ONNX file.
+        inputs: one tensor per graph input.
+        runs: timed runs (after :data:`WARMUP_RUNS` untimed ones).
+        num_threads: inference threads (OpenVINO's default when None).
+
+    Returns:
+        Node name -> median milliseconds per run, over the nodes OpenVINO executed.
+    """
+    request = compile_openvino(path, num_threads, {"PERF_COUNT": True}).create_infer_request()
+    feeds = [t.detach().cpu().numpy() for t in inputs]
+    for _ in range(WARMUP_RUNS):
+        request.infer(feeds)
+    samples: dict[str, list[float]] = defaultdict(list)
+    for _ in range(runs):
+        request.infer(feeds)
+        for info in request.profiling_info:
+            if str(info.status).endswith(".EXECUTED"):
+                samples[info.node_name].append(info.real_time.total_seconds() * 1000.0)
+    return {name: statistics.median(v) for name, v in samples.items()}

@@ -22,7 +22,7 @@ import importlib.util
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
@@ -31,8 +31,11 @@ from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.onnx.artifact import count_build, onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
 from embedl_dynamo.settings import Settings
+
+if TYPE_CHECKING:
+    import onnx
 
 __all__ = [
     "DEFAULT_MAX_BATCH",
@@ -41,7 +44,6 @@ __all__ = [
     "TensorRTRuntime",
     "build_engine",
     "engine_profile",
-    "target_device",
 ]
 
 logger = logging.getLogger(__name__)
@@ -89,11 +91,6 @@ def _torch_dtype(trt: Any, dtype: Any) -> torch.dtype:
         if getattr(trt, name, None) == dtype:
             return torch_dtype
     raise TypeError(f"TensorRT tensor dtype {dtype} has no torch equivalent here")
-
-
-def target_device() -> torch.device:
-    """The CUDA device engines are built for and run on (the current one)."""
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def engine_profile(
@@ -186,6 +183,8 @@ class TensorRTRuntime(Runtime):
 
     name = "tensorrt"
     artifact_suffixes = (".engine", ".plan", ".trt")
+    cuda_only = True
+    auto_rank = 40
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -203,9 +202,16 @@ class TensorRTRuntime(Runtime):
     def missing(cls) -> str | None:
         return _missing()
 
-    @property
-    def is_jit(self) -> bool:
-        return False
+    @classmethod
+    def version(cls) -> str | None:
+        return package_version("tensorrt")
+
+    @classmethod
+    def lint(cls, model: onnx.ModelProto) -> list[str]:
+        """TensorRT's parser rules checked with ``onnx`` alone (:func:`.lint.lint_for_tensorrt`)."""
+        from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
+
+        return lint_for_tensorrt(model)
 
     @classmethod
     def load_artifact(cls, path: Path, settings: Settings | None = None) -> TensorRTRuntime:

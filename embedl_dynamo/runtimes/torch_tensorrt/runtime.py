@@ -38,13 +38,12 @@ from torch import fx
 from embedl_dynamo.onnx.artifact import count_build
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
-from embedl_dynamo.runtimes.base import Runtime, check_outputs
+from embedl_dynamo.runtimes.base import Runtime, check_outputs, package_version, target_device
 
 __all__ = [
     "MAX_SHAPES",
     "TorchTensorRTRuntime",
     "compile_options",
-    "target_device",
     "torch_tensorrt_backend",
 ]
 
@@ -77,11 +76,6 @@ def torch_tensorrt_backend() -> Callable[..., Any]:
     return torch._dynamo.lookup_backend("torch_tensorrt")
 
 
-def target_device() -> torch.device:
-    """The CUDA device engines are built for (the current one)."""
-    return torch.device("cuda", torch.cuda.current_device())
-
-
 def compile_options(cache_dir: str, min_block_size: int) -> dict[str, Any]:
     """The ``options`` given to Torch-TensorRT's backend (see the module docstring)."""
     return {
@@ -102,14 +96,16 @@ class TorchTensorRTRuntime(Runtime):
     """Torch-TensorRT's Dynamo backend on the transformed graph, one module per input shape."""
 
     name = "torch_tensorrt"
+    cuda_only = True
+    auto_rank = 30
 
     @classmethod
     def missing(cls) -> str | None:
         return _missing()
 
-    @property
-    def is_jit(self) -> bool:
-        return False
+    @classmethod
+    def version(cls) -> str | None:
+        return package_version("torch-tensorrt", "torch_tensorrt")
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         if _is_fake_quant(gm):
