@@ -1,9 +1,9 @@
 """The runtime lifecycle, modelled on NVIDIA AITune's ``Backend``.
 
 * :meth:`Runtime.build` turns a transformed GraphModule and example inputs into something that
-  runs. It is idempotent and runs the sample at most once (to check the artifact's outputs
-  against the GraphModule's), so a model with state sees exactly one call per sample. After
-  ``build`` the runtime is active.
+  runs. It is idempotent and runs the sample at most once (its outputs go to the ``judge`` the
+  caller gives, :func:`embedl_dynamo.tuning.judge.judge_artifact`; no verdict is made here), so a
+  model with state sees exactly one call per sample. After ``build`` the runtime is active.
 * :meth:`Runtime.activate` / :meth:`Runtime.deactivate` acquire and release what inference
   needs (a session, an execution context); a deactivated runtime refuses :meth:`Runtime.infer`.
 * :meth:`Runtime.deploy` marks the runtime final: it stays active and cannot be deactivated.
@@ -24,18 +24,15 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.settings import Settings
 
 __all__ = [
+    "ArtifactJudge",
     "OutputMismatchError",
     "Runtime",
     "RuntimeUnavailableError",
-    "check_finite",
-    "check_outputs",
     "error_line",
     "graph_outputs",
-    "output_cosine",
 ]
 
 logger = logging.getLogger(__name__)
@@ -55,59 +52,13 @@ class OutputMismatchError(RuntimeError):
     """A built artifact's outputs differ from the GraphModule's on the build sample."""
 
 
-def check_outputs(
-    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], what: str, rtol: float = 1e-3
-) -> float:
-    """Compare outputs relative to their scale; raise :class:`OutputMismatchError` if off.
-
-    The bound is ``max|a - e| <= rtol * max(1, max|e|)`` per output (float32 kernels reorder
-    sums, so exact equality is not expected).
-
-    Returns:
-        The worst ``max|a - e| / max(1, max|e|)`` seen.
-    """
-    if len(expected) != len(actual):
-        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
-    worst = 0.0
-    for i, (e, a) in enumerate(zip(expected, actual)):
-        a = a.to(e.device)
-        if tuple(e.shape) != tuple(a.shape):
-            raise OutputMismatchError(
-                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-            )
-        if e.numel() == 0:
-            continue
-        if not e.is_floating_point():
-            if not torch.equal(e, a.to(e.dtype)):
-                raise OutputMismatchError(f"{what}: integer output {i} differs")
-            continue
-        scale = max(1.0, float(e.detach().abs().max()))
-        err = float((a.to(e.dtype) - e).abs().max()) / scale
-        if not err <= rtol:  # also catches NaN
-            raise OutputMismatchError(
-                f"{what}: output {i} differs from PyTorch by {err:.3g} relative to its scale "
-                f"(allowed {rtol:g})"
-            )
-        worst = max(worst, err)
-    return worst
-
-
-def check_finite(outputs: Sequence[torch.Tensor], what: str) -> None:
-    """Raise :class:`OutputMismatchError` naming the first output that holds NaN or infinity."""
-    for i, out in enumerate(outputs):
-        if out.is_floating_point() and not torch.isfinite(out).all():
-            bad = int((~torch.isfinite(out)).sum())
-            raise OutputMismatchError(f"{what}: output {i} holds {bad} NaN/inf value(s)")
-
-
-def output_cosine(expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor]) -> float:
-    """Cosine similarity of two output lists, flattened and concatenated (NaN propagates)."""
-    e = torch.cat([t.detach().reshape(-1).double().cpu() for t in expected])
-    a = torch.cat([t.detach().reshape(-1).double().cpu() for t in actual])
-    denom = float(e.norm() * a.norm())
-    if not denom:
-        return 1.0 if torch.equal(e, a) else 0.0
-    return float(e @ a) / denom
+#: how a runtime's caller judges the artifact's outputs on the build sample:
+#: ``judge(gm, reference, actual, what)`` raises :class:`OutputMismatchError` to reject them
+#: (``reference()`` gives ``gm``'s outputs); the verdict itself lives above the runtimes, in
+#: :func:`embedl_dynamo.tuning.judge.judge_artifact`
+ArtifactJudge = Callable[
+    [fx.GraphModule, Callable[[], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...], str], None
+]
 
 
 def graph_outputs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -146,6 +97,7 @@ class Runtime(ABC):
         self.deployed = False
         self.from_cache = False
         self.build_info: dict[str, Any] = {}
+        self.judge: ArtifactJudge | None = None  # given to build(); None: nothing is judged
         self._reference: tuple[tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
         # (sample, its version counters, the artifact's outputs on it) from check_artifact
         self._checked_call: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None
@@ -202,12 +154,19 @@ class Runtime(ABC):
     def is_jit(self) -> bool:
         """True when the artifact is compiled on first inference rather than in ``build``."""
 
-    def build(self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Runtime:
+    def build(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[torch.Tensor],
+        judge: ArtifactJudge | None = None,
+    ) -> Runtime:
         """Build the artifact (idempotent; runs the sample at most once) and activate.
 
         Args:
             gm: the transformed GraphModule (frozen weights, user inputs only); not modified.
             example_inputs: one tensor per placeholder.
+            judge: the verdict on the artifact's outputs on the sample
+                (:func:`~embedl_dynamo.tuning.judge.judge_artifact`); None keeps them unjudged.
 
         Returns:
             ``self``.
@@ -215,6 +174,8 @@ class Runtime(ABC):
         if self.built:
             return self
         self.require()
+        if judge is not None:
+            self.judge = judge
         try:
             self._build(gm, list(example_inputs))
         finally:
@@ -246,21 +207,11 @@ class Runtime(ABC):
     def check_artifact(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
     ) -> None:
-        """Run the built artifact once on the sample and hold it to ``gm``.
-
-        A float artifact must match ``gm`` (:func:`check_outputs`). A lower-precision one
-        (``gm`` carries ``embedl_quantization`` or :data:`HALF_PRECISION_META`) must be finite
-        here and is judged against the float model by the caller, within ``accuracy_budget``:
-        two correct bf16 kernels differ by more than float's 1e-3 (8 mantissa bits, rounded in
-        their own order), so ``gm``'s own half-precision outputs are no tighter a reference.
-        """
+        """Run the built artifact once on the sample, hand its outputs to :attr:`judge` (which
+        raises :class:`OutputMismatchError` to reject them) and keep them for :meth:`serve`."""
         actual = tuple(self._infer(list(example_inputs)))
-        if "embedl_quantization" in gm.meta:
-            check_finite(actual, f"INT8 {what}")
-        elif HALF_PRECISION_META in gm.meta:
-            check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
-        else:
-            check_outputs(self.reference_outputs(gm, example_inputs), actual, what)
+        if self.judge is not None:
+            self.judge(gm, lambda: self.reference_outputs(gm, example_inputs), actual, what)
         sample = tuple(example_inputs)
         self._checked_call = (sample, tuple(map(_version, sample)), actual)
 

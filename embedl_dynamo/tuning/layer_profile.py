@@ -41,6 +41,7 @@ from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session
 from embedl_dynamo.runtimes.openvino.runtime import compile_openvino
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import judge_artifact
 
 __all__ = ["LayerTimes", "node_times", "profile_graph", "time_graphs"]
 
@@ -162,7 +163,7 @@ def _build_runtime(
     given and the runtime runs ONNX artifacts, so the graph is not fingerprinted again."""
     if artifact is not None and isinstance(runtime, OnnxArtifactRuntime):
         runtime.use_artifact(artifact)
-    return runtime.build(gm, inputs)
+    return runtime.build(gm, inputs, judge_artifact)
 
 
 def time_graphs(

@@ -46,13 +46,17 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN, judging_sample
+from embedl_dynamo.tuning.judge import (
+    LOWER_PRECISION_MARGIN,
+    cosine,
+    flat_outputs,
+    judging_sample,
+    sample_outputs,
+)
 from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
 from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
-    flat_outputs,
     layer_latencies,
-    outputs_cosine,
 )
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
@@ -177,7 +181,7 @@ def _measure(
     )
     latency = layer_latencies(calibrated, float_times, int8_times)
     # the float graph's outputs on the sample, which every cosine below is taken against
-    reference = flat_outputs(calibrated.gm, sample)
+    reference = flat_outputs(sample_outputs(calibrated.gm, sample))
     int8, reasons, sensitivity, int8_set_cosine = decide_layers(
         calibrated, sample, target, latency, reference
     )
@@ -193,7 +197,7 @@ def _measure(
     if set(int8) == set(every):
         full_cosine = int8_set_cosine
     else:
-        full_cosine = outputs_cosine(flat_outputs(every_int8, sample), reference)
+        full_cosine = cosine(reference, flat_outputs(sample_outputs(every_int8, sample)))
     if full_cosine >= budget:
         candidates["int8"] = every_int8
     # the candidates are judged on the runtime too: its integer kernels are what will run (and
@@ -204,12 +208,12 @@ def _measure(
     def judge(name: str, built: Runtime) -> bool:
         if name == "fp32":
             return True
-        cosine = outputs_cosine(flat_outputs(built.infer, sample), reference)
-        if cosine < budget:
-            refused[name] = cosine
+        value = cosine(reference, flat_outputs(sample_outputs(built.infer, sample)))
+        if value < budget:
+            refused[name] = value
         else:
             held[name] = built.key()
-        return cosine >= budget
+        return value >= budget
 
     options = time_graphs(
         candidates, inputs, num_threads=num_threads, settings=settings, axes=axes,

@@ -36,7 +36,7 @@ from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN
+from embedl_dynamo.tuning.judge import LOWER_PRECISION_MARGIN, judge_artifact
 
 __all__ = [
     "RunOption",
@@ -214,7 +214,7 @@ def fastest(
     if cached is not None:  # the cached winner: build it alone
         option = by_label[cached]
         try:
-            runtime = runtime_of(option).build(option.model, inputs)
+            runtime = runtime_of(option).build(option.model, inputs, judge_artifact)
         except Exception as exc:
             logger.warning("cached runtime choice %s failed to build (%s); timing again",
                            cached, exc)  # fmt: skip
@@ -224,7 +224,7 @@ def fastest(
     error: Exception | None = None
     for option in options:
         try:
-            built[option.label] = runtime_of(option).build(option.model, inputs)
+            built[option.label] = runtime_of(option).build(option.model, inputs, judge_artifact)
         except Exception as exc:  # the others may still run it
             logger.info("%s cannot run this graph: %s", option.label, exc)
             error = exc
