@@ -29,7 +29,7 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import wrap_compiled
 from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
-from embedl_dynamo.graph.dynamic_axes import dynamic_axes
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
@@ -67,7 +67,7 @@ class _Job:
     timed: list[type[Runtime]]  # CPU runtimes float graphs are timed on (none, or 2+)
     start: float
     inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    axes: Any = None
+    axes: DynamicAxes | None = None
 
     def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Record that the subgraph runs in PyTorch (``fn``) and why."""
