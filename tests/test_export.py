@@ -106,7 +106,9 @@ def test_verification_mismatch_is_an_error_unless_verify_false(
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(1, 3, 8, 8)
     opts = {"cache_dir": tmp_path / "cache"}
-    with pytest.raises(VerificationError, match=r"differs from PyTorch by 1 .*verify=False"):
+    with pytest.raises(
+        VerificationError, match=r"differs from PyTorch by .*max abs diff 1 .*verify=False"
+    ):
         export(model, x, tmp_path / "bad.onnx", options=opts)
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo.deploy.export"):
         path = export(model, x, tmp_path / "kept.onnx", options=opts, verify=False)
@@ -355,3 +357,32 @@ def test_a_class_token_expand_keeps_the_batch_dynamic(tmp_path) -> None:
         with torch.no_grad():
             torch.testing.assert_close(loaded(y), model(y), atol=1e-4, rtol=1e-4)
     assert not x.__dict__.get("_dynamo_dynamic_indices")  # the caller's tensor is not tagged
+
+
+@pytest.mark.parametrize("backend", ["openvino", "onnxruntime"])
+def test_mixed_measures_on_the_runtime_the_targets_file_is_for(
+    backend, tmp_path, monkeypatch
+) -> None:
+    """``mixed`` times and judges its candidates on the runtime that will run the file:
+    OpenVINO for the openvino target (when installed), ONNX Runtime otherwise."""
+    from embedl_dynamo.runtimes.registry import runtime_classes
+
+    export_module = importlib.import_module("embedl_dynamo.deploy.export")
+    seen = []
+
+    def _record(result, inputs, quantizer, settings, axes=None, runtime=None):
+        seen.append(runtime)
+        return result  # the float graph: what mixed keeps when nothing pays
+
+    monkeypatch.setattr(export_module, "apply_mixed", _record)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    export(model, x, tmp_path / "m.onnx", backend=backend, precision="mixed",
+           options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    openvino = runtime_classes()["openvino"]
+    want = (
+        openvino
+        if backend == "openvino" and openvino.is_available()
+        else runtime_classes()["onnxruntime"]
+    )
+    assert seen == [want]

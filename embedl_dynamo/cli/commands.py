@@ -151,8 +151,8 @@ def run_export(args: argparse.Namespace) -> int:
     print(
         f"  {side['plan']['applied_count']} plan entries applied, "
         f"{'INT8 QDQ' if side['quantized'] else 'float'}, "
-        f"max abs diff {check['max_abs_diff']:.3g} vs {check['compared_with']} "
-        f"(tolerance {check['tolerance']:.3g})"
+        f"max abs diff {check['max_abs_diff']:.3g} vs {check['compared_with']}"
+        + (f" (tolerance {check['tolerance']:.3g})" if check["tolerance"] is not None else "")
     )
     if side["quantized"]:
         print(

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from embedl_dynamo.tuning.judge import flat_outputs
+
 __all__ = ["Measurement", "format_table", "measure", "plot_latencies"]
 
 
@@ -43,12 +45,6 @@ class Measurement:
     def p90_ms(self) -> float:
         ordered = sorted(self.times_ms)
         return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-
-
-def _flat(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    return [t for item in out for t in _flat(item)]
 
 
 def measure(
@@ -82,7 +78,8 @@ def measure(
         diff = None
         if reference is not None:
             diff = max(
-                float((a.float() - b.float()).abs().max()) for a, b in zip(_flat(out), reference)
+                float((a.float() - b.float()).abs().max())
+                for a, b in zip(flat_outputs(out), reference)
             )
         for _ in range(warmup):
             fn(*args)

@@ -9,14 +9,11 @@ very same stages the ``embedl_*`` dynamo backends run (it calls them, it does no
 3. :func:`~embedl_dynamo.onnx.export.export_onnx`: one ONNX file, weights (and weight scales) as
    initializers, a dynamic batch axis;
 
-then validates the file (``onnx.checker``, one ONNX Runtime run compared with PyTorch) and writes
+then verifies the file (``onnx.checker``, then ONNX Runtime judged by the verdict
+``torch.compile`` applies, :mod:`embedl_dynamo.tuning.judge`, plus a doubled batch) and writes
 a JSON sidecar next to it (``model.onnx`` -> ``model.json``): the plan report, the quantization
-scales, the layers left in float and why, the settings and the library versions.
-
-Verification compares like with like. A float export is compared with the user's eager model; an
-INT8 export with the fake-quant PyTorch graph the pipeline produced (the same arithmetic), and
-its distance to the float model is reported too (cosine similarity), since INT8 is not meant to
-equal float.
+scales, the layers left in float and why, the verification, the settings and the library
+versions. Each stage is one function below; :func:`export` runs them in order.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -37,42 +33,37 @@ from torch import nn
 from embedl_dynamo.backend import Backend, as_backend
 from embedl_dynamo.cache.files import (
     atomic_write_text,
-    file_mode,
 )
-from embedl_dynamo.cache.keys import jsonable, library_versions, sha256_file
+from embedl_dynamo.cache.keys import jsonable
 from embedl_dynamo.deploy.engine import build_engine_file
+from embedl_dynamo.deploy.export_file import (
+    ExportStages,
+    build_sidecar,
+    verification_message,
+    write_verified,
+)
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
-    io_specs,
     refuse_foreign_sidecar,
     sidecar_path,
     write_report_page,
 )
-from embedl_dynamo.deploy.verify import (
-    flat_outputs,
-    float_tolerance,
-    int8_tolerance,
-    verify_onnx,
-)
-from embedl_dynamo.errors import (
-    ExportArgumentError,
-    ExportError,
-    VerificationError,
-)
+from embedl_dynamo.deploy.verify import Verification
+from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
-from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
-from embedl_dynamo.runtimes.registry import runtime_classes, runtime_lint, runtime_settings
+from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import runtime_classes, runtime_settings
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import flat_outputs
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 
 __all__ = [
     "MIN_OPSET",
     "SIDECAR_FORMAT",
     "export",
-    "float_tolerance",
-    "int8_tolerance",
     "sidecar_path",
 ]
 
@@ -153,10 +144,13 @@ def export(
             ``forward_loop(model)``; the example inputs when None.
         dynamic_batch: leave dim 0 dynamic (``batch``) in the file.
         opset: ONNX opset; the exporter's default when None.
-        verify: raise :class:`VerificationError` when ONNX Runtime's outputs differ from
-            PyTorch's beyond tolerance (the difference is always measured and reported).
+        verify: raise :class:`VerificationError` when the file fails the verdict
+            ``torch.compile`` applies (:mod:`embedl_dynamo.tuning.judge`); what was measured
+            is reported in the sidecar either way.
         engine: also build a TensorRT engine (``model.engine``); needs TensorRT and a GPU.
-        tolerance: overrides :func:`float_tolerance` / :func:`int8_tolerance`.
+        tolerance: a float file's bound relative to the output scale (default
+            :data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL`, as for ``torch.compile``); a lower
+            precision is held to ``accuracy_budget`` (set it in ``options``).
         options: further pipeline settings (``observer``, ``calibration_steps``, ``cache_dir``,
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
@@ -169,10 +163,82 @@ def export(
     Raises:
         ExportError: bad arguments, a model Dynamo cannot capture as one graph, or an op ONNX
             cannot express; the message names the cause and the fix.
-        VerificationError: ``verify`` is on and the outputs differ beyond tolerance.
+        VerificationError: ``verify`` is on and the file fails the verdict.
     """
-    from tqdm.auto import tqdm
+    args = _check_arguments(model, example_inputs, path, opset)
+    path, target = Path(path), _target(backend)
+    settings = _settings(precision, quantize, calibration_data, dynamic_batch, options, progress)
+    _check_calibration(settings, target, backend, args)
+    stages = ExportStages(4 + int(engine), settings.progress)
+    try:
+        with stages.run("capture"):
+            gm = _capture(model, args, dynamic_batch)
+        with stages.run("pipeline"):
+            result = _pipeline(gm, args, target, settings)
+        outputs = _outputs(result, args)
+        written = write_verified(
+            path, model, args, result, settings, stages, opset, verify, tolerance
+        )
+        _log_verification(path, written[0], settings)
+        engine_path = _engine(path, args, settings, stages) if engine else None
+    finally:
+        stages.close()
+    sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
+    sidecar["engine_file"] = engine_path.name if engine_path else None
+    _write_sidecar(path, sidecar, target, result, html, stages.start)
+    return path
 
+
+def _engine(
+    path: Path, args: tuple[torch.Tensor, ...], settings: Settings, stages: ExportStages
+) -> Path:
+    """Build the TensorRT engine beside the file (``model.engine``)."""
+    with stages.run("engine", timed=False):
+        return build_engine_file(path, args, settings)
+
+
+def _outputs(result: PipelineResult, args: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+    """The pipeline model's outputs on ``args``, flat; only tensors can be exported."""
+    with torch.no_grad():
+        out = result.model(*args)
+    try:
+        return flat_outputs(out)
+    except TypeError as exc:
+        raise ExportError(f"{exc}; export needs tensor outputs") from exc
+
+
+def _write_sidecar(
+    path: Path,
+    sidecar: dict[str, Any],
+    target: Backend,
+    result: PipelineResult,
+    html: bool,
+    start: float,
+) -> None:
+    """Warn about TensorRT lint, write the HTML page when asked, then the sidecar."""
+    if sidecar["tensorrt_lint"]:
+        lint = sidecar["tensorrt_lint"]
+        logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
+                       "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
+    if html:
+        seconds = time.perf_counter() - start
+        sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
+    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
+
+
+def _log_verification(path: Path, check: Verification, settings: Settings) -> None:
+    if not check.passed:
+        logger.warning("%s; kept because verify=False", verification_message(path, check, settings))
+    logger.info(
+        "exported %s: max abs diff %.3g vs %s, %s",
+        path, check.max_abs_diff, check.compared_with, "passed" if check.passed else "failed",
+    )  # fmt: skip
+
+
+def _check_arguments(
+    model: Any, example_inputs: Any, path: str | os.PathLike[str], opset: Any
+) -> tuple[torch.Tensor, ...]:
+    """Refuse a model, inputs, path or opset export cannot take; the inputs as a tuple."""
     if not isinstance(model, nn.Module):
         raise ExportArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if model.training:
@@ -192,10 +258,6 @@ def export(
         refuse_foreign_sidecar(sidecar_path(path))
     except FileExistsError as exc:
         raise ExportArgumentError(str(exc)) from exc
-    try:
-        target = as_backend(backend)
-    except (TypeError, ValueError) as exc:
-        raise ExportArgumentError(str(exc)) from exc
     if opset is not None and (
         isinstance(opset, bool)
         or not isinstance(opset, int)
@@ -206,8 +268,22 @@ def export(
             f"{onnx.defs.onnx_opset_version()} (QuantizeLinear per channel needs {MIN_OPSET}); "
             "leave it None for the exporter's default"
         )
-    settings = _settings(precision, quantize, calibration_data, dynamic_batch, options, progress)
-    mismatch = calibration_mismatch(calibration_data, args) if calibration_data is not None else ""
+    return args
+
+
+def _target(backend: str | Backend) -> Backend:
+    try:
+        return as_backend(backend)
+    except (TypeError, ValueError) as exc:
+        raise ExportArgumentError(str(exc)) from exc
+
+
+def _check_calibration(
+    settings: Settings, target: Backend, backend: str | Backend, args: tuple[torch.Tensor, ...]
+) -> None:
+    """Refuse calibration data that does not fit, or INT8 for a target without it."""
+    data = settings.calibration_data
+    mismatch = calibration_mismatch(data, args) if data is not None else ""
     if mismatch:
         raise ExportArgumentError(
             f"calibration_data does not fit the model's inputs: {mismatch}; give batches shaped "
@@ -219,169 +295,35 @@ def export(
             f"'onnxruntime' for precision={settings.precision.name!r}"
         )
 
-    show = settings.progress
-    stages = tqdm(
-        total=4 + int(engine),
-        desc="export",
-        unit="stage",
-        disable=None if show is None else not show,  # None: only on a terminal
-        leave=False,
-    )
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
+
+def _capture(model: nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool) -> Any:
+    """Dynamo's one graph of ``model``; a graph break names the way out."""
     try:
-        stages.set_postfix_str("capture")
-        try:
-            gm = capture(model, args, dynamic_batch=dynamic_batch)
-        except ValueError as exc:  # the model rejects the example inputs
-            raise ExportArgumentError(str(exc)) from exc
-        except RuntimeError as exc:
-            raise ExportError(
-                f"{exc}. Export needs one graph: remove the graph break (see "
-                "torch._dynamo.explain) or export the parts separately."
-            ) from exc
-        timings["capture_s"] = time.perf_counter() - start
-        stages.update()
+        return capture(model, args, dynamic_batch=dynamic_batch)
+    except ValueError as exc:  # the model rejects the example inputs
+        raise ExportArgumentError(str(exc)) from exc
+    except RuntimeError as exc:
+        raise ExportError(
+            f"{exc}. Export needs one graph: remove the graph break (see "
+            "torch._dynamo.explain) or export the parts separately."
+        ) from exc
 
-        stages.set_postfix_str("pipeline")
-        t0 = time.perf_counter()
-        if settings.precision.per_layer:
-            result = run_pipeline(gm, args, target, settings.float_copy())
-            result = apply_mixed(result, args, target.quantizer, settings)
-        else:
-            result = run_pipeline(gm, args, target, settings)
-        timings["pipeline_s"] = time.perf_counter() - t0
-        stages.update()
 
-        stages.set_postfix_str("onnx")
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            outputs = flat_outputs(result.model(*args))
-        # everything is written beside the target first and renamed into place only once it
-        # verifies, so a failed export never destroys a file that was there before
-        try:
-            fd, tmp_name = tempfile.mkstemp(
-                prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent
-            )
-        except OSError as exc:
-            raise ExportError(
-                f"cannot write to directory {str(path.parent)!r} ({exc.strerror}); "
-                "choose a writable path"
-            ) from exc
-        os.chmod(tmp_name, file_mode())  # like any file the user writes: honour the umask
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            try:
-                export_onnx(result.model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
-                onnx.checker.check_model(str(tmp))
-            except ExportError as exc:
-                raise ExportError(
-                    f"{exc}. The op stays in PyTorch under torch.compile; for export, replace "
-                    "it or raise the opset (opset=...)"
-                ) from exc
-            timings["onnx_s"] = time.perf_counter() - t0
-            stages.update()
+def _mixed_runtime(target: Backend) -> type[Runtime]:
+    """The runtime ``mixed`` measures on: the installed CPU runtime whose placement the target
+    is (OpenVINO for the openvino target), else ONNX Runtime."""
+    for runtime in runtime_classes().values():
+        if runtime.cpu_target == target and runtime.is_available():
+            return runtime
+    return OnnxRuntime
 
-            stages.set_postfix_str("verify")
-            t0 = time.perf_counter()
-            quantized = bool(result.report.get("quantized"))
-            reference = result.model if result.model is not result.float_model else model
-            check = verify_onnx(
-                tmp, args, reference, model, settings.precision, dynamic_batch, tolerance
-            )
-            timings["verify_s"] = time.perf_counter() - t0
-            stages.update()
-            # a lower-precision file also passes on what torch.compile accepts: its cosine to the
-            # float model within accuracy_budget (integer kernels round ties their own way, and
-            # on a large output the max abs difference to the fake-quant graph adds up)
-            within_budget = (
-                check.cosine_to_float is not None
-                and check.cosine_to_float >= settings.accuracy_budget
-            )
-            passed = check.max_abs_diff <= check.tolerance or within_budget
-            message = (
-                f"{path.name} differs from PyTorch by {check.max_abs_diff:.3g} (max abs, vs the "
-                f"{check.compared_with}; tolerance {check.tolerance:.3g})"
-            )
-            if check.cosine_to_float is not None:
-                message += (
-                    f", cosine {check.cosine_to_float:.4f} to the float model (accuracy_budget "
-                    f"{settings.accuracy_budget})"
-                )
-            if not passed and verify:
-                raise VerificationError(
-                    f"{message}. Nothing was written (files already at {path.name} are "
-                    "untouched); disable the plan entry at fault, or pass verify=False to write "
-                    "the file anyway."
-                )
-            written_opset = next(
-                (o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
-                 if o.domain in ("", "ai.onnx")),
-                None,
-            )  # fmt: skip
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-        if not passed:
-            logger.warning("%s; kept because verify=False", message)
-        logger.info(
-            "exported %s: max abs diff %.3g vs %s (tolerance %.3g)",
-            path, check.max_abs_diff, check.compared_with, check.tolerance,
-        )  # fmt: skip
 
-        engine_path = None
-        if engine:
-            stages.set_postfix_str("engine")
-            engine_path = build_engine_file(path, args, settings)
-            stages.update()
-    finally:
-        stages.close()
-
-    batch = args[0].shape[0] if args[0].dim() > 0 else None
-    quant_report = result.report.get("quantization") or {}
-    sidecar = {
-        "format": SIDECAR_FORMAT,
-        "onnx_file": path.name,
-        "onnx_sha256": sha256_file(path),
-        "engine_file": engine_path.name if engine_path else None,
-        "backend": target.to_dict(),
-        "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
-        "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
-        "opset": written_opset,
-        "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
-        "precision": settings.precision.name,
-        "quantized": quantized,
-        "layers": result.report.get("layers", []),
-        "plan": result.plan.summary(),
-        "report": {k: v for k, v in result.report.items() if k != "quantization"},
-        "quantization": {
-            "scales": quant_report.get("ranges"),
-            "quantized_layers": quant_report.get("quantized_layers", []),
-            "float_layers": quant_report.get("float_layers", []),
-            "ranges_from": quant_report.get("ranges_from"),
-            "config": quant_report.get("config"),
-        }
-        if quantized
-        else None,
-        "verification": {
-            "max_abs_diff": check.max_abs_diff,
-            "tolerance": check.tolerance,
-            "compared_with": check.compared_with,
-            "batch_sizes": list(check.batch_sizes),
-            "cosine_to_float": check.cosine_to_float,
-            "passed": passed,
-        },
-        "settings": settings.to_dict(),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        "versions": library_versions(runtime_classes().values()),
-    }
-    if sidecar["tensorrt_lint"]:
-        lint = sidecar["tensorrt_lint"]
-        logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
-                       "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
-    if html:
-        seconds = time.perf_counter() - start
-        sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
-    atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
-    return path
+def _pipeline(
+    gm: Any, args: tuple[torch.Tensor, ...], target: Backend, settings: Settings
+) -> PipelineResult:
+    """The ``torch.compile`` pipeline (and ``mixed``'s choice, measured on the target's
+    runtime)."""
+    if not settings.precision.per_layer:
+        return run_pipeline(gm, args, target, settings)
+    result = run_pipeline(gm, args, target, settings.float_copy())
+    return apply_mixed(result, args, target.quantizer, settings, runtime=_mixed_runtime(target))

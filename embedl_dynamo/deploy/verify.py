@@ -1,15 +1,18 @@
-"""Verification of an exported ONNX file: run it in ONNX Runtime and compare with PyTorch.
+"""Verification of an exported ONNX file: run it in ONNX Runtime and judge it as ``torch.compile``
+judges an artifact (:mod:`embedl_dynamo.tuning.judge`, the one verdict).
 
-A float export is compared with the user's eager model; an INT8 export with the fake-quant
-PyTorch graph the pipeline produced (the same arithmetic), and its distance to the float model
-is reported too (cosine similarity), since INT8 is not meant to equal float. With a dynamic batch
-the file is also run on a doubled batch.
+A float export must match the user's eager model within
+:data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL` of each output's scale. A lower-precision
+export (INT8, FP16, BF16, mixed) must be finite and reach ``accuracy_budget`` (cosine to the
+float model) on every batch; its max abs difference to the PyTorch graph at that precision
+(fake-quant for INT8) is measured and reported, not judged. With a dynamic batch the file is
+also run on a doubled batch.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,71 +21,39 @@ import numpy as np
 import torch
 from torch import nn
 
-from embedl_dynamo.errors import ExportError, VerificationError, error_line
+from embedl_dynamo.errors import ExportError, OutputMismatchError, VerificationError, error_line
 from embedl_dynamo.precision import Precision
+from embedl_dynamo.tuning.judge import (
+    FLOAT_RTOL,
+    check_float,
+    check_precision_outputs,
+    cosine,
+    sample_outputs,
+)
 
 __all__ = [
     "Verification",
-    "cosine",
-    "flat_outputs",
-    "float_tolerance",
-    "int8_tolerance",
     "max_diff",
     "run_onnx",
     "verify_onnx",
 ]
 
 
-def float_tolerance(reference_absmax: float) -> float:
-    """Max abs difference accepted for a float export: 1e-4 relative to the output scale.
-
-    ONNX Runtime's kernels and BatchNorm folding reorder float32 sums (ResNet-50 here: 2e-5 to
-    5e-5 on outputs of order one), so bit equality is not expected.
-    """
-    return 1e-4 * max(1.0, reference_absmax)
-
-
-def half_tolerance(reference_absmax: float) -> float:
-    """Max abs difference accepted between an FP16/BF16 file on ORT and the cast PyTorch graph.
-
-    Both round to half precision, but ONNX Runtime's CPU provider computes ops without a half
-    kernel in float32 between inserted casts, so roundings land differently; 2% of the output
-    scale is a few half-precision steps of a deep network, and still catches a wrong type.
-    """
-    return 2e-2 * max(1.0, reference_absmax)
-
-
-def int8_tolerance(reference_absmax: float) -> float:
-    """Max abs difference accepted between the QDQ file on ORT and the fake-quant graph.
-
-    Both compute the same quantized arithmetic, but a value that lands on a rounding tie can
-    round to the neighbouring level in one of them, and the step propagates; 5% of the output
-    scale admits a few such flips and still catches a wrong scale or a missing QDQ pair.
-    """
-    return 5e-2 * max(1.0, reference_absmax)
-
-
 @dataclass(frozen=True)
 class Verification:
     """What :func:`verify_onnx` measured."""
 
-    max_abs_diff: float
-    tolerance: float
+    max_abs_diff: float  # to ``compared_with``, over every batch
+    tolerance: float | None  # the float bound at the largest output's scale; None: lowered
     compared_with: str
     batch_sizes: tuple[int, ...]
-    cosine_to_float: float | None
+    cosine_to_float: float | None  # the worst batch's; None for fp32
+    failure: str | None = None  # the judge's reason for rejecting the file; None: it passes
 
-
-def flat_outputs(out: Any) -> list[torch.Tensor]:
-    """A model's output (tensor, or nested tuples/lists/dicts of tensors, such as an HF
-    ``ModelOutput``) as a flat list, dicts in key order."""
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for item in out for t in flat_outputs(item)]
-    if isinstance(out, Mapping):
-        return [t for item in out.values() for t in flat_outputs(item)]
-    raise ExportError(f"the model returned a {type(out).__name__}; export needs tensor outputs")
+    @property
+    def passed(self) -> bool:
+        """Whether the judge accepts the file."""
+        return self.failure is None
 
 
 def run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
@@ -126,12 +97,37 @@ def max_diff(got: Sequence[np.ndarray], want: Sequence[torch.Tensor]) -> tuple[f
     return diff, absmax
 
 
-def cosine(a: Sequence[np.ndarray], b: Sequence[torch.Tensor]) -> float:
-    """Cosine similarity of two output lists, flattened and concatenated."""
-    x = np.concatenate([np.ravel(v).astype(np.float64) for v in a])
-    y = np.concatenate([t.detach().cpu().numpy().ravel().astype(np.float64) for t in b])
-    denom = float(np.linalg.norm(x) * np.linalg.norm(y))
-    return float(np.dot(x, y) / denom) if denom else 1.0
+def _batches(
+    args: tuple[torch.Tensor, ...], dynamic_batch: bool, extra: Sequence[Sequence[torch.Tensor]]
+) -> list[tuple[torch.Tensor, ...]]:
+    """``args``, the ``extra`` batches, and with a dynamic batch ``args`` doubled."""
+    batches = [args, *(tuple(b) for b in extra)]
+    if dynamic_batch and args[0].dim() > 0:
+        batch = args[0].shape[0]
+        batches.append(
+            tuple(
+                torch.cat([a, a.flip(0)]) if a.dim() > 0 and a.shape[0] == batch else a
+                for a in args
+            )
+        )
+    return batches
+
+
+def _outputs(model: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``model``'s flat outputs on ``inputs`` (no grad)."""
+    try:
+        return sample_outputs(model, [inputs])[0]
+    except TypeError as exc:
+        raise ExportError(f"{exc}; export needs tensor outputs") from exc
+
+
+def _run(path: Path, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The file's outputs on ``inputs`` as tensors; a failure names the node and the batch."""
+    try:
+        got = run_onnx(path, inputs)
+    except Exception as exc:  # ORT raises Fail/InvalidArgument/RuntimeException per node
+        raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1) from exc
+    return [torch.from_numpy(np.array(g)) for g in got]
 
 
 def verify_onnx(
@@ -142,43 +138,41 @@ def verify_onnx(
     precision: Precision,
     dynamic_batch: bool,
     tolerance: float | None,
+    accuracy_budget: float,
+    extra: Sequence[Sequence[torch.Tensor]] = (),
 ) -> Verification:
-    """Run the file in ORT on ``args`` (and on a doubled batch when dynamic) against PyTorch.
+    """Run the file in ORT on ``args`` and ``extra`` (and on a doubled batch when dynamic) and
+    judge it as ``torch.compile`` judges an artifact.
 
     ``reference`` is the eager model for ``fp32``, else the PyTorch graph at ``precision``
-    (fake-quant for ``int8``/``mixed``, cast for ``fp16``/``bf16``); the cosine to
-    ``float_model`` is measured for every precision but ``fp32``.
+    (fake-quant for ``int8``/``mixed``, cast for ``fp16``/``bf16``): the max abs difference
+    to it is reported. ``fp32`` is judged by :func:`~embedl_dynamo.tuning.judge.check_float`
+    against it (``tolerance``: the bound relative to the output scale, default
+    :data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL`); every other precision by
+    :func:`~embedl_dynamo.tuning.judge.check_precision_outputs` against ``float_model``.
     """
     lowered = precision.lower
-    batches = [args]
-    if dynamic_batch and args[0].dim() > 0:
-        batch = args[0].shape[0]
-        batches.append(
-            tuple(
-                torch.cat([a, a.flip(0)]) if a.dim() > 0 and a.shape[0] == batch else a
-                for a in args
-            )
-        )
+    rtol = FLOAT_RTOL if tolerance is None else tolerance
+    batches = _batches(args, dynamic_batch, extra if lowered else ())
     worst = absmax = 0.0
-    cosine_to_float = None
+    failure = None
+    expected, actual = [], []
     for inputs in batches:
-        try:
-            got = run_onnx(path, inputs)
-        except Exception as exc:  # ORT raises Fail/InvalidArgument/RuntimeException per node
-            raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1) from exc
-        with torch.no_grad():
-            want = flat_outputs(reference(*inputs))
-        diff, scale = max_diff(got, want)
+        got = _run(path, inputs)
+        want = _outputs(reference, inputs)
+        diff, scale = max_diff([g.numpy() for g in got], want)
         worst, absmax = max(worst, diff), max(absmax, scale)
-        if lowered and cosine_to_float is None:
-            with torch.no_grad():
-                cosine_to_float = cosine(got, flat_outputs(float_model(*inputs)))
-    if tolerance is not None:
-        limit = tolerance
-    elif precision.quantizes:
-        limit = int8_tolerance(absmax)
-    else:
-        limit = half_tolerance(absmax) if lowered else float_tolerance(absmax)
+        if lowered:
+            expected.append(_outputs(float_model, inputs))
+            actual.append(got)
+        elif failure is None:
+            failure = _failure(check_float, want, got, "the exported file", rtol)
+    cosine_to_float = None
+    if lowered:
+        cosine_to_float = min(cosine(e, a) for e, a in zip(expected, actual))
+        failure = _failure(
+            check_precision_outputs, expected, actual, accuracy_budget, "the exported file"
+        )
     compared_with = (
         "fake-quant PyTorch graph"
         if precision.quantizes
@@ -188,8 +182,18 @@ def verify_onnx(
     )
     return Verification(
         max_abs_diff=worst,
-        tolerance=limit,
+        tolerance=None if lowered else rtol * max(1.0, absmax),
         compared_with=compared_with,
         batch_sizes=tuple(b[0].shape[0] if b[0].dim() else 1 for b in batches),
         cosine_to_float=cosine_to_float,
+        failure=failure,
     )
+
+
+def _failure(verdict: Callable[..., object], *args: Any) -> str | None:
+    """The judge's reason for rejecting, or None when ``verdict(*args)`` passes."""
+    try:
+        verdict(*args)
+    except OutputMismatchError as exc:
+        return str(exc)
+    return None

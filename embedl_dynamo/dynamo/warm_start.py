@@ -28,6 +28,7 @@ from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import judge_artifact
 
 __all__ = ["source_key", "warm_start"]
 
@@ -86,7 +87,7 @@ def warm_start(
     if not runtime.use_cached(alias["onnx_key"]):
         return None
     try:
-        runtime.build(frozen, inputs)
+        runtime.build(frozen, inputs, judge_artifact)
     except Exception as exc:
         logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
                        report.index, error_line(exc))  # fmt: skip

@@ -1,9 +1,9 @@
 """The runtime lifecycle, modelled on NVIDIA AITune's ``Backend``.
 
 * :meth:`Runtime.build` turns a transformed GraphModule and example inputs into something that
-  runs. It is idempotent and runs the sample at most once (to check the artifact's outputs
-  against the GraphModule's), so a model with state sees exactly one call per sample. After
-  ``build`` the runtime is active.
+  runs. It is idempotent and runs the sample at most once (its outputs go to the ``judge`` the
+  caller gives, :func:`embedl_dynamo.tuning.judge.judge_artifact`; no verdict is made here), so a
+  model with state sees exactly one call per sample. After ``build`` the runtime is active.
 * :meth:`Runtime.activate` / :meth:`Runtime.deactivate` acquire and release what inference
   needs (a session, an execution context); a deactivated runtime refuses :meth:`Runtime.infer`.
 * :meth:`Runtime.key` is its cache key and :meth:`Runtime.describe` one line for reports.
@@ -27,9 +27,8 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
+from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,12 +38,10 @@ if TYPE_CHECKING:
 LayerProfiler = Callable[[Path, Sequence[torch.Tensor], int, "int | None"], dict[str, float]]
 
 __all__ = [
+    "ArtifactJudge",
     "LayerProfiler",
     "Runtime",
-    "check_finite",
-    "check_outputs",
     "graph_outputs",
-    "output_cosine",
     "package_version",
     "target_device",
 ]
@@ -69,59 +66,13 @@ def target_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def check_outputs(
-    expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor], what: str, rtol: float = 1e-3
-) -> float:
-    """Compare outputs relative to their scale; raise :class:`OutputMismatchError` if off.
-
-    The bound is ``max|a - e| <= rtol * max(1, max|e|)`` per output (float32 kernels reorder
-    sums, so exact equality is not expected).
-
-    Returns:
-        The worst ``max|a - e| / max(1, max|e|)`` seen.
-    """
-    if len(expected) != len(actual):
-        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
-    worst = 0.0
-    for i, (e, a) in enumerate(zip(expected, actual)):
-        a = a.to(e.device)
-        if tuple(e.shape) != tuple(a.shape):
-            raise OutputMismatchError(
-                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-            )
-        if e.numel() == 0:
-            continue
-        if not e.is_floating_point():
-            if not torch.equal(e, a.to(e.dtype)):
-                raise OutputMismatchError(f"{what}: integer output {i} differs")
-            continue
-        scale = max(1.0, float(e.detach().abs().max()))
-        err = float((a.to(e.dtype) - e).abs().max()) / scale
-        if not err <= rtol:  # also catches NaN
-            raise OutputMismatchError(
-                f"{what}: output {i} differs from PyTorch by {err:.3g} relative to its scale "
-                f"(allowed {rtol:g})"
-            )
-        worst = max(worst, err)
-    return worst
-
-
-def check_finite(outputs: Sequence[torch.Tensor], what: str) -> None:
-    """Raise :class:`OutputMismatchError` naming the first output that holds NaN or infinity."""
-    for i, out in enumerate(outputs):
-        if out.is_floating_point() and not torch.isfinite(out).all():
-            bad = int((~torch.isfinite(out)).sum())
-            raise OutputMismatchError(f"{what}: output {i} holds {bad} NaN/inf value(s)")
-
-
-def output_cosine(expected: Sequence[torch.Tensor], actual: Sequence[torch.Tensor]) -> float:
-    """Cosine similarity of two output lists, flattened and concatenated (NaN propagates)."""
-    e = torch.cat([t.detach().reshape(-1).double().cpu() for t in expected])
-    a = torch.cat([t.detach().reshape(-1).double().cpu() for t in actual])
-    denom = float(e.norm() * a.norm())
-    if not denom:
-        return 1.0 if torch.equal(e, a) else 0.0
-    return float(e @ a) / denom
+#: how a runtime's caller judges the artifact's outputs on the build sample:
+#: ``judge(gm, reference, actual, what)`` raises :class:`OutputMismatchError` to reject them
+#: (``reference()`` gives ``gm``'s outputs); the verdict itself lives above the runtimes, in
+#: :func:`embedl_dynamo.tuning.judge.judge_artifact`
+ArtifactJudge = Callable[
+    [fx.GraphModule, Callable[[], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...], str], None
+]
 
 
 def graph_outputs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -168,6 +119,7 @@ class Runtime(ABC):
         self.active = False
         self.from_cache = False
         self.build_info: dict[str, Any] = {}
+        self.judge: ArtifactJudge | None = None  # given to build(); None: nothing is judged
         self._reference: tuple[tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
         # (sample, its version counters, the artifact's outputs on it) from check_artifact
         self._checked_call: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None
@@ -238,12 +190,19 @@ class Runtime(ABC):
         return []
 
     # lifecycle ----------------------------------------------------------------------------
-    def build(self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor]) -> Runtime:
+    def build(
+        self,
+        gm: fx.GraphModule,
+        example_inputs: Sequence[torch.Tensor],
+        judge: ArtifactJudge | None = None,
+    ) -> Runtime:
         """Build the artifact (idempotent; runs the sample at most once) and activate.
 
         Args:
             gm: the transformed GraphModule (frozen weights, user inputs only); not modified.
             example_inputs: one tensor per placeholder.
+            judge: the verdict on the artifact's outputs on the sample
+                (:func:`~embedl_dynamo.tuning.judge.judge_artifact`); None keeps them unjudged.
 
         Returns:
             ``self``.
@@ -251,6 +210,8 @@ class Runtime(ABC):
         if self.built:
             return self
         self.require()
+        if judge is not None:
+            self.judge = judge
         try:
             self._build(gm, list(example_inputs))
         finally:
@@ -282,21 +243,11 @@ class Runtime(ABC):
     def check_artifact(
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
     ) -> None:
-        """Run the built artifact once on the sample and hold it to ``gm``.
-
-        A float artifact must match ``gm`` (:func:`check_outputs`). A lower-precision one
-        (``gm`` carries ``embedl_quantization`` or :data:`HALF_PRECISION_META`) must be finite
-        here and is judged against the float model by the caller, within ``accuracy_budget``:
-        two correct bf16 kernels differ by more than float's 1e-3 (8 mantissa bits, rounded in
-        their own order), so ``gm``'s own half-precision outputs are no tighter a reference.
-        """
+        """Run the built artifact once on the sample, hand its outputs to :attr:`judge` (which
+        raises :class:`OutputMismatchError` to reject them) and keep them for :meth:`serve`."""
         actual = tuple(self._infer(list(example_inputs)))
-        if "embedl_quantization" in gm.meta:
-            check_finite(actual, f"INT8 {what}")
-        elif HALF_PRECISION_META in gm.meta:
-            check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
-        else:
-            check_outputs(self.reference_outputs(gm, example_inputs), actual, what)
+        if self.judge is not None:
+            self.judge(gm, lambda: self.reference_outputs(gm, example_inputs), actual, what)
         sample = tuple(example_inputs)
         self._checked_call = (sample, tuple(map(_version, sample)), actual)
 

@@ -1,9 +1,18 @@
-"""How a lower-precision artifact (INT8, FP16, BF16, mixed) is judged against the float model.
+"""The one verdict on an artifact's outputs, for ``torch.compile`` and ``export()`` alike.
 
-``accuracy_budget`` is the least cosine similarity of the outputs to the float model's on
-calibration data: the artifact runs on the build sample and up to two calibration batches of the
-same shapes (the data ``mixed`` decided on), all outputs concatenated. Below the budget, or NaN,
-the compile falls back to the float artifact with a warning; fake-quant never runs.
+Two rules, one per kind of artifact:
+
+* **float** (:func:`check_float`): every output within :data:`FLOAT_RTOL` of its scale,
+  ``max|a - e| <= FLOAT_RTOL * max(1, max|e|)``, against the graph it came from (float32
+  kernels reorder sums, so bit equality is not expected); integer outputs must be equal.
+* **lower precision** (INT8, FP16, BF16, mixed; :func:`check_precision_outputs`): no NaN/inf,
+  and :func:`cosine` to the float model's outputs ``>= accuracy_budget`` on every batch of the
+  judging sample (:func:`judging_sample`), the worst batch counting. A batch of large scale
+  cannot hide a bad one, as it would in one pooled cosine.
+
+:func:`flat_outputs` is the one way outputs (tensors, nested tuples/lists/dicts such as an HF
+``ModelOutput``) become a flat list. A runtime (below this layer) is given :func:`judge_artifact`
+by its caller and applies it on the build sample.
 
 Speed is judged by :data:`LOWER_PRECISION_MARGIN`: a lower precision is chosen over float only
 when it takes at most that fraction of float's time, so timing noise cannot pick it.
@@ -11,17 +20,191 @@ when it takes at most that fraction of float's time, so timing noise cannot pick
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import fx
 
 from embedl_dynamo.errors import OutputMismatchError
-from embedl_dynamo.runtimes.base import Runtime, output_cosine
+from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
+from embedl_dynamo.runtimes.base import Runtime
 
-__all__ = ["LOWER_PRECISION_MARGIN", "check_precision", "judging_sample"]
+__all__ = [
+    "FLOAT_RTOL",
+    "LOWER_PRECISION_MARGIN",
+    "check_finite",
+    "check_float",
+    "check_precision",
+    "check_precision_outputs",
+    "cosine",
+    "flat_outputs",
+    "judge_artifact",
+    "judging_sample",
+    "sample_outputs",
+]
 
 LOWER_PRECISION_MARGIN = 0.97  # at least 3% faster than float as a whole, or float runs
+
+#: a float artifact's bound, relative to each output's scale ``max(1, max|e|)``: TensorRT
+#: builds float32 layers with TF32 (10 mantissa bits) by default, so a tighter bound would
+#: reject correct engines
+FLOAT_RTOL = 1e-3
+
+
+def flat_outputs(out: Any) -> list[torch.Tensor]:
+    """A model's output (a tensor, or nested tuples/lists/dicts of tensors such as an HF
+    ``ModelOutput``) as a flat list, dicts in key order.
+
+    Raises:
+        TypeError: a leaf is not a tensor (the message names its type).
+    """
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for item in out for t in flat_outputs(item)]
+    if isinstance(out, Mapping):
+        return [t for item in out.values() for t in flat_outputs(item)]
+    raise TypeError(f"the model returned a {type(out).__name__}; only tensor outputs compare")
+
+
+def sample_outputs(
+    model: Callable[..., Any], sample: Sequence[Sequence[torch.Tensor]]
+) -> list[list[torch.Tensor]]:
+    """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad)."""
+    with torch.no_grad():
+        return [flat_outputs(model(*batch)) for batch in sample]
+
+
+def cosine(expected: Sequence[Any], actual: Sequence[Any]) -> float:
+    """Cosine similarity of two output lists (tensors or arrays), flattened and concatenated.
+
+    Defined everywhere, so a budget compares it safely: an output holding NaN or infinity gives
+    -1.0 (the worst, failing every budget); two all-zero outputs give 1.0 (they agree), one
+    all-zero against a nonzero one 0.0.
+    """
+    e = torch.cat([torch.as_tensor(t).detach().reshape(-1).double().cpu() for t in expected])
+    a = torch.cat([torch.as_tensor(t).detach().reshape(-1).double().cpu() for t in actual])
+    if e.shape != a.shape:
+        raise OutputMismatchError(f"{a.numel()} output values, expected {e.numel()}")
+    if not (torch.isfinite(e).all() and torch.isfinite(a).all()):
+        return -1.0
+    e_norm, a_norm = float(e.norm()), float(a.norm())
+    if not e_norm or not a_norm:
+        return 1.0 if e_norm == a_norm else 0.0
+    value = float(e @ a) / (e_norm * a_norm)
+    return value if math.isfinite(value) else -1.0
+
+
+def check_float(
+    expected: Sequence[torch.Tensor],
+    actual: Sequence[Any],
+    what: str,
+    rtol: float = FLOAT_RTOL,
+) -> float:
+    """The float verdict: raise :class:`OutputMismatchError` unless every output of ``actual``
+    is within ``rtol`` of ``expected``'s, relative to its scale (``max(1, max|e|)``).
+
+    Returns:
+        The worst ``max|a - e| / max(1, max|e|)`` seen.
+    """
+    if len(expected) != len(actual):
+        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
+    worst = 0.0
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        a = torch.as_tensor(a).to(e.device)
+        if tuple(e.shape) != tuple(a.shape):
+            raise OutputMismatchError(
+                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+            )
+        if e.numel() == 0:
+            continue
+        if not e.is_floating_point():
+            if not torch.equal(e, a.to(e.dtype)):
+                raise OutputMismatchError(f"{what}: integer output {i} differs")
+            continue
+        scale = max(1.0, float(e.detach().abs().max()))
+        err = float((a.to(e.dtype) - e).abs().max()) / scale
+        if not err <= rtol:  # also catches NaN
+            raise OutputMismatchError(
+                f"{what}: output {i} differs from PyTorch by {err:.3g} relative to its scale "
+                f"(allowed {rtol:g})"
+            )
+        worst = max(worst, err)
+    return worst
+
+
+def check_finite(outputs: Sequence[Any], what: str) -> None:
+    """Raise :class:`OutputMismatchError` naming the first output that holds NaN or infinity."""
+    for i, out in enumerate(outputs):
+        out = torch.as_tensor(out)
+        if out.is_floating_point() and not torch.isfinite(out).all():
+            bad = int((~torch.isfinite(out)).sum())
+            raise OutputMismatchError(f"{what}: output {i} holds {bad} NaN/inf value(s)")
+
+
+def check_precision_outputs(
+    float_outputs: Sequence[Sequence[torch.Tensor]],
+    outputs: Sequence[Sequence[Any]],
+    budget: float,
+    what: str = "the artifact",
+) -> float:
+    """The lower-precision verdict: raise :class:`OutputMismatchError` unless every batch's
+    outputs are finite and have :func:`cosine` ``>= budget`` to the float model's.
+
+    Args:
+        float_outputs: the float model's flat outputs, one list per batch.
+        outputs: the artifact's, in the same order.
+        budget: ``accuracy_budget``.
+        what: the artifact, for the message.
+
+    Returns:
+        The worst batch's cosine.
+    """
+    worst = 1.0
+    for expected, actual in zip(float_outputs, outputs, strict=True):
+        check_finite(actual, what)
+        worst = min(worst, cosine(expected, actual))
+    if not worst >= budget:
+        raise OutputMismatchError(
+            f"{what}: cosine {worst:.4f} to the float model < accuracy_budget {budget:g}"
+        )
+    return worst
+
+
+def check_precision(
+    runtime: Runtime,
+    float_model: fx.GraphModule,
+    sample: list[list[torch.Tensor]],
+    budget: float,
+) -> float:
+    """:func:`check_precision_outputs` of ``runtime``'s artifact against ``float_model`` on
+    each batch of ``sample``; returns the worst batch's cosine."""
+    expected = sample_outputs(float_model, sample)
+    return check_precision_outputs(expected, sample_outputs(runtime.infer, sample), budget)
+
+
+def judge_artifact(
+    gm: fx.GraphModule,
+    reference: Callable[[], Sequence[torch.Tensor]],
+    actual: Sequence[torch.Tensor],
+    what: str,
+) -> None:
+    """What a runtime applies to its artifact's outputs on the build sample (``actual``).
+
+    A float artifact must pass :func:`check_float` against ``reference()`` (``gm``'s outputs).
+    A lower-precision one (``gm`` carries ``embedl_quantization`` or
+    :data:`HALF_PRECISION_META`) must be finite here; the caller holds it to the float model
+    with :func:`check_precision`, since ``gm``'s own half-precision or fake-quant outputs are no
+    tighter a reference than the budget (two correct kernels round in their own order).
+    """
+    if "embedl_quantization" in gm.meta:
+        check_finite(actual, f"INT8 {what}")
+    elif HALF_PRECISION_META in gm.meta:
+        check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
+    else:
+        check_float(reference(), actual, what)
 
 
 def judging_sample(inputs: list[torch.Tensor], data: Any) -> list[list[torch.Tensor]]:
@@ -39,25 +222,3 @@ def judging_sample(inputs: list[torch.Tensor], data: Any) -> list[list[torch.Ten
         if fits:
             sample.append(batch)
     return sample
-
-
-def check_precision(
-    runtime: Runtime,
-    float_model: fx.GraphModule,
-    sample: list[list[torch.Tensor]],
-    budget: float,
-) -> None:
-    """Raise :class:`OutputMismatchError` unless the lower-precision artifact's outputs have
-    cosine similarity >= ``budget`` to the float model's over ``sample`` (all outputs of all
-    batches, concatenated)."""
-    expected, actual = [], []
-    for batch in sample:
-        with torch.no_grad():
-            out = float_model(*batch)
-        expected.extend(out if isinstance(out, (tuple, list)) else (out,))
-        actual.extend(runtime.infer(*batch))
-    cosine = output_cosine(expected, actual)
-    if not cosine >= budget:  # NaN fails too
-        raise OutputMismatchError(
-            f"cosine {cosine:.4f} to the float model < accuracy_budget {budget:g}"
-        )

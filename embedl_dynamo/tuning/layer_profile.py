@@ -37,6 +37,7 @@ from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import judge_artifact
 from embedl_dynamo.tuning.timer import time_options
 
 __all__ = ["LayerTimes", "profile_graph", "time_graphs"]
@@ -111,7 +112,7 @@ def _build_runtime(
     given and the runtime runs ONNX artifacts, so the graph is not fingerprinted again."""
     if artifact is not None and isinstance(runtime, OnnxArtifactRuntime):
         runtime.use_artifact(artifact)
-    return runtime.build(gm, inputs)
+    return runtime.build(gm, inputs, judge_artifact)
 
 
 def time_graphs(

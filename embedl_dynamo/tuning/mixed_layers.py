@@ -11,42 +11,21 @@ the most sensitive (output cosine with that layer alone in INT8) goes back to fl
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from embedl_dynamo.quant.stage import CalibratedGraph
+from embedl_dynamo.tuning.judge import cosine, flat_outputs, sample_outputs
 from embedl_dynamo.tuning.layer_profile import LayerTimes
 
 __all__ = [
     "decide_layers",
-    "flat_outputs",
     "free_riders",
     "layer_latencies",
-    "outputs_cosine",
     "set_cosine",
 ]
-
-
-def flat_outputs(
-    model: Callable[..., Any], batches: Sequence[tuple[torch.Tensor, ...]]
-) -> torch.Tensor:
-    """Every output of ``model`` (a graph, or a runtime's ``infer``) on ``batches``, flattened."""
-    flat = []
-    with torch.no_grad():
-        for batch in batches:
-            out = model(*batch)
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            flat.extend(o.detach().flatten().double() for o in outs if isinstance(o, torch.Tensor))
-    return torch.cat(flat)
-
-
-def outputs_cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Cosine similarity of two :func:`flat_outputs`; NaN counts as the worst (-1)."""
-    value = float(F.cosine_similarity(a, b, dim=0))
-    return value if value == value else -1.0  # NaN counts as the worst
 
 
 def layer_latencies(
@@ -71,11 +50,11 @@ def decide_layers(
     batches: Sequence[tuple[torch.Tensor, ...]],
     budget: float,
     latency: dict[str, tuple[float, float] | None],
-    reference: torch.Tensor,
+    reference: Sequence[torch.Tensor],
 ) -> tuple[list[str], dict[str, str], dict[str, float], float]:
     """(INT8 ids, float id -> reason, id -> sensitivity, the INT8 set's output cosine).
 
-    ``reference`` is the float graph's outputs on ``batches`` (:func:`flat_outputs`). Per-layer
+    ``reference`` is the float graph's outputs on ``batches`` (flat, as :func:`.judge.flat_outputs`). Per-layer
     sensitivity (one forward pass over the sample per layer) is measured only when the
     candidates together miss the budget, which is when it decides something.
     """
@@ -122,11 +101,11 @@ def set_cosine(
     calibrated: CalibratedGraph,
     sample: Sequence[tuple[torch.Tensor, ...]],
     int8: list[str],
-    reference: torch.Tensor,
+    reference: Sequence[torch.Tensor],
 ) -> float:
     """Output cosine to the float graph (``reference``: its outputs) with exactly ``int8`` INT8."""
     keep = {i: "mixed: fp32" for i in calibrated.placement.layers if i not in int8}
-    return outputs_cosine(flat_outputs(calibrated.build(keep)[0], sample), reference)
+    return cosine(reference, flat_outputs(sample_outputs(calibrated.build(keep)[0], sample)))
 
 
 def free_riders(

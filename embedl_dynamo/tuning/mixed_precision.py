@@ -45,13 +45,11 @@ from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import judging_sample
+from embedl_dynamo.tuning.judge import cosine, flat_outputs, judging_sample, sample_outputs
 from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
 from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
-    flat_outputs,
     layer_latencies,
-    outputs_cosine,
 )
 from embedl_dynamo.tuning.timer import fastest_of
 
@@ -197,7 +195,7 @@ def _measure(
     )
     latency = layer_latencies(calibrated, float_times, int8_times)
     # the float graph's outputs on the sample, which every cosine below is taken against
-    reference = flat_outputs(calibrated.gm, sample)
+    reference = flat_outputs(sample_outputs(calibrated.gm, sample))
     # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
     # higher (the runtime's integer kernels round a little differently); every candidate is
     # then judged on the runtime at the budget itself
@@ -206,7 +204,7 @@ def _measure(
     if set(layers.int8) == set(calibrated.placement.layers):
         full_cosine = layers.cosine
     else:
-        full_cosine = outputs_cosine(flat_outputs(every_int8, sample), reference)
+        full_cosine = cosine(reference, flat_outputs(sample_outputs(every_int8, sample)))
     candidates = _candidates(
         calibrated, layers.int8, float_model or calibrated.gm, every_int8, full_cosine >= budget
     )
@@ -258,12 +256,12 @@ def _race(
     def judge(name: str, built: Runtime) -> bool:
         if name == "fp32":
             return True
-        cosine = outputs_cosine(flat_outputs(built.infer, sample), reference)
-        if cosine < budget:
-            race.refused[name] = cosine
+        value = cosine(reference, flat_outputs(sample_outputs(built.infer, sample)))
+        if value < budget:
+            race.refused[name] = value
         else:
             race.held[name] = built.key()
-        return cosine >= budget
+        return value >= budget
 
     race.timings = time_graphs(candidates, inputs, judge=judge, **timing)
     return race

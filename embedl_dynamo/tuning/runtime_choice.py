@@ -33,6 +33,7 @@ from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import judge_artifact
 from embedl_dynamo.tuning.timer import fastest_of, time_options
 
 __all__ = [
@@ -142,7 +143,7 @@ class _Builder:
             runtime.use_artifact(self.exported[id(option.model)])
         if id(option.model) in self.outputs:
             runtime.share_reference(option.model, self.inputs, self.outputs[id(option.model)])
-        return runtime.build(option.model, self.inputs)
+        return runtime.build(option.model, self.inputs, judge_artifact)
 
 
 def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:

@@ -327,7 +327,9 @@ def test_a_lower_precision_must_win_by_the_margin():
 
 def test_mixed_on_its_runtime_is_a_lower_precision_option():
     _, gm, _ = _graph()
-    options = runtime_choice.run_options(gm, gm, OpenVINORuntime, CANDIDATES, get_precision("mixed"))
+    options = runtime_choice.run_options(
+        gm, gm, OpenVINORuntime, CANDIDATES, get_precision("mixed")
+    )
     assert [(o.label, o.lower_precision) for o in options] == [
         ("openvino mixed", True),
         ("onnxruntime fp32", False),

@@ -38,7 +38,7 @@ from torch import fx
 from embedl_dynamo.onnx.artifact import count_build
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
-from embedl_dynamo.runtimes.base import Runtime, check_outputs, package_version, target_device
+from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
 
 __all__ = [
     "MAX_SHAPES",
@@ -121,10 +121,7 @@ class TorchTensorRTRuntime(Runtime):
         self._modules: dict[tuple, Callable[..., Any]] = {}
         self._cache_dir = self.settings.cache_dir / "torch_tensorrt"
         inputs = tuple(t.to(self._device) for t in example_inputs)
-        with torch.no_grad():
-            expected = self._gm(*inputs)
-        expected = tuple(expected) if isinstance(expected, (tuple, list)) else (expected,)
-        check_outputs(expected, self._infer(inputs), "Torch-TensorRT module", rtol=1e-2)
+        self.check_artifact(self._gm, inputs, "Torch-TensorRT module")
         self.build_info = {"artifact": str(self._cache_dir), "shapes": len(self._modules)}
 
     def _module_for(self, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:

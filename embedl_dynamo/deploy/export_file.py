@@ -1,0 +1,211 @@
+"""Writing an export: the stages' progress, the ONNX file written beside its target, verified
+and renamed into place, and the JSON sidecar that describes it.
+
+Everything is written under a temporary name first and renamed into place only once it
+verifies, so a failed export never destroys a file that was there before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from torch import nn
+
+from embedl_dynamo.backend import Backend
+from embedl_dynamo.cache.files import file_mode
+from embedl_dynamo.cache.keys import library_versions, sha256_file
+from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, io_specs
+from embedl_dynamo.deploy.verify import Verification, verify_onnx
+from embedl_dynamo.errors import ExportError, VerificationError
+from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
+from embedl_dynamo.pipeline import PipelineResult
+from embedl_dynamo.runtimes.registry import runtime_classes, runtime_lint
+from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.judge import judging_sample
+
+__all__ = ["ExportStages", "build_sidecar", "verification_message", "write_verified"]
+
+
+class ExportStages:
+    """The progress bar over the export stages and the time each took."""
+
+    def __init__(self, total: int, show: bool | None) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(
+            total=total,
+            desc="export",
+            unit="stage",
+            disable=None if show is None else not show,  # None: only on a terminal
+            leave=False,
+        )
+        self.timings: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    @contextlib.contextmanager
+    def run(self, name: str, timed: bool = True) -> Iterator[None]:
+        """One stage: shown while it runs, timed as ``<name>_s``, counted when it ends."""
+        self.bar.set_postfix_str(name)
+        t0 = self.start if name == "capture" else time.perf_counter()
+        yield
+        if timed:
+            self.timings[f"{name}_s"] = time.perf_counter() - t0
+        self.bar.update()
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextlib.contextmanager
+def _temporary_file(path: Path) -> Iterator[Path]:
+    """A file beside ``path``, removed at the end unless renamed into place: everything is
+    written there first, so a failed export never destroys a file that was there before."""
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write to directory {str(path.parent)!r} ({exc.strerror}); "
+            "choose a writable path"
+        ) from exc
+    os.chmod(tmp_name, file_mode())  # like any file the user writes: honour the umask
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _export_file(
+    model: Any, args: tuple[torch.Tensor, ...], tmp: Path, dynamic_batch: bool, opset: int | None
+) -> None:
+    """Write and check the ONNX file; an op ONNX cannot express names the way out."""
+    try:
+        export_onnx(model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
+        onnx.checker.check_model(str(tmp))
+    except ExportError as exc:
+        raise ExportError(
+            f"{exc}. The op stays in PyTorch under torch.compile; for export, replace "
+            "it or raise the opset (opset=...)"
+        ) from exc
+
+
+def write_verified(
+    path: Path,
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    result: PipelineResult,
+    settings: Settings,
+    stages: ExportStages,
+    opset: int | None,
+    verify: bool,
+    tolerance: float | None,
+) -> tuple[Verification, int | None]:
+    """Export, verify and rename the file into place (unless ``verify`` and it fails).
+
+    Returns:
+        The verification and the opset written.
+    """
+    with _temporary_file(path) as tmp:
+        with stages.run("onnx"):
+            _export_file(result.model, args, tmp, settings.dynamic_batch, opset)
+        with stages.run("verify"):
+            reference = result.model if result.model is not result.float_model else model
+            extra = judging_sample(list(args), settings.calibration_data)[1:]
+            check = verify_onnx(
+                tmp, args, reference, model, settings.precision, settings.dynamic_batch,
+                tolerance, settings.accuracy_budget, extra,
+            )  # fmt: skip
+        message = verification_message(path, check, settings)
+        if not check.passed and verify:
+            raise VerificationError(
+                f"{message}. Nothing was written (files already at {path.name} are "
+                "untouched); disable the plan entry at fault, or pass verify=False to write "
+                "the file anyway."
+            )
+        written_opset = next(
+            (o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
+             if o.domain in ("", "ai.onnx")),
+            None,
+        )  # fmt: skip
+        os.replace(tmp, path)
+    return check, written_opset
+
+
+def verification_message(path: Path, check: Verification, settings: Settings) -> str:
+    """The judge's reason (or that it passed), with what was measured."""
+    measured = f"max abs diff {check.max_abs_diff:.3g} vs the {check.compared_with}"
+    if check.cosine_to_float is not None:
+        measured += (
+            f", cosine {check.cosine_to_float:.4f} to the float model (accuracy_budget "
+            f"{settings.accuracy_budget})"
+        )
+    verdict = check.failure or "passes"
+    return f"{path.name}: {verdict} ({measured})"
+
+
+def build_sidecar(
+    path: Path,
+    target: Backend,
+    args: tuple[torch.Tensor, ...],
+    outputs: list[torch.Tensor],
+    result: PipelineResult,
+    settings: Settings,
+    written: tuple[Verification, int | None],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The JSON sidecar: what was exported, how, and what verification measured."""
+    check, written_opset = written
+    dynamic_batch = settings.dynamic_batch
+    batch = args[0].shape[0] if args[0].dim() > 0 else None
+    quantized = bool(result.report.get("quantized"))
+    return {
+        "format": SIDECAR_FORMAT,
+        "onnx_file": path.name,
+        "onnx_sha256": sha256_file(path),
+        "engine_file": None,
+        "backend": target.to_dict(),
+        "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
+        "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
+        "opset": written_opset,
+        "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
+        "precision": settings.precision.name,
+        "quantized": quantized,
+        "layers": result.report.get("layers", []),
+        "plan": result.plan.summary(),
+        "report": {k: v for k, v in result.report.items() if k != "quantization"},
+        "quantization": _quantization(result) if quantized else None,
+        "verification": {
+            "max_abs_diff": check.max_abs_diff,
+            "tolerance": check.tolerance,
+            "compared_with": check.compared_with,
+            "batch_sizes": list(check.batch_sizes),
+            "cosine_to_float": check.cosine_to_float,
+            "accuracy_budget": None if check.tolerance is not None else settings.accuracy_budget,
+            "passed": check.passed,
+            "failure": check.failure,
+        },
+        "settings": settings.to_dict(),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "versions": library_versions(runtime_classes().values()),
+    }
+
+
+def _quantization(result: PipelineResult) -> dict[str, Any]:
+    """The sidecar's quantization section: scales, layers in INT8 and in float, and why."""
+    quant_report = result.report.get("quantization") or {}
+    return {
+        "scales": quant_report.get("ranges"),
+        "quantized_layers": quant_report.get("quantized_layers", []),
+        "float_layers": quant_report.get("float_layers", []),
+        "ranges_from": quant_report.get("ranges_from"),
+        "config": quant_report.get("config"),
+    }
