@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.report import clear_reports
+from tests.helpers import BUILD_COUNTS, count_builds
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,6 +25,15 @@ def _private_cache_root(tmp_path_factory: pytest.TempPathFactory):
     patch.setenv("EMBEDL_DYNAMO_CACHE_DIR", str(tmp_path_factory.mktemp("embedl_dynamo_cache")))
     for name in ("EMBEDL_DYNAMO_RUNTIME", "EMBEDL_DYNAMO_BACKEND", "EMBEDL_DYNAMO_PRECISION"):
         patch.delenv(name, raising=False)
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _builds_counted():
+    """Every test sees the library's builders wrapped: ``helpers.BUILD_COUNTS`` counts builds."""
+    patch = pytest.MonkeyPatch()
+    count_builds(patch.setattr)
     yield
     patch.undo()
 

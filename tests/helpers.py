@@ -1,8 +1,13 @@
 """Helpers shared by the tests: output comparisons, Dynamo capture with the library's own freeze,
-and a plan printout that does not pin FX node names."""
+a plan printout that does not pin FX node names, and build counts taken by wrapping the builders."""
 
 from __future__ import annotations
 
+import collections
+import functools
+import importlib
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,8 +17,10 @@ from embedl_dynamo.graph.freeze import freeze
 from embedl_dynamo.rewrite.plan import TransformationPlan
 
 __all__ = [
+    "BUILD_COUNTS",
     "assert_close_to_scale",
     "assert_same_outputs",
+    "count_builds",
     "dynamo_frozen",
     "max_abs_diff",
     "plan_table",
@@ -78,3 +85,48 @@ def plan_table(plan: TransformationPlan) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# artifacts built (not loaded from a cache) since the last clear, per kind: filled by the
+# wrappers :func:`count_builds` puts around the library's real builders
+BUILD_COUNTS: collections.Counter[str] = collections.Counter()
+_count_lock = threading.Lock()
+
+# (module, function, kind): a finished call of the function is one build of that kind
+_BUILDERS = (
+    ("embedl_dynamo.onnx.artifact", "export_onnx_unwritten", "onnx"),
+    ("embedl_dynamo.runtimes.tensorrt.runtime", "build_engine", "trt_engine"),
+)
+
+
+def _counted(kind: str, build: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(build)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        result = build(*args, **kwargs)
+        with _count_lock:
+            BUILD_COUNTS[kind] += 1
+        return result
+
+    return counting
+
+
+def count_builds(set_attr: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Wrap the library's builders so each build adds one to ``BUILD_COUNTS[kind]``.
+
+    Kinds: ``onnx`` (an ONNX export), ``trt_engine`` (a TensorRT engine), ``torch_tensorrt`` (a
+    module compiled by Torch-TensorRT's backend). Builds answered from the cache call none of them.
+
+    Args:
+        set_attr: how to replace a module attribute (``monkeypatch.setattr`` undoes it later).
+    """
+    for module_name, name, kind in _BUILDERS:
+        module = importlib.import_module(module_name)
+        set_attr(module, name, _counted(kind, getattr(module, name)))
+    trt = importlib.import_module("embedl_dynamo.runtimes.torch_tensorrt.runtime")
+    backend = trt.torch_tensorrt_backend
+
+    @functools.wraps(backend)
+    def counted_backend() -> Callable[..., Any]:
+        return _counted("torch_tensorrt", backend())
+
+    set_attr(trt, "torch_tensorrt_backend", counted_backend)

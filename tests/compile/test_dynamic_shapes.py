@@ -13,9 +13,8 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from tests.helpers import assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import randomize_batchnorm
 
 

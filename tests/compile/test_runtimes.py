@@ -7,7 +7,6 @@ import torch
 
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import RUNTIME_CLASSES, RuntimeUnavailableError, resolve_runtime
 from embedl_dynamo.runtimes.base import OutputMismatchError, check_outputs
@@ -15,6 +14,7 @@ from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_providers
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
+from tests.helpers import BUILD_COUNTS
 from tests.models import ResNetLike, randomize_batchnorm
 
 requires_tensorrt = pytest.mark.skipif(
