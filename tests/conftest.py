@@ -1,12 +1,13 @@
 """Fixtures for every test: the artifact cache lives in a private directory, never the user's.
 
 Tests share one cache directory per session (so repeated compiles of the same graph stay warm);
-``tests/compile/conftest.py`` narrows it to one directory per test where builds are counted.
+``compile_isolation`` narrows it to one directory per test where builds are counted (the
+conftest of each folder whose tests compile uses it for every test).
 
 ``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
 fastest (:mod:`embedl_dynamo.tuning.runtime_choice`). Timings are no test's business: here a
 ``mixed`` graph always "wins", then ONNX Runtime, so which runtime a test compiles to does not
-depend on machine load. ``tests/compile/test_runtime_choice.py`` tests the real timing.
+depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real timing.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import pytest
 
 from embedl_dynamo.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("compile_isolation")
+
 
 def test_defaults(monkeypatch, tmp_path):
     monkeypatch.delenv("EMBEDL_DYNAMO_CACHE_DIR")
