@@ -55,10 +55,17 @@ class _TwoBatches(nn.Module):
 
 
 def _run(model: nn.Module, calls: list[tuple[torch.Tensor, ...]]) -> None:
+    """Each call matches eager, and ran in an ONNX Runtime artifact: the eager fallback gives
+    the same outputs, so every subgraph must report compiled, on onnxruntime, no call in PyTorch."""
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad():
         for args in calls:
             assert_close_to_scale(compiled(*args), model(*args))
+    subgraphs = embedl_dynamo.last_report().subgraphs
+    assert subgraphs, "nothing was compiled"
+    for sub in subgraphs:
+        assert (sub.status, sub.runtime) == ("compiled", "onnxruntime"), sub.reason
+        assert "PyTorch" not in sub.reason, sub.reason
 
 
 def test_image_size_that_changes_stays_dynamic_and_builds_twice():
@@ -79,6 +86,7 @@ def test_two_inputs_with_different_batch_sizes():
     _run(
         model, [(torch.randn(a, 6), torch.randn(b, 6)) for a, b in ((4, 7), (7, 4), (5, 5), (9, 3))]
     )
+    assert BUILD_COUNTS["onnx"] == 2
 
 
 def test_a_call_the_runtime_cannot_take_runs_the_original_graph(monkeypatch, caplog):
