@@ -1,8 +1,9 @@
 """Fixtures for every test: the artifact cache lives in a private directory, never the user's.
 
 Tests share one cache directory per session (so repeated compiles of the same graph stay warm);
-``compile_isolation`` narrows it to one directory per test where builds are counted (the
-conftest of each folder whose tests compile uses it for every test).
+``compile_isolation`` narrows it to one directory per test where builds are counted: every test
+of the folders in ``ISOLATED_FOLDERS`` gets it, a file elsewhere asks for it with
+``pytestmark = pytest.mark.usefixtures("compile_isolation")``.
 
 ``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
 fastest (:mod:`embedl_dynamo.tuning.runtime_choice`). Timings are no test's business: here a
@@ -12,12 +13,18 @@ depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import embedl_dynamo
 from embedl_dynamo.report import clear_reports
 from tests.helpers import BUILD_COUNTS, count_builds
+
+# the folders (mirroring the package) whose tests all compile, each test in isolation
+ISOLATED_FOLDERS = frozenset({"cache", "dynamo", "graph", "onnx", "runtimes", "tuning"})
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -72,3 +79,12 @@ def compile_isolation(tmp_path, monkeypatch):
     embedl_dynamo.reset_backends()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_in_compiling_folders(request: pytest.FixtureRequest):
+    """``compile_isolation`` for every test under one of ``ISOLATED_FOLDERS``."""
+    folder = Path(request.path).resolve().relative_to(TESTS).parts[0]
+    if folder in ISOLATED_FOLDERS:
+        request.getfixturevalue("compile_isolation")
+    yield
