@@ -14,16 +14,21 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.freeze import freeze
+from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.rewrite.plan import TransformationPlan
 
 __all__ = [
     "BUILD_COUNTS",
     "assert_close_to_scale",
     "assert_same_outputs",
+    "called_module",
     "count_builds",
     "dynamo_frozen",
+    "dynamo_graph",
+    "is_fake_quant",
     "max_abs_diff",
     "plan_table",
+    "random_batches",
 ]
 
 
@@ -53,6 +58,28 @@ def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rtol: fl
     assert err <= rtol * max(scale, 1e-6), f"max abs diff {err:.3g} vs scale {scale:.3g}"
 
 
+def _dynamo_capture(
+    model: nn.Module, args: tuple[torch.Tensor, ...], dynamic: bool, keep: Callable[..., Any]
+) -> Any:
+    """``keep(gm, inputs)`` of the one graph Dynamo hands a backend for ``model(*args)``."""
+    captured: list[Any] = []
+
+    def backend(gm: fx.GraphModule, inputs: list[Any], **_: Any):
+        captured.append(keep(gm, inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=dynamic)(*args)
+    assert len(captured) == 1, "expected one graph (no graph breaks)"
+    return captured[0]
+
+
+def dynamo_graph(model: nn.Module, *args: torch.Tensor, dynamic: bool = False) -> fx.GraphModule:
+    """The one graph Dynamo captures of ``model(*args)``, as a backend receives it."""
+    return _dynamo_capture(model, args, dynamic, lambda gm, inputs: gm)
+
+
 def dynamo_frozen(
     model: nn.Module, *args: torch.Tensor, dynamic: bool = False
 ) -> tuple[fx.GraphModule, list[Any]]:
@@ -61,18 +88,30 @@ def dynamo_frozen(
     Returns:
         The frozen GraphModule and the inputs it still takes (user inputs, maybe sizes).
     """
-    captured: list[tuple[fx.GraphModule, list[Any]]] = []
 
-    def backend(gm: fx.GraphModule, inputs: list[Any], **_: Any):
-        frozen = freeze(gm, inputs)  # now: Dynamo drops the placeholders' sources later
-        captured.append((frozen.gm, [inputs[i] for i in frozen.user_inputs]))
-        return gm.forward
+    def frozen(gm: fx.GraphModule, inputs: list[Any]) -> tuple[fx.GraphModule, list[Any]]:
+        result = freeze(gm, inputs)  # now: Dynamo drops the placeholders' sources later
+        return result.gm, [inputs[i] for i in result.user_inputs]
 
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=backend, dynamic=dynamic)(*args)
-    assert len(captured) == 1, "expected one graph (no graph breaks)"
-    return captured[0]
+    return _dynamo_capture(model, args, dynamic, frozen)
+
+
+def random_batches(shape: tuple[int, ...], n: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` standard-normal batches of ``shape`` from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=gen) for _ in range(n)]
+
+
+def called_module(gm: fx.GraphModule, node: Any) -> nn.Module | None:
+    """The module ``node`` calls (None for any other node)."""
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        return gm.get_submodule(node.target)
+    return None
+
+
+def is_fake_quant(gm: fx.GraphModule, node: Any) -> bool:
+    """Whether ``node`` is the output of an activation fake-quant module."""
+    return isinstance(called_module(gm, node), FakeQuantize)
 
 
 def plan_table(plan: TransformationPlan) -> str:
