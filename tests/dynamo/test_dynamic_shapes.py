@@ -96,10 +96,10 @@ def test_a_call_the_runtime_cannot_take_runs_the_original_graph(monkeypatch, cap
     with torch.no_grad():
         compiled(x)
 
-        def _fail(self, args):
+        def _fail(self, *args):
             raise RuntimeError("INVALID_ARGUMENT : Got invalid dimensions for input: input_0")
 
-        monkeypatch.setattr(OnnxRuntime, "_infer", _fail)
+        monkeypatch.setattr(OnnxRuntime, "infer", _fail)
         with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
             assert_close_to_scale(compiled(x), model(x))
             assert_close_to_scale(compiled(x), model(x))
@@ -115,10 +115,10 @@ def test_fallback_raise_lets_a_call_failure_through(monkeypatch):
     with torch.no_grad():
         compiled(x)
 
-        def _fail(self, args):
+        def _fail(self, *args):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(OnnxRuntime, "_infer", _fail)
+        monkeypatch.setattr(OnnxRuntime, "infer", _fail)
         with pytest.raises(RuntimeError, match="boom"):
             compiled(x)
 
