@@ -1,5 +1,6 @@
-"""Helpers shared by the tests: output comparisons, Dynamo capture with the library's own freeze,
-a plan printout that does not pin FX node names, and build counts taken by wrapping the builders."""
+"""Helpers shared by the tests, one copy each: output comparisons, Dynamo capture (raw or with the
+library's own freeze), seeded batches, fake-quant queries on a graph, a plan printout that does not
+pin FX node names, and build counts taken by wrapping the library's builders."""
 
 from __future__ import annotations
 
