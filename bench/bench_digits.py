@@ -1,11 +1,11 @@
 """Precision on real data: top-1, INT8 fraction and speed of ``int8`` and ``mixed`` against float.
 
-Trains the two models of ``tests/quant/digits.py`` on scikit-learn's digits (1,797 real 8x8
+Trains the two models of ``tests/digits.py`` on scikit-learn's digits (1,797 real 8x8
 images; a depthwise + squeeze-excite CNN and a small ViT, seconds each), compiles each with
 ``torch.compile(backend="embedl_tensorrt")`` under ``runtime="auto"`` at ``fp32``, ``int8`` and
 ``mixed`` (calibrated on 256 training images), and reports held-out top-1, the INT8 fraction of
 the layers and the latency at batch 60 as a ratio to our ``fp32``, timed round-robin in this
-process. The unit test ``tests/precision/test_mixed_accuracy.py`` asserts the accuracy.
+process. The unit test ``tests/tuning/test_mixed_accuracy.py`` asserts the accuracy.
 
 Usage::
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import embedl_dynamo  # noqa: E402
 from bench.measure import int8_layer_fraction, round_robin_medians  # noqa: E402
 from embedl_dynamo import clear_reports  # noqa: E402
-from tests.quant.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn  # noqa: E402
+from tests.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")
 

@@ -1,22 +1,30 @@
 """Fixtures for every test: the artifact cache lives in a private directory, never the user's.
 
 Tests share one cache directory per session (so repeated compiles of the same graph stay warm);
-``tests/compile/conftest.py`` narrows it to one directory per test where builds are counted.
+``compile_isolation`` narrows it to one directory per test where builds are counted: every test
+of the folders in ``ISOLATED_FOLDERS`` gets it, a file elsewhere asks for it with
+``pytestmark = pytest.mark.usefixtures("compile_isolation")``.
 
 ``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
 fastest (:mod:`embedl_dynamo.tuning.runtime_choice`). Timings are no test's business: here a
 ``mixed`` graph always "wins", then ONNX Runtime, so which runtime a test compiles to does not
-depend on machine load. ``tests/compile/test_runtime_choice.py`` tests the real timing.
+depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real timing.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 import embedl_dynamo
 from embedl_dynamo import clear_reports
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
+from tests.helpers import BUILD_COUNTS, count_builds
+
+# the folders (mirroring the package) whose tests all compile, each test in isolation
+ISOLATED_FOLDERS = frozenset({"cache", "dynamo", "graph", "onnx", "runtimes", "tuning"})
+TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -25,6 +33,15 @@ def _private_cache_root(tmp_path_factory: pytest.TempPathFactory):
     patch.setenv("EMBEDL_DYNAMO_CACHE_DIR", str(tmp_path_factory.mktemp("embedl_dynamo_cache")))
     for name in ("EMBEDL_DYNAMO_RUNTIME", "EMBEDL_DYNAMO_BACKEND", "EMBEDL_DYNAMO_PRECISION"):
         patch.delenv(name, raising=False)
+    yield
+    patch.undo()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _builds_counted():
+    """Every test sees the library's builders wrapped: ``helpers.BUILD_COUNTS`` counts builds."""
+    patch = pytest.MonkeyPatch()
+    count_builds(patch.setattr)
     yield
     patch.undo()
 
@@ -62,3 +79,12 @@ def compile_isolation(tmp_path, monkeypatch):
     embedl_dynamo.reset_backends()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_in_compiling_folders(request: pytest.FixtureRequest):
+    """``compile_isolation`` for every test under one of ``ISOLATED_FOLDERS``."""
+    folder = Path(request.path).resolve().relative_to(TESTS).parts[0]
+    if folder in ISOLATED_FOLDERS:
+        request.getfixturevalue("compile_isolation")
+    yield

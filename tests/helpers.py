@@ -1,22 +1,35 @@
-"""Helpers shared by the tests: output comparisons, Dynamo capture with the library's own freeze,
-and a plan printout that does not pin FX node names."""
+"""Helpers shared by the tests, one copy each: output comparisons, Dynamo capture (raw or with the
+library's own freeze), seeded batches, fake-quant queries on a graph, a plan printout that does not
+pin FX node names, and build counts taken by wrapping the library's builders."""
 
 from __future__ import annotations
 
+import collections
+import functools
+import importlib
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.freeze import freeze
+from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.rewrite.plan import TransformationPlan
 
 __all__ = [
+    "BUILD_COUNTS",
     "assert_close_to_scale",
     "assert_same_outputs",
+    "called_module",
+    "count_builds",
     "dynamo_frozen",
+    "dynamo_graph",
+    "is_fake_quant",
     "max_abs_diff",
     "plan_table",
+    "random_batches",
 ]
 
 
@@ -46,6 +59,28 @@ def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, rtol: fl
     assert err <= rtol * max(scale, 1e-6), f"max abs diff {err:.3g} vs scale {scale:.3g}"
 
 
+def _dynamo_capture(
+    model: nn.Module, args: tuple[torch.Tensor, ...], dynamic: bool, keep: Callable[..., Any]
+) -> Any:
+    """``keep(gm, inputs)`` of the one graph Dynamo hands a backend for ``model(*args)``."""
+    captured: list[Any] = []
+
+    def backend(gm: fx.GraphModule, inputs: list[Any], **_: Any):
+        captured.append(keep(gm, inputs))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=backend, dynamic=dynamic)(*args)
+    assert len(captured) == 1, "expected one graph (no graph breaks)"
+    return captured[0]
+
+
+def dynamo_graph(model: nn.Module, *args: torch.Tensor, dynamic: bool = False) -> fx.GraphModule:
+    """The one graph Dynamo captures of ``model(*args)``, as a backend receives it."""
+    return _dynamo_capture(model, args, dynamic, lambda gm, inputs: gm)
+
+
 def dynamo_frozen(
     model: nn.Module, *args: torch.Tensor, dynamic: bool = False
 ) -> tuple[fx.GraphModule, list[Any]]:
@@ -54,18 +89,30 @@ def dynamo_frozen(
     Returns:
         The frozen GraphModule and the inputs it still takes (user inputs, maybe sizes).
     """
-    captured: list[tuple[fx.GraphModule, list[Any]]] = []
 
-    def backend(gm: fx.GraphModule, inputs: list[Any], **_: Any):
-        frozen = freeze(gm, inputs)  # now: Dynamo drops the placeholders' sources later
-        captured.append((frozen.gm, [inputs[i] for i in frozen.user_inputs]))
-        return gm.forward
+    def frozen(gm: fx.GraphModule, inputs: list[Any]) -> tuple[fx.GraphModule, list[Any]]:
+        result = freeze(gm, inputs)  # now: Dynamo drops the placeholders' sources later
+        return result.gm, [inputs[i] for i in result.user_inputs]
 
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=backend, dynamic=dynamic)(*args)
-    assert len(captured) == 1, "expected one graph (no graph breaks)"
-    return captured[0]
+    return _dynamo_capture(model, args, dynamic, frozen)
+
+
+def random_batches(shape: tuple[int, ...], n: int = 3, seed: int = 0) -> list[torch.Tensor]:
+    """``n`` standard-normal batches of ``shape`` from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=gen) for _ in range(n)]
+
+
+def called_module(gm: fx.GraphModule, node: Any) -> nn.Module | None:
+    """The module ``node`` calls (None for any other node)."""
+    if isinstance(node, fx.Node) and node.op == "call_module":
+        return gm.get_submodule(node.target)
+    return None
+
+
+def is_fake_quant(gm: fx.GraphModule, node: Any) -> bool:
+    """Whether ``node`` is the output of an activation fake-quant module."""
+    return isinstance(called_module(gm, node), FakeQuantize)
 
 
 def plan_table(plan: TransformationPlan) -> str:
@@ -78,3 +125,48 @@ def plan_table(plan: TransformationPlan) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# artifacts built (not loaded from a cache) since the last clear, per kind: filled by the
+# wrappers :func:`count_builds` puts around the library's real builders
+BUILD_COUNTS: collections.Counter[str] = collections.Counter()
+_count_lock = threading.Lock()
+
+# (module, function, kind): a finished call of the function is one build of that kind
+_BUILDERS = (
+    ("embedl_dynamo.onnx.artifact", "export_onnx_unwritten", "onnx"),
+    ("embedl_dynamo.runtimes.tensorrt.runtime", "build_engine", "trt_engine"),
+)
+
+
+def _counted(kind: str, build: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(build)
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        result = build(*args, **kwargs)
+        with _count_lock:
+            BUILD_COUNTS[kind] += 1
+        return result
+
+    return counting
+
+
+def count_builds(set_attr: Callable[[Any, str, Any], None] = setattr) -> None:
+    """Wrap the library's builders so each build adds one to ``BUILD_COUNTS[kind]``.
+
+    Kinds: ``onnx`` (an ONNX export), ``trt_engine`` (a TensorRT engine), ``torch_tensorrt`` (a
+    module compiled by Torch-TensorRT's backend). Builds answered from the cache call none of them.
+
+    Args:
+        set_attr: how to replace a module attribute (``monkeypatch.setattr`` undoes it later).
+    """
+    for module_name, name, kind in _BUILDERS:
+        module = importlib.import_module(module_name)
+        set_attr(module, name, _counted(kind, getattr(module, name)))
+    trt = importlib.import_module("embedl_dynamo.runtimes.torch_tensorrt.runtime")
+    backend = trt.torch_tensorrt_backend
+
+    @functools.wraps(backend)
+    def counted_backend() -> Callable[..., Any]:
+        return _counted("torch_tensorrt", backend())
+
+    set_attr(trt, "torch_tensorrt_backend", counted_backend)

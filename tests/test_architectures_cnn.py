@@ -10,7 +10,7 @@ from torch import nn
 from embedl_dynamo import transform
 from embedl_dynamo.patterns.common import COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.fused_modules import FusedConv
-from tests.helpers import dynamo_frozen
+from tests.helpers import dynamo_frozen, plan_table
 from tests.models import MobileNetLike, ResNetLike
 
 X = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
@@ -57,46 +57,46 @@ class CNNArchitectures(expecttest.TestCase):
         # both capture paths find the same fusions under the same ids
         assert _applied(traced.plan) == _applied(dynamo.plan)
         self.assertExpectedInline(
-            str(traced.plan),
+            plan_table(traced.plan),
             """\
-id                               pattern                    node                 apply  reason
--------------------------------  -------------------------  -------------------  -----  ----------------------------------------
-stem_conv_bn_relu_maxpool@conv1  stem_conv_bn_relu_maxpool  max_pool2d           yes
-conv_bn_add_relu@layer1.0.conv2  conv_bn_add_relu           relu_3               yes
-conv_bn_add_relu@layer1.1.conv2  conv_bn_add_relu           relu_5               yes
-conv_bn_add_relu@layer2.0.conv2  conv_bn_add_relu           relu_7               yes
-conv_bn_add_relu@layer2.1.conv2  conv_bn_add_relu           relu_9               yes
-conv_bn_add@layer1.0.conv2       conv_bn_add                add_4                no     overlaps conv_bn_add_relu@layer1.0.conv2
-conv_bn_add@layer1.1.conv2       conv_bn_add                add_5                no     overlaps conv_bn_add_relu@layer1.1.conv2
-conv_bn_add@layer2.0.conv2       conv_bn_add                add_6                no     overlaps conv_bn_add_relu@layer2.0.conv2
-conv_bn_add@layer2.1.conv2       conv_bn_add                add_7                no     overlaps conv_bn_add_relu@layer2.1.conv2
-conv_bn_relu@conv1               conv_bn_relu               relu_1               no     overlaps stem_conv_bn_relu_maxpool@conv1
-conv_bn_relu@layer1.0.conv1      conv_bn_relu               relu_2               yes
-conv_bn_relu@layer1.1.conv1      conv_bn_relu               relu_4               yes
-conv_bn_relu@layer2.0.conv1      conv_bn_relu               relu_6               yes
-conv_bn_relu@layer2.1.conv1      conv_bn_relu               relu_8               yes
-conv_bn@conv1                    conv_bn                    batch_norm           no     overlaps stem_conv_bn_relu_maxpool@conv1
-conv_bn@layer1.0.conv1           conv_bn                    batch_norm_1         no     overlaps conv_bn_relu@layer1.0.conv1
-conv_bn@layer1.0.conv2           conv_bn                    batch_norm_2         no     overlaps conv_bn_add_relu@layer1.0.conv2
-conv_bn@layer1.1.conv1           conv_bn                    batch_norm_3         no     overlaps conv_bn_relu@layer1.1.conv1
-conv_bn@layer1.1.conv2           conv_bn                    batch_norm_4         no     overlaps conv_bn_add_relu@layer1.1.conv2
-conv_bn@layer2.0.downsample.0    conv_bn                    batch_norm_5         yes
-conv_bn@layer2.0.conv1           conv_bn                    batch_norm_6         no     overlaps conv_bn_relu@layer2.0.conv1
-conv_bn@layer2.0.conv2           conv_bn                    batch_norm_7         no     overlaps conv_bn_add_relu@layer2.0.conv2
-conv_bn@layer2.1.conv1           conv_bn                    batch_norm_8         no     overlaps conv_bn_relu@layer2.1.conv1
-conv_bn@layer2.1.conv2           conv_bn                    batch_norm_9         no     overlaps conv_bn_add_relu@layer2.1.conv2
-conv@conv1                       conv                       conv2d               no     overlaps stem_conv_bn_relu_maxpool@conv1
-conv@layer1.0.conv1              conv                       conv2d_1             no     overlaps conv_bn_relu@layer1.0.conv1
-conv@layer1.0.conv2              conv                       conv2d_2             no     overlaps conv_bn_add_relu@layer1.0.conv2
-conv@layer1.1.conv1              conv                       conv2d_3             no     overlaps conv_bn_relu@layer1.1.conv1
-conv@layer1.1.conv2              conv                       conv2d_4             no     overlaps conv_bn_add_relu@layer1.1.conv2
-conv@layer2.0.downsample.0       conv                       conv2d_5             no     overlaps conv_bn@layer2.0.downsample.0
-conv@layer2.0.conv1              conv                       conv2d_6             no     overlaps conv_bn_relu@layer2.0.conv1
-conv@layer2.0.conv2              conv                       conv2d_7             no     overlaps conv_bn_add_relu@layer2.0.conv2
-conv@layer2.1.conv1              conv                       conv2d_8             no     overlaps conv_bn_relu@layer2.1.conv1
-conv@layer2.1.conv2              conv                       conv2d_9             no     overlaps conv_bn_add_relu@layer2.1.conv2
-linear@fc                        linear                     linear               yes
-adaptive_avg_pool@avgpool        adaptive_avg_pool          adaptive_avg_pool2d  yes""",
+id                               pattern                    apply  reason
+-------------------------------  -------------------------  -----  ----------------------------------------
+stem_conv_bn_relu_maxpool@conv1  stem_conv_bn_relu_maxpool  yes
+conv_bn_add_relu@layer1.0.conv2  conv_bn_add_relu           yes
+conv_bn_add_relu@layer1.1.conv2  conv_bn_add_relu           yes
+conv_bn_add_relu@layer2.0.conv2  conv_bn_add_relu           yes
+conv_bn_add_relu@layer2.1.conv2  conv_bn_add_relu           yes
+conv_bn_add@layer1.0.conv2       conv_bn_add                no     overlaps conv_bn_add_relu@layer1.0.conv2
+conv_bn_add@layer1.1.conv2       conv_bn_add                no     overlaps conv_bn_add_relu@layer1.1.conv2
+conv_bn_add@layer2.0.conv2       conv_bn_add                no     overlaps conv_bn_add_relu@layer2.0.conv2
+conv_bn_add@layer2.1.conv2       conv_bn_add                no     overlaps conv_bn_add_relu@layer2.1.conv2
+conv_bn_relu@conv1               conv_bn_relu               no     overlaps stem_conv_bn_relu_maxpool@conv1
+conv_bn_relu@layer1.0.conv1      conv_bn_relu               yes
+conv_bn_relu@layer1.1.conv1      conv_bn_relu               yes
+conv_bn_relu@layer2.0.conv1      conv_bn_relu               yes
+conv_bn_relu@layer2.1.conv1      conv_bn_relu               yes
+conv_bn@conv1                    conv_bn                    no     overlaps stem_conv_bn_relu_maxpool@conv1
+conv_bn@layer1.0.conv1           conv_bn                    no     overlaps conv_bn_relu@layer1.0.conv1
+conv_bn@layer1.0.conv2           conv_bn                    no     overlaps conv_bn_add_relu@layer1.0.conv2
+conv_bn@layer1.1.conv1           conv_bn                    no     overlaps conv_bn_relu@layer1.1.conv1
+conv_bn@layer1.1.conv2           conv_bn                    no     overlaps conv_bn_add_relu@layer1.1.conv2
+conv_bn@layer2.0.downsample.0    conv_bn                    yes
+conv_bn@layer2.0.conv1           conv_bn                    no     overlaps conv_bn_relu@layer2.0.conv1
+conv_bn@layer2.0.conv2           conv_bn                    no     overlaps conv_bn_add_relu@layer2.0.conv2
+conv_bn@layer2.1.conv1           conv_bn                    no     overlaps conv_bn_relu@layer2.1.conv1
+conv_bn@layer2.1.conv2           conv_bn                    no     overlaps conv_bn_add_relu@layer2.1.conv2
+conv@conv1                       conv                       no     overlaps stem_conv_bn_relu_maxpool@conv1
+conv@layer1.0.conv1              conv                       no     overlaps conv_bn_relu@layer1.0.conv1
+conv@layer1.0.conv2              conv                       no     overlaps conv_bn_add_relu@layer1.0.conv2
+conv@layer1.1.conv1              conv                       no     overlaps conv_bn_relu@layer1.1.conv1
+conv@layer1.1.conv2              conv                       no     overlaps conv_bn_add_relu@layer1.1.conv2
+conv@layer2.0.downsample.0       conv                       no     overlaps conv_bn@layer2.0.downsample.0
+conv@layer2.0.conv1              conv                       no     overlaps conv_bn_relu@layer2.0.conv1
+conv@layer2.0.conv2              conv                       no     overlaps conv_bn_add_relu@layer2.0.conv2
+conv@layer2.1.conv1              conv                       no     overlaps conv_bn_relu@layer2.1.conv1
+conv@layer2.1.conv2              conv                       no     overlaps conv_bn_add_relu@layer2.1.conv2
+linear@fc                        linear                     yes
+adaptive_avg_pool@avgpool        adaptive_avg_pool          yes""",
         )
 
     def test_mobilenet_like(self) -> None:
@@ -107,51 +107,51 @@ adaptive_avg_pool@avgpool        adaptive_avg_pool          adaptive_avg_pool2d 
         assert _fused_fraction(dynamo)[0] == 0
         assert _applied(traced.plan) == _applied(dynamo.plan)
         self.assertExpectedInline(
-            str(traced.plan),
+            plan_table(traced.plan),
             """\
-id                                      pattern            node                   apply  reason
---------------------------------------  -----------------  ---------------------  -----  -----------------------------------------------
-conv_bn_add@blocks.0.project.0          conv_bn_add        add_2                  yes
-conv_bn_add@blocks.2.project.0          conv_bn_add        add_3                  yes
-conv_bn_hardswish@stem.0                conv_bn_hardswish  hardswish              yes
-conv_bn_hardswish@blocks.0.expand.0     conv_bn_hardswish  hardswish_1            yes
-conv_bn_hardswish@blocks.0.depthwise.0  conv_bn_hardswish  hardswish_2            yes
-conv_bn_hardswish@blocks.1.expand.0     conv_bn_hardswish  hardswish_3            yes
-conv_bn_hardswish@blocks.1.depthwise.0  conv_bn_hardswish  hardswish_4            yes
-conv_bn_hardswish@blocks.2.expand.0     conv_bn_hardswish  hardswish_5            yes
-conv_bn_hardswish@blocks.2.depthwise.0  conv_bn_hardswish  hardswish_6            yes
-conv_bn@stem.0                          conv_bn            batch_norm             no     overlaps conv_bn_hardswish@stem.0
-conv_bn@blocks.0.expand.0               conv_bn            batch_norm_1           no     overlaps conv_bn_hardswish@blocks.0.expand.0
-conv_bn@blocks.0.depthwise.0            conv_bn            batch_norm_2           no     overlaps conv_bn_hardswish@blocks.0.depthwise.0
-conv_bn@blocks.0.project.0              conv_bn            batch_norm_3           no     overlaps conv_bn_add@blocks.0.project.0
-conv_bn@blocks.1.expand.0               conv_bn            batch_norm_4           no     overlaps conv_bn_hardswish@blocks.1.expand.0
-conv_bn@blocks.1.depthwise.0            conv_bn            batch_norm_5           no     overlaps conv_bn_hardswish@blocks.1.depthwise.0
-conv_bn@blocks.1.project.0              conv_bn            batch_norm_6           yes
-conv_bn@blocks.2.expand.0               conv_bn            batch_norm_7           no     overlaps conv_bn_hardswish@blocks.2.expand.0
-conv_bn@blocks.2.depthwise.0            conv_bn            batch_norm_8           no     overlaps conv_bn_hardswish@blocks.2.depthwise.0
-conv_bn@blocks.2.project.0              conv_bn            batch_norm_9           no     overlaps conv_bn_add@blocks.2.project.0
-conv_relu@blocks.0.se.fc1               conv_relu          relu_2                 yes
-conv_relu@blocks.2.se.fc1               conv_relu          relu_3                 yes
-conv_hardsigmoid@blocks.0.se.fc2        conv_hardsigmoid   hardsigmoid_2          yes
-conv_hardsigmoid@blocks.2.se.fc2        conv_hardsigmoid   hardsigmoid_3          yes
-linear_hardswish@classifier.0           linear_hardswish   hardswish_7            yes
-conv@stem.0                             conv               conv2d                 no     overlaps conv_bn_hardswish@stem.0
-conv@blocks.0.expand.0                  conv               conv2d_1               no     overlaps conv_bn_hardswish@blocks.0.expand.0
-conv@blocks.0.depthwise.0               conv               conv2d_2               no     overlaps conv_bn_hardswish@blocks.0.depthwise.0
-conv@blocks.0.se.fc1                    conv               conv2d_3               no     overlaps conv_relu@blocks.0.se.fc1
-conv@blocks.0.se.fc2                    conv               conv2d_4               no     overlaps conv_hardsigmoid@blocks.0.se.fc2
-conv@blocks.0.project.0                 conv               conv2d_5               no     overlaps conv_bn_add@blocks.0.project.0
-conv@blocks.1.expand.0                  conv               conv2d_6               no     overlaps conv_bn_hardswish@blocks.1.expand.0
-conv@blocks.1.depthwise.0               conv               conv2d_7               no     overlaps conv_bn_hardswish@blocks.1.depthwise.0
-conv@blocks.1.project.0                 conv               conv2d_8               no     overlaps conv_bn@blocks.1.project.0
-conv@blocks.2.expand.0                  conv               conv2d_9               no     overlaps conv_bn_hardswish@blocks.2.expand.0
-conv@blocks.2.depthwise.0               conv               conv2d_10              no     overlaps conv_bn_hardswish@blocks.2.depthwise.0
-conv@blocks.2.se.fc1                    conv               conv2d_11              no     overlaps conv_relu@blocks.2.se.fc1
-conv@blocks.2.se.fc2                    conv               conv2d_12              no     overlaps conv_hardsigmoid@blocks.2.se.fc2
-conv@blocks.2.project.0                 conv               conv2d_13              no     overlaps conv_bn_add@blocks.2.project.0
-linear@classifier.0                     linear             linear                 no     overlaps linear_hardswish@classifier.0
-linear@classifier.3                     linear             linear_1               yes
-adaptive_avg_pool@blocks.0.se.pool      adaptive_avg_pool  adaptive_avg_pool2d    yes
-adaptive_avg_pool@blocks.2.se.pool      adaptive_avg_pool  adaptive_avg_pool2d_1  yes
-adaptive_avg_pool@pool                  adaptive_avg_pool  adaptive_avg_pool2d_2  yes""",
+id                                      pattern            apply  reason
+--------------------------------------  -----------------  -----  -----------------------------------------------
+conv_bn_add@blocks.0.project.0          conv_bn_add        yes
+conv_bn_add@blocks.2.project.0          conv_bn_add        yes
+conv_bn_hardswish@stem.0                conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.0.expand.0     conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.0.depthwise.0  conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.1.expand.0     conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.1.depthwise.0  conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.2.expand.0     conv_bn_hardswish  yes
+conv_bn_hardswish@blocks.2.depthwise.0  conv_bn_hardswish  yes
+conv_bn@stem.0                          conv_bn            no     overlaps conv_bn_hardswish@stem.0
+conv_bn@blocks.0.expand.0               conv_bn            no     overlaps conv_bn_hardswish@blocks.0.expand.0
+conv_bn@blocks.0.depthwise.0            conv_bn            no     overlaps conv_bn_hardswish@blocks.0.depthwise.0
+conv_bn@blocks.0.project.0              conv_bn            no     overlaps conv_bn_add@blocks.0.project.0
+conv_bn@blocks.1.expand.0               conv_bn            no     overlaps conv_bn_hardswish@blocks.1.expand.0
+conv_bn@blocks.1.depthwise.0            conv_bn            no     overlaps conv_bn_hardswish@blocks.1.depthwise.0
+conv_bn@blocks.1.project.0              conv_bn            yes
+conv_bn@blocks.2.expand.0               conv_bn            no     overlaps conv_bn_hardswish@blocks.2.expand.0
+conv_bn@blocks.2.depthwise.0            conv_bn            no     overlaps conv_bn_hardswish@blocks.2.depthwise.0
+conv_bn@blocks.2.project.0              conv_bn            no     overlaps conv_bn_add@blocks.2.project.0
+conv_relu@blocks.0.se.fc1               conv_relu          yes
+conv_relu@blocks.2.se.fc1               conv_relu          yes
+conv_hardsigmoid@blocks.0.se.fc2        conv_hardsigmoid   yes
+conv_hardsigmoid@blocks.2.se.fc2        conv_hardsigmoid   yes
+linear_hardswish@classifier.0           linear_hardswish   yes
+conv@stem.0                             conv               no     overlaps conv_bn_hardswish@stem.0
+conv@blocks.0.expand.0                  conv               no     overlaps conv_bn_hardswish@blocks.0.expand.0
+conv@blocks.0.depthwise.0               conv               no     overlaps conv_bn_hardswish@blocks.0.depthwise.0
+conv@blocks.0.se.fc1                    conv               no     overlaps conv_relu@blocks.0.se.fc1
+conv@blocks.0.se.fc2                    conv               no     overlaps conv_hardsigmoid@blocks.0.se.fc2
+conv@blocks.0.project.0                 conv               no     overlaps conv_bn_add@blocks.0.project.0
+conv@blocks.1.expand.0                  conv               no     overlaps conv_bn_hardswish@blocks.1.expand.0
+conv@blocks.1.depthwise.0               conv               no     overlaps conv_bn_hardswish@blocks.1.depthwise.0
+conv@blocks.1.project.0                 conv               no     overlaps conv_bn@blocks.1.project.0
+conv@blocks.2.expand.0                  conv               no     overlaps conv_bn_hardswish@blocks.2.expand.0
+conv@blocks.2.depthwise.0               conv               no     overlaps conv_bn_hardswish@blocks.2.depthwise.0
+conv@blocks.2.se.fc1                    conv               no     overlaps conv_relu@blocks.2.se.fc1
+conv@blocks.2.se.fc2                    conv               no     overlaps conv_hardsigmoid@blocks.2.se.fc2
+conv@blocks.2.project.0                 conv               no     overlaps conv_bn_add@blocks.2.project.0
+linear@classifier.0                     linear             no     overlaps linear_hardswish@classifier.0
+linear@classifier.3                     linear             yes
+adaptive_avg_pool@blocks.0.se.pool      adaptive_avg_pool  yes
+adaptive_avg_pool@blocks.2.se.pool      adaptive_avg_pool  yes
+adaptive_avg_pool@pool                  adaptive_avg_pool  yes""",
         )

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import fx
+from torch import fx, nn
 
 from embedl_dynamo.patterns.attention import FusedLayerNorm
 from embedl_dynamo.patterns.fused_modules import FusedConv, FusedLinear
@@ -147,7 +147,14 @@ class QuantMatMul(PlacementRule):
 
 
 def _is_embedding(node: Any) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is F.embedding
+    """An embedding lookup: ``F.embedding``, or an ``nn.Embedding`` kept as a module call by a
+    symbolic trace."""
+    if not isinstance(node, fx.Node):
+        return False
+    if node.op == "call_module":
+        module = node.graph.owning_module.get_submodule(str(node.target))
+        return isinstance(module, nn.Embedding)
+    return node.op == "call_function" and node.target is F.embedding
 
 
 def _is_residual(m: Match, a: str, b: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -26,7 +25,6 @@ from embedl_dynamo.onnx.initializers import UnwrittenOnnx
 from embedl_dynamo.settings import Settings
 
 __all__ = [
-    "BUILD_COUNTS",
     "OnnxArtifact",
     "cached_onnx",
     "code_fingerprint",
@@ -35,16 +33,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# artifacts built (not loaded from the cache) by this process, per kind; tests read it
-BUILD_COUNTS: dict[str, int] = {}
-_lock = threading.Lock()
-
-
-def count_build(kind: str) -> None:
-    """Record that this process built one artifact of ``kind``."""
-    with _lock:
-        BUILD_COUNTS[kind] = BUILD_COUNTS.get(kind, 0) + 1
 
 
 def input_specs(example_inputs: list[torch.Tensor], axes: DynamicAxes) -> list[Any]:
@@ -147,7 +135,6 @@ def onnx_artifact(
         # the TorchScript exporter only: torch.export inside a Dynamo backend upsets Dynamo state
         outputs = reference() if reference is not None else None
         unwritten = export_onnx_unwritten(gm, example_inputs, path, axes, outputs)
-        count_build("onnx")
         logger.info("built ONNX artifact %s", key[:16])
         if unwritten is None:
             return None

@@ -31,20 +31,12 @@ __all__ = [
     "calibration_mismatch",
     "data_fingerprint",
     "fit_batches_to_graph",
-    "forward_pass_count",
     "ranges_from_calibrators",
 ]
 
 logger = logging.getLogger(__name__)
 
 CalibrationData = Iterable[Any] | Callable[[nn.Module], Any]
-
-_COUNTER = {"forward_passes": 0}
-
-
-def forward_pass_count() -> int:
-    """How many calibration forward passes this process has run (tests and reports use it)."""
-    return _COUNTER["forward_passes"]
 
 
 class _Counting(nn.Module):
@@ -53,9 +45,10 @@ class _Counting(nn.Module):
     def __init__(self, gm: nn.Module) -> None:
         super().__init__()
         self.gm = gm
+        self.passes = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        _COUNTER["forward_passes"] += 1
+        self.passes += 1
         return self.gm(*args, **kwargs)
 
 
@@ -265,7 +258,6 @@ def calibrate(
         The number of forward passes run.
     """
     model = _Counting(observed).eval()
-    before = _COUNTER["forward_passes"]
     with torch.no_grad():
         if callable(data) and not isinstance(data, (list, tuple)):
             try:
@@ -282,7 +274,7 @@ def calibrate(
                 batches, desc="calibrating", unit="batch", disable=not _use_bar(progress)
             ):
                 model(*batch)
-    passes = _COUNTER["forward_passes"] - before
+    passes = model.passes
     if passes == 0:
         raise CalibrationDataError("the calibration forward_loop never called the model")
     logger.info("calibrated on %d forward passes", passes)

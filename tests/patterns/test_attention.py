@@ -31,7 +31,7 @@ from embedl_dynamo.patterns.attention_decompose import (
 from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
 from embedl_dynamo.rewrite.qdq import Role
 from embedl_dynamo.transform import trace
-from tests.helpers import assert_same_outputs, max_abs_diff
+from tests.helpers import assert_same_outputs, dynamo_graph, max_abs_diff
 
 G = torch.Generator().manual_seed(0)
 CONVERSIONS = (*ATTENTION_CONVERSION_PATTERNS, *CONVERSION_PATTERNS)
@@ -64,19 +64,6 @@ X = torch.randn(2, 5, 16, generator=G)
 MEMORY = torch.randn(2, 7, 16, generator=G)
 
 
-def _dynamo_graph(model: nn.Module, *args: torch.Tensor) -> fx.GraphModule:
-    captured = []
-
-    def backend(gm, inputs, **kwargs):
-        captured.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(model, backend=backend)(*args)
-    return captured[0]
-
-
 def _call_targets(gm: fx.GraphModule) -> list[str]:
     return [
         f"{n.op}:{getattr(n.target, '__name__', n.target)}"
@@ -94,7 +81,7 @@ class TestCanonicalForms(expecttest.TestCase):
     def test_multihead_attention_matches_dynamo(self) -> None:
         model = SelfAttention().eval()
         traced = canonicalize(trace(model, (X,)))
-        dynamo = canonicalize(_dynamo_graph(model, X))
+        dynamo = canonicalize(dynamo_graph(model, X))
         assert _call_targets(traced) == _call_targets(dynamo)
         self.assertExpectedInline(
             format_graph(traced),
@@ -113,7 +100,7 @@ return contiguous""",
         layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
         model = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
         traced = canonicalize(trace(model, (X,)))
-        dynamo = canonicalize(_dynamo_graph(model, X))
+        dynamo = canonicalize(dynamo_graph(model, X))
         assert _call_targets(traced) == _call_targets(dynamo)
         paths = [n.meta["embedl_path"] for n in traced.graph.nodes if n.op == "call_function"]
         assert paths == ["model.layers.0", "model.layers.1"]

@@ -7,7 +7,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def digits():
-    from .digits import train_digits_cnn
+    from tests.digits import train_digits_cnn
 
     model, data = train_digits_cnn(epochs=6)
     return model, data

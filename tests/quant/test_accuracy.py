@@ -13,8 +13,7 @@ from bench.ort_baseline import ort_quantize_static
 from embedl_dynamo import prepare_qat, quantize
 from embedl_dynamo.quant import QuantizationConfig, QuantizationSpec
 from embedl_dynamo.rewrite.qdq import Role
-
-from .digits import accuracy
+from tests.digits import accuracy
 
 
 def _ort_quantize_static_accuracy(model, x_cal, x_test, y_test, tmp_path) -> float:

@@ -30,7 +30,7 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
-from embedl_dynamo.onnx.artifact import count_build, onnx_artifact
+from embedl_dynamo.onnx.artifact import onnx_artifact
 from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
 from embedl_dynamo.settings import Settings
 
@@ -258,7 +258,6 @@ class TensorRTRuntime(Runtime):
 
         def _write_engine(path: Path) -> None:
             path.write_bytes(build_engine(trt, onnx_path, profile))
-            count_build("trt_engine")
             logger.info("built TensorRT engine %s", key[:16])
 
         engine_path, built = cache.get_or_build(key, _write_engine, ".engine")

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.onnx.artifact import count_build
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
@@ -135,7 +134,6 @@ class TorchTensorRTRuntime(Runtime):
                 )
             options = compile_options(str(self._cache_dir), self.settings.min_subgraph_size)
             module = torch_tensorrt_backend()(self._gm, list(inputs), options=options)
-            count_build("torch_tensorrt")
             self._modules[key] = module
         return module
 

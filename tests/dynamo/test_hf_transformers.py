@@ -13,8 +13,8 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.backends.tensorrt import TENSORRT_PATTERNS
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.patterns.attention import FusedAttention
+from tests.helpers import BUILD_COUNTS
 
 if importlib.util.find_spec("torchvision") is not None:  # transformers imports it if present
     from bench.zoo import import_model_libraries

@@ -10,10 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
-from tests.helpers import assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 
 pytestmark = pytest.mark.skipif(

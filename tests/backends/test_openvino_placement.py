@@ -12,26 +12,13 @@ from torch import nn
 from embedl_dynamo import quantize
 from embedl_dynamo.patterns.attention import FusedAttention
 from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
+from tests.helpers import is_fake_quant, random_batches
 from tests.models import MobileNetLike, ViTLike, randomize_batchnorm
-
-
-def _batches(shape, n=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, generator=gen) for _ in range(n)]
-
-
-def _is_fake_quant(gm, node):
-    """Whether ``node`` is the output of an activation fake-quant module."""
-    return (
-        isinstance(node, torch.fx.Node)
-        and node.op == "call_module"
-        and isinstance(gm.get_submodule(node.target), FakeQuantize)
-    )
 
 
 def _quantized(model, shape, backend="openvino"):
     x = torch.randn(*shape)
-    q = quantize(model, (x,), backend=backend, calibration_data=_batches(shape))
+    q = quantize(model, (x,), backend=backend, calibration_data=random_batches(shape))
     return q, q.meta["embedl_quantization"], x
 
 
@@ -101,7 +88,7 @@ def test_attention_quantizes_q_and_k_for_any_head_size(heads):
     assert len(attention_calls) == 2
     for call in attention_calls:
         # q and k enter through a fake-quant; v stays float
-        assert [_is_fake_quant(q, a) for a in call.args[:3]] == [True, True, False], call.args
+        assert [is_fake_quant(q, a) for a in call.args[:3]] == [True, True, False], call.args
     with torch.no_grad():
         cosine = torch.nn.functional.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
     assert cosine > 0.99
@@ -154,7 +141,7 @@ def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
     shape = (1, 3, 32, 32)
     q, _, _ = _quantized(model, shape)
     fakes = {n: m for n, m in q.named_modules() if isinstance(m, FakeQuantize)}
-    calibrated = _calibrated_ranges(q, _batches(shape))  # the data _quantized calibrated on
+    calibrated = _calibrated_ranges(q, random_batches(shape))  # the data _quantized calibrated on
     assert set(calibrated) == set(fakes)
     for name, fake in fakes.items():
         lo, hi = calibrated[name]

@@ -15,8 +15,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
-from tests.helpers import assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import (
     GraphBreakNet,
     MobileNetLike,
@@ -271,13 +270,14 @@ _SCRIPT = textwrap.dedent(
     sys.path.insert(0, {repo!r})
     from tests.models import ResNetLike, randomize_batchnorm
     imported_early = "embedl_dynamo" in sys.modules
+    from tests.helpers import BUILD_COUNTS, count_builds
+    count_builds()
     torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         y = torch.compile(model, backend="embedl_tensorrt")(x)
         err = float((y - model(x)).abs().max() / model(x).abs().max())
-    from embedl_dynamo.onnx.artifact import BUILD_COUNTS
     print(json.dumps({{"err": err, "builds": BUILD_COUNTS.get("onnx", 0),
                       "early": imported_early}}))
     """

@@ -20,8 +20,8 @@ import pytest
 import torch
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.runtimes.tensorrt import runtime as trt_runtime
+from tests.helpers import BUILD_COUNTS
 from tests.tensorrt_api import SignatureError, ValidatingTensorRT, load_bindings
 
 _ONNX_TO_NUMPY = {1: np.float32, 10: np.float16, 7: np.int64, 6: np.int32, 9: np.bool_}

@@ -13,9 +13,8 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from tests.helpers import assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import randomize_batchnorm
 
 
@@ -56,10 +55,17 @@ class _TwoBatches(nn.Module):
 
 
 def _run(model: nn.Module, calls: list[tuple[torch.Tensor, ...]]) -> None:
+    """Each call matches eager, and ran in an ONNX Runtime artifact: the eager fallback gives
+    the same outputs, so every subgraph must report compiled, on onnxruntime, no call in PyTorch."""
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad():
         for args in calls:
             assert_close_to_scale(compiled(*args), model(*args))
+    subgraphs = embedl_dynamo.last_report().subgraphs
+    assert subgraphs, "nothing was compiled"
+    for sub in subgraphs:
+        assert (sub.status, sub.runtime) == ("compiled", "onnxruntime"), sub.reason
+        assert "PyTorch" not in sub.reason, sub.reason
 
 
 def test_image_size_that_changes_stays_dynamic_and_builds_twice():
@@ -80,6 +86,7 @@ def test_two_inputs_with_different_batch_sizes():
     _run(
         model, [(torch.randn(a, 6), torch.randn(b, 6)) for a, b in ((4, 7), (7, 4), (5, 5), (9, 3))]
     )
+    assert BUILD_COUNTS["onnx"] == 2
 
 
 def test_a_call_the_runtime_cannot_take_runs_the_original_graph(monkeypatch, caplog):
@@ -89,10 +96,10 @@ def test_a_call_the_runtime_cannot_take_runs_the_original_graph(monkeypatch, cap
     with torch.no_grad():
         compiled(x)
 
-        def _fail(self, args):
+        def _fail(self, *args):
             raise RuntimeError("INVALID_ARGUMENT : Got invalid dimensions for input: input_0")
 
-        monkeypatch.setattr(OnnxRuntime, "_infer", _fail)
+        monkeypatch.setattr(OnnxRuntime, "infer", _fail)
         with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
             assert_close_to_scale(compiled(x), model(x))
             assert_close_to_scale(compiled(x), model(x))
@@ -108,10 +115,10 @@ def test_fallback_raise_lets_a_call_failure_through(monkeypatch):
     with torch.no_grad():
         compiled(x)
 
-        def _fail(self, args):
+        def _fail(self, *args):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(OnnxRuntime, "_infer", _fail)
+        monkeypatch.setattr(OnnxRuntime, "infer", _fail)
         with pytest.raises(RuntimeError, match="boom"):
             compiled(x)
 

@@ -13,7 +13,6 @@ import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.dynamic_axes import BATCH
 from embedl_dynamo.onnx import artifact as artifacts
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.quant.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.runtime import node_times
@@ -21,6 +20,7 @@ from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning import layer_profile, mixed_precision
 from embedl_dynamo.tuning.layer_profile import LayerTimes
 from embedl_dynamo.tuning.mixed_precision import choose_mixed
+from tests.helpers import BUILD_COUNTS
 from tests.models import ResNetLike, randomize_batchnorm
 
 G = torch.Generator().manual_seed(0)

@@ -132,7 +132,7 @@ def test_a_runtime_that_cannot_build_the_graph_is_skipped(monkeypatch, tmp_path)
     def fails(self, gm, inputs):
         raise RuntimeError("OpenVINO cannot compile it")
 
-    monkeypatch.setattr(OpenVINORuntime, "_build", fails)
+    monkeypatch.setattr(OpenVINORuntime, "build", fails)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
     choice = _auto(gm, x, Settings(cache_dir=tmp_path))
     assert choice.runtime.name == "onnxruntime" and choice.note == "auto: onnxruntime"

@@ -20,6 +20,8 @@ from embedl_dynamo.quant.half_precision import cast_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from tests.models import MobileNetLike, ViTLike
 
+pytestmark = pytest.mark.usefixtures("compile_isolation")
+
 
 class SmallNet(nn.Module):
     """Conv-BN-ReLU, a depthwise conv with a residual, a mean, LayerNorm, softmax, a head."""

@@ -8,7 +8,6 @@ import torch
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.capture import capture
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import runtime_candidates, runtime_classes
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
@@ -16,6 +15,7 @@ from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_provider
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact
+from tests.helpers import BUILD_COUNTS
 from tests.models import ResNetLike, randomize_batchnorm
 
 RUNTIMES = runtime_classes()

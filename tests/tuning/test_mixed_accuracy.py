@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import embedl_dynamo
-from tests.quant.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn
+from tests.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn
 
 
 @pytest.mark.parametrize("precision", ["mixed", "int8"])

@@ -13,6 +13,8 @@ from embedl_dynamo.precision import get_precision
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
+pytestmark = pytest.mark.usefixtures("compile_isolation")
+
 
 def test_defaults(monkeypatch, tmp_path):
     monkeypatch.delenv("EMBEDL_DYNAMO_CACHE_DIR")

@@ -10,6 +10,8 @@ import embedl_dynamo as ed
 from embedl_dynamo.backends.tensorrt import BACKEND
 from tests.models import randomize_batchnorm
 
+pytestmark = pytest.mark.usefixtures("compile_isolation")
+
 
 class _ShapeBranch(nn.Module):
     """Python control flow on a shape: fx cannot trace it, Dynamo specialises on it."""

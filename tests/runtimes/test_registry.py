@@ -231,7 +231,7 @@ def test_a_runtime_choice_is_measured_again_after_an_openvino_upgrade(monkeypatc
 
 def test_a_mixed_decision_is_measured_again_after_an_openvino_upgrade(monkeypatch, tmp_path):
     from embedl_dynamo.tuning import mixed_precision
-    from tests.precision.test_mixed_precision import (
+    from tests.tuning.test_mixed_precision import (
         BATCHES,
         _calibrated,
         _fake_profile,

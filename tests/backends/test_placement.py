@@ -16,13 +16,8 @@ from torch import nn
 from embedl_dynamo import quantize
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.patterns.attention import AttentionProbs, FusedQKVProjection
-from embedl_dynamo.quant.insert import FakeQuantize
+from tests.helpers import called_module, is_fake_quant, random_batches
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
-
-
-def _batches(shape, n=3, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, generator=gen) for _ in range(n)]
 
 
 def _export(model, x, path):
@@ -46,22 +41,10 @@ def _optimised_ops(path, x, tmp_path):
     return ops, out
 
 
-def _called_module(gm, node):
-    """The module ``node`` calls (None for any other node)."""
-    if isinstance(node, torch.fx.Node) and node.op == "call_module":
-        return gm.get_submodule(node.target)
-    return None
-
-
-def _is_fake_quant(gm, node):
-    """Whether ``node`` is the output of an activation fake-quant module."""
-    return isinstance(_called_module(gm, node), FakeQuantize)
-
-
 def _projection_output(gm, node):
     """Which output (0 q, 1 k, 2 v) of a fused Q/K/V in-projection ``node`` is (None if not)."""
     if node.op == "call_function" and node.target is operator.getitem:
-        if isinstance(_called_module(gm, node.args[0]), FusedQKVProjection):
+        if isinstance(called_module(gm, node.args[0]), FusedQKVProjection):
             return node.args[1]
     return None
 
@@ -76,7 +59,9 @@ def resnet():
 
 def test_onnxruntime_placement_becomes_integer_kernels(resnet, tmp_path):
     x = torch.randn(2, 3, 32, 32)
-    q = quantize(resnet, (x,), backend="onnxruntime", calibration_data=_batches((2, 3, 32, 32)))
+    q = quantize(
+        resnet, (x,), backend="onnxruntime", calibration_data=random_batches((2, 3, 32, 32))
+    )
     proto = _export(q, x, tmp_path / "q.onnx")
     exported = collections.Counter(n.op_type for n in proto.graph.node)
     assert exported["QuantizeLinear"] == exported["DequantizeLinear"] > 0
@@ -97,7 +82,7 @@ def test_onnxruntime_placement_becomes_integer_kernels(resnet, tmp_path):
 def test_tensorrt_placement_is_slow_on_onnxruntime_by_design(resnet, tmp_path):
     """TensorRT's QDQ (conv inputs only, symmetric) is not what ORT turns into QLinearConv."""
     x = torch.randn(2, 3, 32, 32)
-    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 32, 32)))
+    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=random_batches((2, 3, 32, 32)))
     _export(q, x, tmp_path / "q.onnx")
     ops, _ = _optimised_ops(tmp_path / "q.onnx", x, tmp_path)
     assert ops["QLinearConv"] == 0
@@ -108,7 +93,7 @@ def test_tensorrt_placement_is_slow_on_onnxruntime_by_design(resnet, tmp_path):
 
 def test_weight_scales_are_frozen_constants(resnet):
     x = torch.randn(2, 3, 32, 32)
-    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 32, 32)))
+    q = quantize(resnet, (x,), backend="tensorrt", calibration_data=random_batches((2, 3, 32, 32)))
     quantizers = [m for n, m in q.named_modules() if type(m).__name__ == "WeightFakeQuantize"]
     assert len(quantizers) == sum(isinstance(m, nn.Conv2d | nn.Linear) for m in resnet.modules())
     for module in q.modules():
@@ -127,7 +112,7 @@ def test_tensorrt_leaves_depthwise_convs_in_float_and_says_why():
     model = MobileNetLike().eval()
     randomize_batchnorm(model)
     x = torch.randn(1, 3, 32, 32)
-    q = quantize(model, (x,), backend="tensorrt", calibration_data=_batches((1, 3, 32, 32)))
+    q = quantize(model, (x,), backend="tensorrt", calibration_data=random_batches((1, 3, 32, 32)))
     floats = q.meta["embedl_quantization"]["float_layers"]
     depthwise = [f for f in floats if "depthwise" in f["id"]]
     assert depthwise and all("not multiples of 4" in f["reason"] for f in depthwise)
@@ -139,7 +124,7 @@ def test_tensorrt_attention_head_size_rule(heads, quantized):
     torch.manual_seed(0)
     model = ViTLike(heads=heads).eval()  # dim 32: head size 16 (int8) or 8 (float)
     x = torch.randn(2, 3, 16, 16)
-    q = quantize(model, (x,), backend="tensorrt", calibration_data=_batches((2, 3, 16, 16)))
+    q = quantize(model, (x,), backend="tensorrt", calibration_data=random_batches((2, 3, 16, 16)))
     report = q.meta["embedl_quantization"]
     # a quantized attention is split: its probabilities module (q, k) and probs @ v
     probs = [m for m in q.modules() if type(m).__name__ == "AttentionProbs"]
@@ -153,12 +138,12 @@ def test_tensorrt_attention_head_size_rule(heads, quantized):
         for node in matmuls:
             # the softmax output and v both enter the matmul through a fake-quant
             probabilities, v = node.kwargs["input"], node.kwargs["other"]
-            assert _is_fake_quant(q, probabilities) and _is_fake_quant(q, v), node.kwargs
-            assert isinstance(_called_module(q, probabilities.args[0]), AttentionProbs)
+            assert is_fake_quant(q, probabilities) and is_fake_quant(q, v), node.kwargs
+            assert isinstance(called_module(q, probabilities.args[0]), AttentionProbs)
             assert _projection_output(q, v.args[0]) == 2
             # the probabilities module takes q and k, each through a fake-quant
             q_and_k = probabilities.args[0].args
-            assert all(_is_fake_quant(q, a) for a in q_and_k), q_and_k
+            assert all(is_fake_quant(q, a) for a in q_and_k), q_and_k
             assert [_projection_output(q, a.args[0]) for a in q_and_k] == [0, 1]
     else:
         assert not probs and not products and len(floats) == 2
@@ -227,7 +212,7 @@ class TestSnapshots(TestCase):
         torch.manual_seed(0)
         x = torch.randn(2, 4, 8)
         return quantize(_PreNormBlock().eval(), (x,), backend=backend,
-                        calibration_data=_batches((2, 4, 8)))  # fmt: skip
+                        calibration_data=random_batches((2, 4, 8)))  # fmt: skip
 
     def test_tensorrt_quantizes_a_residual_streams_branch_only(self):
         """ModelOpt's placement: the block's output enters the add quantized, the stream
@@ -260,7 +245,7 @@ return layer_norm_norm2""",
         model = _Small().eval()
         randomize_batchnorm(model)
         x = torch.randn(1, 3, 8, 8)
-        return quantize(model, (x,), backend=backend, calibration_data=_batches((1, 3, 8, 8)))
+        return quantize(model, (x,), backend=backend, calibration_data=random_batches((1, 3, 8, 8)))
 
     def test_onnxruntime_graph(self):
         self.assertExpectedInline(
@@ -306,7 +291,7 @@ def _float_layers_reading_dq(path) -> list[str]:
 
 def _ort_quantized(model, shape, tmp_path):
     x = torch.randn(*shape)
-    q = quantize(model, (x,), backend="onnxruntime", calibration_data=_batches(shape))
+    q = quantize(model, (x,), backend="onnxruntime", calibration_data=random_batches(shape))
     _export(q, x, tmp_path / "q.onnx")
     ops, out = _optimised_ops(tmp_path / "q.onnx", x, tmp_path)
     # integer kernels requantize with their own rounding: a few output steps from fake-quant
@@ -350,7 +335,7 @@ def test_onnxruntime_transformer_linears_become_integer_kernels(tmp_path):
 
 
 def _ort_int8_cosine(model, x, backend, tmp_path):
-    q = quantize(model, (x,), backend=backend, calibration_data=_batches(tuple(x.shape), n=4))
+    q = quantize(model, (x,), backend=backend, calibration_data=random_batches(tuple(x.shape), n=4))
     _export(q, x, tmp_path / f"{backend.name}.onnx")
     session = ort.InferenceSession(
         str(tmp_path / f"{backend.name}.onnx"), providers=["CPUExecutionProvider"]

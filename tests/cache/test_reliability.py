@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.onnx.artifact import BUILD_COUNTS
-from tests.helpers import assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)
