@@ -10,7 +10,8 @@ under their original paths. The export helper and :func:`embedl_dynamo.transform
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import types
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -81,7 +82,7 @@ def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.
             refused.append(str(exc))
         return gm.forward
 
-    compiled = torch.compile(model, backend=_record, fullgraph=True, dynamic=dynamic)
+    compiled = torch.compile(_fresh_entry(model), backend=_record, fullgraph=True, dynamic=dynamic)
     try:
         with torch.no_grad():
             compiled(*args)
@@ -111,3 +112,20 @@ def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.
     if any(not isinstance(v, torch.Tensor) for v in user):
         raise RuntimeError("the captured graph takes non-tensor inputs; pass tensors only")
     return frozen.gm
+
+
+def _fresh_entry(model: nn.Module) -> Callable[..., Any]:
+    """``model(*args)`` behind a code object of its own.
+
+    Dynamo keeps what it compiled per code object, and refuses a frame once that code was
+    compiled ``recompile_limit`` times: compiling ``model`` itself shares ``nn.Linear.forward``
+    with every other capture of a Linear in the process, so the ninth export failed. A fresh
+    code object per capture starts with no cache entries, and frees them when it goes.
+    """
+
+    def entry(*args: Any) -> Any:
+        return model(*args)
+
+    return types.FunctionType(
+        entry.__code__.replace(), entry.__globals__, entry.__name__, None, entry.__closure__
+    )

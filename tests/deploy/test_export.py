@@ -386,3 +386,14 @@ def test_mixed_measures_on_the_runtime_the_targets_file_is_for(
         else runtime_classes()["onnxruntime"]
     )
     assert seen == [want]
+
+
+def test_an_instance_exports_more_times_than_dynamos_recompile_limit(tmp_path) -> None:
+    """Regression (issue 23 item 12): the 9th export() of one model instance in a process
+    failed with "remove the graph break" (Dynamo's recompile limit on the shared forward)."""
+    model = nn.Linear(4, 3).eval()
+    limit = torch._dynamo.config.recompile_limit
+    for i in range(limit + 2):
+        path = export(model, torch.randn(2, 4), tmp_path / f"m{i}.onnx", dynamic_batch=False,
+                      backend="onnxruntime", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+        assert path.exists()
