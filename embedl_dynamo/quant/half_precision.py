@@ -154,81 +154,101 @@ def cast_graph(
         )
     gm = copy.deepcopy(gm)
     ShapeProp(gm).propagate(*example_inputs)
-    modules = dict(gm.named_modules())
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    feeds_output = {n for n in output.all_input_nodes}
-    dtype_of: dict[fx.Node, torch.dtype] = {}  # float nodes' dtype in the cast graph
-    casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
-    layers: list[dict[str, str]] = []
+    casting = _HalfCast(gm, half, precision.name)
+    for node in list(gm.graph.nodes):
+        casting.visit(node)
+    casting.restore_outputs()
+    gm.graph.lint()
+    gm.recompile()
+    gm.meta[HALF_PRECISION_META] = precision.name
+    return gm, casting.layers
 
-    def cast(value: Any, dtype: torch.dtype, before: fx.Node) -> Any:
+
+class _HalfCast:
+    """One pass of :func:`cast_graph`: each node's dtype in the cast graph, the casts made
+    (one per value and dtype), and the layer records."""
+
+    def __init__(self, gm: fx.GraphModule, half: torch.dtype, name: str) -> None:
+        self.gm, self.half, self.name = gm, half, name
+        self.modules = dict(gm.named_modules())
+        self.output = next(n for n in gm.graph.nodes if n.op == "output")
+        self.feeds_output = set(self.output.all_input_nodes)
+        self.dtype_of: dict[fx.Node, torch.dtype] = {}  # float nodes' dtype in the cast graph
+        self.casts: dict[tuple[fx.Node, torch.dtype], fx.Node] = {}
+        self.layers: list[dict[str, str]] = []
+
+    def cast(self, value: Any, dtype: torch.dtype, before: fx.Node) -> Any:
+        """``value`` in ``dtype``: a constant converted once where every user wants ``dtype``,
+        else a ``to`` node before ``before`` (shared by every reader)."""
+        dtype_of = self.dtype_of
         if not isinstance(value, fx.Node) or value not in dtype_of or dtype_of[value] == dtype:
             return value
-        if value.op == "get_attr" and all(_decision(u)[0] == dtype for u in value.users):
-            tensor = operator.attrgetter(str(value.target))(gm)
-            _set_attr(gm, str(value.target), tensor.to(dtype))
+        if value.op == "get_attr" and all(self.decision(u)[0] == dtype for u in value.users):
+            tensor = operator.attrgetter(str(value.target))(self.gm)
+            _set_attr(self.gm, str(value.target), tensor.to(dtype))
             dtype_of[value] = dtype
             return value
-        if (value, dtype) not in casts:
-            with gm.graph.inserting_before(before):
-                node = gm.graph.call_method("to", (value, dtype))
+        if (value, dtype) not in self.casts:
+            with self.gm.graph.inserting_before(before):
+                node = self.gm.graph.call_method("to", (value, dtype))
             node.meta = {**value.meta, "embedl_cast": str(dtype)}
-            casts[(value, dtype)] = node
-        return casts[(value, dtype)]
+            self.casts[(value, dtype)] = node
+        return self.casts[(value, dtype)]
 
-    def _decision(node: fx.Node) -> tuple[torch.dtype | None, str]:
-        module = modules.get(node.target) if node.op == "call_module" else None
+    def decision(self, node: fx.Node) -> tuple[torch.dtype | None, str]:
+        """The dtype ``node`` computes in and why; None where it follows its inputs."""
+        module = self.modules.get(node.target) if node.op == "call_module" else None
+        statistics = "normalisation, softmax or reduction: fp32 statistics"
         if node.op == "call_module" and _has_matrix_weight(module):
-            kind = half
+            kind = self.half
         elif node.op == "call_function" and node.target in HALF_FUNCTIONS:
-            kind = half
+            kind = self.half
         elif node.op == "call_function" and node.target in FP32_FUNCTIONS:
-            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+            return torch.float32, statistics
         elif node.op == "call_method" and node.target in FP32_METHODS:
-            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+            return torch.float32, statistics
         elif node.op == "call_module" and "Norm" in type(module).__name__:
-            return torch.float32, "normalisation, softmax or reduction: fp32 statistics"
+            return torch.float32, statistics
         elif node.op == "call_module" and "Pool" in type(module).__name__:
             return torch.float32, "global pooling is a reduction: fp32"
         else:
             return None, ""
-        if node in feeds_output:
+        if node in self.feeds_output:
             return torch.float32, "produces a graph output (logits stay fp32)"
-        return kind, f"matmul-class layer: {precision.name} compute, fp32 accumulation"
+        return kind, f"matmul-class layer: {self.name} compute, fp32 accumulation"
 
-    for node in list(gm.graph.nodes):
+    def visit(self, node: fx.Node) -> None:
+        """Decide ``node``'s dtype, cast its inputs to it, and record a decided layer."""
         if node.op in ("placeholder", "get_attr"):
             if _is_float(node):
-                dtype_of[node] = node.meta["tensor_meta"].dtype
-            continue
+                self.dtype_of[node] = node.meta["tensor_meta"].dtype
+            return
         if node.op == "output" or node.meta.get("embedl_cast"):
-            continue
-        dtype, reason = _decision(node)
+            return
+        dtype, reason = self.decision(node)
         if dtype is not None and _is_float(node):
-            node.args = fx.node.map_arg(node.args, lambda a, d=dtype, n=node: cast(a, d, n))
-            node.kwargs = fx.node.map_arg(node.kwargs, lambda a, d=dtype, n=node: cast(a, d, n))
-            if node.op == "call_module" and dtype == half:
-                target = str(node.target)
-                _set_attr(gm, target, copy.deepcopy(modules[target]).to(half))
-            dtype_of[node] = dtype
-            module = modules.get(node.target) if node.op == "call_module" else None
-            name = "fp32" if dtype == torch.float32 else precision.name
-            layers.append({"id": _layer_id(node, module), "precision": name, "reason": reason})
+            node.args = fx.node.map_arg(node.args, lambda a: self.cast(a, dtype, node))
+            node.kwargs = fx.node.map_arg(node.kwargs, lambda a: self.cast(a, dtype, node))
+            module = self.modules.get(node.target) if node.op == "call_module" else None
+            if module is not None and dtype == self.half:
+                _set_attr(self.gm, str(node.target), copy.deepcopy(module).to(self.half))
+            self.dtype_of[node] = dtype
+            name = "fp32" if dtype == torch.float32 else self.name
+            self.layers.append({"id": _layer_id(node, module), "precision": name, "reason": reason})
         elif _is_float(node):
-            inputs = [dtype_of[a] for a in node.all_input_nodes if a in dtype_of]
-            dtype_of[node] = torch.float32 if torch.float32 in inputs or not inputs else half
+            inputs = [self.dtype_of[a] for a in node.all_input_nodes if a in self.dtype_of]
+            half = torch.float32 not in inputs and inputs
+            self.dtype_of[node] = self.half if half else torch.float32
 
-    def restore(value: Any) -> Any:
-        if isinstance(value, fx.Node) and value in dtype_of:
-            original = value.meta["tensor_meta"].dtype
-            return cast(value, original, output)
-        return value
+    def restore_outputs(self) -> None:
+        """Cast every output back to the dtype the float graph returned."""
 
-    output.args = fx.node.map_arg(output.args, restore)
-    gm.graph.lint()
-    gm.recompile()
-    gm.meta[HALF_PRECISION_META] = precision.name
-    return gm, layers
+        def restore(value: Any) -> Any:
+            if isinstance(value, fx.Node) and value in self.dtype_of:
+                return self.cast(value, value.meta["tensor_meta"].dtype, self.output)
+            return value
+
+        self.output.args = fx.node.map_arg(self.output.args, restore)
 
 
 def _set_attr(gm: fx.GraphModule, target: str, value: Any) -> None:
