@@ -41,7 +41,7 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import runtime_candidates
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import check_precision, judge_artifact, judging_sample
+from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
@@ -69,6 +69,7 @@ class _Job:
     start: float
     inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
     axes: DynamicAxes | None = None
+    original: fx.GraphModule | None = None  # the frozen graph before any rewrite: the reference
 
     def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Record that the subgraph runs in PyTorch (``fn``) and why."""
@@ -113,6 +114,7 @@ def compile_subgraph(
     frozen = freeze(gm, example_inputs)
     user = frozen.user_inputs
     job.inputs = [example_inputs[i] for i in user]
+    job.original = frozen.gm
     if any(not isinstance(t, torch.Tensor) for t in job.inputs):
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)
@@ -290,25 +292,26 @@ def _judged_runtime(
     model: fx.GraphModule,
     float_model: fx.GraphModule | None,
 ) -> Runtime:
-    """``model`` built on the fastest of its runtimes, its artifact judged (a float one on the
-    build sample by :func:`~embedl_dynamo.tuning.judge.judge_artifact`, a lower-precision one
-    against ``float_model`` within ``accuracy_budget``). An artifact ``mixed`` held to the
+    """``model`` built on the fastest of its runtimes, its artifact judged against the graph
+    before any rewrite (:func:`~embedl_dynamo.tuning.judge.judge_against`: a float one on the
+    build sample, a lower-precision one within ``accuracy_budget``). An artifact ``mixed`` held to the
     budget on this runtime in this compile (the report's ``judged``) is not judged again."""
     settings, report = job.settings, job.report
     judged = result.report.get("judged") if model is result.model else None
     options = run_options(model, float_model, job.runtime_cls, job.timed, settings.precision)
+    judge = judge_against(job.original, job.inputs)
     if len(options) > 1:
-        choice = fastest(options, job.inputs, settings, job.axes)
+        choice = fastest(options, job.inputs, settings, job.axes, judge)
         runtime = choice.runtime
         report.reason = "; ".join(r for r in (report.reason, choice.note) if r)
         if choice.option.model is not model:  # the float graph beat the mixed one
             _record_float_won(report, choice.note)
             float_model = None
     else:
-        runtime = options[0].runtime(settings, job.axes).build(model, job.inputs, judge_artifact)
+        runtime = options[0].runtime(settings, job.axes).build(model, job.inputs, judge)
     if float_model is not None and not _judged_already(runtime, judged):
         sample = judging_sample(job.inputs, settings.calibration_data)
-        check_precision(runtime, float_model, sample, settings.accuracy_budget)
+        check_precision(runtime, job.original, sample, settings.accuracy_budget)
     return runtime
 
 

@@ -29,7 +29,7 @@ from torch import fx
 
 from embedl_dynamo.errors import OutputMismatchError
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
-from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
 
 __all__ = [
     "FLOAT_RTOL",
@@ -40,6 +40,7 @@ __all__ = [
     "check_precision_outputs",
     "cosine",
     "flat_outputs",
+    "judge_against",
     "judge_artifact",
     "judging_sample",
     "sample_outputs",
@@ -205,6 +206,31 @@ def judge_artifact(
         check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
     else:
         check_float(reference(), actual, what)
+
+
+def judge_against(original: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> ArtifactJudge:
+    """:func:`judge_artifact` with ``original``'s outputs as the float reference.
+
+    ``original`` is the graph before any rewrite (the one Dynamo gave, frozen): a rewrite that
+    changed the results then fails the first call instead of passing against its own graph.
+    Its outputs on ``inputs`` are computed once, when a float artifact is first judged.
+    """
+    expected: list[tuple[torch.Tensor, ...]] = []
+
+    def reference() -> tuple[torch.Tensor, ...]:
+        if not expected:
+            expected.append(graph_outputs(original, inputs))
+        return expected[0]
+
+    def judge(
+        gm: fx.GraphModule,
+        _own: Callable[[], Sequence[torch.Tensor]],
+        actual: Sequence[torch.Tensor],
+        what: str,
+    ) -> None:
+        judge_artifact(gm, reference, actual, what)
+
+    return judge
 
 
 def judging_sample(inputs: list[torch.Tensor], data: Any) -> list[list[torch.Tensor]]:

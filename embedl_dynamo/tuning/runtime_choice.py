@@ -30,7 +30,7 @@ from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.precision import Precision
-from embedl_dynamo.runtimes.base import Runtime, graph_outputs
+from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact
@@ -110,8 +110,9 @@ class _Builder:
         inputs: Sequence[torch.Tensor],
         settings: Settings,
         axes: DynamicAxes | None,
+        judge: ArtifactJudge = judge_artifact,
     ) -> None:
-        self.inputs, self.settings, self.axes = inputs, settings, axes
+        self.inputs, self.settings, self.axes, self.judge = inputs, settings, axes, judge
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self.exported: dict[int, OnnxArtifact] = {}
         for o in options:
@@ -143,7 +144,7 @@ class _Builder:
             runtime.use_artifact(self.exported[id(option.model)])
         if id(option.model) in self.outputs:
             runtime.share_reference(option.model, self.inputs, self.outputs[id(option.model)])
-        return runtime.build(option.model, self.inputs, judge_artifact)
+        return runtime.build(option.model, self.inputs, self.judge)
 
 
 def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:
@@ -205,6 +206,7 @@ def fastest(
     inputs: Sequence[torch.Tensor],
     settings: Settings,
     axes: DynamicAxes | None = None,
+    judge: ArtifactJudge = judge_artifact,
 ) -> RuntimeChoice:
     """Build every option and keep the fastest one (see the module docstring).
 
@@ -214,6 +216,8 @@ def fastest(
         inputs: the example inputs (timed on).
         settings: the settings (cache directory, threads).
         axes: the dynamic axes of the artifacts.
+        judge: the verdict on each artifact's outputs on the sample (see
+            :func:`~embedl_dynamo.tuning.judge.judge_against`).
 
     Returns:
         The :class:`RuntimeChoice`.
@@ -221,7 +225,7 @@ def fastest(
     Raises:
         Exception: what the last option raised, when none of them builds.
     """
-    builder = _Builder(options, inputs, settings, axes)
+    builder = _Builder(options, inputs, settings, axes, judge)
     key = content_key(
         _NAMESPACE, _FORMAT,
         [[o.label, o.runtime.name, builder.artifact_key(o)] for o in options],

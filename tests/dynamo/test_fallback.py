@@ -60,3 +60,30 @@ def test_a_runtime_that_cannot_build_leaves_the_original_graph_running(monkeypat
     assert (
         sub.runtime == "eager" and "onnxruntime failed: RuntimeError: export failed" in sub.reason
     )
+
+
+def test_a_rewrite_that_changes_the_results_fails_the_first_call(monkeypatch):
+    """Regression (issue 23 item 3): the first-call check compared the artifact with the
+    transformed graph, so a rewrite that broke the semantics passed it."""
+    real = dynamo_compile.run_pipeline
+
+    def wrong_rewrite(*args, **kwargs):
+        result = real(*args, **kwargs)
+        graph = result.model.graph
+        output = next(n for n in graph.nodes if n.op == "output")
+        (first, *rest) = output.args[0]
+        with graph.inserting_before(output):
+            off = graph.call_function(torch.mul, (first, 1.5))
+        output.args = ((off, *rest),)
+        result.model.recompile()
+        result.float_model = result.model
+        return result
+
+    monkeypatch.setattr(dynamo_compile, "run_pipeline", wrong_rewrite)
+    model = _ShuffleBlock().eval()
+    x = torch.randn(2, 4, 8, 8)
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_onnxruntime")(x), model(x))
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert (sub.status, sub.runtime) == ("eager", "eager")
+    assert "differ" in sub.reason, sub.reason
