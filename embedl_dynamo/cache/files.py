@@ -40,9 +40,9 @@ _WRITING_LOCK = threading.Lock()
 def wait_for_cache_writes(timeout: float | None = None) -> None:
     """Wait until every cache entry this process is writing on a helper thread is stored.
 
-    A compile runs its artifact from memory while the file is written (about 0.5 s for
-    BERT-base); call this before reading an artifact path from a report, or copying the cache.
-    The interpreter waits for these writes at exit on its own.
+    A compile runs its artifact from memory while the file is written, so it need not wait
+    for a large file to reach the disk; call this before reading an artifact path from a
+    report, or copying the cache. The interpreter waits for these writes at exit on its own.
 
     Raises:
         TimeoutError: ``timeout`` seconds passed first.

@@ -93,8 +93,8 @@ def _digest(tensor: torch.Tensor) -> bytes:
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Add each tensor's name, dtype, shape and the sha256 of its bytes to ``h``, in order.
 
-    Tensors over 1 MiB are hashed two at a time on threads (BERT-base's 440 MB of weights
-    in half the time on two cores).
+    Tensors over 1 MiB are hashed on threads, several at a time (``hashlib`` releases the GIL,
+    so a large model's weights hash on several cores at once).
     """
     big = [t for _, t in tensors if t.numel() * t.element_size() >= _PARALLEL_BYTES]
     digests: dict[int, bytes] = {}

@@ -5,16 +5,17 @@ unfrozen Dynamo graph would turn every weight into a graph input). Dim 0 of ever
 shares the first input's batch size, and of the outputs that carry it, is named ``batch`` and
 left dynamic, so one artifact serves every batch size.
 
-Exporter choice (measured here, torch 2.13, on frozen graphs holding our fused ``call_module``
-nodes): the TorchScript-based exporter (``dynamo=False``) takes 0.5-1.2 s for ResNet-50 against
-4-6 s for ``dynamo=True``, with the same opset, the same BatchNorm folding and ORT outputs equal
-to 2e-5..5e-5. Cold compile time matters, so ``dynamo=False`` is the default; ``dynamo=True``
-(``torch.export``) is used as the fallback when the first exporter fails, and can be forced with
+Exporter choice (torch 2.13, on frozen graphs holding our fused ``call_module`` nodes): the
+TorchScript-based exporter (``dynamo=False``) is much faster than ``dynamo=True``, with
+the same opset, the same BatchNorm folding and ORT outputs equal up to float rounding. Cold
+compile time matters, so ``dynamo=False`` is the default; ``dynamo=True`` (``torch.export``)
+is used as the fallback when the first exporter fails, and can be forced with
 ``exporter="dynamo"``. The result always passes ``onnx.checker``.
 
 The TorchScript exporter's graph is exported without weights, checked, and written with the
-weights added from the exporter's own tensors (:mod:`.onnx_initializers`): the same file, and
-on BERT-base 5 s sooner than the exporter writing it and reading it back to fold and check.
+weights added from the exporter's own tensors (:mod:`.onnx_initializers`): the same file,
+without the exporter copying every weight into a protobuf, writing it and reading it back to
+fold and check.
 """
 
 from __future__ import annotations

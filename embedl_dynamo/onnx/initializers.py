@@ -1,8 +1,8 @@
 """Weights for the TorchScript exporter's graph, added in Python instead of serialised in C++.
 
-Why: for a 440 MB BERT-base graph, torch 2.13's ``graph._export_onnx`` spends 2.6 s copying
-every weight into the protobuf it returns, and the file is then written, read back and checked,
-about 3 s of a cold compile that should take a few. Exported with ``export_params=False`` the
+Why: torch 2.13's ``graph._export_onnx`` copies every weight into the protobuf it returns, and
+the file is then written, read back and checked; for a large model these copies and the second
+read are a large share of a cold compile. Exported with ``export_params=False`` the
 graph is the same (constant folding, BatchNorm folding and initializer de-duplication run on
 the parameters either way; ``export_params`` only decides whether ``_export_onnx`` writes them),
 but every weight is left as a graph input with no value. :func:`capture_initializers` records the
@@ -16,9 +16,9 @@ guessed: :func:`attach_initializers` returns False and the caller exports with
 ``export_params=True`` as before.
 
 The exporter's whole-graph shape inference is given only the parameters whose values can
-decide a shape (:func:`shape_inference_without_weights`): on BERT-base it spent 1 s building
-single-node ONNX models that carry every 2 MB weight as a constant, to learn shapes the
-weights' types already state. The exported graph is the same (tested).
+decide a shape (:func:`shape_inference_without_weights`): given all of them, it builds
+single-node ONNX models that carry every weight as a constant, to learn shapes the weights'
+types already state. The exported graph is the same (tested).
 """
 
 from __future__ import annotations
@@ -213,7 +213,8 @@ class UnwrittenOnnx:
     """A checked float ONNX graph whose initializers are still the exporter's tensors.
 
     :meth:`write` writes the file; before that, :meth:`ort_source` hands the same model to an
-    ONNX Runtime session from memory, so a compile need not wait for 440 MB to reach the disk.
+    ONNX Runtime session from memory, so a compile need not wait for the weights to reach the
+    disk.
 
     Args:
         model: the ``ModelProto`` without its weights (neither as inputs nor initializers).
@@ -262,8 +263,7 @@ class UnwrittenOnnx:
         followed by a second ``graph`` field holding only the initializers: each one's
         name/type/dims serialised by protobuf, its ``raw_data`` written from the tensor's
         buffer. Parsers (ONNX, ONNX Runtime, TensorRT) read the same ``ModelProto`` as if it
-        had been serialised whole, without the Python protobuf copying 440 MB (2 s on
-        BERT-base).
+        had been serialised whole, without the Python protobuf copying every weight.
 
         Tensors that need a copy to be contiguous are copied on a helper thread one step
         ahead of the writes, so copying and writing overlap.

@@ -6,8 +6,8 @@ dynamic, after :mod:`.openvino_lowering` maps the ops its ONNX frontend would le
 The precision follows the file (``INFERENCE_PRECISION_HINT``, :func:`inference_precision`): a
 float file runs in ``f32``, never silently lower (on CPUs with bf16 OpenVINO's default would
 compute a float model in bf16); a ``bf16``/``fp16`` file (``precision="bf16"``) runs in that
-type where the CPU computes in it (AVX512_BF16 or AMX: BERT-base and ResNet-50 about 1.8-1.9x
-faster than f32 here), else in ``f32`` with its half weights, as reported in ``build_info``.
+type where the CPU computes in it (AVX512_BF16 or AMX, where it is faster than f32), else in
+``f32`` with its half weights, as reported in ``build_info``.
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
@@ -171,7 +171,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         if self._compiled is not None:
             return
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
-        # from memory took 0.5 s longer on BERT-base
+        # from memory would copy them
         path = self._artifact.path
         self._compiled = compile_openvino(path, self.settings.num_threads, info=self.build_info)
         self._request = self._compiled.create_infer_request()
