@@ -40,6 +40,7 @@ LayerProfiler = Callable[[Path, Sequence[torch.Tensor], int, "int | None"], dict
 __all__ = [
     "ArtifactJudge",
     "LayerProfiler",
+    "PROFILE_WARMUP_RUNS",
     "Runtime",
     "graph_outputs",
     "package_version",
@@ -47,6 +48,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+# untimed runs before a per-layer profile: thread pools and allocators settle
+PROFILE_WARMUP_RUNS = 5
 
 
 def package_version(*distributions: str) -> str | None:

@@ -31,12 +31,11 @@ from torch import fx
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.runtimes.base import LayerProfiler, package_version
+from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
 
 __all__ = [
-    "WARMUP_RUNS",
     "OnnxRuntime",
     "create_session",
     "node_times",
@@ -234,9 +233,6 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
 
 
-WARMUP_RUNS = 5  # untimed runs first: thread pools and allocators settle
-
-
 def node_times(profile: Sequence[Mapping[str, Any]], runs: int) -> dict[str, float]:
     """Milliseconds per run of each node, from ONNX Runtime's profile events."""
     totals: dict[str, float] = defaultdict(float)
@@ -255,7 +251,7 @@ def onnxruntime_node_times(
     Args:
         path: the ONNX file.
         inputs: one tensor per graph input.
-        runs: profiled runs (after :data:`WARMUP_RUNS` more, which are averaged in too).
+        runs: profiled runs (after :data:`~embedl_dynamo.runtimes.base.PROFILE_WARMUP_RUNS` more, which are averaged in too).
         num_threads: intra-op threads (ONNX Runtime's default when None).
 
     Returns:
@@ -273,8 +269,8 @@ def onnxruntime_node_times(
             path, ["CPUExecutionProvider"], num_threads=num_threads, options=options
         )
         feeds = {i.name: t.detach().cpu().numpy() for i, t in zip(session.get_inputs(), inputs)}
-        for _ in range(runs + WARMUP_RUNS):
+        for _ in range(runs + PROFILE_WARMUP_RUNS):
             session.run(None, feeds)
         with open(session.end_profiling(), encoding="utf-8") as f:
             events = json.load(f)
-    return node_times(events, runs + WARMUP_RUNS)
+    return node_times(events, runs + PROFILE_WARMUP_RUNS)

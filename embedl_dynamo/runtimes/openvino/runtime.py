@@ -32,13 +32,12 @@ from torch import fx
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.base import LayerProfiler, package_version
+from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = [
-    "WARMUP_RUNS",
     "OpenVINORuntime",
     "compile_openvino",
     "inference_precision",
@@ -213,9 +212,6 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
 
 
-WARMUP_RUNS = 5  # untimed runs first: thread pools and allocators settle
-
-
 def openvino_node_times(
     path: Path, inputs: Sequence[torch.Tensor], runs: int, num_threads: int | None
 ) -> dict[str, float]:
@@ -224,7 +220,7 @@ def openvino_node_times(
     Args:
         path: the ONNX file.
         inputs: one tensor per graph input.
-        runs: timed runs (after :data:`WARMUP_RUNS` untimed ones).
+        runs: timed runs (after :data:`~embedl_dynamo.runtimes.base.PROFILE_WARMUP_RUNS` untimed ones).
         num_threads: inference threads (OpenVINO's default when None).
 
     Returns:
@@ -232,7 +228,7 @@ def openvino_node_times(
     """
     request = compile_openvino(path, num_threads, {"PERF_COUNT": True}).create_infer_request()
     feeds = [t.detach().cpu().numpy() for t in inputs]
-    for _ in range(WARMUP_RUNS):
+    for _ in range(PROFILE_WARMUP_RUNS):
         request.infer(feeds)
     samples: dict[str, list[float]] = defaultdict(list)
     for _ in range(runs):
