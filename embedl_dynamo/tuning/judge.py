@@ -105,7 +105,8 @@ def check_float(
     rtol: float = FLOAT_RTOL,
 ) -> float:
     """The float verdict: raise :class:`OutputMismatchError` unless every output of ``actual``
-    is within ``rtol`` of ``expected``'s, relative to its scale (``max(1, max|e|)``).
+    is within ``rtol`` of ``expected``'s, relative to its scale (``max(1, max|e|)`` over the
+    finite values), with NaN and infinities exactly where ``expected`` has them.
 
     Returns:
         The worst ``max|a - e| / max(1, max|e|)`` seen.
@@ -125,8 +126,13 @@ def check_float(
             if not torch.equal(e, a.to(e.dtype)):
                 raise OutputMismatchError(f"{what}: integer output {i} differs")
             continue
-        scale = max(1.0, float(e.detach().abs().max()))
-        err = float((a.to(e.dtype) - e).abs().max()) / scale
+        e, a = e.detach(), a.detach().to(e.dtype)
+        _same_non_finite(e, a, f"{what}: output {i}")
+        finite = torch.isfinite(e)
+        if not bool(finite.any()):
+            continue
+        scale = max(1.0, float(e[finite].abs().max()))
+        err = float((a[finite] - e[finite]).abs().max()) / scale
         if not err <= rtol:  # also catches NaN
             raise OutputMismatchError(
                 f"{what}: output {i} differs from PyTorch by {err:.3g} relative to its scale "
@@ -134,6 +140,20 @@ def check_float(
             )
         worst = max(worst, err)
     return worst
+
+
+def _same_non_finite(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
+    """NaN where the reference has NaN, and the same infinities where it has them (``log(0)``,
+    a fully masked softmax row): position by position, nowhere else."""
+    nan = torch.isnan(expected)
+    inf = torch.isinf(expected)
+    same_nan = torch.equal(nan, torch.isnan(actual))
+    same_inf = torch.equal(inf, torch.isinf(actual)) and torch.equal(expected[inf], actual[inf])
+    if not (same_nan and same_inf):
+        raise OutputMismatchError(
+            f"{what} differs from PyTorch: NaN or infinity where PyTorch's output has none, or "
+            "the reverse"
+        )
 
 
 def check_finite(outputs: Sequence[Any], what: str) -> None:
