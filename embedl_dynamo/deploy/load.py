@@ -92,10 +92,17 @@ def _metadata(path: Path) -> dict[str, Any]:
     if not side.is_file():
         return {}
     try:
-        return json.loads(side.read_text())
+        data = json.loads(side.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         logger.warning("ignoring unreadable sidecar %s: %s", side, exc)
         return {}
+    if not isinstance(data, dict):
+        logger.warning(
+            "ignoring sidecar %s: it holds a JSON %s, not the object export writes",
+            side, type(data).__name__,
+        )  # fmt: skip
+        return {}
+    return data
 
 
 def load(

@@ -125,3 +125,22 @@ def test_a_file_changed_after_export_is_refused_unless_asked(tmp_path) -> None:
     with pytest.raises(ValueError, match=r"m.onnx does not match the sha256 .*check_sha256=False"):
         load(path)
     assert load(path, check_sha256=False)(torch.randn(1, 4)).shape == (1, 3)
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"a string"', "3"])
+def test_a_sidecar_that_is_not_an_object_is_ignored_with_a_warning(
+    artifact, tmp_path, caplog, content
+) -> None:
+    """Regression (issue 23 item 19): valid JSON that is not an object crashed load() with
+    AttributeError."""
+    import shutil
+
+    model, path = artifact
+    copy = shutil.copy(path, tmp_path / "copy.onnx")
+    (tmp_path / "copy.json").write_text(content)
+    loaded = load(copy)
+    assert loaded.metadata == {}
+    assert "not the object export writes" in caplog.text
+    image, feats = torch.randn(2, 3, 8, 8), torch.randn(2, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(image, feats)[1], model(image, feats)[1])
