@@ -29,7 +29,7 @@ from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.runtimes.registry import runtime_classes, runtime_lint
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import judging_sample
+from embedl_dynamo.tuning.judge import format_cosine, judging_sample
 
 __all__ = ["ExportStages", "build_sidecar", "verification_message", "write_verified"]
 
@@ -145,8 +145,8 @@ def verification_message(path: Path, check: Verification, settings: Settings) ->
     measured = f"max abs diff {check.max_abs_diff:.3g} vs the {check.compared_with}"
     if check.cosine_to_float is not None:
         measured += (
-            f", cosine {check.cosine_to_float:.4f} to the float model (accuracy_budget "
-            f"{settings.accuracy_budget})"
+            f", cosine {format_cosine(check.cosine_to_float, settings.accuracy_budget)} to the "
+            f"float model (accuracy_budget {settings.accuracy_budget})"
         )
     verdict = check.failure or "passes"
     return f"{path.name}: {verdict} ({measured})"

@@ -40,6 +40,7 @@ __all__ = [
     "check_precision_outputs",
     "cosine",
     "flat_outputs",
+    "format_cosine",
     "judge_against",
     "judge_artifact",
     "judging_sample",
@@ -156,6 +157,16 @@ def _same_non_finite(expected: torch.Tensor, actual: torch.Tensor, what: str) ->
         )
 
 
+def format_cosine(value: float, bound: float) -> str:
+    """``value`` with at least four decimals, and as many more as it takes to show on which
+    side of ``bound`` it lies (``0.99999994`` against a budget of 1 is not ``1.0000``)."""
+    for decimals in range(4, 17):
+        text = f"{value:.{decimals}f}"
+        if (float(text) < bound) == (value < bound):
+            return text
+    return repr(value)
+
+
 def check_finite(outputs: Sequence[Any], what: str) -> None:
     """Raise :class:`OutputMismatchError` naming the first output that holds NaN or infinity."""
     for i, out in enumerate(outputs):
@@ -189,7 +200,8 @@ def check_precision_outputs(
         worst = min(worst, cosine(expected, actual))
     if not worst >= budget:
         raise OutputMismatchError(
-            f"{what}: cosine {worst:.4f} to the float model < accuracy_budget {budget:g}"
+            f"{what}: cosine {format_cosine(worst, budget)} to the float model < accuracy_budget "
+            f"{budget:g}"
         )
     return worst
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from embedl_dynamo.quant.stage import CalibratedGraph
-from embedl_dynamo.tuning.judge import cosine, flat_outputs, sample_outputs
+from embedl_dynamo.tuning.judge import cosine, flat_outputs, format_cosine, sample_outputs
 from embedl_dynamo.tuning.layer_profile import LayerTimes
 
 __all__ = [
@@ -85,7 +85,8 @@ def decide_layers(
         dropped = chosen.pop(0)
         reasons[dropped] = (
             f"too sensitive: alone in INT8 its output cosine is {sensitivity[dropped]:.4f}; "
-            f"the INT8 set reached {cosine:.4f} < {budget:.4g} (accuracy_budget, less a reserve "
+            f"the INT8 set reached {format_cosine(cosine, budget)} < {budget:.4g} "
+            "(accuracy_budget, less a reserve "
             "for the runtime's rounding)"
         )
         if chosen:

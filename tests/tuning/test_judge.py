@@ -20,6 +20,7 @@ from embedl_dynamo.tuning.judge import (
     check_precision_outputs,
     cosine,
     flat_outputs,
+    format_cosine,
     judge_artifact,
 )
 
@@ -169,3 +170,21 @@ def test_compile_and_export_judge_a_borderline_int8_artifact_alike(inside, monke
     compiled = _compile_accepts(model, x, outputs, "int8", budget)
     exported = _export_accepts(model, x, outputs, "int8", budget, monkeypatch)
     assert compiled is exported is inside
+
+
+@pytest.mark.parametrize(
+    ("value", "bound", "text"),
+    [(0.99999994, 1.0, "0.9999999"), (0.98765, 0.99, "0.9877"), (0.995, 0.99, "0.9950")],
+)
+def test_a_cosine_is_printed_on_its_side_of_the_budget(value, bound, text):
+    """Regression (issue 23 item 20): "cosine 1.0000 < accuracy_budget 1"."""
+    assert format_cosine(value, bound) == text
+
+
+def test_a_rejection_at_budget_one_prints_a_cosine_below_one():
+    e = torch.ones(64)
+    a = e.clone()
+    a[0] += 1e-3
+    with pytest.raises(OutputMismatchError) as caught:
+        check_precision_outputs([[e]], [[a]], 1.0, "x")
+    assert "cosine 1.0000 " not in str(caught.value) and "< accuracy_budget 1" in str(caught.value)
