@@ -65,11 +65,26 @@ def run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
 
 
 _ORT_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)'(?: Status Message: (.*))?")
+# ONNX Runtime refusing a type its CPU kernels lack (bf16 Conv), or finding no kernel at all
+_ORT_TYPE = re.compile(
+    r"Type '(tensor\(\w+\))' of input parameter \([^)]*\) of operator \((\w+)\)"
+    r"|Could not find an implementation for (\w+)\(\d+\) node"
+)
 
 
 def _run_failure(exc: Exception, batch: int) -> VerificationError:
     """One line naming the node ONNX Runtime failed in, the batch size, and the way out."""
-    found = _ORT_NODE.search(" ".join(str(exc).split()))  # the node may be named on any line
+    text = " ".join(str(exc).split())
+    kernel = _ORT_TYPE.search(text)
+    if kernel is not None:
+        op = kernel.group(2) or kernel.group(3)
+        types = f" for {kernel.group(1)}" if kernel.group(1) else ""
+        return VerificationError(
+            f"ONNX Runtime's CPU provider, which verifies exports, has no {op} kernel{types}: "
+            "export with verify=False (--no-verify) to write the file unchecked for a runtime "
+            "that has one (OpenVINO or TensorRT for bf16), or choose fp32, fp16 or int8"
+        )
+    found = _ORT_NODE.search(text)  # the node may be named on any line
     where = f"{found.group(1)} node '{found.group(2)}'" if found else "a node"
     detail = (found.group(3) or "") if found else error_line(exc, with_type=False)
     return VerificationError(

@@ -397,3 +397,16 @@ def test_an_instance_exports_more_times_than_dynamos_recompile_limit(tmp_path) -
         path = export(model, torch.randn(2, 4), tmp_path / f"m{i}.onnx", dynamic_batch=False,
                       backend="onnxruntime", options={"cache_dir": tmp_path / "c"})  # fmt: skip
         assert path.exists()
+
+
+def test_bf16_that_onnx_runtime_cannot_run_names_the_missing_kernel(tmp_path) -> None:
+    """Regression (issue 23 item 17): the error blamed "a size captured as a constant" and
+    suggested dynamic_batch=False; the cause is ONNX Runtime's CPU provider lacking bf16 Conv."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
+    with pytest.raises(VerificationError) as caught:
+        export(model, torch.randn(2, 3, 16, 16), tmp_path / "m.onnx", backend="onnxruntime",
+               precision="bf16", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    message = str(caught.value)
+    assert "no Conv kernel for tensor(bfloat16)" in message and "verify=False" in message
+    assert "captured as a constant" not in message
+    assert not (tmp_path / "m.onnx").exists()
