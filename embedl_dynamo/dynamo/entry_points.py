@@ -15,6 +15,8 @@ happened is in :func:`embedl_dynamo.last_report`.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +24,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
 from embedl_dynamo.dynamo.compile import compile_subgraph
+from embedl_dynamo.errors import EmbedlDynamoError, error_line
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
@@ -34,6 +37,7 @@ __all__ = [
     "make_dynamo_backend",
 ]
 
+logger = logging.getLogger(__name__)
 _PREFIX = "embedl_"
 
 
@@ -50,7 +54,22 @@ def _compile(
             f"{', '.join(Settings.names())}"
         )
     settings = runtime_settings(options)
-    return compile_subgraph(gm, example_inputs, backend or get_backend(), settings)
+    target = backend or get_backend()
+    try:
+        return compile_subgraph(gm, example_inputs, target, settings)
+    except EmbedlDynamoError:
+        raise  # deliberate: it names the problem and the fix (bad data, a forced runtime)
+    except Exception as exc:
+        if settings.fallback == "raise":
+            raise
+        warnings.warn(
+            f"embedl_{target.name}: compiling this graph failed inside embedl_dynamo "
+            f"({error_line(exc)}); it runs in PyTorch. Please report this with the model",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        logger.debug("compile_subgraph failed", exc_info=True)
+        return gm.forward
 
 
 def embedl(

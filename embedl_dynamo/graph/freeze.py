@@ -173,6 +173,15 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
     return None
 
 
+_MODULE_NAMES = frozenset(dir(nn.Module))  # methods and attributes every module has
+
+
+def _constant_path(path: str) -> str:
+    """``path`` with each part that would shadow an ``nn.Module`` attribute given a trailing
+    ``_`` (a tensor cached in a dict under ``"cpu"``: ``cache.cpu`` cannot be registered)."""
+    return ".".join(p + "_" if p in _MODULE_NAMES else p for p in path.split("."))
+
+
 def _set_attr(root: nn.Module, path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     module = root
@@ -284,7 +293,7 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
         if not is_lifted_constant(old, value):
             user_inputs.append(index)
             continue
-        fqn = _source_fqn(old) or old.name
+        fqn = _constant_path(_source_fqn(old) or old.name)
         base, suffix = fqn, 1
         while _has_attr(root, fqn) or fqn in constants.values():
             suffix += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import fx, nn
 
@@ -87,3 +88,24 @@ def test_a_rewrite_that_changes_the_results_fails_the_first_call(monkeypatch):
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert (sub.status, sub.runtime) == ("eager", "eager")
     assert "differ" in sub.reason, sub.reason
+
+
+def test_a_failure_inside_the_backend_runs_the_graph_in_pytorch_with_a_warning(monkeypatch):
+    """ "Fallback, never a crash" (issue 23 item 11): an unexpected error in our own code runs
+    the original graph, with one warning; fallback="raise" raises it."""
+    import warnings
+
+    def broken(*args, **kwargs):
+        raise KeyError("an internal bug")
+
+    monkeypatch.setattr(dynamo_compile, "freeze", broken)
+    model = _ShuffleBlock().eval()
+    x = torch.randn(2, 4, 8, 8)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        assert_close_to_scale(torch.compile(model, backend="embedl_onnxruntime")(x), model(x))
+    assert sum("failed inside embedl_dynamo" in str(w.message) for w in caught) == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="embedl_onnxruntime", options={"fallback": "raise"})
+    with pytest.raises(Exception, match="an internal bug"), torch.no_grad():
+        compiled(x)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
+import embedl_dynamo
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from tests.models import ResNetLike, randomize_batchnorm
@@ -109,3 +111,31 @@ def test_capture_reports_graph_breaks():
 
     with pytest.raises(RuntimeError, match="could not capture GraphBreakNet as one graph"):
         capture(GraphBreakNet().eval(), (torch.randn(1, 3, 8, 8),))
+
+
+class _DeviceKeyedCache(nn.Module):
+    """timm's LeViT / EfficientFormer keep attention biases in a dict keyed by device ('cpu')."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.attention_biases = nn.Parameter(torch.randn(4))
+        self.attention_bias_cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.device)
+        if key not in self.attention_bias_cache:
+            self.attention_bias_cache[key] = self.attention_biases * 2
+        return torch.relu(self.fc(x)) + self.attention_bias_cache[key]
+
+
+def test_a_constant_named_like_a_module_method_compiles():
+    """Regression (issue 23 item 11): freezing raised KeyError "attribute 'cpu' already
+    exists" out of torch.compile."""
+    model = _DeviceKeyedCache().eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)  # fills the cache, as a model's first call does
+        got = torch.compile(model, backend="embedl_onnxruntime")(x)
+        torch.testing.assert_close(got, model(x))
+    assert embedl_dynamo.last_report().subgraphs[0].runtime == "onnxruntime"
