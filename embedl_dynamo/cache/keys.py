@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import fx
+from torch import fx, nn
 
 from embedl_dynamo.graph.printer import format_graph
 
@@ -31,6 +31,7 @@ __all__ = [
     "is_content_key",
     "jsonable",
     "library_versions",
+    "module_attributes",
     "sha256_file",
     "tensor_bytes",
 ]
@@ -114,9 +115,11 @@ def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
 def fingerprint_graph(gm: fx.GraphModule) -> str:
     """sha256 over a graph's normalised structure and every constant it holds.
 
-    Covers the printed graph with literal arguments (:func:`~embedl_dynamo.graph.printer.format_graph`), the
-    repr of every called submodule (fused modules' hyper-parameters) and the bytes, dtype and
-    shape of every parameter, buffer and tensor attribute.
+    Covers the printed graph with literal arguments
+    (:func:`~embedl_dynamo.graph.printer.format_graph`), every attribute of every called
+    submodule and of its children (:func:`module_attributes`: a fused conv's stride, padding and
+    dilation, whatever its ``repr`` shows) and the bytes, dtype and shape of every parameter,
+    buffer and tensor attribute.
 
     Args:
         gm: the GraphModule to fingerprint; not modified.
@@ -128,7 +131,8 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
     h.update(format_graph(gm, literals=True).encode())
     for node in gm.graph.nodes:
         if node.op == "call_module":
-            h.update(f"\n{node.target}:{gm.get_submodule(str(node.target))!r}".encode())
+            for name, module in gm.get_submodule(str(node.target)).named_modules():
+                h.update(f"\n{node.target}.{name}:{module_attributes(module)}".encode())
     tensors = [*gm.named_parameters(), *gm.named_buffers()]
     seen = {name for name, _ in tensors}
     for node in gm.graph.nodes:
@@ -141,6 +145,28 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
                 h.update(f"{node.target}={value!r}".encode())
     _hash_tensors(h, tensors)
     return h.hexdigest()
+
+
+def module_attributes(module: nn.Module) -> str:
+    """A module's type and every plain attribute that can change what it computes (tensors are
+    hashed on their own, children described by themselves; ``_``-prefixed are PyTorch's own
+    bookkeeping). A hand-written ``extra_repr`` that omits one (a conv's stride) cannot make two
+    modules share a key."""
+    parts = [f"{type(module).__module__}.{type(module).__qualname__}"]
+    for name, value in sorted(vars(module).items()):
+        if name.startswith("_") or isinstance(value, (torch.Tensor, nn.Module)):
+            continue
+        parts.append(f"{name}={_attribute_text(value)}")
+    return ";".join(parts)
+
+
+def _attribute_text(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "(" + ",".join(_attribute_text(v) for v in value) + ")"
+    qualname = getattr(value, "__qualname__", None)
+    if callable(value) and qualname is not None:
+        return f"{getattr(value, '__module__', '')}.{qualname}"
+    return repr(value)
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:

@@ -266,3 +266,23 @@ def test_get_or_start_stores_nothing_when_the_write_fails(tmp_path, caplog):
         key, lambda tmp: tmp.write_bytes(b"x") and None, ".onnx"
     )
     assert built and writing is None and path.read_bytes() == b"x"  # built again, then stored
+
+
+@pytest.mark.parametrize(
+    "attributes", [{"stride": 2}, {"padding": 1}, {"dilation": 2}, {"stride": (1, 2)}]
+)
+def test_fused_modules_differing_only_in_an_attribute_have_different_keys(attributes):
+    """Regression (issue 23 item 6): two convolutions that differ only in stride, padding or
+    dilation got one key (FusedConv.extra_repr omits them): a model was served another's file."""
+    import embedl_dynamo
+    from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
+
+    patterns = [*COMMON_CONVERSION_PATTERNS, *COMMON_FUSION_PATTERNS]
+    keys = []
+    for kw in ({}, attributes):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, **kw), nn.ReLU()).eval()
+        fused = embedl_dynamo.transform(model, (torch.randn(1, 3, 16, 16),), patterns).model
+        assert "FusedConv" in {type(m).__name__ for m in fused.modules()}
+        keys.append(fingerprint_graph(fused))
+    assert keys[0] != keys[1]
