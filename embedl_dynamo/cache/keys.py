@@ -150,11 +150,14 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
 def module_attributes(module: nn.Module) -> str:
     """A module's type and every plain attribute that can change what it computes (tensors are
     hashed on their own, children described by themselves; ``_``-prefixed are PyTorch's own
-    bookkeeping). A hand-written ``extra_repr`` that omits one (a conv's stride) cannot make two
-    modules share a key."""
+    bookkeeping; ``training`` is left out: the ONNX export always runs the graph in eval mode).
+    A hand-written ``extra_repr`` that omits one (a conv's stride) cannot make two modules
+    share a key."""
     parts = [f"{type(module).__module__}.{type(module).__qualname__}"]
     for name, value in sorted(vars(module).items()):
-        if name.startswith("_") or isinstance(value, (torch.Tensor, nn.Module)):
+        if name.startswith("_") or name == "training":
+            continue
+        if isinstance(value, (torch.Tensor, nn.Module)):
             continue
         parts.append(f"{name}={_attribute_text(value)}")
     return ";".join(parts)
