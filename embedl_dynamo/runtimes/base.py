@@ -75,8 +75,10 @@ def target_device() -> torch.device:
 #: ``judge(gm, reference, actual, what)`` raises :class:`OutputMismatchError` to reject them
 #: (``reference()`` gives ``gm``'s outputs); the verdict itself lives above the runtimes, in
 #: :func:`embedl_dynamo.tuning.judge.judge_artifact`
+# (graph, its reference outputs, the artifact's outputs, what it is, the runtime's float bound)
 ArtifactJudge = Callable[
-    [fx.GraphModule, Callable[[], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...], str], None
+    [fx.GraphModule, Callable[[], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...], str, float],
+    None,
 ]
 
 
@@ -114,6 +116,9 @@ class Runtime(ABC):
     #: the target whose INT8 placement this CPU runtime turns into integer kernels (None: it
     #: runs the placement of the target it is given)
     cpu_target: ClassVar[Backend | None] = None
+    #: how far a float artifact's outputs may be from the graph's, relative to each output's
+    #: scale (:func:`~embedl_dynamo.tuning.judge.check_float`): float32 kernels reorder sums
+    float_rtol: ClassVar[float] = 1e-4
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -252,7 +257,8 @@ class Runtime(ABC):
         raises :class:`OutputMismatchError` to reject them) and keep them for :meth:`serve`."""
         actual = tuple(self._infer(list(example_inputs)))
         if self.judge is not None:
-            self.judge(gm, lambda: self.reference_outputs(gm, example_inputs), actual, what)
+            reference = lambda: self.reference_outputs(gm, example_inputs)  # noqa: E731
+            self.judge(gm, reference, actual, what, self.float_rtol)
         sample = tuple(example_inputs)
         self._checked_call = (sample, tuple(map(_version, sample)), actual)
 
