@@ -286,7 +286,8 @@ def get_backend() -> Backend:
     if not backends:
         raise RuntimeError(
             "no embedl_dynamo backend is installed: install embedl-dynamo (which registers "
-            f"'tensorrt', 'onnxruntime' and 'lattice') or a package in the {ENTRY_POINT_GROUP!r} "
+            f"'tensorrt', 'onnxruntime', 'openvino' and 'lattice') or a package in the "
+            f"{ENTRY_POINT_GROUP!r} "
             "entry-point group"
         )
     raise RuntimeError(
