@@ -28,6 +28,7 @@ from torch import fx, nn
 from embedl_dynamo.graph import canonical_ops
 from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS
 from embedl_dynamo.graph.canonical_ops import bind, identity
+from embedl_dynamo.graph.division import floor_division
 from embedl_dynamo.graph.nodes import (
     PATH_KEY,
     canonical_call,
@@ -264,26 +265,9 @@ def _flatten_from_view(node: fx.Node) -> dict[str, Any] | None:
     return {"input": source, "start_dim": start, "end_dim": -1}
 
 
-_FLOOR_DIVISIONS = {operator.floordiv, torch.floor_divide, "floor_divide", "__floordiv__"}
-
-
-def _floor_division(node: fx.Node, gm: fx.GraphModule) -> dict[str, Any] | None:
-    """``a // b`` on tensors as ``torch.div(a, b, rounding_mode="floor")``: the same op in
-    PyTorch, and the spelling the ONNX exporter rounds towards minus infinity (it exports
-    ``floor_divide`` as a truncating division, wrong for negative quotients)."""
-    target = node.target if node.op == "call_function" else str(node.target)
-    if node.op not in ("call_function", "call_method") or target not in _FLOOR_DIVISIONS:
-        return None
-    if len(node.args) != 2 or node.kwargs:
-        return None
-    if not any(is_tensor_node(a, gm) for a in node.args):
-        return None  # sizes (``s0 // 2``) stay Python arithmetic
-    return {"input": node.args[0], "other": node.args[1], "rounding_mode": "floor"}
-
-
 def _rewrite_target(node: fx.Node, gm: fx.GraphModule) -> tuple[Any, dict, Any] | None:
     """Return (canonical target, bound kwargs, mutated input or None) for ``node``, or None."""
-    floor = _floor_division(node, gm)
+    floor = floor_division(node, gm)
     if floor is not None:
         return torch.div, floor, None
     inplace_input = None
