@@ -45,11 +45,13 @@ class TestViTLike(expecttest.TestCase):
             plan_table(result.plan),
             """\
 id                                          pattern                       apply    reason
-------------------------------------------  ----------------------------  -------  ----------------------------------------
+------------------------------------------  ----------------------------  -------  -------------------------------------------------
 decompose_mha@blocks.0.attn                 decompose_mha                 applied
 decompose_mha@blocks.1.attn                 decompose_mha                 applied
 remove_dropout@blocks.0.mlp.2               remove_dropout                applied
 remove_dropout@blocks.1.mlp.2               remove_dropout                applied
+expand_grouped_kv@blocks.0.attn             expand_grouped_kv             no       not grouped-query attention (enable_gqa is False)
+expand_grouped_kv@blocks.1.attn             expand_grouped_kv             no       not grouped-query attention (enable_gqa is False)
 mha_in_projection@blocks.0.attn             mha_in_projection             yes
 mha_in_projection@blocks.1.attn             mha_in_projection             yes
 linear_gelu@blocks.0.mlp.0                  linear_gelu                   yes
@@ -107,6 +109,8 @@ decompose_transformer_encoder_layer@encoder.layers.0     decompose_transformer_e
 decompose_transformer_encoder_layer@encoder.layers.1     decompose_transformer_encoder_layer  applied
 decompose_mha@encoder.layers.0.self_attn                 decompose_mha                        applied
 decompose_mha@encoder.layers.1.self_attn                 decompose_mha                        applied
+expand_grouped_kv@encoder.layers.0.self_attn             expand_grouped_kv                    no       not grouped-query attention (enable_gqa is False)
+expand_grouped_kv@encoder.layers.1.self_attn             expand_grouped_kv                    no       not grouped-query attention (enable_gqa is False)
 mha_in_projection@encoder.layers.0.self_attn             mha_in_projection                    yes
 mha_in_projection@encoder.layers.1.self_attn             mha_in_projection                    yes
 linear_relu@encoder.layers.0.linear1                     linear_relu                          yes

@@ -299,7 +299,10 @@ def _judged_runtime(
     settings, report = job.settings, job.report
     judged = result.report.get("judged") if model is result.model else None
     options = run_options(model, float_model, job.runtime_cls, job.timed, settings.precision)
-    judge = judge_against(job.original, job.inputs)
+    # a float artifact against the graph Dynamo gave; a lower one must be finite, then reach
+    # the budget against that graph below
+    lower = (model,) if float_model is not None else ()
+    judge = judge_against(job.original, job.inputs, lower)
     if len(options) > 1:
         choice = fastest(options, job.inputs, settings, job.axes, judge)
         runtime = choice.runtime

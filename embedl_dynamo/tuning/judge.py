@@ -246,8 +246,13 @@ def judge_artifact(
         check_float(reference(), actual, what, rtol)
 
 
-def judge_against(original: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> ArtifactJudge:
-    """:func:`judge_artifact` with ``original``'s outputs as the float reference.
+def judge_against(
+    original: fx.GraphModule,
+    inputs: Sequence[torch.Tensor],
+    lower: Sequence[fx.GraphModule] = (),
+) -> ArtifactJudge:
+    """:func:`judge_artifact` with ``original``'s outputs as the float reference; the graphs in
+    ``lower`` (a lower precision's, held to the budget by the caller) need finite outputs only.
 
     ``original`` is the graph before any rewrite (the one Dynamo gave, frozen): a rewrite that
     changed the results then fails the first call instead of passing against its own graph.
@@ -267,7 +272,10 @@ def judge_against(original: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> A
         what: str,
         rtol: float = FLOAT_RTOL,
     ) -> None:
-        judge_artifact(gm, reference, actual, what, rtol)
+        if any(gm is graph for graph in lower):
+            check_finite(actual, what)
+        else:
+            judge_artifact(gm, reference, actual, what, rtol)
 
     return judge
 
