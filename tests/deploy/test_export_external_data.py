@@ -98,3 +98,16 @@ def test_a_smaller_model_exported_over_a_large_one_leaves_no_stale_data_file(
     x = torch.randn(3, 32)
     with torch.no_grad():
         torch.testing.assert_close(load(path)(x), _mlp(1)(x))
+
+
+def test_an_int8_export_over_the_threshold_has_its_data_file(tmp_path, small_threshold) -> None:
+    """Weights folded to int8 are written through ONNX's own external-data writer."""
+    model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Conv2d(32, 16, 3)).eval()
+    g = torch.Generator().manual_seed(1)
+    calibration = [torch.randn(4, 3, 16, 16, generator=g) for _ in range(4)]
+    x = torch.randn(2, 3, 16, 16)
+    path = export(model, x, tmp_path / "q.onnx", quantize="int8", calibration_data=calibration,
+                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    assert _files(tmp_path) == ["q.json", "q.onnx", "q.onnx.data"]
+    with torch.no_grad():
+        torch.testing.assert_close(load(path)(x), model(x), atol=0.1, rtol=0.1)
