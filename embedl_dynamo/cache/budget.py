@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from embedl_dynamo.cache.companion import companion_path
 from embedl_dynamo.cache.files import CACHE_MARKER, is_cache_root
 from embedl_dynamo.errors import NotACacheError
 
@@ -58,7 +59,11 @@ class CacheEntry:
 
     def remove(self) -> None:
         """Delete the artifact and its sidecar."""
-        for p in (self.path, self.path.with_name(self.path.name + _META)):
+        for p in (
+            self.path,
+            companion_path(self.path),
+            self.path.with_name(self.path.name + _META),
+        ):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 
@@ -110,6 +115,8 @@ def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
         with contextlib.suppress(OSError):
             stat = path.stat()
             size = stat.st_size + meta.stat().st_size
+            with contextlib.suppress(OSError):
+                size += companion_path(path).stat().st_size
             entries.append(CacheEntry(meta.parent.parent.name, path, size, stat.st_mtime))
     return entries
 

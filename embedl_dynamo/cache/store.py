@@ -13,6 +13,7 @@ Safety rules, all enforced here:
   (a file cut short by a power cut is rebuilt); the sidecar is written and synced *before* the
   artifact is moved in, so a reader that finds the file finds its checksum (a sidecar alone
   counts as absent: its file is being stored, or was never);
+* an artifact's companion (:mod:`.companion`) is moved in first, verified and removed with it;
 * every artifact has a JSON sidecar holding its sha256 and size; an entry whose bytes do not
   match (truncated, corrupted, half-written by a killed process) is logged as a warning,
   removed and rebuilt, never trusted;
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
+from embedl_dynamo.cache.companion import companion_path, companion_problem, move_companion
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -112,7 +114,7 @@ class ArtifactCache:
         return path.with_name(path.name + ".meta.json")
 
     def _remove(self, path: Path) -> None:
-        for p in (path, self._meta_path(path)):
+        for p in (path, companion_path(path), self._meta_path(path)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 
@@ -174,7 +176,7 @@ class ArtifactCache:
         meta_path = self._meta_path(path)
         if self._unusable is not None:
             return None
-        links = [p for p in (path.parent, path, meta_path) if p.is_symlink()]
+        links = [p for p in (path.parent, path, companion_path(path), meta_path) if p.is_symlink()]
         if links:
             logger.warning(
                 "cache entry %s is a symbolic link; removing it and rebuilding", links[0]
@@ -233,12 +235,15 @@ class ArtifactCache:
         size = path.stat().st_size
         if size != meta["size"]:
             return f"size {size} != recorded {meta['size']}", ""
-        return None, str(meta["sha256"])
+        return companion_problem(path, meta.get("companion"), False), str(meta["sha256"])
 
-    @staticmethod
-    def _hash_problem(path: Path, sha256: str) -> str | None:
-        """ "sha256 mismatch" unless the file hashes to ``sha256``."""
-        return None if sha256_file(path) == sha256 else "sha256 mismatch"
+    def _hash_problem(self, path: Path, sha256: str) -> str | None:
+        """ "sha256 mismatch" unless the file hashes to ``sha256`` (and its companion to the
+        sha256 its sidecar records)."""
+        if sha256_file(path) != sha256:
+            return "sha256 mismatch"
+        companion = json.loads(self._meta_path(path).read_text()).get("companion")
+        return companion_problem(path, companion, True)
 
     def put(
         self,
@@ -261,9 +266,12 @@ class ArtifactCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         mark_cache_root(self.root)
 
+        companion = None
+
         def record(digest: str, size: int) -> None:
             # the sidecar goes first: a reader that finds the file always finds its checksum
             record = {"sha256": digest, "size": size, "meta": meta or {}}
+            record.update({"companion": companion} if companion else {})
             atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
 
         if isinstance(data, (bytes, bytearray, memoryview)):
@@ -273,6 +281,7 @@ class ArtifactCache:
         else:
             src = Path(data)
             digest = written_digest(src)
+            companion = move_companion(src, path)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.close(fd)
             try:
@@ -358,7 +367,7 @@ class ArtifactCache:
             final = self.path(key, suffix)
             tmp_dir = Path(tempfile.mkdtemp(prefix=f".{key[:16]}.", dir=final.parent))
             held.callback(remove_tree, tmp_dir)
-            tmp = tmp_dir / f"artifact{suffix}"
+            tmp = tmp_dir / final.name  # a companion is named after it (model.onnx.data)
             finish = start(tmp)
             if finish is None:
                 with held:

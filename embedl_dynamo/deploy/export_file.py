@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,10 +23,11 @@ from torch import nn
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.files import file_mode
 from embedl_dynamo.cache.keys import library_versions, sha256_file
-from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, io_specs
+from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, data_file_record, io_specs
 from embedl_dynamo.deploy.verify import Verification, verify_onnx
 from embedl_dynamo.errors import ExportError, VerificationError
 from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
+from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.runtimes.registry import runtime_classes, runtime_lint
 from embedl_dynamo.settings import Settings
@@ -66,22 +68,37 @@ class ExportStages:
 
 @contextlib.contextmanager
 def _temporary_file(path: Path) -> Iterator[Path]:
-    """A file beside ``path``, removed at the end unless renamed into place: everything is
-    written there first, so a failed export never destroys a file that was there before."""
+    """``path``'s name in a new directory beside it, removed at the end with whatever was
+    not renamed into place: the model and its data file (:func:`data_path`, named after the
+    model, so its recorded location is already the final one) are written there first, so a
+    failed export never destroys a file that was there before."""
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".onnx", dir=path.parent)
+        tmp_dir = Path(tempfile.mkdtemp(prefix=f".{path.stem}.", dir=path.parent))
     except OSError as exc:
         raise ExportError(
             f"cannot write to directory {str(path.parent)!r} ({exc.strerror}); "
             "choose a writable path"
         ) from exc
-    os.chmod(tmp_name, file_mode())  # like any file the user writes: honour the umask
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
-        yield tmp
+        yield tmp_dir / path.name
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Rename the model's data file (when it has one) and then the model into place; a data
+    file left beside ``path`` by an earlier export, which the new model does not use, is
+    removed."""
+    mode = file_mode()  # like any file the user writes: honour the umask
+    data, old_data = data_path(tmp), data_path(path)
+    has_data = data.exists()
+    if has_data:
+        os.chmod(data, mode)
+        os.replace(data, old_data)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+    if not has_data:
+        old_data.unlink(missing_ok=True)
 
 
 def _export_file(
@@ -136,7 +153,7 @@ def write_verified(
              if o.domain in ("", "ai.onnx")),
             None,
         )  # fmt: skip
-        os.replace(tmp, path)
+        _move_into_place(tmp, path)
     return check, written_opset
 
 
@@ -171,6 +188,7 @@ def build_sidecar(
         "format": SIDECAR_FORMAT,
         "onnx_file": path.name,
         "onnx_sha256": sha256_file(path),
+        **data_file_record(path),
         "engine_file": None,
         "backend": target.to_dict(),
         "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),

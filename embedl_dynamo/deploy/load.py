@@ -121,7 +121,8 @@ def load(
         device: ``auto`` (a GPU provider when installed, else CPU), ``CPU`` or ``CUDA``.
         num_threads: ONNX Runtime intra-op threads (its default when None).
         check_sha256: refuse a file whose bytes differ from the ``onnx_sha256`` its sidecar
-            recorded at export (changed weights load silently otherwise).
+            recorded at export, or whose data file (``model.onnx.data``) differs from its
+            ``onnx_data_sha256`` (changed weights load silently otherwise).
 
     Returns:
         An :class:`ExportedModule` in eval mode.
@@ -138,13 +139,16 @@ def load(
         )
     runtime_cls = runtime_for_file(path)
     metadata = _metadata(path)
-    recorded = metadata.get("onnx_sha256") if metadata.get("onnx_file") == path.name else None
-    digest: Future[str] | None = None
-    if check_sha256 and recorded:
-        if runtime_cls is TensorRTRuntime:  # an engine is checked before TensorRT reads it
-            _check_digest(path, sha256_file(path), recorded)
-        else:  # an ONNX file is data: hashed while ONNX Runtime reads it, the two overlapping
-            digest = run_in_background(lambda: sha256_file(path), "embedl-load-sha256")
+    recorded = _recorded_digests(path, metadata) if check_sha256 else {}
+    digests: dict[Path, Future[str | None]] = {}
+    if runtime_cls is TensorRTRuntime:  # an engine is checked before TensorRT reads it
+        for file, sha256 in recorded.items():
+            _check_digest(path, file, _sha256_or_none(file), sha256)
+    else:  # an ONNX file is data: hashed while ONNX Runtime reads it, the two overlapping
+        for file in recorded:
+            digests[file] = run_in_background(
+                lambda file=file: _sha256_or_none(file), "embedl-load-sha256"
+            )
     settings = Settings(num_threads=num_threads)
     if runtime_cls is TensorRTRuntime:
         missing = TensorRTRuntime.missing()
@@ -160,20 +164,38 @@ def load(
         elif device.upper().split(":")[0] not in ("CPU", "CUDA"):
             raise ValueError(f"invalid device={device!r}; valid values: auto, CPU, CUDA")
         runtime = OnnxRuntime.load_artifact(path, settings, providers=providers_for(device.upper()))
-        if digest is not None:
-            try:
-                _check_digest(path, digest.result(), recorded)
-            except ValueError:
-                runtime.deactivate()
-                raise
+        try:
+            for file, digest in digests.items():
+                _check_digest(path, file, digest.result(), recorded[file])
+        except ValueError:
+            runtime.deactivate()
+            raise
         logger.info("loaded %s on onnxruntime with %s", path, runtime.providers)
     return ExportedModule(path, runtime, metadata).eval()
 
 
-def _check_digest(path: Path, digest: str, recorded: str) -> None:
+def _recorded_digests(path: Path, metadata: dict[str, Any]) -> dict[Path, str]:
+    """file -> the sha256 the sidecar recorded: the model's, and its data file's if it has one."""
+    if metadata.get("onnx_file") != path.name or not metadata.get("onnx_sha256"):
+        return {}
+    recorded = {path: metadata["onnx_sha256"]}
+    data_file, data_sha256 = metadata.get("onnx_data_file"), metadata.get("onnx_data_sha256")
+    if data_file and data_sha256 and Path(data_file).name == data_file:
+        recorded[path.with_name(data_file)] = data_sha256
+    return recorded
+
+
+def _sha256_or_none(file: Path) -> str | None:
+    try:
+        return sha256_file(file)
+    except FileNotFoundError:
+        return None
+
+
+def _check_digest(path: Path, file: Path, digest: str | None, recorded: str) -> None:
     if digest != recorded:
         raise ValueError(
-            f"{path.name} does not match the sha256 its sidecar {sidecar_path(path).name} "
+            f"{file.name} does not match the sha256 its sidecar {sidecar_path(path).name} "
             "recorded at export: it was changed since. Export it again, or pass "
             "check_sha256=False to load it anyway."
         )

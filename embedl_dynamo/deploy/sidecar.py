@@ -2,7 +2,8 @@
 
 It holds the plan report, the precision of every layer and why, the quantization scales, the
 input and output specs, the verification result, the settings and the library versions;
-``load()`` reads it back and checks the file's sha256 against it. On request the report page
+``load()`` reads it back and checks the file's sha256 against it, and its data file's
+(``model.onnx.data``, for a model whose weights are stored beside it). On request the report page
 (``model.html``) is written beside it.
 """
 
@@ -17,6 +18,8 @@ from typing import Any
 import torch
 
 from embedl_dynamo.cache.files import atomic_write_text
+from embedl_dynamo.cache.keys import sha256_file
+from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.report.compile_report import CompileReport
 from embedl_dynamo.report.html import render_html
@@ -24,6 +27,7 @@ from embedl_dynamo.report.subgraph import SubgraphReport
 
 __all__ = [
     "SIDECAR_FORMAT",
+    "data_file_record",
     "io_specs",
     "refuse_foreign_sidecar",
     "sidecar_path",
@@ -36,6 +40,15 @@ SIDECAR_FORMAT = "embedl_dynamo.export/1"
 def sidecar_path(path: str | os.PathLike[str]) -> Path:
     """The JSON sidecar of an exported file: ``model.onnx`` -> ``model.json``."""
     return Path(path).with_suffix(".json")
+
+
+def data_file_record(path: Path) -> dict[str, str | None]:
+    """The sidecar's ``onnx_data_file`` and ``onnx_data_sha256``: the model's data file
+    (:func:`~embedl_dynamo.onnx.external_data.data_path`) and its sha256, None without one."""
+    data = data_path(path)
+    if not data.is_file():
+        return {"onnx_data_file": None, "onnx_data_sha256": None}
+    return {"onnx_data_file": data.name, "onnx_data_sha256": sha256_file(data)}
 
 
 def refuse_foreign_sidecar(side: Path) -> None:

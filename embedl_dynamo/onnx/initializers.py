@@ -33,10 +33,11 @@ import torch
 
 from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
+from embedl_dynamo.onnx import external_data
+from embedl_dynamo.onnx.external_data import data_path, save_model_file
 from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 
 __all__ = [
-    "MAX_IN_MEMORY_BYTES",
     "attach_initializers",
     "capture_initializers",
     "graph_weights",
@@ -47,9 +48,7 @@ __all__ = [
     "unwritten_float_model",
 ]
 
-# A serialised ModelProto must stay under protobuf's 2 GiB; beyond this, the exporter writes
-# external data itself (export_params=True), as it always did.
-MAX_IN_MEMORY_BYTES = 1_800_000_000
+_ALIGN = 4096  # each weight in a data file starts at a multiple of this (mappable as is)
 _PASS = "_jit_pass_onnx_deduplicate_initializers"
 _SHAPE_PASS = "_jit_pass_onnx_graph_shape_type_inference"
 # ONNX shape inference reads values only from the inputs that are shapes, indices, axes or
@@ -154,15 +153,13 @@ def graph_weights(
     """The value of every graph input not named in ``user_inputs``, in graph order.
 
     Returns:
-        None when one has no value in ``tensors``, a type ONNX does not store, or the weights
-        do not fit in one protobuf (then the exporter must write them itself).
+        None when one has no value in ``tensors`` or a type ONNX does not store (then the
+        exporter must write them itself).
     """
     names = [value.name for value in model.graph.input if value.name not in user_inputs]
     values = [tensors.get(name) for name in names]
     types = _onnx_types()
     if any(not isinstance(t, torch.Tensor) or t.dtype not in types for t in values):
-        return None
-    if sum(t.numel() * t.element_size() for t in values) > MAX_IN_MEMORY_BYTES:
         return None
     return dict(zip(names, values))
 
@@ -181,7 +178,8 @@ def _drop_inputs(model: Any, names: dict[str, torch.Tensor]) -> None:
 
 def save_quantized(model: Any, weights: dict[str, torch.Tensor], path: str | Path) -> int:
     """Write a model with ``QuantizeLinear`` nodes: weights attached, quantized weights folded
-    to int8 (:func:`~.int8_weights.fold_int8_weights`), serialised once, checked, written.
+    to int8 (:func:`~.int8_weights.fold_int8_weights`), serialised once, checked, written (with
+    a data file beside it over :data:`~.external_data.EXTERNAL_DATA_BYTES` of weights).
 
     Returns:
         The number of weights stored as int8.
@@ -190,6 +188,9 @@ def save_quantized(model: Any, weights: dict[str, torch.Tensor], path: str | Pat
 
     attach_initializers(model, weights)
     folded = fold_int8_weights(model)
+    if external_data.initializer_bytes(model) > external_data.EXTERNAL_DATA_BYTES:
+        save_model_file(model, path)
+        return folded
     data = model.SerializeToString()
     onnx.checker.check_model(data)
     with open_hashed(path) as f:
@@ -237,8 +238,6 @@ class UnwrittenOnnx:
         weight has no numpy type (bfloat16) or is not on the CPU."""
         if any(t.device.type != "cpu" or t.dtype == torch.bfloat16 for t in self.weights.values()):
             return None
-        from onnx import TensorProto
-
         model = type(self.model)()
         model.CopyFrom(self.model)
         arrays = {}
@@ -247,13 +246,7 @@ class UnwrittenOnnx:
                 model.graph.initializer.append(tensor_proto(name, tensor))
                 continue
             arrays[name] = tensor.detach().contiguous().numpy()
-            proto = _header(name, tensor)
-            proto.data_location = TensorProto.EXTERNAL
-            nbytes = tensor.numel() * tensor.element_size()
-            for key, value in (("location", "in-memory"), ("offset", "0"), ("length", nbytes)):
-                entry = proto.external_data.add()
-                entry.key, entry.value = key, str(value)
-            model.graph.initializer.append(proto)
+            model.graph.initializer.append(_external_header(name, tensor, "in-memory", 0))
         return model.SerializeToString(), arrays
 
     def write(self, path: Path) -> None:
@@ -266,8 +259,14 @@ class UnwrittenOnnx:
         had been serialised whole, without the Python protobuf copying every weight.
 
         Tensors that need a copy to be contiguous are copied on a helper thread one step
-        ahead of the writes, so copying and writing overlap.
+        ahead of the writes, so copying and writing overlap. Over
+        :data:`~.external_data.EXTERNAL_DATA_BYTES` of weights, they go to the model's one data
+        file instead (:meth:`write_with_data_file`).
         """
+        total = sum(t.numel() * t.element_size() for t in self.weights.values())
+        if total > external_data.EXTERNAL_DATA_BYTES:
+            self.write_with_data_file(path)
+            return
         size, entries = self._initializer_entries()
         from concurrent.futures import ThreadPoolExecutor
 
@@ -284,6 +283,37 @@ class UnwrittenOnnx:
                 f.write(head)
                 f.write(data)
 
+    def write_with_data_file(self, path: Path) -> None:
+        """Write every weight to :func:`~.external_data.data_path` (``model.onnx.data``), each
+        at an offset aligned to 4096 bytes, then ``path``: the graph, each initializer pointing
+        into the data file by offset and length (ONNX's external-data layout)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        path = Path(path)
+        data = data_path(path)
+        model = type(self.model)()
+        model.CopyFrom(self.model)
+        tensors = [(name, t) for name, t in self.weights.items() if t.numel()]
+        with (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedl-copy") as copier,
+            open_hashed(data) as f,
+        ):
+            offset = 0
+            for (name, tensor), raw in zip(
+                tensors, copier.map(tensor_bytes, [t for _, t in tensors])
+            ):
+                pad = -offset % _ALIGN
+                f.write(bytes(pad))
+                offset += pad
+                model.graph.initializer.append(_external_header(name, tensor, data.name, offset))
+                f.write(raw)
+                offset += raw.nbytes
+        model.graph.initializer.extend(
+            tensor_proto(name, t) for name, t in self.weights.items() if not t.numel()
+        )
+        with open_hashed(path) as f:
+            f.write(model.SerializeToString())
+
     def _initializer_entries(self) -> tuple[int, list[tuple[bytes, torch.Tensor, int]]]:
         """Each initializer's field key, length and header (``raw_data`` to follow), its
         tensor and byte count; and the total size of the second ``graph`` field."""
@@ -293,6 +323,19 @@ class UnwrittenOnnx:
             head = _header(name, tensor).SerializeToString() + _field(_RAW_DATA, nbytes)
             entries.append((_field(_INITIALIZER, len(head) + nbytes) + head, tensor, nbytes))
         return sum(len(head) + nbytes for head, _, nbytes in entries), entries
+
+
+def _external_header(name: str, tensor: torch.Tensor, location: str, offset: int) -> Any:
+    """The initializer of ``tensor`` with its bytes at ``offset`` in the file ``location``."""
+    from onnx import TensorProto
+
+    proto = _header(name, tensor)
+    proto.data_location = TensorProto.EXTERNAL
+    nbytes = tensor.numel() * tensor.element_size()
+    for key, value in (("location", location), ("offset", offset), ("length", nbytes)):
+        entry = proto.external_data.add()
+        entry.key, entry.value = key, str(value)
+    return proto
 
 
 def _varint(value: int) -> bytes:

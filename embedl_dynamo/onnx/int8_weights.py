@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from embedl_dynamo.onnx.external_data import data_path, external_locations, save_model_file
+
 __all__ = ["fold_int8_weights", "store_weights_as_int8"]
 
 _RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
@@ -24,15 +26,22 @@ _RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 def store_weights_as_int8(path: Path) -> int:
     """Fold every ``QuantizeLinear`` of a constant in the ONNX file at ``path``, in place.
 
+    A file whose weights an exporter wrote elsewhere than one :func:`~.external_data.data_path`
+    (a file per tensor, named after it) is written again with them all in that one file.
+
     Returns:
-        The number of weights folded (0 leaves the file untouched).
+        The number of weights folded (0 leaves a file without external data untouched).
     """
     import onnx
 
-    model = onnx.load(str(path))
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    stale = external_locations(model)
+    if stale:
+        onnx.load_external_data_for_model(model, str(path.parent))
     folded = fold_int8_weights(model)
-    if folded:
-        onnx.save(model, str(path))
+    if folded or (stale and stale != {data_path(path).name}):
+        save_model_file(model, path, stale)
     return folded
 
 
