@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import re
 import tempfile
+import weakref
 
 import expecttest
+import pytest
 import torch
 
 import embedl_dynamo
@@ -63,3 +66,30 @@ def test_precision_mix_counts_layers_per_precision() -> None:
     assert CompileReport([sub]).precision_mix() == "int8 (2 int8, 1 fp32 layers)"
     sub.pipeline = {"precision": "fp32"}
     assert CompileReport([sub]).precision_mix() == "fp32"
+
+
+def _big_tensors() -> list[torch.Tensor]:
+    """Tensors of a million elements or more that Python can still reach (fake ones too: they
+    stand for a graph Dynamo traced, which nothing should keep once it is reset)."""
+    tensors = (o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+    return [t for t in tensors if t.numel() >= 2**20]
+
+
+@pytest.mark.usefixtures("compile_isolation")
+def test_a_report_keeps_the_plan_not_the_model() -> None:
+    """A report holds names and rows: once the model is dropped its weights are freed, while
+    ``last_report()`` still prints the plan."""
+    assert not _big_tensors(), "a big tensor is alive before the test: not an isolated check"
+    layers = [torch.nn.Linear(1024, 1024) for _ in range(5)]  # 20 MB of weights
+    model = torch.nn.Sequential(*(m for lin in layers for m in (lin, torch.nn.ReLU()))).eval()
+    weight = weakref.ref(layers[0].weight)
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_onnxruntime")(torch.randn(2, 1024))
+    del layers, model
+    torch._dynamo.reset()
+    gc.collect()
+    assert weight() is None, "the compiled model's weights stay alive"
+    assert not _big_tensors(), "a copy of the weights stays alive (the frozen graph?)"
+    report = embedl_dynamo.last_report()
+    assert "linear_relu@0" in str(report[0].plan)
+    assert "subgraph 0: compiled" in str(report)

@@ -1,8 +1,9 @@
 """The record of what the ``embedl_*`` dynamo backends compiled, reachable by the user.
 
 Every subgraph Dynamo hands a backend gets a :class:`SubgraphReport`: which Backend and runtime
-ran it, its transformation plan (``print(report.plan)`` lists every match, applied or skipped,
-and why), whether the artifact came from the cache, and why it stayed in PyTorch if it did.
+ran it, the rows of its transformation plan (``print(report.plan)`` lists every match, applied
+or skipped, and why), whether the artifact came from the cache, and why it stayed in PyTorch if
+it did. A report holds names and numbers only: it keeps no graph, module or weight alive.
 
 * :func:`last_report` returns the subgraphs compiled since the last :func:`clear_reports`
   (or :func:`explain`), oldest first;
