@@ -1,15 +1,25 @@
-"""The first screen a user sees: ``print(embedl_dynamo.last_report())``, short and complete."""
+"""The first screen a user sees: ``print(embedl_dynamo.last_report())``, short and complete.
+
+Every test here compiles in isolation (``compile_isolation``: a fresh Dynamo, no reports, the
+built-in backends, a private cache) and seeds the weights it builds, so what it prints does not
+depend on which tests ran before it in the same process.
+"""
 
 from __future__ import annotations
 
+import gc
 import re
 import tempfile
+import weakref
 
 import expecttest
+import pytest
 import torch
 
 import embedl_dynamo
 from tests.models import ResNetLike, randomize_batchnorm
+
+pytestmark = pytest.mark.usefixtures("compile_isolation")
 
 
 def _normalised(text: str) -> str:
@@ -19,8 +29,7 @@ def _normalised(text: str) -> str:
 
 class TestFirstScreen(expecttest.TestCase):
     def test_a_small_model_fits_on_one_screen(self) -> None:
-        embedl_dynamo.clear_reports()
-        torch._dynamo.reset()
+        torch.manual_seed(0)
         model = randomize_batchnorm(ResNetLike().eval())
         with tempfile.TemporaryDirectory() as cache, torch.no_grad():  # a cold cache
             options = {"cache_dir": cache}
@@ -40,7 +49,6 @@ full plan: print(report[i].plan)""",
         )
 
     def test_nothing_compiled_says_so(self) -> None:
-        embedl_dynamo.clear_reports()
         assert str(embedl_dynamo.last_report()) == "no subgraph compiled by an embedl_* backend yet"
 
 
@@ -63,3 +71,60 @@ def test_precision_mix_counts_layers_per_precision() -> None:
     assert CompileReport([sub]).precision_mix() == "int8 (2 int8, 1 fp32 layers)"
     sub.pipeline = {"precision": "fp32"}
     assert CompileReport([sub]).precision_mix() == "fp32"
+
+
+def _big_tensors() -> list[torch.Tensor]:
+    """Tensors of a million elements or more that Python can still reach (fake ones too: they
+    stand for a graph Dynamo traced, which nothing should keep once it is reset)."""
+    tensors = (o for o in gc.get_objects() if issubclass(type(o), torch.Tensor))
+    return [t for t in tensors if t.numel() >= 2**20]
+
+
+def test_a_report_keeps_the_plan_not_the_model() -> None:
+    """A report holds names and rows: once the model is dropped its weights are freed, while
+    ``last_report()`` still prints the plan."""
+    assert not _big_tensors(), "a big tensor is alive before the test: not an isolated check"
+    layers = [torch.nn.Linear(1024, 1024) for _ in range(5)]  # 20 MB of weights
+    model = torch.nn.Sequential(*(m for lin in layers for m in (lin, torch.nn.ReLU()))).eval()
+    weight = weakref.ref(layers[0].weight)
+    with torch.no_grad():
+        torch.compile(model, backend="embedl_onnxruntime")(torch.randn(2, 1024))
+    del layers, model
+    torch._dynamo.reset()
+    gc.collect()
+    assert weight() is None, "the compiled model's weights stay alive"
+    assert not _big_tensors(), "a copy of the weights stays alive (the frozen graph?)"
+    report = embedl_dynamo.last_report()
+    assert "linear_relu@0" in str(report[0].plan)
+    assert "subgraph 0: compiled" in str(report)
+
+
+class _Broken(torch.nn.Module):
+    """Two Linear+ReLU blocks with a graph break between them: two subgraphs in one compile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+        self.b = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        torch._dynamo.graph_break()
+        return self.b(x)
+
+
+def test_the_last_report_holds_the_last_compile_only() -> None:
+    """A compile is a compiled callable's first call through all its subgraphs; the next
+    compiled callable's first call starts a new report, its subgraphs numbered from 0."""
+    options = {"min_subgraph_size": 1}
+    with torch.no_grad():
+        first = torch.compile(_Broken().eval(), backend="embedl_onnxruntime", options=options)
+        first(torch.randn(2, 8))
+        assert [s.index for s in embedl_dynamo.last_report()] == [0, 1]
+        first(torch.randn(2, 8))  # nothing compiles: the report stays
+        assert len(embedl_dynamo.last_report()) == 2
+        second = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+        torch.compile(second, backend="embedl_onnxruntime", options=options)(torch.randn(2, 8))
+    report = embedl_dynamo.last_report()
+    assert [(s.index, s.status) for s in report] == [(0, "compiled")]
+    assert [e.id for e in report[0].plan.entries if e.apply] == ["linear_relu@0"]

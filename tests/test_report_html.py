@@ -5,11 +5,14 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import pytest
 import torch
 
 import embedl_dynamo
 from embedl_dynamo.cli import EXIT_OK, main
 from tests.models import ResNetLike, randomize_batchnorm
+
+pytestmark = pytest.mark.usefixtures("compile_isolation")  # no state from earlier tests
 
 
 class _Structure(HTMLParser):
@@ -41,8 +44,7 @@ class _Structure(HTMLParser):
 
 
 def _report(tmp_path, **options):
-    embedl_dynamo.clear_reports()
-    torch._dynamo.reset()
+    torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():

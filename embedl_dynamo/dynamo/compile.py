@@ -347,6 +347,7 @@ def _finish(job: _Job, result: PipelineResult, alias_key: str | None) -> None:
         summary = {k: v for k, v in result.report.items() if isinstance(v, (int, float, str))}
         summary["applied_by_pattern"] = result.report.get("applied_by_pattern", {})
         alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
+        alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
         store_alias(alias_key, {**alias, "pipeline": summary}, job.settings)
 
 

@@ -4,7 +4,7 @@ A float subgraph is keyed *before* transformation (:func:`source_key`: its graph
 inputs, the target's patterns, the settings and this package's code); after its first compile
 an alias maps that key to the ONNX artifact and the runtime it ran on. The next compile of the
 same subgraph, in any process, loads that artifact (:func:`warm_start`), checks it against the
-frozen graph on the example inputs, and computes the plan only if the user reads it.
+frozen graph on the example inputs, and reports the plan rows stored with the alias.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
-from embedl_dynamo.pipeline import run_pipeline
+from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
@@ -66,8 +66,8 @@ def warm_start(
     runtimes: Sequence[type[Runtime]],
 ) -> Callable[..., Any] | None:
     """With a warm cache, load the artifact this subgraph compiled to before, skipping the
-    pipeline, on the runtime it ran on (one of ``runtimes``); the plan is recomputed only if
-    the user reads ``report.plan``.
+    pipeline, on the runtime it ran on (one of ``runtimes``); ``report.plan`` gets the plan rows
+    the alias stored (no graph is kept for it).
 
     The artifact is checked against the frozen (untransformed) graph on the example inputs.
     Returns None when there is nothing usable in the cache.
@@ -96,5 +96,5 @@ def warm_start(
     report.runtime, report.cached = runtime.name, True
     report.runtime_info = dict(runtime.build_info)
     report.pipeline = dict(alias.get("pipeline") or {})
-    report.plan_later(lambda: run_pipeline(frozen, inputs, backend, settings).plan)
+    report.plan = PlanSnapshot.from_dicts(alias.get("plan") or [])  # rows, never the graph
     return runtime.serve()

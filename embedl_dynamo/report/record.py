@@ -1,16 +1,20 @@
 """The record of what the ``embedl_*`` dynamo backends compiled, reachable by the user.
 
 Every subgraph Dynamo hands a backend gets a :class:`SubgraphReport`: which Backend and runtime
-ran it, its transformation plan (``print(report.plan)`` lists every match, applied or skipped,
-and why), whether the artifact came from the cache, and why it stayed in PyTorch if it did.
+ran it, the rows of its transformation plan (``print(report.plan)`` lists every match, applied
+or skipped, and why), whether the artifact came from the cache, and why it stayed in PyTorch if
+it did. A report holds names and numbers only: it keeps no graph, module or weight alive.
 
-* :func:`last_report` returns the subgraphs compiled since the last :func:`clear_reports`
-  (or :func:`explain`), oldest first;
+* :func:`last_report` returns the subgraphs of the last compile (the first call of a
+  ``torch.compile``'d callable, through all its subgraphs), oldest first;
+* :func:`clear_reports` empties the record;
 * :func:`explain` compiles a model on example inputs with a fresh record and returns its report.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any
 
@@ -23,32 +27,62 @@ from embedl_dynamo.report.subgraph import SubgraphReport
 __all__ = ["clear_reports", "explain", "last_report", "next_index", "record"]
 
 _MAX_KEPT = 256
+_DYNAMO_ENTRY = ("compile_wrapper", os.path.join("_dynamo", "eval_frame.py"))
 
 _lock = threading.Lock()
 _record: list[SubgraphReport] = []
+_compile: tuple[int, int] | None = None  # which compile the record holds (see _compile_key)
+
+
+def _compile_key() -> tuple[int, int] | None:
+    """Which compile the calling backend works for: the outermost call into a ``torch.compile``'d
+    callable on this thread's stack (Dynamo's ``compile_wrapper``), as ids of that frame and of
+    the callable it compiles. Every subgraph of one call (graph breaks included) shares it; a
+    call of another compiled callable, or a later call that compiles again, has another. None
+    when no such frame is on the stack (then the record goes on as it is)."""
+    frame, outermost = sys._getframe(1), None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == _DYNAMO_ENTRY[0] and code.co_filename.endswith(_DYNAMO_ENTRY[1]):
+            outermost = frame
+        frame = frame.f_back
+    if outermost is None:
+        return None
+    return id(outermost), id(outermost.f_locals.get("fn"))
 
 
 def next_index() -> int:
-    """The index the next recorded subgraph gets."""
+    """The index the next recorded subgraph gets: its order within its compile."""
+    key = _compile_key()
     with _lock:
-        return len(_record)
+        return 0 if key is not None and key != _compile else len(_record)
 
 
 def record(report: SubgraphReport) -> None:
-    """Append a subgraph report (keeps the newest :data:`_MAX_KEPT`)."""
+    """Append a subgraph report to the record of its compile, which replaces the record of an
+    earlier compile (keeps the newest :data:`_MAX_KEPT`)."""
+    global _compile
+    key = _compile_key()
     with _lock:
+        if key is not None and key != _compile:
+            _record.clear()
+            _compile = key
         _record.append(report)
         del _record[:-_MAX_KEPT]
 
 
 def clear_reports() -> None:
-    """Start a new record."""
+    """Start a new record (and free the reports it held)."""
+    global _compile
     with _lock:
         _record.clear()
+        _compile = None
 
 
 def last_report() -> CompileReport:
-    """The subgraphs compiled by ``embedl_*`` backends since the last :func:`clear_reports`."""
+    """The subgraphs of the last compile: the first call of a ``torch.compile``'d callable
+    (every subgraph it compiled, graph breaks included), or a later call that compiled again.
+    A compile of another callable starts a new report; so does :func:`clear_reports`."""
     with _lock:
         return CompileReport(list(_record))
 

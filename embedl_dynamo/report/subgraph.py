@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from embedl_dynamo.report.plan_rows import PlanSnapshot
 
 __all__ = ["SubgraphReport"]
 
@@ -21,8 +22,10 @@ class SubgraphReport:
         status: ``compiled``, ``eager`` (fell back or too small) or ``training`` (not frozen).
         reason: why it runs eager, naming the op when known.
         cached: the artifact came from the cache (nothing built).
-        plan: the :class:`~embedl_dynamo.rewrite.plan.TransformationPlan` (None when not transformed;
-            planned on first access when a warm cache let compilation skip the pipeline).
+        plan: the plan's rows, a graph-free :class:`~.plan_rows.PlanSnapshot` (``print`` shows
+            the plan table; None when not transformed). Setting it to a
+            :class:`~embedl_dynamo.rewrite.plan.TransformationPlan` keeps only its rows, so a
+            report never keeps a graph or its weights alive.
         pipeline: the pipeline report (applied/skipped counts, timings).
         runtime_info: the runtime's ``build_info``.
         compile_s: seconds spent in the backend for this subgraph.
@@ -38,23 +41,16 @@ class SubgraphReport:
     pipeline: dict[str, Any] = field(default_factory=dict)
     runtime_info: dict[str, Any] = field(default_factory=dict)
     compile_s: float = 0.0
-    _plan: Any = field(default=None, repr=False)
-    _plan_factory: Callable[[], Any] | None = field(default=None, repr=False)
+    _plan: PlanSnapshot | None = field(default=None, repr=False)
 
     @property
-    def plan(self) -> Any:
-        """The transformation plan; computed on first access when the artifact was cached."""
-        if self._plan is None and self._plan_factory is not None:
-            self._plan, self._plan_factory = self._plan_factory(), None
+    def plan(self) -> PlanSnapshot | None:
+        """The plan's rows (:class:`~.plan_rows.PlanSnapshot`), or None."""
         return self._plan
 
     @plan.setter
     def plan(self, value: Any) -> None:
-        self._plan = value
-
-    def plan_later(self, factory: Callable[[], Any]) -> None:
-        """Compute the plan with ``factory`` on first access (a warm start skipped planning)."""
-        self._plan, self._plan_factory = None, factory
+        self._plan = PlanSnapshot.of(value)
 
     def __str__(self) -> str:
         applied = self.pipeline.get("applied_count", 0)

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import fx
 
+from embedl_dynamo.report.plan_rows import PlanSnapshot, format_table
 from embedl_dynamo.rewrite.pattern import Pattern
 
 __all__ = ["PatternMatch", "TransformationPlan", "OVERLAP_PREFIX"]
@@ -149,35 +150,15 @@ class TransformationPlan:
 
     def table(self) -> str:
         """A readable table: one row per match with id, pattern, anchor node, apply and reason."""
-        header = ("id", "pattern", "node", "apply", "reason")
-        rows = [
-            (
-                e.id,
-                e.pattern.name,
-                e.node,
-                "applied" if e.applied else ("yes" if e.apply else "no"),
-                e.reason,
-            )
-            for e in self.entries
-        ]
-        widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-        lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths)).rstrip()]
-        lines.append("  ".join("-" * w for w in widths))
-        lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-        return "\n".join(lines)
+        return format_table(self.entries)
 
     def __str__(self) -> str:
         return self.table()
 
+    def snapshot(self) -> PlanSnapshot:
+        """The plan's rows as they are now, without the graph (what a report keeps)."""
+        return PlanSnapshot.of(self)
+
     def summary(self) -> dict[str, Any]:
         """Counts of applied and skipped matches, overall and per pattern."""
-        per_pattern: dict[str, dict[str, int]] = {}
-        for e in self.entries:
-            counts = per_pattern.setdefault(e.pattern.name, {"applied": 0, "skipped": 0})
-            counts["applied" if (e.apply or e.applied) else "skipped"] += 1
-        return {
-            "applied_count": sum(c["applied"] for c in per_pattern.values()),
-            "skipped_count": sum(c["skipped"] for c in per_pattern.values()),
-            "patterns": per_pattern,
-            "matches": [e.to_dict() for e in self.entries],
-        }
+        return self.snapshot().summary()
