@@ -238,6 +238,36 @@ def _replace_size_input(
     return False
 
 
+def _scalar_as_tensor(new: fx.Node, old: fx.Node) -> None:
+    """Keep a Python ``float`` input a tensor input: drop the ``.item()`` Dynamo reads it with.
+
+    Once a float argument changed, Dynamo passes it as a 0-d float64 tensor
+    (``pass_arg_as_tensor``) and reads it back with ``.item()``. An exporter traces ``.item()``
+    to a constant: the artifact would ignore the input. Where every use of the value is a
+    tensor op, the 0-d tensor, cast to the dtype that op computes in (as PyTorch casts a
+    Python scalar), replaces the ``.item()``; other uses keep it (the runtime then refuses the
+    input it lost, and such calls run in PyTorch).
+    """
+    if not getattr(old.meta.get("grapharg"), "pass_arg_as_tensor", False):
+        return
+    for item in list(new.users):
+        if item.op != "call_method" or item.target != "item" or len(item.args) != 1:
+            continue
+        results = [_fake_tensor(user) for user in item.users]
+        if not results or any(r is None for r in results):
+            continue
+        for user, result in zip(list(item.users), results):
+            with new.graph.inserting_before(user):
+                cast = new.graph.call_method("to", (new, result.dtype))
+            user.replace_input_with(item, cast)
+        new.graph.erase_node(item)
+
+
+def _fake_tensor(node: fx.Node) -> torch.Tensor | None:
+    fake = node.meta.get("example_value", node.meta.get("val"))
+    return fake if isinstance(fake, torch.Tensor) else None
+
+
 def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
     return next(n for n in graph.nodes if n.op == "placeholder" and n.name == old.name)
 
@@ -282,6 +312,7 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
             if _replace_size_input(graph, new, old, placeholders, example_inputs):
                 continue
         if not is_lifted_constant(old, value):
+            _scalar_as_tensor(new, old)
             user_inputs.append(index)
             continue
         fqn = _source_fqn(old) or old.name
