@@ -35,6 +35,17 @@ class _ScaledInt(nn.Module):
         return positive * scale + x * scale
 
 
+class _WithBatchSize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        y = self.fc2(torch.relu(self.fc1(x)))
+        return y, y.shape[0]
+
+
 def _all_compiled() -> None:
     subgraphs = embedl_dynamo.last_report().subgraphs
     assert subgraphs, "nothing was compiled"
@@ -65,3 +76,17 @@ def test_a_float_argument_takes_the_dtype_pytorch_computes_in():
             assert out.dtype == expected.dtype
             assert_close_to_scale(out, expected)
     _all_compiled()
+
+
+def test_a_batch_size_among_the_outputs_comes_back_as_an_int():
+    model = _WithBatchSize().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        for batch in (2, 3, 5, 7):
+            x = torch.randn(batch, 8)
+            y, n = compiled(x)
+            assert type(n) is int and n == batch
+            assert_close_to_scale(y, model(x)[0])
+    _all_compiled()
+    # the static graph and the recompile returning the size share one artifact
+    assert BUILD_COUNTS["onnx"] == 1
