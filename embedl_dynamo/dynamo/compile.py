@@ -114,7 +114,9 @@ def compile_subgraph(
 
     frozen = freeze(gm, example_inputs)
     user = frozen.user_inputs
+    ints = [user.index(i) for i in frozen.int_inputs]  # taken as 0-d int64 tensors
     job.inputs = [example_inputs[i] for i in user]
+    job.inputs = [torch.tensor(int(v)) if k in ints else v for k, v in enumerate(job.inputs)]
     if any(not isinstance(t, torch.Tensor) for t in job.inputs):
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)
@@ -129,7 +131,7 @@ def compile_subgraph(
 
     def wrap(infer: Callable[..., Any] | None) -> Callable[..., Any]:
         return wrap_compiled(gm, infer, user, job.report, job.settings, job.backend,
-                             example_inputs, compile_subgraph, split.scalars)  # fmt: skip
+                             example_inputs, compile_subgraph, split.scalars, ints)  # fmt: skip
 
     alias_key = None
     if not settings.precision.lower and job.runtime_cls.cpu_target is not None:

@@ -44,11 +44,13 @@ def wrap_compiled(
     example_inputs: Sequence[Any],
     recompile: Callable[[fx.GraphModule, Sequence[Any], Backend, Settings], Callable[..., Any]],
     scalars: ScalarOutputs | None = None,
+    int_inputs: Sequence[int] = (),
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
     ``scalars`` computes the graph's number outputs (sizes) from the user inputs, in PyTorch,
-    around the runtime's tensor outputs (:mod:`embedl_dynamo.graph.scalar_outputs`).
+    around the runtime's tensor outputs (:mod:`embedl_dynamo.graph.scalar_outputs`);
+    the user inputs at ``int_inputs`` are Python ints the artifact takes as 0-d int64 tensors.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -77,6 +79,8 @@ def wrap_compiled(
             rebuilt = recompile(gm, args, backend, settings)
             return rebuilt(*args)
         inputs = [args[i] for i in user]
+        for k in int_inputs:
+            inputs[k] = torch.tensor(int(inputs[k]))
         try:
             outputs = infer(*inputs)
             if scalars is not None:

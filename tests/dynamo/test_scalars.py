@@ -35,6 +35,16 @@ class _ScaledInt(nn.Module):
         return positive * scale + x * scale
 
 
+class _IntTimes(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor, n: int = 1) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x))) * n + x * (n + 1)
+
+
 class _WithBatchSize(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -76,6 +86,17 @@ def test_a_float_argument_takes_the_dtype_pytorch_computes_in():
             assert out.dtype == expected.dtype
             assert_close_to_scale(out, expected)
     _all_compiled()
+
+
+def test_an_int_argument_that_changes_is_an_input_of_the_artifact():
+    model = _IntTimes().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        for n in (2, 3, 5, -7):
+            assert_close_to_scale(compiled(x, n=n), model(x, n=n))
+    _all_compiled()
+    assert BUILD_COUNTS["onnx"] == 2  # specialised on 2, then the one taking the int
 
 
 def test_a_batch_size_among_the_outputs_comes_back_as_an_int():
