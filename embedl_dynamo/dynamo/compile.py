@@ -32,6 +32,7 @@ from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
+from embedl_dynamo.graph.scalar_outputs import split_scalar_outputs
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
@@ -113,31 +114,39 @@ def compile_subgraph(
 
     frozen = freeze(gm, example_inputs)
     user = frozen.user_inputs
+    ints = [user.index(i) for i in frozen.int_inputs]  # taken as 0-d int64 tensors
     job.inputs = [example_inputs[i] for i in user]
-    job.original = frozen.gm
+    job.inputs = [torch.tensor(int(v)) if k in ints else v for k, v in enumerate(job.inputs)]
     if any(not isinstance(t, torch.Tensor) for t in job.inputs):
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)
-    job.axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
+    split = split_scalar_outputs(frozen.gm)  # sizes among the outputs are computed in PyTorch
+    if split.blocker is not None:
+        return job.stay_eager("eager", split.blocker, gm.forward)
+    job.original = graph = split.tensors
+    axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
+    numbers = split.scalars.positions if split.scalars is not None else ()
+    outputs = tuple(a for i, a in enumerate(axes.outputs) if i not in numbers)
+    job.axes = dataclasses.replace(axes, outputs=outputs)
+
+    def wrap(infer: Callable[..., Any] | None) -> Callable[..., Any]:
+        return wrap_compiled(gm, infer, user, job.report, job.settings, job.backend,
+                             example_inputs, compile_subgraph, split.scalars, ints)  # fmt: skip
 
     alias_key = None
     if not settings.precision.lower and job.runtime_cls.cpu_target is not None:
-        alias_key = source_key(frozen.gm, job.inputs, job.axes, job.backend, settings)
-        infer = _warm_start(job, frozen.gm, alias_key)
+        alias_key = source_key(graph, job.inputs, job.axes, job.backend, settings)
+        infer = _warm_start(job, graph, alias_key)
         if infer is not None:
-            return wrap_compiled(
-                gm, infer, user, job.report, settings, job.backend, example_inputs, compile_subgraph
-            )
+            return wrap(infer)
 
-    job.settings = _fit_calibration(job, frozen.gm)
-    result = _transform(job, frozen.gm)
+    job.settings = _fit_calibration(job, graph)
+    result = _transform(job, graph)
     if result is None:
         return job.stay_eager("eager", job.report.reason, gm.forward)
     infer = _build_stage(job, result)
     _finish(job, result, alias_key)
-    return wrap_compiled(
-        gm, infer, user, job.report, job.settings, job.backend, example_inputs, compile_subgraph
-    )
+    return wrap(infer)
 
 
 def _route(

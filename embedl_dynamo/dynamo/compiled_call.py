@@ -14,6 +14,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import error_line
+from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.settings import Settings
 
@@ -22,7 +23,7 @@ __all__ = ["wrap_compiled"]
 logger = logging.getLogger(__name__)
 
 
-def _as_output(gm: fx.GraphModule, outputs: tuple[torch.Tensor, ...]) -> Any:
+def _as_output(gm: fx.GraphModule, outputs: tuple[Any, ...]) -> Any:
     """Give runtime outputs the container type the Dynamo graph returns."""
     out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = out_node.args[0]
@@ -42,8 +43,14 @@ def wrap_compiled(
     backend: Backend,
     example_inputs: Sequence[Any],
     recompile: Callable[[fx.GraphModule, Sequence[Any], Backend, Settings], Callable[..., Any]],
+    scalars: ScalarOutputs | None = None,
+    int_inputs: Sequence[int] = (),
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
+
+    ``scalars`` computes the graph's number outputs (sizes) from the user inputs, in PyTorch,
+    around the runtime's tensor outputs (:mod:`embedl_dynamo.graph.scalar_outputs`);
+    the user inputs at ``int_inputs`` are Python ints the artifact takes as 0-d int64 tensors.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -71,8 +78,13 @@ def wrap_compiled(
                         report.index, changed)  # fmt: skip
             rebuilt = recompile(gm, args, backend, settings)
             return rebuilt(*args)
+        inputs = [args[i] for i in user]
+        for k in int_inputs:
+            inputs[k] = torch.tensor(int(inputs[k]))
         try:
-            outputs = infer(*[args[i] for i in user])
+            outputs = infer(*inputs)
+            if scalars is not None:
+                outputs = scalars.merge(outputs, inputs)
         except Exception as exc:
             if settings.fallback == "raise":
                 raise

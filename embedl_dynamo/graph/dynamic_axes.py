@@ -87,7 +87,7 @@ def dynamic_axes(
     for index, tensor in zip(user_inputs, example_inputs):
         fake = _fake(placeholders[index])
         axes: dict[int, str] = {}
-        shape = fake.shape if fake is not None else ()
+        shape = getattr(fake, "shape", ())  # an int input (a 0-d tensor) has none
         for axis, size in enumerate(shape):
             name = _name(size, names)
             if name is not None:

@@ -24,6 +24,8 @@ The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,10 +77,13 @@ class FrozenGraph:
     Attributes:
         gm: the new GraphModule; its placeholders are the user inputs only.
         user_inputs: indices into ``example_inputs`` of the inputs the graph still takes.
+        int_inputs: those of them that are Python ints the graph takes as 0-d int64 tensors
+            (pass ``torch.tensor(n)``).
     """
 
     gm: fx.GraphModule
     user_inputs: list[int]
+    int_inputs: list[int] = dataclasses.field(default_factory=list)
 
 
 def is_lifted_constant(node: fx.Node, value: Any) -> bool:
@@ -247,6 +252,68 @@ def _replace_size_input(
     return False
 
 
+def _scalar_as_tensor(new: fx.Node, old: fx.Node) -> None:
+    """Keep a Python ``float`` input a tensor input: drop the ``.item()`` Dynamo reads it with.
+
+    Once a float argument changed, Dynamo passes it as a 0-d float64 tensor
+    (``pass_arg_as_tensor``) and reads it back with ``.item()``. An exporter traces ``.item()``
+    to a constant: the artifact would ignore the input. Where every use of the value is a
+    tensor op, the 0-d tensor, cast to the dtype that op computes in (as PyTorch casts a
+    Python scalar), replaces the ``.item()``; other uses keep it (the runtime then refuses the
+    input it lost, and such calls run in PyTorch).
+    """
+    if not getattr(old.meta.get("grapharg"), "pass_arg_as_tensor", False):
+        return
+    for item in list(new.users):
+        if item.op != "call_method" or item.target != "item" or len(item.args) != 1:
+            continue
+        results = [_fake_tensor(user) for user in item.users]
+        if not results or any(r is None for r in results):
+            continue
+        for user, result in zip(list(item.users), results):
+            with new.graph.inserting_before(user):
+                cast = new.graph.call_method("to", (new, result.dtype))
+            user.replace_input_with(item, cast)
+        new.graph.erase_node(item)
+
+
+_INT_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.neg})
+
+
+def _int_as_tensor(new: fx.Node) -> bool:
+    """Make an int input (a ``SymInt`` that is no tensor's size) a 0-d int64 tensor input.
+
+    Possible where the int only meets tensor ops, directly or through ``+ - *`` of ints (which
+    give the same values on an int64 tensor); each tensor op gets it cast to the dtype it
+    computes in, as PyTorch casts a Python int. Returns False, the graph unchanged, otherwise
+    (a size argument, a number output, a comparison).
+    """
+    chain, tensor_uses, todo = [new], [], [new]
+    while todo:
+        for user in todo.pop().users:
+            result = user.meta.get("example_value", user.meta.get("val"))
+            if isinstance(result, torch.Tensor) and user.op != "output":
+                tensor_uses.append(user)
+            elif user.op == "call_function" and user.target in _INT_ARITHMETIC:
+                if user not in chain and isinstance(result, (int, torch.SymInt)):
+                    chain.append(user)
+                    todo.append(user)
+            else:
+                return False
+    for user in tensor_uses:
+        dtype = _fake_tensor(user).dtype
+        for node in [a for a in user.all_input_nodes if a in chain]:
+            with new.graph.inserting_before(user):
+                cast = new.graph.call_method("to", (node, dtype))
+            user.replace_input_with(node, cast)
+    return True
+
+
+def _fake_tensor(node: fx.Node) -> torch.Tensor | None:
+    fake = node.meta.get("example_value", node.meta.get("val"))
+    return fake if isinstance(fake, torch.Tensor) else None
+
+
 def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
     return next(n for n in graph.nodes if n.op == "placeholder" and n.name == old.name)
 
@@ -285,12 +352,16 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
 
     constants: dict[str, str] = {}
     user_inputs: list[int] = []
+    int_inputs: list[int] = []
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
             if _replace_size_input(graph, new, old, placeholders, example_inputs):
                 continue
+            if _int_as_tensor(new):
+                int_inputs.append(index)
         if not is_lifted_constant(old, value):
+            _scalar_as_tensor(new, old)
             user_inputs.append(index)
             continue
         fqn = _constant_path(_source_fqn(old) or old.name)
@@ -309,4 +380,4 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
     functionalize(frozen)
-    return FrozenGraph(gm=frozen, user_inputs=user_inputs)
+    return FrozenGraph(gm=frozen, user_inputs=user_inputs, int_inputs=int_inputs)
