@@ -16,6 +16,11 @@ other hand, inlines them. The rewrites below expand a leaf into exactly the node
 
 It also defines :func:`split_heads` and :func:`merge_heads`, the head reshapes the attention
 decomposition emits; they are leaf functions (``torch.fx.wrap``), so a pattern can anchor on them.
+
+:func:`bind_attention_scales` gives a ``scaled_dot_product_attention`` whose ``scale`` is a graph
+value (``dynamic=True`` makes a float attribute a graph input, read with ``.item()``) a float
+scale: ``sdpa(q, k, v, scale=s) == sdpa(q * s, k, v, scale=1.0)``, with ``s`` kept a tensor
+input, so the exporter neither rejects the scale nor bakes in the value it was traced with.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from embedl_dynamo.graph import canonical_ops
 from embedl_dynamo.graph.meta import infer_meta
 from embedl_dynamo.graph.nodes import PATH_KEY, canonical_call, node_shape
 
-__all__ = ["ATTENTION_CANONICALIZERS", "merge_heads", "split_heads"]
+__all__ = ["ATTENTION_CANONICALIZERS", "bind_attention_scales", "merge_heads", "split_heads"]
 
 
 def split_heads(
@@ -332,3 +337,50 @@ ATTENTION_CANONICALIZERS: dict[type[nn.Module], Callable[..., fx.Node | None]] =
     nn.TransformerEncoderLayer: _transformer_encoder_layer,
     nn.TransformerEncoder: _transformer_encoder,
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# scaled_dot_product_attention with a graph-valued scale
+# ---------------------------------------------------------------------------------------------
+
+
+def _scale_tensor(scale: fx.Node) -> fx.Node:
+    """The tensor a ``scale.item()`` reads (Dynamo's unspecialised float), else ``scale``."""
+    if scale.op == "call_method" and scale.target == "item" and len(scale.args) == 1:
+        return scale.args[0]
+    return scale
+
+
+def bind_attention_scales(gm: fx.GraphModule) -> fx.GraphModule:
+    """Move a graph-valued SDPA ``scale`` onto the query: ``sdpa(q * s, k, v, scale=1.0)``.
+
+    Under ``torch.compile(dynamic=True)`` Dynamo turns a float attribute (HF's
+    ``self.scaling``) into a graph input read with ``.item()``; a SymFloat scale reaches
+    neither a fused attention module (its scale is a Python float) nor the ONNX exporter, which
+    would bake the traced value in. Multiplying q by the scale tensor is the same math and keeps
+    the scale a runtime input, so a changed attribute still gives PyTorch's answer.
+
+    Args:
+        gm: a canonical graph (SDPA as keyword-only ``F.scaled_dot_product_attention`` calls).
+
+    Returns:
+        ``gm``, changed in place.
+    """
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+            continue
+        scale = node.kwargs.get("scale")
+        if not isinstance(scale, fx.Node):
+            continue
+        path = node.meta.get(PATH_KEY, "")
+        with graph.inserting_before(node):
+            query = canonical_call(
+                graph, torch.mul, path, input=node.kwargs["query"], other=_scale_tensor(scale)
+            )
+        infer_meta(gm, [query])
+        node.update_kwarg("query", query)
+        node.update_kwarg("scale", 1.0)
+        if not scale.users:
+            graph.erase_node(scale)
+    return gm

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo.graph import canonical_ops
-from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS
+from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS, bind_attention_scales
 from embedl_dynamo.graph.canonical_ops import bind, identity
 from embedl_dynamo.graph.division import floor_division
 from embedl_dynamo.graph.nodes import (
@@ -412,6 +412,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
         graph.erase_node(node)
         if mutated is not None:
             _functionalize(graph, new, mutated)
+    bind_attention_scales(gm)
     graph.lint()
     gm.recompile()
     return gm

@@ -13,6 +13,10 @@ typed, so FP16 has to live in the network's own types, not in a builder flag):
   guidance keep them;
 * everything else follows its inputs (PyTorch's type promotion: half + fp32 is fp32).
 
+An attention (scaled-dot-product attention, :class:`FusedAttention`, :class:`AttentionProbs`)
+is one decision for q, k and v: they are cast together (SDPA refuses mixed dtypes), while a
+fused attention's float mask is left to the module, which clamps it to the heads' range first.
+
 Casts (``x.to(dtype)``, ONNX ``Cast``) are inserted only where a value changes precision, once
 per value and dtype, and the graph's outputs are cast back to their original dtype, so callers
 see the dtypes they always saw. Each decided layer gets a record (id, precision, reason).
@@ -32,6 +36,7 @@ from torch import fx
 from torch.fx.passes.shape_prop import ShapeProp
 
 from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.patterns.attention import AttentionProbs, FusedAttention
 from embedl_dynamo.precision import Precision, get_precision
 from embedl_dynamo.settings import Settings
 
@@ -91,6 +96,10 @@ FP32_FUNCTIONS = frozenset(
 FP32_METHODS = frozenset(
     {"softmax", "log_softmax", "mean", "sum", "var", "std", "norm", "exp", "log", "pow", "rsqrt"}
 )
+
+
+# fused attention type -> how many leading inputs (q, k[, v]) take the attention's one dtype
+_ATTENTION_OPERANDS = {FusedAttention: 3, AttentionProbs: 2}
 
 
 def _is_float(node: Any) -> bool:
@@ -201,6 +210,8 @@ class _HalfCast:
         statistics = "normalisation, softmax or reduction: fp32 statistics"
         if node.op == "call_module" and _has_matrix_weight(module):
             kind = self.half
+        elif node.op == "call_module" and type(module) in _ATTENTION_OPERANDS:
+            kind = self.half
         elif node.op == "call_function" and node.target in HALF_FUNCTIONS:
             kind = self.half
         elif node.op == "call_function" and node.target in FP32_FUNCTIONS:
@@ -227,9 +238,8 @@ class _HalfCast:
             return
         dtype, reason = self.decision(node)
         if dtype is not None and _is_float(node):
-            node.args = fx.node.map_arg(node.args, lambda a: self.cast(a, dtype, node))
-            node.kwargs = fx.node.map_arg(node.kwargs, lambda a: self.cast(a, dtype, node))
             module = self.modules.get(node.target) if node.op == "call_module" else None
+            self.cast_inputs(node, module, dtype)
             if module is not None and dtype == self.half:
                 _set_attr(self.gm, str(node.target), copy.deepcopy(module).to(self.half))
             self.dtype_of[node] = dtype
@@ -239,6 +249,14 @@ class _HalfCast:
             inputs = [self.dtype_of[a] for a in node.all_input_nodes if a in self.dtype_of]
             half = torch.float32 not in inputs and inputs
             self.dtype_of[node] = self.half if half else torch.float32
+
+    def cast_inputs(self, node: fx.Node, module: Any, dtype: torch.dtype) -> None:
+        """Cast ``node``'s inputs to ``dtype``: all of them, or a fused attention's q, k, v
+        (its mask stays as it is: the module clamps a float mask to the heads' range)."""
+        operands = _ATTENTION_OPERANDS.get(type(module), len(node.args))
+        head = fx.node.map_arg(node.args[:operands], lambda a: self.cast(a, dtype, node))
+        node.args = tuple(head) + tuple(node.args[operands:])
+        node.kwargs = fx.node.map_arg(node.kwargs, lambda a: self.cast(a, dtype, node))
 
     def restore_outputs(self) -> None:
         """Cast every output back to the dtype the float graph returned."""

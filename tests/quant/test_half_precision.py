@@ -42,10 +42,10 @@ class SmallNet(nn.Module):
         return self.head(torch.softmax(y, -1) * y)
 
 
-def _fused(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
+def _fused(model: nn.Module, *x: torch.Tensor) -> torch.fx.GraphModule:
     target = as_backend("tensorrt")
     plan = plan_transformation(
-        model, [*target.conversion_patterns, *target.fusion_patterns], args=(x,)
+        model, [*target.conversion_patterns, *target.fusion_patterns], args=x
     )
     return apply_transformation_plan(plan).model
 
@@ -216,3 +216,38 @@ def test_cli_export_takes_precision(tmp_path) -> None:
     assert json.loads((tmp_path / "m.json").read_text())["precision"] == "fp16"
     assert main(["export", "tests.models:MobileNetLike", "--input-shape", "1,3,32,32", "-o",
                  str(tmp_path / "n.onnx"), "--precision", "fp16", "--int8", "-q"]) == 2  # fmt: skip
+
+
+class _ProjectedQuery(nn.Module):
+    """Attention whose query comes from a linear (half) and whose key and value are inputs
+    (fp32), with an additive float mask: q, k and v must reach the attention in one dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = nn.Linear(16, 16)
+        self.out = nn.Linear(16, 16)
+
+    def forward(self, x, k, v, mask):
+        heads = self.q(x).unflatten(-1, (2, 8)).transpose(1, 2)
+        attended = F.scaled_dot_product_attention(heads, k, v, attn_mask=mask)
+        return self.out(attended.transpose(1, 2).flatten(2))
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_attention_inputs_are_cast_together(precision) -> None:
+    torch.manual_seed(0)
+    model = _ProjectedQuery().eval()
+    k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+    mask = torch.zeros(2, 1, 5, 5)
+    mask[..., -1] = torch.finfo(torch.float32).min  # HF's padding mask, in float32
+    args = (torch.randn(2, 5, 16), k, v, mask)
+    fused = _fused(model, *args)
+    assert any(type(m).__name__ == "FusedAttention" for m in fused.modules())
+    cast, layers = cast_graph(fused, list(args), precision)
+    with torch.no_grad():
+        out = cast(*args)
+        expected = model(*args)
+    assert out.dtype == torch.float32
+    assert _cosine(out, expected) > 0.99
+    attention = [r for r in layers if "attention" in r["id"].lower()]
+    assert attention and all(r["precision"] == precision for r in attention), layers
