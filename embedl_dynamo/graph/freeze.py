@@ -270,6 +270,8 @@ def _scalar_as_tensor(new: fx.Node, old: fx.Node) -> None:
         results = [_fake_tensor(user) for user in item.users]
         if not results or any(r is None for r in results):
             continue
+        if not all(_is_operand(item, user) for user in item.users):
+            continue  # e.g. SDPA's scale: graph/attention_forms.bind_attention_scales takes it
         for user, result in zip(list(item.users), results):
             with new.graph.inserting_before(user):
                 cast = new.graph.call_method("to", (new, result.dtype))
@@ -293,6 +295,8 @@ def _int_as_tensor(new: fx.Node) -> bool:
         for user in todo.pop().users:
             result = user.meta.get("example_value", user.meta.get("val"))
             if isinstance(result, torch.Tensor) and user.op != "output":
+                if not any(_is_operand(node, user) for node in chain if node in user.args):
+                    return False
                 tensor_uses.append(user)
             elif user.op == "call_function" and user.target in _INT_ARITHMETIC:
                 if user not in chain and isinstance(result, (int, torch.SymInt)):
@@ -307,6 +311,24 @@ def _int_as_tensor(new: fx.Node) -> bool:
                 cast = new.graph.call_method("to", (node, dtype))
             user.replace_input_with(node, cast)
     return True
+
+
+# elementwise arithmetic: a Python number operand and a 0-d tensor of the op's dtype agree
+_ARITHMETIC_FUNCTIONS = frozenset({
+    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
+    operator.pow, torch.add, torch.sub, torch.mul, torch.div, torch.true_divide, torch.pow,
+    torch.maximum, torch.minimum,
+})  # fmt: skip
+_ARITHMETIC_METHODS = frozenset({"add", "sub", "mul", "div", "true_divide", "pow"})
+
+
+def _is_operand(value: fx.Node, user: fx.Node) -> bool:
+    """Whether ``user`` is elementwise arithmetic that takes ``value`` as a positional operand
+    (not a keyword such as SDPA's ``scale`` or a norm's ``eps``, which must stay numbers)."""
+    arithmetic = (user.op == "call_function" and user.target in _ARITHMETIC_FUNCTIONS) or (
+        user.op == "call_method" and user.target in _ARITHMETIC_METHODS
+    )
+    return arithmetic and value in user.args
 
 
 def _fake_tensor(node: fx.Node) -> torch.Tensor | None:
