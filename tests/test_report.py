@@ -89,6 +89,7 @@ def test_a_report_keeps_the_plan_not_the_model() -> None:
     weight = weakref.ref(layers[0].weight)
     with torch.no_grad():
         torch.compile(model, backend="embedl_onnxruntime")(torch.randn(2, 1024))
+    embedl_dynamo.wait_for_cache_writes()  # the file is written on a helper thread, from memory
     del layers, model
     torch._dynamo.reset()
     gc.collect()
