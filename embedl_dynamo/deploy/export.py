@@ -22,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +118,7 @@ def export(
     quantize: str | None = None,
     calibration_data: Iterable[Any] | Callable[[nn.Module], Any] | None = None,
     dynamic_batch: bool = True,
+    dynamic_shapes: Sequence[Mapping[int, str] | None] | None = None,
     opset: int | None = None,
     verify: bool = True,
     engine: bool = False,
@@ -143,6 +144,9 @@ def export(
         calibration_data: INT8 calibration batches (tensors or tuples) or a callable
             ``forward_loop(model)``; the example inputs when None.
         dynamic_batch: leave dim 0 dynamic (``batch``) in the file.
+        dynamic_shapes: more dynamic axes, as ``torch.export`` takes them: one entry per
+            input, ``None`` or ``{axis: name}`` (``[{1: "seq"}, {1: "seq"}]`` for a sequence
+            length); the file takes any size there, and its sidecar names the axes.
         opset: ONNX opset; the exporter's default when None.
         verify: raise :class:`VerificationError` when the file fails the verdict
             ``torch.compile`` applies (:mod:`embedl_dynamo.tuning.judge`); what was measured
@@ -172,7 +176,7 @@ def export(
     stages = ExportStages(4 + int(engine), settings.progress)
     try:
         with stages.run("capture"):
-            gm = _capture(model, args, dynamic_batch)
+            gm = _capture(model, args, dynamic_batch, dynamic_shapes)
         with stages.run("pipeline"):
             result = _pipeline(gm, args, target, settings)
         outputs = _outputs(result, args)
@@ -296,10 +300,15 @@ def _check_calibration(
         )
 
 
-def _capture(model: nn.Module, args: tuple[torch.Tensor, ...], dynamic_batch: bool) -> Any:
+def _capture(
+    model: nn.Module,
+    args: tuple[torch.Tensor, ...],
+    dynamic_batch: bool,
+    dynamic_shapes: Sequence[Mapping[int, str] | None] | None,
+) -> Any:
     """Dynamo's one graph of ``model``; a graph break names the way out."""
     try:
-        return capture(model, args, dynamic_batch=dynamic_batch)
+        return capture(model, args, dynamic_batch=dynamic_batch, dynamic_shapes=dynamic_shapes)
     except ValueError as exc:  # the model rejects the example inputs
         raise ExportArgumentError(str(exc)) from exc
     except RuntimeError as exc:

@@ -26,6 +26,8 @@ from embedl_dynamo.cache.keys import library_versions, sha256_file
 from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, data_file_record, io_specs
 from embedl_dynamo.deploy.verify import Verification, verify_onnx
 from embedl_dynamo.errors import ExportError, VerificationError
+from embedl_dynamo.graph.capture import DYNAMIC_AXES_META
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.export import export_onnx, input_names, output_names
 from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.pipeline import PipelineResult
@@ -101,12 +103,19 @@ def _move_into_place(tmp: Path, path: Path) -> None:
         old_data.unlink(missing_ok=True)
 
 
+def declared_axes(model: Any) -> DynamicAxes | None:
+    """The dynamic axes :func:`~embedl_dynamo.graph.capture.capture` found for the axes the
+    caller declared (``export(dynamic_shapes=...)``); None: the batch axis alone."""
+    return getattr(model, "meta", {}).get(DYNAMIC_AXES_META)
+
+
 def _export_file(
     model: Any, args: tuple[torch.Tensor, ...], tmp: Path, dynamic_batch: bool, opset: int | None
 ) -> None:
     """Write and check the ONNX file; an op ONNX cannot express names the way out."""
+    axes = declared_axes(model)  # export(dynamic_shapes=...): the captured graph's axes
     try:
-        export_onnx(model, args, tmp, dynamic_batch=dynamic_batch, opset=opset)
+        export_onnx(model, args, tmp, dynamic_batch=dynamic_batch, opset=opset, dynamic_axes=axes)
         onnx.checker.check_model(str(tmp))
     except ExportError as exc:
         raise ExportError(
@@ -181,7 +190,7 @@ def build_sidecar(
 ) -> dict[str, Any]:
     """The JSON sidecar: what was exported, how, and what verification measured."""
     check, written_opset = written
-    dynamic_batch = settings.dynamic_batch
+    dynamic_batch, axes = settings.dynamic_batch, declared_axes(result.model)
     batch = args[0].shape[0] if args[0].dim() > 0 else None
     quantized = bool(result.report.get("quantized"))
     return {
@@ -191,8 +200,12 @@ def build_sidecar(
         **data_file_record(path),
         "engine_file": None,
         "backend": target.to_dict(),
-        "inputs": io_specs(input_names(len(args)), args, batch, dynamic_batch),
-        "outputs": io_specs(output_names(len(outputs)), outputs, batch, dynamic_batch),
+        "inputs": io_specs(
+            input_names(len(args)), args, batch, dynamic_batch, axes and axes.inputs
+        ),
+        "outputs": io_specs(
+            output_names(len(outputs)), outputs, batch, dynamic_batch, axes and axes.outputs
+        ),
         "opset": written_opset,
         "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
         "precision": settings.precision.name,

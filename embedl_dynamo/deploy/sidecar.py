@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +67,21 @@ def refuse_foreign_sidecar(side: Path) -> None:
 
 
 def io_specs(
-    names: list[str], tensors: Sequence[torch.Tensor], batch: int | None, dynamic: bool
+    names: list[str],
+    tensors: Sequence[torch.Tensor],
+    batch: int | None,
+    dynamic: bool,
+    axes: Sequence[Mapping[int, str]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Name, shape (``batch`` where dynamic) and dtype of each input or output."""
+    """Name, shape (an axis's name where it is dynamic: ``batch``, or as ``axes`` names it)
+    and dtype of each input or output."""
     specs = []
-    for name, t in zip(names, tensors):
+    for index, (name, t) in enumerate(zip(names, tensors)):
         shape: list[Any] = list(t.shape)
         if dynamic and shape and batch is not None and shape[0] == batch:
             shape[0] = "batch"
+        for axis, axis_name in (axes[index] if axes is not None else {}).items():
+            shape[axis] = axis_name
         specs.append({"name": name, "shape": shape, "dtype": str(t.dtype).replace("torch.", "")})
     return specs
 

@@ -11,21 +11,30 @@ from __future__ import annotations
 
 import logging
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import fx, nn
 
 from embedl_dynamo.errors import error_line
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze
 
-__all__ = ["capture"]
+__all__ = ["DYNAMIC_AXES_META", "capture"]
 
 logger = logging.getLogger(__name__)
 
 
-def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) -> fx.GraphModule:
+DYNAMIC_AXES_META = "embedl_dynamic_axes"  # gm.meta: the declared capture's DynamicAxes
+
+
+def capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    dynamic_batch: bool = False,
+    dynamic_shapes: Sequence[Mapping[int, str] | None] | None = None,
+) -> fx.GraphModule:
     """Trace ``model`` on ``args`` with Dynamo as a single graph and freeze its weights.
 
     Args:
@@ -44,7 +53,11 @@ def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) 
     Raises:
         RuntimeError: Dynamo cannot capture the model as one graph (a graph break); the message
             carries Dynamo's reason.
+        ValueError: the inputs do not fit the model, or ``dynamic_shapes`` names an axis that
+            cannot be dynamic (out of range, or of size 0 or 1 in the example).
     """
+    if dynamic_shapes:
+        return _capture_declared(model, args, dynamic_batch, dynamic_shapes)
     if dynamic_batch:
         first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
         if first is not None:
@@ -69,17 +82,85 @@ def capture(model: nn.Module, args: Sequence[Any], dynamic_batch: bool = False) 
     return _capture(model, args, dynamic=False)
 
 
-def _capture(model: nn.Module, args: Sequence[Any], dynamic: bool | None) -> fx.GraphModule:
-    """One Dynamo capture of ``model(*args)``, frozen; see :func:`capture`."""
+def _declared_axes(
+    args: Sequence[Any], dynamic_shapes: Sequence[Mapping[int, str] | None]
+) -> list[dict[int, str]]:
+    """``dynamic_shapes`` checked against ``args``: ``{axis: name}`` per input."""
+    if len(dynamic_shapes) != len(args):
+        raise ValueError(
+            f"dynamic_shapes has {len(dynamic_shapes)} entries for {len(args)} inputs; give one "
+            "per input (None for an input without dynamic axes)"
+        )
+    declared = []
+    for index, (arg, axes) in enumerate(zip(args, dynamic_shapes, strict=True)):
+        axes = dict(axes or {})
+        rank = arg.dim() if isinstance(arg, torch.Tensor) else 0
+        for axis, name in axes.items():
+            if not isinstance(axis, int) or not -rank <= axis < rank or not isinstance(name, str):
+                raise ValueError(
+                    f"dynamic_shapes[{index}] = {axes!r}: give {{axis: name}} with an axis "
+                    f"of input {index} (rank {rank}) and a string name"
+                )
+            if arg.shape[axis] < 2:
+                raise ValueError(
+                    f"input {index} axis {axis} has size {arg.shape[axis]} in the example: "
+                    "Dynamo fixes sizes 0 and 1; give an example where it is at least 2"
+                )
+        declared.append({axis % rank if rank else axis: name for axis, name in axes.items()})
+    return declared
+
+
+def _capture_declared(
+    model: nn.Module,
+    args: Sequence[Any],
+    dynamic_batch: bool,
+    dynamic_shapes: Sequence[Mapping[int, str] | None],
+) -> fx.GraphModule:
+    """:func:`capture` with the declared axes (and the batch, when it is not 1) symbolic."""
+    declared = _declared_axes(args, dynamic_shapes)
+    first = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() > 0), None)
+    batch = int(first.shape[0]) if dynamic_batch and first is not None else 1
+    marked = []
+    for arg, axes in zip(args, declared, strict=True):
+        if isinstance(arg, torch.Tensor):
+            arg = arg.clone()  # mark_dynamic tags the tensor: never the caller's
+            for axis in sorted(axes) + ([0] if batch > 1 and arg.shape[:1] == (batch,) else []):
+                torch._dynamo.mark_dynamic(arg, axis)
+        marked.append(arg)
+    try:
+        gm = _capture(model, marked, dynamic=None, declared=declared)
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"{exc} (with the axes of dynamic_shapes symbolic: if the model's code fixes one of "
+            "them, leave it out of dynamic_shapes)"
+        ) from exc
+    return gm
+
+
+def _capture(
+    model: nn.Module,
+    args: Sequence[Any],
+    dynamic: bool | None,
+    declared: list[dict[int, str]] | None = None,
+) -> fx.GraphModule:
+    """One Dynamo capture of ``model(*args)``, frozen; see :func:`capture`. With ``declared``
+    axes, the graph's dynamic axes are kept in its meta, the declared ones by their names."""
     captured: list[tuple[FrozenGraph, list[Any]]] = []
     refused: list[str] = []  # in-place ops that cannot be made functional, and why
 
     def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
         # freeze now: Dynamo drops the placeholders' source metadata once compilation ends
         try:
-            captured.append((freeze(gm, example_inputs), list(example_inputs)))
+            frozen = freeze(gm, example_inputs)
         except ValueError as exc:
             refused.append(str(exc))
+            return gm.forward
+        if declared is not None:
+            user = [example_inputs[i] for i in frozen.user_inputs]
+            axes = dynamic_axes(gm, frozen.user_inputs, user, dynamic_batch=False)
+            named = tuple({**found, **mine} for found, mine in zip(axes.inputs, declared))
+            frozen.gm.meta[DYNAMIC_AXES_META] = DynamicAxes(named, axes.outputs)
+        captured.append((frozen, list(example_inputs)))
         return gm.forward
 
     compiled = torch.compile(_fresh_entry(model), backend=_record, fullgraph=True, dynamic=dynamic)

@@ -14,7 +14,7 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.deploy.export import export, sidecar_path
-from embedl_dynamo.errors import ExportError, VerificationError
+from embedl_dynamo.errors import ExportArgumentError, ExportError, VerificationError
 from tests.models import ResNetLike
 
 verify_module = importlib.import_module("embedl_dynamo.deploy.verify")
@@ -410,3 +410,51 @@ def test_bf16_that_onnx_runtime_cannot_run_names_the_missing_kernel(tmp_path) ->
     assert "no Conv kernel for tensor(bfloat16)" in message and "verify=False" in message
     assert "captured as a constant" not in message
     assert not (tmp_path / "m.onnx").exists()
+
+
+class _Encoder(nn.Module):
+    """Token ids (batch, sequence) to a pooled feature: the sequence axis can vary."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(self.emb(ids))).mean(dim=1)
+
+
+def test_a_declared_sequence_axis_is_dynamic_in_the_file(tmp_path) -> None:
+    """Regression (issue 23 item 18): export could not make a sequence axis dynamic."""
+    torch.manual_seed(0)
+    model = _Encoder().eval()
+    ids = torch.randint(0, 50, (2, 12))
+    path = export(model, (ids,), tmp_path / "m.onnx", backend="onnxruntime",
+                  dynamic_shapes=[{1: "seq"}], options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    side = json.loads(sidecar_path(path).read_text())
+    assert side["inputs"][0]["shape"] == ["batch", "seq"]
+    loaded = embedl_dynamo.load(path)
+    for length in (5, 20):
+        x = torch.randint(0, 50, (3, length))
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=1e-5)
+
+
+def test_a_static_axis_is_named_when_a_call_changes_it(tmp_path) -> None:
+    """Regression (issue 23 item 18): load() failed at another length with a raw ONNX Runtime
+    dimension error."""
+    model = _Encoder().eval()
+    path = export(model, (torch.randint(0, 50, (2, 12)),), tmp_path / "s.onnx",
+                  backend="onnxruntime", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    with pytest.raises(ValueError, match=r"input 0 axis 1 is static \(12\).*dynamic_shapes"):
+        embedl_dynamo.load(path)(torch.randint(0, 50, (3, 20)))
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [([{1: "seq"}, None], "2 entries for 1 inputs"), ([{5: "seq"}], "an axis of input 0")],
+)
+def test_bad_dynamic_shapes_name_the_fix(tmp_path, shapes, message) -> None:
+    with pytest.raises(ExportArgumentError, match=message):
+        export(_Encoder().eval(), (torch.randint(0, 50, (2, 12)),), tmp_path / "b.onnx",
+               dynamic_shapes=shapes)  # fmt: skip
