@@ -45,12 +45,15 @@ def wrap_compiled(
     recompile: Callable[[fx.GraphModule, Sequence[Any], Backend, Settings], Callable[..., Any]],
     scalars: ScalarOutputs | None = None,
     int_inputs: Sequence[int] = (),
+    specialized: dict[int, float] | None = None,
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
     ``scalars`` computes the graph's number outputs (sizes) from the user inputs, in PyTorch,
     around the runtime's tensor outputs (:mod:`embedl_dynamo.graph.scalar_outputs`);
     the user inputs at ``int_inputs`` are Python ints the artifact takes as 0-d int64 tensors.
+    Dynamo's arguments at ``specialized`` are floats the artifact holds as constants: a call
+    with another value runs the original graph.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -65,13 +68,16 @@ def wrap_compiled(
     if infer is None:
         return gm.forward
     warned = False
-    frozen = _FrozenWeights(example_inputs, user)
+    # the weights: Dynamo's tensor arguments that are neither inputs nor specialized floats
+    frozen = _FrozenWeights(example_inputs, [*user, *(specialized or {})])
     rebuilt: Callable[..., Any] | None = None  # the recompiled subgraph, once weights changed
 
     def compiled(*args: Any) -> Any:
         nonlocal warned, rebuilt
         if rebuilt is not None:
             return rebuilt(*args)
+        if specialized and any(float(args[i]) != v for i, v in specialized.items()):
+            return gm.forward(*args)  # a float the artifact holds as a constant changed
         changed = frozen.changed(args)
         if changed is not None:
             logger.info("subgraph %d: weight %s changed since compile; rebuilding",

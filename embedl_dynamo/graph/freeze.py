@@ -79,11 +79,14 @@ class FrozenGraph:
         user_inputs: indices into ``example_inputs`` of the inputs the graph still takes.
         int_inputs: those of them that are Python ints the graph takes as 0-d int64 tensors
             (pass ``torch.tensor(n)``).
+        specialized: inputs (Python floats Dynamo passes as tensors) whose value the graph holds
+            as a constant, by index: a call with another value must run the original graph.
     """
 
     gm: fx.GraphModule
     user_inputs: list[int]
     int_inputs: list[int] = dataclasses.field(default_factory=list)
+    specialized: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 def is_lifted_constant(node: fx.Node, value: Any) -> bool:
@@ -279,6 +282,34 @@ def _scalar_as_tensor(new: fx.Node, old: fx.Node) -> None:
         new.graph.erase_node(item)
 
 
+_SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
+
+
+def _bake_scalar(new: fx.Node, old: fx.Node, value: Any) -> bool:
+    """Hold a float input that is read only as a number (a LayerNorm's ``eps`` or dropout's
+    ``p`` under ``dynamic=True``) as the constant it is now, and erase the input.
+
+    An exporter would bake it anyway and drop the input; the caller records the value
+    (:attr:`FrozenGraph.specialized`) so that a call with another value runs the original
+    graph. SDPA's ``scale`` is left a graph value for
+    :func:`~embedl_dynamo.graph.attention_forms.bind_attention_scales`. False: unchanged.
+    """
+    if not getattr(old.meta.get("grapharg"), "pass_arg_as_tensor", False):
+        return False
+    items = list(new.users)
+    if not items or any(i.op != "call_method" or i.target != "item" for i in items):
+        return False
+    if any(user.target in _SDPA for item in items for user in item.users):
+        return False
+    number = float(value)
+    for item in items:
+        for user in list(item.users):
+            user.replace_input_with(item, number)
+        new.graph.erase_node(item)
+    new.graph.erase_node(new)
+    return True
+
+
 _INT_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.neg})
 
 
@@ -375,6 +406,7 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     constants: dict[str, str] = {}
     user_inputs: list[int] = []
     int_inputs: list[int] = []
+    specialized: dict[int, float] = {}
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
@@ -384,6 +416,9 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
                 int_inputs.append(index)
         if not is_lifted_constant(old, value):
             _scalar_as_tensor(new, old)
+            if _bake_scalar(new, old, value):
+                specialized[index] = float(value)
+                continue
             user_inputs.append(index)
             continue
         fqn = _constant_path(_source_fqn(old) or old.name)
@@ -402,4 +437,4 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
     functionalize(frozen)
-    return FrozenGraph(gm=frozen, user_inputs=user_inputs, int_inputs=int_inputs)
+    return FrozenGraph(frozen, user_inputs, int_inputs, specialized)

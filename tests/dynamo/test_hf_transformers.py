@@ -68,6 +68,26 @@ def test_padded_bert_matches_eager_and_new_lengths_build_nothing(tmp_path):
     assert builds[3] == builds[1] and builds[1] > builds[0]
 
 
+def test_bert_under_dynamic_true_compiles(tmp_path):
+    """Regression (issue 23 item 14): with dynamic=True, HF BERT ran in PyTorch (SDPA's scale
+    a graph value, then every float attribute an input the exported file dropped)."""
+    config = transformers.BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        vocab_size=VOCAB,
+    )  # fmt: skip
+    model = transformers.BertModel(config).eval()
+    options = {"cache_dir": str(tmp_path), "fallback": "raise"}
+    compiled = torch.compile(model, backend="embedl_onnxruntime", dynamic=True, options=options)
+    with torch.inference_mode():
+        for length in (8, 12):
+            ids, mask = _padded(2, length)
+            out = compiled(input_ids=ids, attention_mask=mask).last_hidden_state
+            expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+            valid = mask.bool()
+            torch.testing.assert_close(out[valid], expected[valid], rtol=1e-4, atol=1e-5)
+    assert {s.runtime for s in embedl_dynamo.last_report().subgraphs} == {"onnxruntime"}
+
+
 def test_padded_distilbert_matches_eager(tmp_path):
     config = transformers.DistilBertConfig(
         dim=64, n_layers=2, n_heads=2, hidden_dim=128, vocab_size=VOCAB

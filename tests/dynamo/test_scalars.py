@@ -111,3 +111,35 @@ def test_a_batch_size_among_the_outputs_comes_back_as_an_int():
     _all_compiled()
     # the static graph and the recompile returning the size share one artifact
     assert BUILD_COUNTS["onnx"] == 1
+
+
+class _NormEps(nn.Module):
+    """A float attribute read as a number (LayerNorm's eps, dropout's p), as HF models under
+    ``dynamic=True``: Dynamo passes it as an input and reads it with ``.item()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.p = 0.1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(self.norm(self.fc(x)), self.p, training=False)
+
+
+def test_a_float_read_as_a_number_is_held_and_guarded_under_dynamic_true():
+    """Regression (issue 23 item 14): under dynamic=True every float attribute became an input
+    the exported file dropped ("expected 3 inputs, got 16"), so HF BERT ran in PyTorch. Such a
+    float is now a constant of the artifact, and a call with another value runs the original
+    graph."""
+    torch.manual_seed(0)
+    model = _NormEps().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime", dynamic=True)
+    with torch.no_grad():
+        for batch in (2, 3, 5):
+            x = torch.randn(batch, 8)
+            assert_close_to_scale(compiled(x), model(x))
+        assert {s.runtime for s in embedl_dynamo.last_report().subgraphs} == {"onnxruntime"}
+        model.norm.eps = 0.5  # the value the artifact holds changes: PyTorch's answer still
+        x = torch.randn(4, 8) * 0.01
+        assert_close_to_scale(compiled(x), model(x))
