@@ -144,13 +144,11 @@ def export(
         calibration_data: INT8 calibration batches (tensors or tuples) or a callable
             ``forward_loop(model)``; the example inputs when None.
         dynamic_batch: leave dim 0 dynamic (``batch``) in the file.
-        dynamic_shapes: more dynamic axes, as ``torch.export`` takes them: one entry per
-            input, ``None`` or ``{axis: name}`` (``[{1: "seq"}, {1: "seq"}]`` for a sequence
-            length); the file takes any size there, and its sidecar names the axes.
+        dynamic_shapes: more dynamic axes, one ``None`` or ``{axis: name}`` per input, as
+            ``torch.export`` takes them (``[{1: "seq"}]``); the sidecar names them.
         opset: ONNX opset; the exporter's default when None.
-        verify: raise :class:`VerificationError` when the file fails the verdict
-            ``torch.compile`` applies (:mod:`embedl_dynamo.tuning.judge`); what was measured
-            is reported in the sidecar either way.
+        verify: raise :class:`VerificationError` when the file fails ``torch.compile``'s
+            verdict (:mod:`embedl_dynamo.tuning.judge`); the sidecar reports it either way.
         engine: also build a TensorRT engine (``model.engine``); needs TensorRT and a GPU.
         tolerance: a float file's bound relative to the output scale (default
             :data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL`, as for ``torch.compile``); a lower
@@ -158,8 +156,7 @@ def export(
         options: further pipeline settings (``observer``, ``calibration_steps``, ``cache_dir``,
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
-        html: also write the compile report as one self-contained page next to the sidecar
-            (``model.html``): the plan, each layer's precision and why, latencies measured.
+        html: also write the compile report as one page beside the sidecar (``model.html``).
 
     Returns:
         The path of the ONNX file.
