@@ -26,7 +26,11 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.dynamo.compiled_call import wrap_compiled
+from embedl_dynamo.dynamo.compiled_call import (
+    calibrated_input_bounds,
+    watch_calibrated_ranges,
+    wrap_compiled,
+)
 from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.errors import CalibrationDataError, error_line
@@ -252,7 +256,13 @@ def _build_stage(job: _Job, result: PipelineResult) -> Callable[..., Any] | None
             lambda quantized: _build(job, result, quantized, float_model=result.model),
         )
     if result.model is not result.float_model:
-        return _build(job, result, result.model, float_model=result.float_model)
+        infer = _build(job, result, result.model, float_model=result.float_model)
+        runs_lower = infer is not None and job.report.runtime != "eager"
+        if runs_lower and "rejected, fp32 runs" not in job.report.reason:
+            bounds = calibrated_input_bounds(result.model)
+            if bounds:
+                return watch_calibrated_ranges(infer, bounds, job.report.index)
+        return infer
     return _build(job, result, result.model)
 
 

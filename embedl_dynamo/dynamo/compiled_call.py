@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.settings import Settings
 
-__all__ = ["wrap_compiled"]
+__all__ = ["OUT_OF_RANGE", "calibrated_input_bounds", "watch_calibrated_ranges", "wrap_compiled"]
 
 logger = logging.getLogger(__name__)
 
@@ -146,3 +147,49 @@ class _FrozenWeights:
             if ident != old_id or version != old_version:
                 return f"argument {index}"
         return "a weight"
+
+
+#: an input this many times larger than the largest value calibration saw is clipped by INT8
+OUT_OF_RANGE = 10.0
+
+
+def calibrated_input_bounds(quantized: fx.GraphModule) -> dict[int, float]:
+    """The largest magnitude calibration saw at each graph input it quantizes, by position."""
+    ranges = quantized.meta.get("embedl_quantization", {}).get("ranges", {})
+    placeholders = [n.name for n in quantized.graph.nodes if n.op == "placeholder"]
+    bounds = {}
+    for position, name in enumerate(placeholders):
+        seen = ranges.get(name)
+        if isinstance(seen, dict) and "min" in seen and "max" in seen:
+            bounds[position] = max(abs(float(seen["min"])), abs(float(seen["max"])))
+    return bounds
+
+
+def watch_calibrated_ranges(
+    infer: Callable[..., Any], bounds: dict[int, float], index: int
+) -> Callable[..., Any]:
+    """``infer`` that warns once when an input reaches :data:`OUT_OF_RANGE` times the largest
+    value calibration saw there: INT8 clips it, so the answer is wrong in a way no first-call
+    check could see. After the warning, calls are not inspected again."""
+    warned = False
+
+    def watched(*inputs: Any) -> Any:
+        nonlocal warned
+        if not warned:
+            for position, bound in bounds.items():
+                tensor = inputs[position]
+                peak = float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+                if peak > OUT_OF_RANGE * max(bound, 1e-12):
+                    warned = True
+                    warnings.warn(
+                        f"subgraph {index}: input {position} reaches {peak:.3g}, "
+                        f"{peak / max(bound, 1e-12):.0f}x the largest value calibration saw "
+                        f"there ({bound:.3g}); INT8 clips it. Calibrate on data like the "
+                        "inputs (calibration_data) or use precision='fp32'",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    break
+        return infer(*inputs)
+
+    return watched
