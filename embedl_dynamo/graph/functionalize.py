@@ -24,6 +24,7 @@ either, from the ops themselves, assuming that every view-like op aliases its in
 from __future__ import annotations
 
 import builtins
+import functools
 import inspect
 import operator
 from collections.abc import Callable, Sequence
@@ -112,17 +113,32 @@ def _inplace_flag(node: fx.Node) -> bool:
     """``F.relu(x, inplace=True)``, also given positionally (``F.hardswish(x, True)``)."""
     if node.kwargs.get("inplace") is True:
         return True
-    try:
-        signature = inspect.signature(node.target)
-    except (TypeError, ValueError):
-        return False
-    if "inplace" not in signature.parameters:
+    signature = _signature(node.target)
+    if signature is None or "inplace" not in signature.parameters:
         return False
     try:
         bound = signature.bind(*node.args, **node.kwargs)
     except TypeError:
         return False
     return bound.arguments.get("inplace") is True
+
+
+def _signature(target: Any) -> inspect.Signature | None:
+    """``target``'s signature, looked up once per target (every node of every graph asks)."""
+    try:
+        return _cached_signature(target)
+    except TypeError:  # an unhashable target
+        return _signature_of(target)
+
+
+def _signature_of(target: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+
+
+_cached_signature = functools.lru_cache(maxsize=1024)(_signature_of)
 
 
 def record_storages(gm: fx.GraphModule, args: Sequence[Any]) -> None:
@@ -328,11 +344,11 @@ def functionalize(gm: fx.GraphModule) -> fx.GraphModule:
     if reason is not None:
         raise ValueError(reason)
     changed = False
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}  # no node is added or moved below
     for node in list(gm.graph.nodes):
         target = mutated_tensor(node)
         if target is None or node.target is operator.setitem:
             continue  # setitem returns None: the write stays, on a tensor nothing else reads
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
         for user in list(target.users):
             if user is not node and order[user] > order[node]:
                 user.replace_input_with(target, node)

@@ -45,16 +45,20 @@ class PlanRow:
 
     @classmethod
     def of(cls, entry: Any) -> PlanRow:
-        """The row of a plan entry (a ``PatternMatch``, or a row already)."""
-        pattern = entry.pattern
+        """The row of a plan entry (a ``PatternMatch``, or a row already): its ``to_dict``."""
+        return cls.from_dict(entry.to_dict())
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> PlanRow:
+        """The row :meth:`to_dict` (or ``PatternMatch.to_dict``) wrote."""
         return cls(
-            id=str(entry.id),
-            pattern=PatternName(str(pattern.name), str(getattr(pattern, "phase", ""))),
-            node=str(entry.node),
-            nodes=tuple(str(n) for n in entry.nodes),
-            apply=bool(entry.apply),
-            reason=str(entry.reason),
-            applied=bool(entry.applied),
+            id=str(row["id"]),
+            pattern=PatternName(str(row["pattern"]), str(row.get("phase", ""))),
+            node=str(row.get("node", "")),
+            nodes=tuple(str(n) for n in row.get("nodes", ())),
+            apply=bool(row.get("apply")),
+            reason=str(row.get("reason", "")),
+            applied=bool(row.get("applied")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,20 +114,7 @@ class PlanSnapshot:
     @classmethod
     def from_dicts(cls, rows: list[dict[str, Any]]) -> PlanSnapshot:
         """The snapshot of rows written by :meth:`PlanRow.to_dict` (a cache alias's ``plan``)."""
-        return cls(
-            tuple(
-                PlanRow(
-                    id=str(r["id"]),
-                    pattern=PatternName(str(r["pattern"]), str(r.get("phase", ""))),
-                    node=str(r.get("node", "")),
-                    nodes=tuple(str(n) for n in r.get("nodes", ())),
-                    apply=bool(r.get("apply")),
-                    reason=str(r.get("reason", "")),
-                    applied=bool(r.get("applied")),
-                )
-                for r in rows
-            )
-        )
+        return cls(tuple(PlanRow.from_dict(r) for r in rows))
 
     def __getitem__(self, match_id: str) -> PlanRow:
         for entry in self.entries:
