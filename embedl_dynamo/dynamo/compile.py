@@ -116,7 +116,7 @@ def compile_subgraph(
         reason = f"{job.report.ops} ops < min_subgraph_size={settings.min_subgraph_size}"
         return job.stay_eager("eager", reason, gm.forward)
 
-    frozen = freeze(gm, example_inputs)
+    frozen = freeze(gm, example_inputs, write_back=True)
     user = frozen.user_inputs
     ints = [user.index(i) for i in frozen.int_inputs]  # taken as 0-d int64 tensors
     job.inputs = [example_inputs[i] for i in user]
@@ -131,12 +131,13 @@ def compile_subgraph(
     axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
     numbers = split.scalars.positions if split.scalars is not None else ()
     outputs = tuple(a for i, a in enumerate(axes.outputs) if i not in numbers)
+    outputs += tuple(axes.inputs[k] for k in frozen.written)  # written-back inputs
     job.axes = dataclasses.replace(axes, outputs=outputs)
 
     def wrap(infer: Callable[..., Any] | None) -> Callable[..., Any]:
         return wrap_compiled(gm, infer, user, job.report, job.settings, job.backend,
                              example_inputs, compile_subgraph, split.scalars, ints,
-                             frozen.specialized)  # fmt: skip
+                             frozen.specialized, frozen.written, frozen.returned)  # fmt: skip
 
     alias_key = None
     if not settings.precision.lower and job.runtime_cls.cpu_target is not None:

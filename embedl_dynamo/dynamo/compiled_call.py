@@ -47,6 +47,8 @@ def wrap_compiled(
     scalars: ScalarOutputs | None = None,
     int_inputs: Sequence[int] = (),
     specialized: dict[int, float] | None = None,
+    written: Sequence[int] = (),
+    returned: dict[int, int] | None = None,
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
@@ -54,7 +56,10 @@ def wrap_compiled(
     around the runtime's tensor outputs (:mod:`embedl_dynamo.graph.scalar_outputs`);
     the user inputs at ``int_inputs`` are Python ints the artifact takes as 0-d int64 tensors.
     Dynamo's arguments at ``specialized`` are floats the artifact holds as constants: a call
-    with another value runs the original graph.
+    with another value runs the original graph. The user inputs at ``written`` are written in
+    place by the graph: the artifact returns their final values after its outputs, and each is
+    copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`). The outputs
+    at ``returned`` are a user input's tensor itself in eager: that input is returned there.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -89,9 +94,7 @@ def wrap_compiled(
         for k in int_inputs:
             inputs[k] = torch.tensor(int(inputs[k]))
         try:
-            outputs = infer(*inputs)
-            if scalars is not None:
-                outputs = scalars.merge(outputs, inputs)
+            outputs = _outputs(infer(*inputs), inputs, scalars, written, returned or {})
         except Exception as exc:
             if settings.fallback == "raise":
                 raise
@@ -108,6 +111,32 @@ def wrap_compiled(
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
+
+
+def _outputs(
+    outputs: Sequence[Any],
+    inputs: Sequence[Any],
+    scalars: ScalarOutputs | None,
+    written: Sequence[int],
+    returned: dict[int, int],
+) -> tuple[Any, ...]:
+    """The graph's outputs from the runtime's: numbers merged in, written-back inputs copied
+    into the caller's tensors, and the inputs the graph returns as themselves put back."""
+    if scalars is not None:
+        outputs = scalars.merge(outputs, inputs)
+    outputs = _write_back(outputs, [inputs[k] for k in written])
+    return tuple(inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs))
+
+
+def _write_back(outputs: Sequence[Any], targets: Sequence[torch.Tensor]) -> tuple[Any, ...]:
+    """Copy the last ``len(targets)`` outputs into ``targets``; the outputs before them."""
+    if not targets:
+        return tuple(outputs)
+    count = len(outputs) - len(targets)
+    with torch.no_grad():
+        for target, value in zip(targets, outputs[count:]):
+            target.copy_(value)
+    return tuple(outputs[:count])
 
 
 _VERSION = operator.attrgetter("_version")

@@ -78,7 +78,7 @@ def dynamic_axes(
     names: dict[str, str] = {}
     first = next((t for t in example_inputs if t.dim() > 0), None)
     if first is not None:
-        index = list(example_inputs).index(first)
+        index = next(i for i, t in enumerate(example_inputs) if t is first)  # not ==
         fake = _fake(placeholders[user_inputs[index]])
         size = fake.shape[0] if fake is not None and fake.dim() > 0 else None
         if isinstance(size, torch.SymInt):

@@ -15,9 +15,11 @@ Consequences, as with inductor's freezing:
 * gradients do not flow to the parameters. So a graph that trains (``batch_norm`` or
   ``dropout`` with ``training=True``) or receives inputs that require grad is not frozen:
   :func:`inference_blocker` names the reason and the backend runs that graph eagerly, warning
-  once. So does a graph whose in-place ops cannot be made functional exactly (a write into an
-  input, a parameter or a buffer; see :mod:`embedl_dynamo.graph.functionalize`); the others
-  are made functional here, before any rewrite sees the graph.
+  once. So does a graph whose in-place ops cannot be made functional exactly (a write through
+  a view into an input, a parameter or a buffer; see :mod:`embedl_dynamo.graph.functionalize`);
+  the others are made functional here, before any rewrite sees the graph. With
+  ``write_back``, an input or buffer written straight into (a KV cache) stays an input and its
+  final value is returned, for the caller to copy back.
 
 The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 """
@@ -34,7 +36,13 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, output_alias
+from embedl_dynamo.graph.functionalize import (
+    functionalize,
+    mutation_blocker,
+    output_alias,
+    returned_inputs,
+    written_inputs,
+)
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
@@ -81,12 +89,19 @@ class FrozenGraph:
             (pass ``torch.tensor(n)``).
         specialized: inputs (Python floats Dynamo passes as tensors) whose value the graph holds
             as a constant, by index: a call with another value must run the original graph.
+        written: positions, among ``user_inputs``, of the inputs the graph writes in place;
+            the graph returns their final values after its own outputs, in this order, and
+            the caller copies each into its tensor.
+        returned: outputs that are an input's tensor itself, by output position: the position
+            among ``user_inputs`` of the input the caller returns there.
     """
 
     gm: fx.GraphModule
     user_inputs: list[int]
     int_inputs: list[int] = dataclasses.field(default_factory=list)
     specialized: dict[int, float] = dataclasses.field(default_factory=dict)
+    written: tuple[int, ...] = ()
+    returned: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def is_lifted_constant(node: fx.Node, value: Any) -> bool:
@@ -158,7 +173,7 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
                     f"{name} runs in training mode (node {node.name}); call model.eval() to "
                     "compile for inference"
                 )
-    mutation = mutation_blocker(gm, lambda node: _source_fqn(node) or node.name)
+    mutation = mutation_blocker(gm, lambda node: _source_fqn(node) or node.name, write_back=True)
     mutation = mutation or output_alias(gm)
     if mutation is not None:
         return (
@@ -259,12 +274,17 @@ def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
     return next(n for n in graph.nodes if n.op == "placeholder" and n.name == old.name)
 
 
-def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
+def freeze(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], write_back: bool = False
+) -> FrozenGraph:
     """Replace lifted parameter/buffer placeholders by constants named by their original path.
 
     Args:
         gm: the graph Dynamo gave the backend; not modified.
         example_inputs: the real tensors Dynamo gave with it, one per placeholder.
+        write_back: inputs (and buffers) the graph writes straight into stay inputs, and the
+            graph returns their final values (``FrozenGraph.written``); without it such a
+            write raises.
 
     Returns:
         A :class:`FrozenGraph` with a new GraphModule, its in-place ops made functional
@@ -295,6 +315,9 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
     user_inputs: list[int] = []
     int_inputs: list[int] = []
     specialized: dict[int, float] = {}
+    returned = returned_inputs(gm)
+    kept = set(written_inputs(gm).values()) if write_back else set()
+    kept |= set(returned.values())  # an input (or buffer) returned as itself stays an input
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
@@ -302,7 +325,7 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
                 continue
             if int_as_tensor(new):
                 int_inputs.append(index)
-        if not is_lifted_constant(old, value):
+        if old in kept or not is_lifted_constant(old, value):
             scalar_as_tensor(new, old)
             if bake_scalar(new, old, value):
                 specialized[index] = float(value)
@@ -324,5 +347,7 @@ def freeze(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> FrozenGraph:
 
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
-    functionalize(frozen)
-    return FrozenGraph(frozen, user_inputs, int_inputs, specialized)
+    positions = functionalize(frozen, write_back)
+    users = {placeholders[index]: k for k, index in enumerate(user_inputs)}
+    regenerated = {out: users[node] for out, node in returned.items() if node in users}
+    return FrozenGraph(frozen, user_inputs, int_inputs, specialized, positions, regenerated)

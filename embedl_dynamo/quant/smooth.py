@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from embedl_dynamo.graph.functionalize import keeps_side_effects
+from embedl_dynamo.graph.aliasing import keeps_side_effects
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.patterns.attention import FusedLayerNorm, FusedQKVProjection
 from embedl_dynamo.patterns.fused_modules import FusedLinear

@@ -23,15 +23,9 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.graph.aliasing import keeps_side_effects, mutated_tensor, record_storages
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.graph.functionalize import (
-    functionalize,
-    keeps_side_effects,
-    mutated_tensor,
-    mutation_blocker,
-    record_storages,
-    writes_into_input,
-)
+from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, writes_into_input
 from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict

@@ -61,11 +61,17 @@ IDIOMS = {
         "eager",
         lambda s, x: (lambda y, v: (y.add_(1), v * 1)[1])(*_y_and_row(x)),
     ),
-    # writes into inputs and buffers, directly or through an alias
-    "input add_": ("eager", lambda s, x: (x.add_(1), x * 2)[1]),
+    # writes straight into inputs and buffers: written back after the run
+    "input add_": ("compiled", lambda s, x: (x.add_(1), _y(x) * 2)[1]),
+    "input writes returned": ("compiled", lambda s, x: x.mul_(2).add_(1).sub_(0.5)),
+    "input index_copy_": ("compiled", lambda s, x: (x.index_copy_(0, IDX, x[:2] * 3), x + 1)[1]),
+    "buffer add_": ("compiled", lambda s, x: (s.b.add_(1), _y(x) + s.b)[1]),
+    "buffer through to()": (
+        "compiled",
+        lambda s, x: (s.b.to(torch.float32).add_(1), _y(x) + s.b)[1],
+    ),
+    # writes into inputs through a view: a copy back would need a scatter
     "input slice zero_": ("eager", lambda s, x: (x[:, :2].zero_(), x * 2)[1]),
-    "buffer add_": ("eager", lambda s, x: (s.b.add_(1), x + s.b)[1]),
-    "buffer through to()": ("eager", lambda s, x: (s.b.to(torch.float32).add_(1), x + s.b)[1]),
     # outputs that share storage
     "output and its view": ("eager", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
     "output view of input": ("eager", lambda s, x: (x.t(), x * 2)),
