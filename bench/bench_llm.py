@@ -1,0 +1,161 @@
+"""Decoder LLM generation: ms per token, time to first token and first-``generate()`` time.
+
+A Qwen2.5-0.5B-shaped decoder (random weights from ``Qwen2Config``: 24 layers, hidden 896,
+grouped-query attention 14/2, vocab 151,936, tied embeddings), batch 1, a 64-token prompt,
+greedy decoding, 2 threads. Variants run in one process, timed in interleaved rounds:
+
+* ``eager``: transformers as it is (dynamic cache);
+* ``inductor``: ``torch.compile(model.forward)`` with the static cache;
+* ``ours-<precision>[@<dynamo backend>]``: ``torch.compile(model.forward, backend=...)`` at
+  that precision (skipped when the registry does not have it), on ``--backend`` unless named.
+
+Per token = (time of N new tokens - time of 1) / (N - 1); time to first token = the time of
+one new token (prefill and one step). The roofline is the weights a decode step reads (every
+linear weight and the output head, once per token, at the variant's bytes per weight) over the
+read bandwidth measured here (a large ``sum``, 2 threads).
+
+Usage: ``python bench/bench_llm.py [--layers 24] [--new-tokens 32 128] [--rounds 3]
+[--variants eager inductor ours-fp32 ...] [--backend embedl_onnxruntime]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+import warnings
+
+import torch
+
+BYTES_PER_WEIGHT = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "int8_weight_only": 1.0,
+                    "int4_weight_only": 0.5}  # fmt: skip
+PROMPT = 64
+
+
+def qwen2_0_5b(layers: int):
+    """The Qwen2.5-0.5B shape with random weights (no download)."""
+    import transformers
+
+    config = transformers.Qwen2Config(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+        max_position_embeddings=4096, tie_word_embeddings=True,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def read_bandwidth_gbs() -> float:
+    """Bytes per second a large reduction reads here (the decode roofline's denominator)."""
+    data = torch.ones(256 * 1024 * 1024 // 4 * 4)  # 1 GiB of float32
+    data.sum()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        times.append(time.perf_counter() - start)
+    return data.numel() * 4 / min(times) / 1e9
+
+
+def decode_weight_bytes(model, bytes_per_weight: float) -> float:
+    """Weights a decode step reads: every linear weight and the output head, once."""
+    count = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return count * bytes_per_weight
+
+
+def generate(model, ids, new_tokens: int, **kw):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                              do_sample=False, **kw)  # fmt: skip
+
+
+def build_variant(name: str, layers: int, backend: str):
+    """(model, generate kwargs, first-generate seconds) for one variant."""
+    from embedl_dynamo.precision import precision_names
+
+    model, kw = qwen2_0_5b(layers), {}
+    if name == "inductor":
+        model.forward = torch.compile(model.forward)
+        kw = {"cache_implementation": "static"}
+    elif name.startswith("ours-"):
+        precision, _, named = name.removeprefix("ours-").partition("@")
+        if precision not in precision_names():
+            return None
+        options = {"precision": precision}
+        model.forward = torch.compile(model.forward, backend=named or backend, options=options)
+    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    generate(model, ids, 4, **kw)
+    return model, kw, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--backend", default="embedl_onnxruntime")
+    parser.add_argument("--variants", nargs="+", default=[
+        "eager", "inductor", "ours-fp32", "ours-fp32@embedl_openvino",
+        "ours-bf16@embedl_openvino", "ours-int8_weight_only", "ours-int4_weight_only"])  # fmt: skip
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    bandwidth = read_bandwidth_gbs()
+    print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {PROMPT}")
+    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    variants, first_call = {}, {}
+    for name in args.variants:
+        built = build_variant(name, args.layers, args.backend)
+        if built is None:
+            print(f"{name}: precision not registered; skipped")
+            continue
+        variants[name] = built[:2]
+        first_call[name] = built[2]
+        gc.collect()
+    reference = generate(variants["eager"][0], ids, 16) if "eager" in variants else None
+    times = {(n, t): [] for n in variants for t in [1, *args.new_tokens]}
+    for round_index in range(args.rounds):
+        order = (
+            list(variants)[round_index % len(variants) :]
+            + list(variants)[: round_index % len(variants)]
+        )
+        for name in order:
+            model, kw = variants[name]
+            for tokens in [1, *args.new_tokens]:
+                start = time.perf_counter()
+                generate(model, ids, tokens, **kw)
+                times[(name, tokens)].append(time.perf_counter() - start)
+    report(variants, times, first_call, args, bandwidth, ids, reference)
+
+
+def report(variants, times, first_call, args, bandwidth, ids, reference) -> None:
+    eager_ms = None
+    columns = " | ".join(f"ms/token ({n} new)" for n in args.new_tokens)
+    print(f"| variant | {columns} | TTFT ms | first generate() s | weights/token GB | "
+          "roofline ms | tokens = eager |")  # fmt: skip
+    print("|---" * (len(args.new_tokens) + 7) + "|")
+    for name, (model, kw) in variants.items():
+        ttft = statistics.median(times[(name, 1)])
+        per_token = []
+        for tokens in args.new_tokens:
+            total = statistics.median(times[(name, tokens)])
+            per_token.append((total - ttft) / (tokens - 1) * 1e3)
+        precision = name.removeprefix("ours-").partition("@")[0] if "ours-" in name else "fp32"
+        weight_bytes = decode_weight_bytes(model, BYTES_PER_WEIGHT.get(precision, 4.0))
+        roofline = weight_bytes / (bandwidth * 1e9) * 1e3
+        same = "—"
+        if reference is not None and precision == "fp32":
+            same = str(torch.equal(generate(model, ids, 16, **kw), reference))
+        if name == "eager":
+            eager_ms = per_token[-1]
+        cells = " | ".join(f"{ms:.1f}" for ms in per_token)
+        print(f"| {name} | {cells} | {ttft * 1e3:.0f} | {first_call[name]:.1f} | "
+              f"{weight_bytes / 1e9:.2f} | {roofline:.1f} | {same} |")  # fmt: skip
+    if eager_ms:
+        print(f"(eager {eager_ms:.1f} ms/token at {args.new_tokens[-1]} new tokens)")
+
+
+if __name__ == "__main__":
+    main()
