@@ -50,6 +50,9 @@ _KERNEL_SUFFIX = "_kernel_time"
 _PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
 
 
+_MATMUL_NBITS_ACCURACY = "session.qdq_matmulnbits_accuracy_level"
+
+
 def ort_providers() -> list[str]:
     """Installed ORT execution providers in our order of preference (CPU always last)."""
     import onnxruntime as ort
@@ -92,6 +95,12 @@ def create_session(
         options.log_severity_level = 3
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
+    try:  # a caller's own level is kept
+        options.get_session_config_entry(_MATMUL_NBITS_ACCURACY)
+    except RuntimeError:
+        # DequantizeLinear(int8/int4 weight) -> MatMul fuses into MatMulNBits computing in int8
+        # (accuracy_level 4); lower levels dequantise the weights to float first
+        options.add_session_config_entry(_MATMUL_NBITS_ACCURACY, "4")
     if initializers:
         names = list(initializers)
         values = [ort.OrtValue.ortvalue_from_numpy(initializers[n]) for n in names]
