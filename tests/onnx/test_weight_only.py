@@ -120,6 +120,21 @@ def test_onnxruntime_runs_every_weight_as_matmulnbits_in_int8_compute(tmp_path, 
     assert not _dequantize_nodes(optimised)
 
 
+def test_a_2d_linear_with_bias_and_relu_is_matmulnbits_not_a_dequantising_gemm(tmp_path):
+    """ONNX Runtime's MatMulAddFusion would make DequantizeLinear -> MatMul -> Add(bias) on 2-d
+    activations a Gemm before MatMulNBits can form: the session disables it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 64)).eval()
+    x = torch.randn(3, 128)
+    target = as_backend("onnxruntime")
+    patterns = [*target.conversion_patterns, *target.fusion_patterns]
+    gm = apply_transformation_plan(plan_transformation(model, patterns, args=(x,))).model
+    quantized, _ = weight_only_graph(gm, [x], WeightOnlySpec(8))
+    path = export_onnx(quantized, [x], tmp_path / "mlp2d.onnx")
+    ops = collections.Counter(n.op_type for n in _ort_optimised(path, tmp_path).graph.node)
+    assert ops["MatMulNBits"] == 2 and not ops["Gemm"] + ops["FusedGemm"], ops
+
+
 @pytest.mark.parametrize(
     ("bits", "symmetric", "types"),
     [(4, False, ["u4", "u4", "u4", "u8"]), (4, True, ["i4", "i4", "i4", "i8"]),
