@@ -175,3 +175,18 @@ def test_a_matmul_constant_of_no_weight_only_layer_stays_float(tmp_path):
     assert store_weight_only(float_model, weight_only_layers(quantized)) == 0
     assert float_model.SerializeToString() == before
     assert not _dequantize_nodes(float_model)
+
+
+def test_the_torch_export_exporter_file_holds_the_same_integer_weights(tmp_path):
+    """The fallback exporter writes the file itself; it is read back and stored the same way."""
+    quantized, path, _ = _export(tmp_path, WeightOnlySpec(4, 32))
+    other = export_onnx(quantized, [_x()], tmp_path / "dynamo.onnx", exporter="dynamo")
+    first, second = onnx.load(str(path)), onnx.load(str(other))
+    assert second.opset_import[0].version == 21
+    types = [
+        {i.name: i.data_type for i in m.graph.initializer}[n.input[0]]
+        for m in (first, second)
+        for n in _dequantize_nodes(m)
+    ]
+    one_file = [TensorProto.UINT4] * 3 + [TensorProto.UINT8]  # the head at 8 bits
+    assert types == one_file * 2
