@@ -32,7 +32,6 @@ Embeddings (``Gather`` of a table) stay float: they are looked up, not multiplie
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +58,7 @@ __all__ = [
 # precision name -> bits of its linear layers' weights
 WEIGHT_ONLY_BITS = {"int8_weight_only": 8, "int4_weight_only": 4}
 
+# the fused modules' activations by name (FusedLinear keeps its table private)
 _ACTIVATIONS = {
     "relu": torch.relu,
     "relu6": F.relu6,
@@ -296,14 +296,12 @@ def _build(
 
 
 def _cosine(a: Any, b: Any) -> float:
-    flat_a = [t for t in _tensors(a)]
-    flat_b = [t for t in _tensors(b)]
+    """The least cosine similarity between matching float outputs of ``a`` and ``b``."""
     worst = 1.0
-    for x, y in zip(flat_a, flat_b):
-        x, y = x.detach().double().flatten(), y.detach().double().flatten()
-        if not x.is_floating_point() or not x.numel():
-            continue
-        worst = min(worst, float(F.cosine_similarity(x, y, dim=0, eps=1e-12)))
+    for x, y in zip(_tensors(a), _tensors(b)):
+        if x.numel():
+            x, y = x.detach().double().flatten(), y.detach().double().flatten()
+            worst = min(worst, float(F.cosine_similarity(x, y, dim=0, eps=1e-12)))
     return worst
 
 
@@ -350,5 +348,5 @@ def _within_budget(
         built = _build(gm, nodes, spec, int8, reasons)
         with torch.no_grad():
             cosine = _cosine(built(*example_inputs), reference)
-        count = max(1, math.ceil(count * 2))
+        count *= 2
     return built, kept, cosine
