@@ -103,6 +103,8 @@ class Settings:
             ``int8`` (every layer the target quantizes); ``mixed`` (INT8 per layer where it is
             faster and the output stays within ``accuracy_budget``, the rest fp32). The option
             ``quantize="int8"`` is the older spelling of ``precision="int8"``.
+            ``int8_weight_only`` / ``int4_weight_only``: the linear layers' weights stored as
+            integers (per output channel / per group), activations float, no calibration.
         calibration_data: iterable of input tensors / tuples, or a callable
             ``forward_loop(model)``; None calibrates on the first real calls.
         calibration_steps: how many batches calibration uses.
@@ -115,6 +117,11 @@ class Settings:
         max_seq: the largest size of any other dynamic axis (sequence length, image side) in a
             TensorRT engine's profile (None: 512, or the example's size if larger).
         progress: show progress bars (None: only when stderr is a terminal).
+        weight_only_group_size: input features per scale of ``int4_weight_only`` weights: a
+            power of two from 16 to 256 (NNCF's and torchao's default: 128).
+        weight_only_symmetric: weight-only zero points all 0; None: symmetric for the
+            TensorRT target (its quantization is symmetric), asymmetric elsewhere (NNCF's
+            and optimum-intel's default).
     """
 
     runtime: str = "auto"
@@ -132,6 +139,8 @@ class Settings:
     max_batch: int | None = None
     max_seq: int | None = None
     progress: bool | None = None
+    weight_only_group_size: int = 128
+    weight_only_symmetric: bool | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.runtime, str) or not self.runtime:
@@ -155,6 +164,18 @@ class Settings:
                 "e.g. 0.99"
             )
         _bool("progress", self.progress, optional=True)
+        _bool("weight_only_symmetric", self.weight_only_symmetric, optional=True)
+        group = self.weight_only_group_size
+        if (
+            isinstance(group, bool)
+            or not isinstance(group, int)
+            or not 16 <= group <= 256
+            or (group & (group - 1))
+        ):
+            raise ValueError(
+                f"invalid weight_only_group_size={group!r}; expected a power of two from 16 "
+                "to 256, e.g. 128"
+            )
         if not isinstance(self.cache_dir, (str, os.PathLike)) or not str(self.cache_dir):
             raise ValueError(f"invalid cache_dir={self.cache_dir!r}; expected a directory path")
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())

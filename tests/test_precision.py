@@ -69,7 +69,8 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_built_in_precisions_and_their_facts():
-    assert precision_names() == ("fp32", "fp16", "bf16", "int8", "mixed")
+    weight_only = ("int8_weight_only", "int4_weight_only")
+    assert precision_names() == ("fp32", "fp16", "bf16", "int8", "mixed", *weight_only)
     facts = {
         n: (p.lower, p.calibrates, p.quantizes, p.per_layer, p.half_dtype)
         for n in precision_names()
@@ -81,6 +82,8 @@ def test_built_in_precisions_and_their_facts():
         "bf16": (True, False, False, False, torch.bfloat16),
         "int8": (True, True, True, False, None),
         "mixed": (True, True, True, True, None),
+        "int8_weight_only": (True, False, False, False, None),
+        "int4_weight_only": (True, False, False, False, None),
     }
     assert get_precision("fp32").load_stage() is None
     assert get_precision("int8").load_stage() is get_precision("mixed").load_stage()
@@ -105,7 +108,7 @@ def test_a_registered_precision_is_accepted_everywhere_and_forgotten_when_remove
     assert Settings.from_options({"precision": "bf16w"}, env={}).precision is bf16w
     env = {"EMBEDL_DYNAMO_PRECISION": "bf16w"}
     assert Settings.from_options({}, env=env).precision is bf16w
-    with pytest.raises(ValueError, match="valid values: 'fp32', .*'mixed', 'bf16w'"):
+    with pytest.raises(ValueError, match="valid values: 'fp32', .*'mixed', .*'bf16w'"):
         Settings.from_options({"precision": "fp9"}, env={})
     with pytest.raises(ValueError, match="quantize='int8' conflicts with precision='bf16w'"):
         Settings.from_options({"precision": "bf16w", "quantize": "int8"}, env={})

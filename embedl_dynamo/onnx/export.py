@@ -47,6 +47,7 @@ from embedl_dynamo.onnx.initializers import (
     unwritten_float_model,
 )
 from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
+from embedl_dynamo.onnx.weight_only import save_weight_only, weight_only_layers
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -307,7 +308,9 @@ def _export(
                 else:
                     exported = _export_dynamo(module, args, path, opset, axes, len(outputs))
             unwritten, folded = None, 0
-            if exported is not None:
+            if weight_only_layers(gm):  # integer weights: stored and written here
+                folded = save_weight_only(exported, path, weight_only_layers(gm))
+            elif exported is not None:
                 unwritten = unwritten_float_model(*exported)
                 if unwritten is None:  # Q/DQ nodes: weights folded to int8 as it is written
                     folded = save_quantized(*exported, path)

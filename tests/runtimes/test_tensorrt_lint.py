@@ -71,8 +71,8 @@ def test_each_rule_names_the_node_it_refuses():
                for p in lint_for_tensorrt(_qdq(quantize_weight=True)))  # fmt: skip
     assert any("dq_w" in p and "axis 1" in p for p in lint_for_tensorrt(_qdq(axis=1)))
     old = _qdq()
-    old.opset_import[0].version = 21
-    assert any("opset 21" in p for p in lint_for_tensorrt(old))
+    old.opset_import[0].version = 22
+    assert any("opset 22" in p for p in lint_for_tensorrt(old))
 
 
 def test_unsupported_and_foreign_ops_are_named():

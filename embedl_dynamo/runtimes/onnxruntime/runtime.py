@@ -50,6 +50,17 @@ _KERNEL_SUFFIX = "_kernel_time"
 _PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
 
 
+# Integer weights read by DequantizeLinear -> MatMul become MatMulNBits:
+# * computing in int8 (accuracy_level 4); lower levels dequantise the weights to float first;
+# * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
+#   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
+#   models too). Our float linears export as Gemm already, so they do not need it.
+_WEIGHT_ONLY_CONFIG = {
+    "session.qdq_matmulnbits_accuracy_level": "4",
+    "optimization.disable_specified_optimizers": "MatMulAddFusion",
+}
+
+
 def ort_providers() -> list[str]:
     """Installed ORT execution providers in our order of preference (CPU always last)."""
     import onnxruntime as ort
@@ -92,6 +103,11 @@ def create_session(
         options.log_severity_level = 3
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
+    for key, value in _WEIGHT_ONLY_CONFIG.items():
+        try:  # a caller's own value is kept
+            options.get_session_config_entry(key)
+        except RuntimeError:
+            options.add_session_config_entry(key, value)
     if initializers:
         names = list(initializers)
         values = [ort.OrtValue.ortvalue_from_numpy(initializers[n]) for n in names]

@@ -11,7 +11,10 @@ in CI, before a GPU ever sees the file):
 * weights are stored as int8 initializers read by DequantizeLinear (no QuantizeLinear of a
   constant left for the builder to fold);
 * a per-channel weight DequantizeLinear feeding a ``Conv`` quantizes along axis 0 (output
-  channels), the only axis TensorRT takes for convolution weights.
+  channels), the only axis TensorRT takes for convolution weights;
+* 4-bit weights (:func:`int4_weight_problems`): signed int4 constants, block-quantized along
+  ``K`` (``axis=0``, scales ``[K / block_size, N]``), read by a ``MatMul``/``Gemm`` as its
+  weight: TensorRT's weight-only INT4 (opset 21, TensorRT 10 and later).
 
 :func:`lint_for_tensorrt` returns one line per problem, naming the node; an empty list passes.
 """
@@ -22,9 +25,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["OPSET_RANGE", "SUPPORTED_OPS", "lint_for_tensorrt"]
+__all__ = ["OPSET_RANGE", "SUPPORTED_OPS", "int4_weight_problems", "lint_for_tensorrt"]
 
-OPSET_RANGE = (9, 20)
+OPSET_RANGE = (9, 21)  # 21: blocked int4 DequantizeLinear, which TensorRT 10 parses
 
 # onnx-tensorrt 10.x, docs/operators.md: the operators marked supported
 SUPPORTED_OPS = frozenset(
@@ -215,6 +218,44 @@ def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
         if node.op_type not in _QDQ:
             continue
         problems += _check_qdq(node, where, constants, consumers)
+        problems += int4_weight_problems(node, where, constants, consumers)
+    return problems
+
+
+def int4_weight_problems(
+    node: onnx.NodeProto,
+    where: str,
+    constants: dict[str, onnx.TensorProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> list[str]:
+    """What TensorRT's weight-only INT4 refuses in a ``DequantizeLinear`` of 4-bit values.
+
+    Returns:
+        One line per problem; [] for a node that reads no 4-bit value or passes.
+    """
+    four_bit = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    codes = constants.get(node.input[0])
+    if node.op_type != "DequantizeLinear" or codes is None or codes.data_type not in four_bit:
+        return []
+    problems = []
+    if codes.data_type == onnx.TensorProto.UINT4:
+        problems.append(f"{where}: uint4 weights; TensorRT's INT4 is signed (store int4, zero 0)")
+    attrs = {a.name: a.i for a in node.attribute}
+    scale = constants.get(node.input[1]) if len(node.input) > 1 else None
+    block = attrs.get("block_size", 0)
+    if len(codes.dims) != 2 or block <= 0 or attrs.get("axis", 1) != 0:
+        problems.append(f"{where}: int4 weight must be 2-d [K, N], blocked on axis 0")
+    elif scale is not None and list(scale.dims) != [codes.dims[0] // block, codes.dims[1]]:
+        problems.append(
+            f"{where}: int4 scales {list(scale.dims)} are not [K / block_size, N] = "
+            f"{[codes.dims[0] // block, codes.dims[1]]}"
+        )
+    readers = consumers.get(node.output[0], [])
+    if not readers or any(
+        c.op_type not in ("MatMul", "Gemm") or list(c.input).index(node.output[0]) != 1
+        for c in readers
+    ):
+        problems.append(f"{where}: an int4 weight must be read only as a MatMul/Gemm weight")
     return problems
 
 

@@ -1,0 +1,188 @@
+"""Store weight-only layers' weights as integers: ``DequantizeLinear(q, s, z) -> MatMul``.
+
+A :class:`~embedl_dynamo.quant.weight_only.WeightOnlyLinear` exports as ``MatMul(x, W'.T)``
+with ``W'`` as a float constant; here that constant is replaced by its integer codes read by
+``DequantizeLinear``, the one portable form every runtime takes with its own kernels:
+
+* 8 bits: int8 (symmetric) or uint8 codes ``[K, N]``, a scale (and zero point) per output
+  channel (``axis=1``), any opset from 13;
+* 4 bits: int4 / uint4 codes ``[K, N]`` (two per byte, low nibble first), a scale (and zero
+  point) per block of ``block_size`` rows along ``K`` (``axis=0``): blocked quantization, so
+  the model is converted to opset 21 (onnx's version converter) and IR version 10.
+
+ONNX Runtime's level-2 optimiser fuses ``DequantizeLinear -> MatMul`` on a constant into
+``com.microsoft::MatMulNBits`` (``accuracy_level`` from the session option
+``session.qdq_matmulnbits_accuracy_level``); OpenVINO's CPU plugin runs the same pattern as a
+compressed-weight ``FullyConnected``; TensorRT reads it as weight-only quantization. The values
+are those ``WeightOnlyLinear`` computed with in PyTorch: ``(q - z) * s``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+
+from embedl_dynamo.cache.hashed_file import open_hashed
+from embedl_dynamo.onnx import external_data
+from embedl_dynamo.onnx.initializers import attach_initializers
+from embedl_dynamo.quant.weight_only import WeightOnlyLinear
+
+__all__ = ["BLOCKED_OPSET", "save_weight_only", "store_weight_only", "weight_only_layers"]
+
+BLOCKED_OPSET = 21  # the first opset whose DequantizeLinear takes int4 and block_size
+
+
+def weight_only_layers(gm: fx.GraphModule) -> list[WeightOnlyLinear]:
+    """The weight-only layers of ``gm`` (none: an ordinary graph)."""
+    return [m for m in gm.modules() if isinstance(m, WeightOnlyLinear)]
+
+
+def save_weight_only(
+    exported: tuple[Any, dict[str, torch.Tensor]] | None,
+    path: Path,
+    layers: list[WeightOnlyLinear],
+) -> int:
+    """Write the exported model with ``layers``' weights stored as integers, checked.
+
+    Args:
+        exported: the TorchScript exporter's ``(model, weights)``, or None when the exporter
+            wrote ``path`` itself (read back here).
+        path: the ``.onnx`` file.
+        layers: :func:`weight_only_layers` of the exported graph.
+
+    Returns:
+        The number of weights stored as integers.
+    """
+    import onnx
+
+    if exported is None:
+        model = onnx.load(str(path))
+    else:
+        model, weights = exported
+        attach_initializers(model, weights)
+    stored = store_weight_only(model, layers)
+    if external_data.initializer_bytes(model) > external_data.EXTERNAL_DATA_BYTES:
+        external_data.save_model_file(model, path)
+        return stored
+    data = model.SerializeToString()
+    onnx.checker.check_model(data)
+    with open_hashed(path) as f:
+        f.write(data)
+    return stored
+
+
+def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
+    """Replace each ``MatMul`` constant equal to a layer's ``weight_t`` by its integer form.
+
+    A constant is matched by its bytes (the exporter names initializers its own way), so tied
+    layers share one match. The model is converted to opset 21 first if a layer has 4 bits.
+
+    Args:
+        model: an ``onnx.ModelProto`` with its initializers; changed in place.
+        layers: the weight-only layers whose ``weight_t`` the graph multiplies by.
+
+    Returns:
+        The number of ``MatMul`` weights replaced.
+    """
+    import onnx
+
+    if any(layer.spec.bits == 4 for layer in layers):
+        _to_blocked_opset(model)
+    by_bytes: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] = {}
+    for layer in layers:
+        weight = layer.weight_t.detach().contiguous()
+        by_bytes.setdefault((tuple(weight.shape), weight.numpy().tobytes()), layer)
+    shapes = {shape for shape, _ in by_bytes}
+    graph = model.graph
+    initializers = {i.name: i for i in graph.initializer}
+    stored, replaced, nodes = 0, set(), []
+    for node in graph.node:
+        weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        layer = None
+        if weight is not None and tuple(weight.dims) in shapes:
+            layer = by_bytes.get((tuple(weight.dims), _raw(weight)))
+        if layer is not None:
+            dq = _dequantize_node(graph, layer, f"{node.input[1]}_woq{stored}")
+            nodes.append(dq)
+            replaced.add(node.input[1])
+            node.input[1] = dq.output[0]
+            stored += 1
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_read = {name for node in graph.node for name in node.input}
+    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_read]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    if stored and any(layer.spec.bits == 4 for layer in layers):
+        model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
+    return stored
+
+
+def _raw(tensor: Any) -> bytes:
+    from onnx import numpy_helper
+
+    return tensor.raw_data if tensor.raw_data else numpy_helper.to_array(tensor).tobytes()
+
+
+def _to_blocked_opset(model: Any) -> None:
+    """Convert ``model`` (in place) to :data:`BLOCKED_OPSET` if it imports an older one."""
+    import onnx
+    from onnx import version_converter
+
+    default = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if default is None or default.version >= BLOCKED_OPSET:
+        return
+    try:
+        converted = version_converter.convert_version(model, BLOCKED_OPSET)
+    except Exception as exc:  # the converter raises bare RuntimeErrors per op
+        raise ValueError(
+            f"int4 weights need opset {BLOCKED_OPSET} (blocked DequantizeLinear) and onnx's "
+            f"version converter cannot convert this model from opset {default.version}: {exc}. "
+            "Use int8_weight_only for this model."
+        ) from exc
+    model.CopyFrom(converted)
+    model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
+
+
+def _dequantize_node(graph: Any, layer: WeightOnlyLinear, prefix: str) -> Any:
+    """Add ``layer``'s codes, scale and zero point as initializers; their DequantizeLinear."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    spec = layer.spec
+    codes = layer.codes.t().contiguous().numpy()  # [K, N]
+    scale = layer.scale.t().contiguous().numpy().astype(np.float32)  # [K / group, N]
+    zero = None if layer.zero_point is None else layer.zero_point.t().contiguous().numpy()
+    if spec.bits == 8:
+        scale = scale.reshape(-1)
+        zero = None if zero is None else zero.reshape(-1)
+        attrs: dict[str, int] = {"axis": 1}
+        graph.initializer.append(numpy_helper.from_array(codes, f"{prefix}_q"))
+        if zero is not None:
+            graph.initializer.append(numpy_helper.from_array(zero, f"{prefix}_z"))
+    else:
+        kind = TensorProto.INT4 if spec.symmetric else TensorProto.UINT4
+        attrs = {"axis": 0, "block_size": spec.group_size}
+        graph.initializer.append(_packed_int4(f"{prefix}_q", codes, kind))
+        if zero is not None:
+            graph.initializer.append(_packed_int4(f"{prefix}_z", zero, TensorProto.UINT4))
+    graph.initializer.append(numpy_helper.from_array(scale, f"{prefix}_s"))
+    inputs = [f"{prefix}_q", f"{prefix}_s"] + ([f"{prefix}_z"] if zero is not None else [])
+    return helper.make_node("DequantizeLinear", inputs, [f"{prefix}_w"], name=prefix, **attrs)
+
+
+def _packed_int4(name: str, values: np.ndarray, kind: int) -> Any:
+    """A 4-bit ``TensorProto``: two values per byte, the first in the low nibble."""
+    from onnx import TensorProto
+
+    flat = values.reshape(-1).astype(np.int16) & 0x0F
+    if flat.size % 2:
+        flat = np.concatenate([flat, np.zeros(1, flat.dtype)])
+    packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+    proto = TensorProto(name=name, data_type=kind, dims=list(values.shape))
+    proto.raw_data = packed.tobytes()
+    return proto

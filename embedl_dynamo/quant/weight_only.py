@@ -1,0 +1,352 @@
+"""Weight-only int8 / int4 precisions: the linear layers' weights in integers, activations float.
+
+The precision decoder LLMs are deployed in (torchao ``Int8WeightOnlyConfig`` /
+``Int4WeightOnlyConfig(group_size)``, NNCF ``compress_weights``). Every fused linear with a
+constant weight ``W [N, K]`` gets integer codes ``q``, scales ``s`` and, when asymmetric, zero
+points ``z``: per output channel for 8 bits, per group of ``g`` consecutive input features for
+4 bits (``g = weight_only_group_size``)::
+
+    symmetric:   s = max|W| / qmax,        q = clip(round(W / s), -qmax, qmax),   z = 0
+    asymmetric:  s = (max(W, 0) - min(W, 0)) / (2**bits - 1),  z = round(-min(W, 0) / s),
+                 q = clip(round(W / s) + z, 0, 2**bits - 1)
+    W' = (q - z) * s                      (qmax = 7 for int4, 127 for int8: a narrow range)
+
+The layer becomes a :class:`WeightOnlyLinear`, which computes with ``W'`` (so PyTorch, the
+accuracy judge and every runtime see the same numbers) and keeps ``q``, ``s`` and ``z`` for
+the ONNX writer (:mod:`embedl_dynamo.onnx.weight_only`), which stores them as integer
+initializers read by ``DequantizeLinear`` in front of the ``MatMul``; ONNX Runtime fuses that
+into ``MatMulNBits`` and OpenVINO into a compressed-weight matmul.
+
+Which layers keep 8 bits under ``int4_weight_only`` (each one reported with its reason):
+
+* a layer whose input features are not a multiple of the group size;
+* the last linear layer (an LM's output head), as NNCF does by default: its error reaches the
+  logits directly;
+* while the int4 graph's outputs on the example inputs fall below ``accuracy_budget`` (cosine
+  to the float graph), the layers with the largest relative int4 weight error, doubling the
+  count each step, until the outputs are within the budget (or every layer has 8 bits).
+
+Embeddings (``Gather`` of a table) stay float: they are looked up, not multiplied.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx, nn
+
+from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.patterns.fused_modules import FusedLinear
+from embedl_dynamo.settings import Settings
+
+__all__ = [
+    "WEIGHT_ONLY_BITS",
+    "WeightOnlyLinear",
+    "WeightOnlySpec",
+    "dequantize_weight",
+    "quantize_weight",
+    "weight_only_graph",
+    "weight_only_stage",
+]
+
+# precision name -> bits of its linear layers' weights
+WEIGHT_ONLY_BITS = {"int8_weight_only": 8, "int4_weight_only": 4}
+
+# the fused modules' activations by name (FusedLinear keeps its table private)
+_ACTIVATIONS = {
+    "relu": torch.relu,
+    "relu6": F.relu6,
+    "silu": F.silu,
+    "hardswish": F.hardswish,
+    "hardsigmoid": F.hardsigmoid,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+@dataclass(frozen=True)
+class WeightOnlySpec:
+    """How one weight is stored.
+
+    Attributes:
+        bits: 8 (per output channel) or 4 (per group of ``group_size`` input features).
+        group_size: input features per scale (4 bits only): a power of two from 16 to 256, the
+            block sizes ONNX Runtime's ``MatMulNBits`` takes (32 to 128 are the usual ones).
+        symmetric: zero points all 0 (TensorRT's quantization is symmetric), else a zero point
+            per scale (one more level of range for weights that are not centred).
+    """
+
+    bits: int
+    group_size: int = 128
+    symmetric: bool = False
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ValueError(f"invalid weight-only bits={self.bits!r}; expected 4 or 8")
+        g = self.group_size
+        if isinstance(g, bool) or not isinstance(g, int) or g < 16 or g > 256 or g & (g - 1):
+            raise ValueError(
+                f"invalid weight_only_group_size={g!r}; expected a power of two from 16 to 256 "
+                "(32, 64 or 128 are usual)"
+            )
+        if not isinstance(self.symmetric, bool):
+            raise ValueError(f"invalid weight_only_symmetric={self.symmetric!r}; True or False")
+
+    def group(self, in_features: int) -> int:
+        """The input features per scale for a weight with ``in_features`` columns."""
+        return self.group_size if self.bits == 4 else in_features
+
+
+def quantize_weight(
+    weight: torch.Tensor, spec: WeightOnlySpec
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(q, s, z)`` of a ``[N, K]`` weight under ``spec`` (see the module's formulas).
+
+    Returns:
+        ``q`` int8 ``[N, K]`` (codes in the signed or unsigned range of ``spec.bits``), ``s``
+        float32 ``[N, K // group]``, ``z`` uint8 like ``s`` (None when symmetric).
+
+    Raises:
+        ValueError: the weight is not 2-d, or ``K`` is not a multiple of the group.
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight-only quantization takes a 2-d weight, not {tuple(weight.shape)}")
+    n, k = weight.shape
+    group = spec.group(k)
+    if k % group:
+        raise ValueError(f"in_features {k} is not a multiple of weight_only_group_size {group}")
+    w = weight.detach().float().reshape(n, k // group, group)
+    if spec.symmetric:
+        qmax = 2 ** (spec.bits - 1) - 1
+        scale = (w.abs().amax(-1) / qmax).clamp_min(torch.finfo(torch.float32).tiny)
+        q = torch.clamp(torch.round(w / scale[..., None]), -qmax, qmax)
+        return q.to(torch.int8).reshape(n, k), scale, None
+    levels = 2**spec.bits - 1
+    low, high = w.amin(-1).clamp_max(0), w.amax(-1).clamp_min(0)
+    scale = ((high - low) / levels).clamp_min(torch.finfo(torch.float32).tiny)
+    zero = torch.clamp(torch.round(-low / scale), 0, levels)
+    q = torch.clamp(torch.round(w / scale[..., None]) + zero[..., None], 0, levels)
+    return q.to(torch.uint8).reshape(n, k), scale, zero.to(torch.uint8)
+
+
+def dequantize_weight(
+    q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """``W' = (q - z) * s``, float32 ``[N, K]``."""
+    n, k = q.shape
+    groups = scale.shape[1]
+    codes = q.float().reshape(n, groups, k // groups)
+    if zero is not None:
+        codes = codes - zero.float()[..., None]
+    return (codes * scale[..., None]).reshape(n, k)
+
+
+class WeightOnlyLinear(nn.Module):
+    """``act(x @ W'.T + b)`` with ``W'`` dequantized from integer codes (see the module).
+
+    ``weight_t`` (``W'.T``, ``[K, N]``) is what the graph multiplies by, so the ONNX exporter
+    writes one ``MatMul`` whose constant the ONNX writer replaces by ``DequantizeLinear`` of
+    ``codes``; ``codes``, ``scale`` and ``zero_point`` are kept beside it, unused by ``forward``.
+    """
+
+    def __init__(self, linear: FusedLinear, spec: WeightOnlySpec) -> None:
+        super().__init__()
+        q, scale, zero = quantize_weight(linear.weight, spec)
+        self.spec = spec
+        self.kind = linear.kind
+        self.activation = linear.activation
+        self.register_buffer("codes", q)
+        self.register_buffer("scale", scale)
+        self.register_buffer("zero_point", zero)
+        weight = dequantize_weight(q, scale, zero).to(linear.weight.dtype)
+        self.register_buffer("weight_t", weight.t().contiguous())
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.matmul(x, self.weight_t)
+        if self.bias is not None:
+            y = y + self.bias
+        if self.activation is not None:
+            y = _ACTIVATIONS[self.activation](y)
+        return y
+
+    def extra_repr(self) -> str:
+        k, n = self.weight_t.shape
+        sym = "sym" if self.spec.symmetric else "asym"
+        group = f", group={self.spec.group_size}" if self.spec.bits == 4 else ""
+        return f"{k}->{n}, int{self.spec.bits} {sym}{group}"
+
+
+def _spec_for(settings: Settings, backend: Any) -> WeightOnlySpec:
+    name = settings.precision.name
+    if name not in WEIGHT_ONLY_BITS:
+        raise ValueError(
+            f"weight_only_stage: precision {name!r} is not weight-only; valid: "
+            f"{', '.join(WEIGHT_ONLY_BITS)}"
+        )
+    symmetric = settings.weight_only_symmetric
+    if symmetric is None:  # TensorRT's quantization is symmetric; NNCF/torchao default: asym
+        symmetric = getattr(backend, "name", "") == "tensorrt"
+    return WeightOnlySpec(WEIGHT_ONLY_BITS[name], settings.weight_only_group_size, symmetric)
+
+
+def weight_only_stage(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Any, settings: Settings
+) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """The pipeline's stage of ``int8_weight_only`` / ``int4_weight_only``.
+
+    Args:
+        gm: the fused, canonical float graph; not modified.
+        example_inputs: one input per placeholder (the int4 accuracy check runs on them).
+        backend: the target (``tensorrt`` makes the default symmetric).
+        settings: ``precision``, ``weight_only_group_size``, ``weight_only_symmetric`` and
+            ``accuracy_budget``.
+
+    Returns:
+        ``(graph, report entries)``: ``layers`` (id, precision, reason per linear),
+        ``weight_only`` (bits, group size, symmetric, ``kept_int8`` by the budget, ``cosine``)
+        and ``weight_only_s``.
+    """
+    start = time.perf_counter()
+    spec = _spec_for(settings, backend)
+    model, report = weight_only_graph(gm, list(example_inputs), spec, settings.accuracy_budget)
+    layers = report.pop("layers")
+    entries = {"layers": layers, "weight_only": report}
+    return model, {**entries, "weight_only_s": round(time.perf_counter() - start, 4)}
+
+
+def _linears(gm: fx.GraphModule) -> list[fx.Node]:
+    modules = dict(gm.named_modules())
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_module" and isinstance(modules.get(n.target), FusedLinear)
+    ]
+
+
+def weight_only_graph(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    spec: WeightOnlySpec,
+    accuracy_budget: float | None = None,
+) -> tuple[fx.GraphModule, dict[str, Any]]:
+    """A copy of ``gm`` with every fused linear weight-only quantized under ``spec``.
+
+    Args:
+        gm: the fused, canonical float graph; not modified.
+        example_inputs: one input per placeholder (for the int4 budget check).
+        spec: bits, group size, symmetry.
+        accuracy_budget: the least cosine of the outputs to the float graph's (int4 only;
+            None: no check).
+
+    Returns:
+        ``(graph, report)``: ``layers`` (id, precision, reason), ``bits``, ``group_size``,
+        ``symmetric``, ``kept_int8`` (ids the budget kept at 8 bits) and ``cosine`` (None
+        unchecked).
+    """
+    nodes = _linears(gm)
+    ids = {n: f"{gm.get_submodule(n.target).kind}@{module_path(n) or n.name}" for n in nodes}
+    int8 = WeightOnlySpec(8, spec.group_size, spec.symmetric)
+    reasons: dict[fx.Node, str] = {}
+    if spec.bits == 4:
+        for node in nodes:
+            k = gm.get_submodule(node.target).weight.shape[1]
+            if k % spec.group_size:
+                reasons[node] = f"in_features {k} is not a multiple of group size {spec.group_size}"
+        if nodes and nodes[-1] not in reasons:
+            reasons[nodes[-1]] = "last linear (output head) keeps 8 bits, as NNCF's default"
+    built = _build(gm, nodes, spec, int8, reasons)
+    kept: list[str] = []
+    cosine = None
+    if spec.bits == 4 and accuracy_budget is not None:
+        built, kept, cosine = _within_budget(gm, example_inputs, nodes, spec, int8, reasons,
+                                             accuracy_budget, built)  # fmt: skip
+    layers = []
+    for node in nodes:
+        bits = 8 if spec.bits == 8 or node in reasons else 4
+        why = reasons.get(node, f"weight-only int{spec.bits}: integer weights, float activations")
+        layers.append({"id": ids[node], "precision": f"int{bits}_weight_only", "reason": why})
+    report = {"layers": layers, "bits": spec.bits, "group_size": spec.group_size,
+              "symmetric": spec.symmetric, "kept_int8": kept, "cosine": cosine}  # fmt: skip
+    return built, report
+
+
+def _build(
+    gm: fx.GraphModule,
+    nodes: list[fx.Node],
+    spec: WeightOnlySpec,
+    int8: WeightOnlySpec,
+    reasons: dict[fx.Node, str],
+) -> fx.GraphModule:
+    out = copy.deepcopy(gm)
+    for node in nodes:
+        linear = gm.get_submodule(node.target)
+        layer = WeightOnlyLinear(linear, int8 if node in reasons else spec)
+        owner, _, name = str(node.target).rpartition(".")
+        setattr(out.get_submodule(owner) if owner else out, name, layer)
+    out.recompile()
+    return out
+
+
+def _cosine(a: Any, b: Any) -> float:
+    """The least cosine similarity between matching float outputs of ``a`` and ``b``."""
+    worst = 1.0
+    for x, y in zip(_tensors(a), _tensors(b)):
+        if x.numel():
+            x, y = x.detach().double().flatten(), y.detach().double().flatten()
+            worst = min(worst, float(F.cosine_similarity(x, y, dim=0, eps=1e-12)))
+    return worst
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value] if value.is_floating_point() else []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _within_budget(
+    gm: fx.GraphModule,
+    example_inputs: list[Any],
+    nodes: list[fx.Node],
+    spec: WeightOnlySpec,
+    int8: WeightOnlySpec,
+    reasons: dict[fx.Node, str],
+    budget: float,
+    built: fx.GraphModule,
+) -> tuple[fx.GraphModule, list[str], float]:
+    """Keep the most int4-sensitive layers at 8 bits until the outputs meet ``budget``."""
+    with torch.no_grad():
+        reference = gm(*example_inputs)
+        cosine = _cosine(built(*example_inputs), reference)
+    candidates = [n for n in nodes if n not in reasons]
+
+    def error(node: fx.Node) -> float:
+        w = gm.get_submodule(node.target).weight.detach().float()
+        q = dequantize_weight(*quantize_weight(w, spec))
+        return float((w - q).norm() / w.norm().clamp_min(1e-12))
+
+    candidates.sort(key=error, reverse=True)
+    kept: list[str] = []
+    count = 1
+    while cosine < budget and candidates:
+        chosen, candidates = candidates[:count], candidates[count:]
+        for node in chosen:
+            reasons[node] = (
+                f"accuracy_budget: int4 outputs' cosine {cosine:.4f} < {budget}; "
+                "largest int4 weight error keeps 8 bits"
+            )
+            kept.append(f"{gm.get_submodule(node.target).kind}@{module_path(node) or node.name}")
+        built = _build(gm, nodes, spec, int8, reasons)
+        with torch.no_grad():
+            cosine = _cosine(built(*example_inputs), reference)
+        count *= 2
+    return built, kept, cosine
