@@ -88,7 +88,7 @@ def test_the_faster_runtime_runs_and_the_choice_is_cached(monkeypatch, tmp_path,
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
     again = _auto(gm, x, settings)
     assert again.runtime.name == name and again.timings == {}
-    assert again.note == f"auto: {name} (timed fastest here before)"
+    assert again.note == f"auto: {name} (cached decision for this architecture on this CPU; not timed)"
     with torch.no_grad():
         assert_close_to_scale(again.runtime.infer(x)[0], _reference(gm, x))
 
@@ -97,8 +97,8 @@ def test_the_faster_runtime_runs_and_the_choice_is_cached(monkeypatch, tmp_path,
     ("document", "message"),
     [
         (None, "is corrupt"),  # bytes that do not match the checksum sidecar
-        ({"format": 1, "option": "tvm"}, "is invalid (format 1, option 'tvm')"),  # no candidate
-        ({"format": 99, "option": "openvino"}, "is invalid (format 99, option 'openvino')"),
+        ({"format": 2, "option": "tvm"}, "is invalid (format 2, option 'tvm')"),  # no candidate
+        ({"format": 1, "option": "openvino"}, "is invalid (format 1, option 'openvino')"),  # stale
     ],
 )
 def test_a_corrupt_or_stale_decision_is_measured_again(
