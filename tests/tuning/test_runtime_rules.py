@@ -15,15 +15,23 @@ from embedl_dynamo.precision import get_precision
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning import runtime_choice
+from embedl_dynamo.tuning import runtime_choice, runtime_rules
 from embedl_dynamo.tuning.runtime_rules import architecture_key, graph_family
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import ResNetLike, TransformerEncoderNet, randomize_batchnorm
+
+REAL_RULES = runtime_rules.FAMILY_RULES
 
 pytestmark = pytest.mark.skipif(
     not OpenVINORuntime.is_available(), reason=f"{OpenVINORuntime.missing()}"
 )
 CANDIDATES = [OnnxRuntime, OpenVINORuntime]  # the rule's leader second: the rule reorders
+
+
+@pytest.fixture(autouse=True)
+def _family_rules(monkeypatch):
+    """The library's rules (the conftest turns them off for every other test)."""
+    monkeypatch.setattr(runtime_rules, "FAMILY_RULES", REAL_RULES)
 
 
 def _pipeline(model, x):
