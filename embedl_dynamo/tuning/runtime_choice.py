@@ -46,6 +46,7 @@ from embedl_dynamo.tuning.timer import fastest_of, time_options
 __all__ = [
     "RunOption",
     "RuntimeChoice",
+    "cpu_name",
     "fastest",
     "measure_runtimes",
     "run_options",
@@ -87,7 +88,7 @@ class RuntimeChoice:
 
 
 @lru_cache(maxsize=1)
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU model (decisions do not carry over to other CPUs)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -163,7 +164,7 @@ def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None
 def _store(cache: ArtifactCache | None, key: str, winner: str, timings: dict[str, float]) -> None:
     if cache is None:
         return
-    document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": _cpu_name()}
+    document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": cpu_name()}
     try:
         cache.put(key, json.dumps(document, indent=1).encode(), ".json",
                   meta={"kind": "runtime choice"})  # fmt: skip
@@ -255,7 +256,7 @@ def fastest(
     key = content_key(
         _NAMESPACE, _FORMAT,
         [[o.label, o.runtime.name, architectures[id(o.model)]] for o in options],
-        settings.num_threads, library_versions(o.runtime for o in options), _cpu_name(),
+        settings.num_threads, library_versions(o.runtime for o in options), cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)

@@ -73,3 +73,38 @@ def test_only_a_forced_int8_is_timed_against_float(monkeypatch, precision):
     with torch.no_grad():
         torch.compile(model, backend="embedl_tensorrt", options=options)(x)
     assert "int8_speed" not in embedl_dynamo.last_report()[-1].pipeline
+
+
+def _no_timing(runtimes, inputs):
+    raise AssertionError("the recorded int8 speed must not be measured again")
+
+
+def test_a_later_compile_reads_the_record_and_still_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _timings(13.4, 10.0))
+    _int8_compile()
+    torch._dynamo.reset()
+    caplog.clear()
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
+        report = _int8_compile()
+    assert report[-1].pipeline["int8_speed"]["int8_ms"] == 13.4
+    assert "int8 is 1.34x slower than float" in report.summary()
+    assert len([r for r in caplog.records if "slower than float" in r.getMessage()]) == 1
+
+
+def test_a_corrupt_record_is_timed_again(monkeypatch, caplog, tmp_path):
+    import os
+    from pathlib import Path
+
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _timings(13.4, 10.0))
+    _int8_compile()
+    embedl_dynamo.wait_for_cache_writes(timeout=60)
+    root = Path(os.environ["EMBEDL_DYNAMO_CACHE_DIR"]) / "int8_speed"
+    (entry,) = [p for p in root.rglob("*.json") if not p.name.endswith(".meta.json")]
+    entry.write_text('{"format": 1, "int8_ms": "fast"}')
+    torch._dynamo.reset()
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _timings(5.0, 10.0))
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
+        report = _int8_compile()
+    assert report[-1].pipeline["int8_speed"]["int8_ms"] == 5.0
+    assert f"{entry} is corrupt" in caplog.text and "slower" not in report.summary()
