@@ -14,8 +14,8 @@ which one did:
   *architecture*: structure, not weights), the threads, the library versions and the CPU
   model: a second process, a warm start, or the same architecture with other weights builds
   only the winner and measures nothing;
-* a family rule (a transformer's float graph: OpenVINO first) builds the leader alone and stops
-  there when it builds.
+* a family rule (a large transformer's float graph: OpenVINO first) builds the leader alone and
+  stops there when it builds.
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def _by_rule(options: Sequence[RunOption], builder: _Builder) -> RuntimeChoice |
     rule applies (a lower-precision option is always measured)."""
     if len(options) < 2 or any(o.lower_precision for o in options):
         return None
-    rule = family_rule(options[0].model, [o.runtime.name for o in options])
+    rule = family_rule(options[0].model, builder.inputs, [o.runtime.name for o in options])
     if rule is None:
         return None
     leader = next(o for o in options if o.runtime.name == rule.leader)

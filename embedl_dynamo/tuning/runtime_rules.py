@@ -6,18 +6,22 @@ and the family rule.
   shape of every constant and input), not from the values of its weights, so a model trained
   again, or fine-tuned, takes the decision measured for the same architecture on the same CPU
   with the same library versions and threads (:mod:`.runtime_choice` adds those to the key).
-* :func:`family_rule`: a rule by op mix, learned from measurements. A transformer-style graph
-  (attention: matmuls and a softmax, no convolution) runs float fastest on OpenVINO of the CPU
-  runtimes: every model of the family measured on the CPUs of this project, on both OpenVINO
-  and ONNX Runtime, put OpenVINO ahead by more than the timer's clear-lead factor
-  (:data:`~embedl_dynamo.tuning.timer.CLEAR`). So OpenVINO is tried first and, where it builds
-  and passes the judge, the contest stops there: the others are not built or timed. Any other
-  graph, a lower-precision option (``mixed``: its speed depends on the layers it quantized) or a
-  leader that fails to build is decided by measuring, as before.
+* :func:`family_rule`: a rule by op mix and size, learned from measurements. A large
+  transformer-style graph (attention: matmuls and a softmax, no convolution, and at least
+  :data:`TRANSFORMER_MIN_FLOPS` of matmul work per call, counted by PyTorch's FLOP counter on
+  fake tensors of the sample's shapes) runs float fastest on OpenVINO of the CPU runtimes: every such model measured on the
+  CPUs of this project, on both OpenVINO and ONNX Runtime, put OpenVINO ahead by more than the
+  timer's clear-lead factor (:data:`~embedl_dynamo.tuning.timer.CLEAR`), while small
+  transformers went to ONNX Runtime (its per-call cost is lower), hence the size gate. So
+  OpenVINO is tried first and, where it builds and passes the judge, the contest stops there:
+  the others are not built or timed. Any other graph, a lower-precision option (``mixed``: its
+  speed depends on the layers it quantized) or a leader that fails to build is decided by
+  measuring, as before.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,7 +33,20 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, module_attributes
 from embedl_dynamo.graph.printer import format_graph
 
-__all__ = ["FAMILY_RULES", "FamilyRule", "architecture_key", "graph_family", "family_rule"]
+__all__ = [
+    "FAMILY_RULES",
+    "TRANSFORMER_MIN_FLOPS",
+    "FamilyRule",
+    "architecture_key",
+    "family_rule",
+    "graph_family",
+    "matmul_flops",
+]
+
+
+#: matmul work per call (FLOPs, a multiply-add counting two) from which the transformer rule
+#: applies: BERT-base at sequence 128 is above it, the small encoders ONNX Runtime won are below
+TRANSFORMER_MIN_FLOPS = 10e9
 
 
 @dataclass(frozen=True)
@@ -39,17 +56,22 @@ class FamilyRule:
     Attributes:
         family: the family (:func:`graph_family`).
         leader: the runtime name tried first; the contest stops where it builds.
+        min_flops: the least work per call (:func:`matmul_flops`) the rule applies from.
         evidence: what measurements back the rule (shown in the report's note).
     """
 
     family: str
     leader: str
+    min_flops: float
     evidence: str
 
 
 FAMILY_RULES: tuple[FamilyRule, ...] = (
-    FamilyRule("transformer", "openvino", "OpenVINO led every transformer measured"),
-)
+    FamilyRule("transformer", "openvino", TRANSFORMER_MIN_FLOPS,
+               "OpenVINO led every large transformer measured"),
+)  # fmt: skip
+
+logger = logging.getLogger(__name__)
 
 _CONV = re.compile(r"conv(?!ert)")  # convolutions, not convert_element_type
 _ATTENTION = ("softmax", "scaled_dot_product_attention", "attention")
@@ -78,13 +100,34 @@ def graph_family(gm: fx.GraphModule) -> str | None:
     return "transformer" if attention and matmul else None
 
 
-def family_rule(gm: fx.GraphModule, runtimes: Sequence[str]) -> FamilyRule | None:
-    """The rule that settles the float graph ``gm`` among ``runtimes`` (names), or None."""
+def matmul_flops(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> int:
+    """FLOPs of one call of ``gm`` on ``inputs`` (matmuls, convolutions, attention), as
+    PyTorch's :class:`~torch.utils.flop_counter.FlopCounterMode` counts them, on fake tensors
+    (shapes only: nothing is computed); 0 where the graph does not run on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            with FlopCounterMode(display=False) as counter:
+                gm(*inputs)
+    except Exception as exc:  # no count, no rule: the contest decides
+        logger.debug("FLOPs not counted on fake tensors: %s", exc)
+        return 0
+    return int(counter.get_total_flops())
+
+
+def family_rule(
+    gm: fx.GraphModule, inputs: Sequence[torch.Tensor], runtimes: Sequence[str]
+) -> FamilyRule | None:
+    """The rule that settles the float graph ``gm`` among ``runtimes`` (names), or None (its
+    FLOPs are counted on ``inputs``' shapes only where a rule of its family exists)."""
     family = graph_family(gm)
-    for rule in FAMILY_RULES:
-        if rule.family == family and rule.leader in runtimes:
-            return rule
-    return None
+    rules = [r for r in FAMILY_RULES if r.family == family and r.leader in runtimes]
+    if not rules:
+        return None
+    flops = matmul_flops(gm, inputs)
+    return next((r for r in rules if flops >= r.min_flops), None)
 
 
 def _constant(gm: fx.GraphModule, target: str) -> Any:

@@ -1,8 +1,10 @@
 """``runtime="auto"`` settled without the contest: the architecture key (a cached decision is
-reused by the same architecture with other weights) and the family rule (a transformer's float
-graph takes OpenVINO, built alone, when it builds)."""
+reused by the same architecture with other weights) and the family rule (a large transformer's
+float graph takes OpenVINO, built alone, when it builds; a small one is timed)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -86,7 +88,25 @@ def test_the_architecture_key_ignores_weights_not_shapes():
     assert architecture_key(a, [x]) != architecture_key(wider, [x])
 
 
+def _any_size(monkeypatch):
+    """The rules without their size gate, so a graph small enough for a unit test takes them."""
+    rules = tuple(dataclasses.replace(r, min_flops=0) for r in REAL_RULES)
+    monkeypatch.setattr(runtime_rules, "FAMILY_RULES", rules)
+
+
+def test_a_small_transformer_is_below_the_rule_and_timed(monkeypatch, tmp_path):
+    """Small transformers went to ONNX Runtime when measured: the rule's size gate leaves them
+    to the contest."""
+    gm, x = _transformer()
+    assert 0 < runtime_rules.matmul_flops(gm, [x]) < runtime_rules.TRANSFORMER_MIN_FLOPS
+    built = _count_runtime_builds(monkeypatch)
+    choice = _auto(gm, x, Settings(cache_dir=tmp_path))  # conftest's stand-in timings
+    assert sorted(built) == ["onnxruntime", "openvino"] and choice.timings
+    assert "rule" not in choice.note
+
+
 def test_the_transformer_rule_builds_openvino_alone_and_times_nothing(monkeypatch, tmp_path):
+    _any_size(monkeypatch)
     gm, x = _transformer()
     built = _count_runtime_builds(monkeypatch)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)
@@ -101,6 +121,7 @@ def test_the_transformer_rule_builds_openvino_alone_and_times_nothing(monkeypatc
 
 
 def test_a_rule_leader_that_fails_to_build_leaves_the_others(monkeypatch, tmp_path):
+    _any_size(monkeypatch)
     gm, x = _transformer()
 
     def fails(self, gm, inputs):
@@ -113,6 +134,7 @@ def test_a_rule_leader_that_fails_to_build_leaves_the_others(monkeypatch, tmp_pa
 
 
 def test_no_rule_for_a_conv_net_it_is_timed(monkeypatch, tmp_path):
+    _any_size(monkeypatch)
     gm, x = _resnet()
     built = _count_runtime_builds(monkeypatch)
     choice = _auto(gm, x, Settings(cache_dir=tmp_path))  # conftest's stand-in timings
