@@ -7,7 +7,7 @@ of the folders in ``ISOLATED_FOLDERS`` gets it, a file elsewhere asks for it wit
 
 ``runtime="auto"`` times the ways to run a graph on every installed CPU runtime and keeps the
 fastest (:mod:`embedl_dynamo.tuning.runtime_choice`). Timings are no test's business: here a
-``mixed`` graph always "wins", then ONNX Runtime, so which runtime a test compiles to does not
+``mixed`` graph always "wins", then ONNX Runtime (and no family rule settles it), so which runtime a test compiles to does not
 depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real timing.
 """
 
@@ -64,6 +64,8 @@ def _deterministic_runtime_choice(monkeypatch):
         return {label: rank(label) for label in runtimes}
 
     monkeypatch.setattr(runtime_choice, "measure_runtimes", timings)
+    # no family rule either (tests/tuning/test_runtime_rules.py puts them back)
+    monkeypatch.setattr("embedl_dynamo.tuning.runtime_rules.FAMILY_RULES", ())
     yield
 
 

@@ -73,6 +73,20 @@ def test_precision_mix_counts_layers_per_precision() -> None:
     assert CompileReport([sub]).precision_mix() == "fp32"
 
 
+@pytest.mark.parametrize(("int8_ms", "said"), [(13.4, True), (10.0, False), (5.0, False)])
+def test_the_first_screen_says_when_int8_is_slower_than_float(int8_ms, said) -> None:
+    from embedl_dynamo.report.compile_report import CompileReport
+    from embedl_dynamo.report.subgraph import SubgraphReport
+
+    sub = SubgraphReport(index=0, backend="tensorrt", runtime="onnxruntime", ops=3, status="ok")
+    sub.pipeline = {"precision": "int8", "quantized": True,
+                    "int8_speed": {"runtime": "onnxruntime", "int8_ms": int8_ms, "fp32_ms": 10.0}}  # fmt: skip
+    second = CompileReport([sub]).summary().splitlines()[1]
+    assert second.startswith("warning: subgraph 0: int8 is 1.34x slower") == said
+    if said:
+        assert "on onnxruntime (13.40 ms against 10.00 ms)" in second and "'mixed'" in second
+
+
 def _big_tensors() -> list[torch.Tensor]:
     """Tensors of a million elements or more that Python can still reach (fake ones too: they
     stand for a graph Dynamo traced, which nothing should keep once it is reset)."""

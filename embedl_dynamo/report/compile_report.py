@@ -22,8 +22,10 @@ class CompileReport:
         return self.summary()
 
     def summary(self, max_subgraphs: int = 8) -> str:
-        """The first screen (a dozen lines): where each subgraph ran, the rewrites applied by
-        kind, the precision mix and the compile time; the full plan is one call away."""
+        """The first screen (a dozen lines): where each subgraph ran (and how ``runtime="auto"``
+        chose: measured, a cached decision or a rule), an ``int8`` slower than float, the
+        rewrites applied by kind, the precision mix and the compile time; the full plan is one
+        call away."""
         if not self.subgraphs:
             return "no subgraph compiled by an embedl_* backend yet"
         subs = self.subgraphs
@@ -35,6 +37,7 @@ class CompileReport:
             f"{len(subs) - len(compiled)} in PyTorch; "
             f"compile {sum(s.compile_s for s in subs):.1f} s"
         ]
+        lines += self.int8_slower()
         lines += [f"  {s}" for s in subs[:max_subgraphs]]
         if len(subs) > max_subgraphs:
             lines.append(f"  ... {len(subs) - max_subgraphs} more (report.subgraphs)")
@@ -50,6 +53,21 @@ class CompileReport:
         lines.append(f"precision: {self.precision_mix()}")
         lines.append("full plan: print(report[i].plan)")
         return "\n".join(lines)
+
+    def int8_slower(self) -> list[str]:
+        """One line per subgraph whose ``int8`` artifact was timed slower than the float one on
+        its runtime (``pipeline["int8_speed"]``): both numbers and the way out, ``mixed``."""
+        lines = []
+        for s in self.subgraphs:
+            speed = s.pipeline.get("int8_speed") or {}
+            int8, fp32 = speed.get("int8_ms", 0.0), speed.get("fp32_ms", 0.0)
+            if fp32 > 0 and int8 > fp32:
+                lines.append(
+                    f"warning: subgraph {s.index}: int8 is {int8 / fp32:.2f}x slower than float on "
+                    f"{speed['runtime']} ({int8:.2f} ms against {fp32:.2f} ms); it runs as asked. "
+                    "precision='mixed' keeps INT8 only where it pays"
+                )
+        return lines
 
     def to_html(self, path: str | os.PathLike[str]) -> Path:
         """Write the report as one self-contained HTML page (see :mod:`.html`).

@@ -7,9 +7,15 @@ subgraph (:func:`run_options`: a float graph on each runtime; a ``mixed`` graph 
 against the float graph on each other one) are built, timed on the example inputs and the
 fastest runs (:mod:`.timer`: the contest every speed decision uses); the others are released.
 
-The decision is cached, keyed by the options (labels, runtimes and artifact keys), the threads,
-the library versions and the CPU model: a second process (or a warm start) builds only the
-winner and measures nothing.
+Two cheap ways settle it without the contest (:mod:`.runtime_rules`), and the report's note says
+which one did:
+
+* the decision is cached, keyed by the options (labels, runtimes and each graph's
+  *architecture*: structure, not weights), the threads, the library versions and the CPU
+  model: a second process, a warm start, or the same architecture with other weights builds
+  only the winner and measures nothing;
+* a family rule (a large transformer's float graph: OpenVINO first) builds the leader alone and
+  stops there when it builds.
 """
 
 from __future__ import annotations
@@ -34,11 +40,13 @@ from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact
+from embedl_dynamo.tuning.runtime_rules import architecture_key, family_rule
 from embedl_dynamo.tuning.timer import fastest_of, time_options
 
 __all__ = [
     "RunOption",
     "RuntimeChoice",
+    "cpu_name",
     "fastest",
     "measure_runtimes",
     "run_options",
@@ -47,7 +55,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _NAMESPACE = "runtime_choice"
-_FORMAT = 1
+_FORMAT = 2  # 2: keyed by architecture, not by artifact content
 
 
 @dataclass(frozen=True)
@@ -80,7 +88,7 @@ class RuntimeChoice:
 
 
 @lru_cache(maxsize=1)
-def _cpu_name() -> str:
+def cpu_name() -> str:
     """The CPU model (decisions do not carry over to other CPUs)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -133,10 +141,6 @@ class _Builder:
             self.outputs[id(model)] = graph_outputs(model, self.inputs)
         return self.outputs[id(model)]
 
-    def artifact_key(self, option: RunOption) -> str:
-        """The key of the artifact ``option`` builds from."""
-        return self.exported[id(option.model)].key
-
     def build(self, option: RunOption) -> Runtime:
         """``option``'s runtime, built (raises what the build raises)."""
         runtime = option.runtime(self.settings, self.axes)
@@ -160,7 +164,7 @@ def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None
 def _store(cache: ArtifactCache | None, key: str, winner: str, timings: dict[str, float]) -> None:
     if cache is None:
         return
-    document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": _cpu_name()}
+    document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": cpu_name()}
     try:
         cache.put(key, json.dumps(document, indent=1).encode(), ".json",
                   meta={"kind": "runtime choice"})  # fmt: skip
@@ -182,7 +186,28 @@ def _cached_choice(
     except Exception as exc:
         logger.warning("cached runtime choice %s failed to build (%s); timing again", cached, exc)
         return None
-    return RuntimeChoice(option, runtime, {}, f"auto: {cached} (timed fastest here before)")
+    note = f"auto: {cached} (cached decision for this architecture on this CPU; not timed)"
+    return RuntimeChoice(option, runtime, {}, note)
+
+
+def _by_rule(options: Sequence[RunOption], builder: _Builder) -> RuntimeChoice | str | None:
+    """The family rule's leader, built alone (:func:`~.runtime_rules.family_rule`); the
+    leader's label when it failed to build (the others are timed without it); None when no
+    rule applies (a lower-precision option is always measured)."""
+    if len(options) < 2 or any(o.lower_precision for o in options):
+        return None
+    rule = family_rule(options[0].model, builder.inputs, [o.runtime.name for o in options])
+    if rule is None:
+        return None
+    leader = next(o for o in options if o.runtime.name == rule.leader)
+    try:
+        runtime = builder.build(leader)
+    except Exception as exc:  # the others may still run it
+        logger.info("%s cannot run this graph: %s", leader.label, exc)
+        return leader.label
+    note = f"auto: {leader.label} by the {rule.family} rule ({rule.evidence}; not timed)"
+    logger.info("%s", note)
+    return RuntimeChoice(leader, runtime, {}, note)
 
 
 def _build_all(options: Sequence[RunOption], builder: _Builder) -> dict[str, Runtime]:
@@ -208,7 +233,8 @@ def fastest(
     axes: DynamicAxes | None = None,
     judge: ArtifactJudge = judge_artifact,
 ) -> RuntimeChoice:
-    """Build every option and keep the fastest one (see the module docstring).
+    """The cached decision, else the family rule's leader, else every option built and the
+    fastest kept (see the module docstring).
 
     Args:
         options: the ways to run the subgraph, best first (ties and failures favour the
@@ -226,10 +252,11 @@ def fastest(
         Exception: what the last option raised, when none of them builds.
     """
     builder = _Builder(options, inputs, settings, axes, judge)
+    architectures = {id(o.model): architecture_key(o.model, inputs, repr(axes)) for o in options}
     key = content_key(
         _NAMESPACE, _FORMAT,
-        [[o.label, o.runtime.name, builder.artifact_key(o)] for o in options],
-        settings.num_threads, library_versions(o.runtime for o in options), _cpu_name(),
+        [[o.label, o.runtime.name, architectures[id(o.model)]] for o in options],
+        settings.num_threads, library_versions(o.runtime for o in options), cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
@@ -238,7 +265,10 @@ def fastest(
     cached = _cached_choice(options, builder, cache, key)
     if cached is not None:
         return cached
-    built = _build_all(options, builder)
+    ruled = _by_rule(options, builder)
+    if isinstance(ruled, RuntimeChoice):
+        return ruled
+    built = _build_all([o for o in options if o.label != ruled], builder)
     if len(built) == 1:
         (winner,) = built
         timings: dict[str, float] = {}
