@@ -121,12 +121,14 @@ def _fields(p: Precision) -> tuple[Any, ...]:
 
 _HALF = "embedl_dynamo.quant.half_precision:half_stage"
 _INT8 = "embedl_dynamo.quant.stage:int8_stage"
+_FP8 = "embedl_dynamo.quant.fp8:fp8_stage"
 _BUILT_IN = (
     Precision("fp32", lower=False),
     Precision("fp16", half_dtype=torch.float16, stage=_HALF),
     Precision("bf16", half_dtype=torch.bfloat16, stage=_HALF),
     Precision("int8", calibrates=True, quantizes=True, stage=_INT8),
     Precision("mixed", calibrates=True, quantizes=True, per_layer=True, stage=_INT8),
+    Precision("fp8", calibrates=True, quantizes=True, stage=_FP8),
 )
 _REGISTRY: dict[str, Precision] = {p.name: p for p in _BUILT_IN}
 

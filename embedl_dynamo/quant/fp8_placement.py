@@ -1,0 +1,117 @@
+"""Where FP8 goes: the TensorRT target's INT8 placement, kept where TensorRT has FP8 kernels.
+
+TensorRT runs FP8 (E4M3) in its GEMM-class layers only: convolutions, fully connected layers and
+matrix multiplies, attention's ``q k^T`` and ``probs v`` included (its fused FP8 attention).
+Elementwise layers (a residual Add), pooling and normalisation have no FP8 kernel: a Q/DQ
+there only adds a rounding. So FP8 keeps, of the INT8 placement's layers (by rule name):
+
+* ``quant_linear``, ``quant_matmul``, ``quant_attention``, ``quant_sdpa``,
+  ``quant_fused_attention``: GEMMs, always;
+* ``quant_conv``: a 2-d convolution with one group and input and output channel counts that are
+  multiples of 16 (TensorRT's FP8 convolution kernels); other convolutions stay float. A conv
+  with a fused residual keeps FP8 on its conv input only (the Add is elementwise);
+* ``quant_fused_module``: the attention probabilities (``q k^T``) and fused projections (a
+  weight matrix); pooling stays float;
+
+and every other layer (``quant_residual_add``, ...) stays in the graph's float type with the
+reason in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import fx, nn
+
+from embedl_dynamo.graph.nodes import constant_value
+from embedl_dynamo.patterns.attention import AttentionProbs
+from embedl_dynamo.patterns.fused_modules import FusedConv, FusedConvAdd
+from embedl_dynamo.quant.placement import Placement
+
+__all__ = [
+    "FP8_CONV_CHANNEL_MULTIPLE",
+    "FP8_GEMM_RULES",
+    "fp8_float_reasons",
+    "fp8_placement",
+]
+
+FP8_GEMM_RULES = frozenset(
+    {"quant_linear", "quant_matmul", "quant_attention", "quant_sdpa", "quant_fused_attention"}
+)
+FP8_CONV_CHANNEL_MULTIPLE = 16
+
+
+def _conv_reason(weight: object, groups: int) -> str:
+    shape = tuple(getattr(weight, "shape", ()))
+    if len(shape) != 4:
+        return f"{max(len(shape) - 2, 0)}-d convolution: TensorRT's FP8 convolution is 2-d"
+    if groups != 1:
+        return f"grouped convolution (groups={groups}): TensorRT has no FP8 kernel for it"
+    out_ch, in_ch = shape[:2]
+    m = FP8_CONV_CHANNEL_MULTIPLE
+    if in_ch % m or out_ch % m:
+        return (
+            f"convolution with {in_ch} input / {out_ch} output channels, not multiples of {m}: "
+            "TensorRT has no FP8 kernel for it"
+        )
+    return ""
+
+
+def _layer_reason(gm: fx.GraphModule, ident: str, node: fx.Node, module: nn.Module | None) -> str:
+    rule = ident.partition("@")[0]
+    if rule in FP8_GEMM_RULES:
+        return ""
+    if rule == "quant_conv":
+        if isinstance(module, FusedConv):
+            return _conv_reason(module.weight, module.groups)
+        weight = node.args[1] if len(node.args) > 1 else node.kwargs.get("weight")
+        groups = node.args[6] if len(node.args) > 6 else node.kwargs.get("groups", 1)
+        if isinstance(weight, fx.Node) and weight.op == "get_attr":
+            return _conv_reason(constant_value(gm, weight), int(groups))
+        return "convolution weight is not a constant"
+    if rule == "quant_fused_module":
+        if isinstance(module, AttentionProbs):
+            return ""
+        weight = getattr(module, "weight", None)
+        if weight is not None and getattr(weight, "dim", lambda: 0)() == 2:
+            return ""  # a projection: one GEMM
+        kind = type(module).__name__ if module is not None else node.op
+        return f"{kind}: TensorRT has no FP8 kernel for it (not a GEMM)"
+    return f"{rule}: an elementwise or other non-GEMM layer; TensorRT has no FP8 kernel for it"
+
+
+def fp8_float_reasons(gm: fx.GraphModule, placement: Placement) -> dict[str, str]:
+    """``{layer id: why it stays float}`` for the INT8 placement's layers FP8 does not take."""
+    nodes = {n.name: n for n in gm.graph.nodes}
+    reasons = {}
+    for ident in placement.quantized_layers:
+        layer = placement.layers[ident]
+        module = gm.get_submodule(layer.module) if layer.module else None
+        reason = _layer_reason(gm, ident, nodes[layer.node], module)
+        if reason:
+            reasons[ident] = reason
+    return reasons
+
+
+def fp8_placement(gm: fx.GraphModule, placement: Placement) -> Placement:
+    """The FP8 placement from the TensorRT target's INT8 ``placement`` of ``gm``.
+
+    Returns:
+        A new :class:`Placement`: the FP8 layers with their INT8 points, except a fused conv's
+        residual input; the others moved to ``float_layers`` with the reason.
+    """
+    reasons = fp8_float_reasons(gm, placement)
+    for reason in sorted(set(reasons.values())):
+        placement = placement.without({i for i, r in reasons.items() if r == reason}, reason)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    layers = {}
+    for ident, layer in placement.layers.items():
+        layer = dataclasses.replace(layer, activations=list(layer.activations))
+        module = gm.get_submodule(layer.module) if layer.module else None
+        args = nodes[layer.node].args
+        if isinstance(module, FusedConvAdd) and len(args) > 1 and isinstance(args[1], fx.Node):
+            layer.activations = [a for a in layer.activations if a != args[1].name]
+        layers[ident] = layer
+    needed = {a for layer in layers.values() for a in layer.activations}
+    activations = {n: r for n, r in placement.activations.items() if n in needed}
+    return dataclasses.replace(placement, activations=activations, layers=layers)
