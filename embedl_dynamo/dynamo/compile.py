@@ -38,6 +38,7 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.graph.scalar_outputs import split_scalar_outputs
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
+from embedl_dynamo.precision import get_precision
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import next_index, record
@@ -217,7 +218,8 @@ def _fit_calibration(job: _Job, frozen: fx.GraphModule) -> Settings:
 
 def _lazy_int8(settings: Settings) -> bool:
     """INT8 without calibration data: it calibrates on the first real calls."""
-    lazy = settings.precision.quantizes and not settings.precision.per_layer
+    int8_stage = settings.precision.stage == get_precision("int8").stage  # fp8's calibrates once
+    lazy = int8_stage and not settings.precision.per_layer
     return lazy and settings.calibration_data is None
 
 

@@ -11,7 +11,7 @@ import logging
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
-from embedl_dynamo.precision import Precision
+from embedl_dynamo.precision import Precision, get_precision
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
@@ -60,7 +60,8 @@ def cpu_precision_route(
         The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
     target = cls.cpu_target
-    if backend != TENSORRT or not settings.precision.quantizes or target is None:
+    int8_placed = settings.precision.stage == get_precision("int8").stage  # not fp8's
+    if backend != TENSORRT or not int8_placed or target is None:
         return backend, ""
     note = (
         f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "
