@@ -11,7 +11,11 @@ in CI, before a GPU ever sees the file):
 * weights are stored as int8 initializers read by DequantizeLinear (no QuantizeLinear of a
   constant left for the builder to fold);
 * a per-channel weight DequantizeLinear feeding a ``Conv`` quantizes along axis 0 (output
-  channels), the only axis TensorRT takes for convolution weights.
+  channels), the only axis TensorRT takes for convolution weights;
+* FP8 (:func:`lint_fp8`): Q/DQ with a float8 zero point need opset 19 or later and the
+  ``FLOAT8E4M3FN`` type (TensorRT's FP8 is E4M3), and every FP8 DequantizeLinear feeds a layer
+  TensorRT runs in FP8 (Conv, Gemm, MatMul, through data-movement ops); an FP8 convolution is
+  2-d, ungrouped, with channel counts that are multiples of 16.
 
 :func:`lint_for_tensorrt` returns one line per problem, naming the node; an empty list passes.
 """
@@ -22,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["OPSET_RANGE", "SUPPORTED_OPS", "lint_for_tensorrt"]
+__all__ = ["FP8_OPS", "OPSET_RANGE", "SUPPORTED_OPS", "lint_for_tensorrt", "lint_fp8"]
 
 OPSET_RANGE = (9, 20)
 
@@ -183,6 +187,15 @@ SUPPORTED_OPS = frozenset(
 )
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+# the layers TensorRT runs in FP8, and the ops Q/DQ moves across on the way to them
+FP8_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+_MOVES_DATA = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+_FP8_TYPES = {
+    onnx.TensorProto.FLOAT8E4M3FN: "FLOAT8E4M3FN",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "FLOAT8E4M3FNUZ",
+    onnx.TensorProto.FLOAT8E5M2: "FLOAT8E5M2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "FLOAT8E5M2FNUZ",
+}
 
 
 def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
@@ -215,7 +228,7 @@ def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
         if node.op_type not in _QDQ:
             continue
         problems += _check_qdq(node, where, constants, consumers)
-    return problems
+    return problems + lint_fp8(model, constants, consumers)
 
 
 def _check_qdq(
@@ -251,3 +264,83 @@ def _check_qdq(
         if per_channel and feeds_conv_weight and axis != 0:
             problems.append(f"{where}: per-channel conv weight quantized on axis {axis}, not 0")
     return problems
+
+
+def _fp8_layers(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
+    """The FP8-capable layers that read ``name``, directly or through data-movement ops."""
+    found, stack, seen = [], [name], set()
+    while stack:
+        value = stack.pop()
+        for node in consumers.get(value, []):
+            if node.op_type in FP8_OPS:
+                found.append(node)
+            elif node.op_type in _MOVES_DATA and node.output[0] not in seen:
+                seen.add(node.output[0])
+                stack.append(node.output[0])
+    return found
+
+
+def _fp8_conv_problem(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> str:
+    groups = next((a.i for a in node.attribute if a.name == "group"), 1)
+    weight = constants.get(node.input[1]) if len(node.input) > 1 else None
+    dims = list(weight.dims) if weight is not None else None
+    if groups != 1:
+        return f"grouped (group={groups})"
+    if dims is not None and len(dims) != 4:
+        return f"{len(dims) - 2}-d"
+    if dims is not None and (dims[0] % 16 or dims[1] % 16):
+        return f"{dims[1]} input / {dims[0]} output channels, not multiples of 16"
+    return ""
+
+
+def _dq_sources(graph: onnx.GraphProto) -> dict[str, str]:
+    """Each DequantizeLinear's output -> the value it reads (an FP8 conv's weight initializer)."""
+    return {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+
+
+def lint_fp8(
+    model: onnx.ModelProto,
+    constants: dict[str, onnx.TensorProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> list[str]:
+    """TensorRT's FP8 rules (see the module docstring); [] for a file without FP8 Q/DQ."""
+    problems: list[str] = []
+    fp8_nodes = [
+        (node, constants[node.input[2]].data_type)
+        for node in model.graph.node
+        if node.op_type in _QDQ
+        and len(node.input) > 2
+        and node.input[2] in constants
+        and constants[node.input[2]].data_type in _FP8_TYPES
+    ]
+    if not fp8_nodes:
+        return problems
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 19:
+        problems.append(f"FP8 Q/DQ at opset {opset}; float8 types need opset 19 or later")
+    dq_weights = _dq_sources(model.graph)
+    for node, dtype in fp8_nodes:
+        where = f"{node.op_type} {node.name or node.output[0]}"
+        if dtype != onnx.TensorProto.FLOAT8E4M3FN:
+            problems.append(f"{where}: {_FP8_TYPES[dtype]} zero point; TensorRT's FP8 is E4M3FN")
+        if node.op_type != "DequantizeLinear":
+            continue
+        layers = _fp8_layers(node.output[0], consumers)
+        if not layers:
+            problems.append(
+                f"{where}: FP8 feeds no Conv/Gemm/MatMul; TensorRT has no FP8 kernel there "
+                "(leave that layer in the float type)"
+            )
+        for conv in (c for c in layers if c.op_type == "Conv"):
+            if len(conv.input) > 1 and conv.input[1] in dq_weights:
+                weight = constants.get(dq_weights[conv.input[1]])
+                shown = {conv.input[1]: weight} if weight is not None else {}
+                problem = _fp8_conv_problem(conv, {**constants, **shown})
+            else:
+                problem = _fp8_conv_problem(conv, constants)
+            if problem:
+                problems.append(
+                    f"Conv {conv.name or conv.output[0]}: FP8 convolution {problem}; "
+                    "TensorRT has no FP8 kernel for it"
+                )
+    return sorted(set(problems), key=problems.index)
