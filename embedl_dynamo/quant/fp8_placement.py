@@ -7,9 +7,11 @@ there only adds a rounding. So FP8 keeps, of the INT8 placement's layers (by rul
 
 * ``quant_linear``, ``quant_matmul``, ``quant_attention``, ``quant_sdpa``,
   ``quant_fused_attention``: GEMMs, always;
-* ``quant_conv``: a 2-d convolution with one group and input and output channel counts that are
-  multiples of 16 (TensorRT's FP8 convolution kernels); other convolutions stay float. A conv
-  with a fused residual keeps FP8 on its conv input only (the Add is elementwise);
+* ``quant_conv``: a convolution with more than 16 input channels (per group) and more than 16
+  output channels and a filter of at most 32 taps, NVIDIA ModelOpt's FP8 rule
+  (``modelopt.onnx.quantization.graph_utils.find_nodes_from_convs_to_exclude``): smaller ones
+  have no FP8 kernel or run faster in FP16; they stay float. A conv with a fused residual keeps
+  FP8 on its conv input only (the Add is elementwise);
 * ``quant_fused_module``: the attention probabilities (``q k^T``) and fused projections (a
   weight matrix); pooling stays float;
 
@@ -20,6 +22,7 @@ reason in the report.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from torch import fx, nn
 
@@ -29,7 +32,8 @@ from embedl_dynamo.patterns.fused_modules import FusedConv, FusedConvAdd
 from embedl_dynamo.quant.placement import Placement
 
 __all__ = [
-    "FP8_CONV_CHANNEL_MULTIPLE",
+    "FP8_CONV_MAX_FILTER",
+    "FP8_CONV_MIN_CHANNELS",
     "FP8_GEMM_RULES",
     "fp8_float_reasons",
     "fp8_placement",
@@ -38,21 +42,27 @@ __all__ = [
 FP8_GEMM_RULES = frozenset(
     {"quant_linear", "quant_matmul", "quant_attention", "quant_sdpa", "quant_fused_attention"}
 )
-FP8_CONV_CHANNEL_MULTIPLE = 16
+FP8_CONV_MIN_CHANNELS = 16
+FP8_CONV_MAX_FILTER = 32
 
 
 def _conv_reason(weight: object, groups: int) -> str:
     shape = tuple(getattr(weight, "shape", ()))
-    if len(shape) != 4:
-        return f"{max(len(shape) - 2, 0)}-d convolution: TensorRT's FP8 convolution is 2-d"
-    if groups != 1:
-        return f"grouped convolution (groups={groups}): TensorRT has no FP8 kernel for it"
-    out_ch, in_ch = shape[:2]
-    m = FP8_CONV_CHANNEL_MULTIPLE
-    if in_ch % m or out_ch % m:
+    if len(shape) < 3:
+        return "convolution weight shape unknown"
+    out_ch, in_ch = shape[:2]  # in_ch: per group
+    m = FP8_CONV_MIN_CHANNELS
+    if out_ch <= m or in_ch <= m:
+        what = f"{in_ch} input channels" + (" per group" if groups > 1 else "")
         return (
-            f"convolution with {in_ch} input / {out_ch} output channels, not multiples of {m}: "
-            "TensorRT has no FP8 kernel for it"
+            f"convolution with {what} / {out_ch} output channels, not both above {m}: "
+            "TensorRT's FP8 kernels do not pay there (ModelOpt's rule)"
+        )
+    area = math.prod(shape[2:])
+    if area > FP8_CONV_MAX_FILTER:
+        return (
+            f"convolution filter of {area} taps, above {FP8_CONV_MAX_FILTER}: TensorRT has no "
+            "FP8 kernel for it (ModelOpt's rule)"
         )
     return ""
 

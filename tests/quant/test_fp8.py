@@ -101,16 +101,17 @@ class _Mixed(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.stem = nn.Conv2d(3, 16, 3, padding=1)  # 3 input channels: no FP8 kernel
-        self.wide = nn.Conv2d(16, 32, 3, padding=1)  # FP8
-        self.grouped = nn.Conv2d(32, 32, 3, padding=1, groups=4)  # grouped: no FP8 kernel
+        self.stem = nn.Conv2d(3, 32, 3, padding=1)  # 3 input channels: not in FP8
+        self.wide = nn.Conv2d(32, 32, 3, padding=1)  # FP8
+        self.grouped = nn.Conv2d(32, 32, 3, padding=1, groups=4)  # 8 per group: not in FP8
+        self.big = nn.Conv2d(32, 32, 7, padding=3)  # 49 taps: not in FP8
         self.res = nn.Conv2d(32, 32, 3, padding=1)  # FP8, its residual Add stays float
         self.fc = nn.Linear(32, 10)  # FP8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.stem(x))
         x = F.relu(self.wide(x))
-        y = self.grouped(x)
+        y = self.big(self.grouped(x))
         x = F.relu(self.res(y) + x)
         return self.fc(x.mean((2, 3)))
 
@@ -152,8 +153,9 @@ def _int8_points_of(calibrated, layer_ids) -> set[str]:
             (2, 3, 16, 16),
             {"quant_conv@wide", "quant_conv@res", "quant_linear@fc"},
             {
-                "quant_conv@stem": "3 input / 16 output channels, not multiples of 16",
-                "quant_conv@grouped": "grouped convolution (groups=4)",
+                "quant_conv@stem": "3 input channels / 32 output channels, not both above 16",
+                "quant_conv@grouped": "8 input channels per group / 32 output channels",
+                "quant_conv@big": "filter of 49 taps, above 32",
                 "quant_residual_add@add_1": "elementwise or other non-GEMM layer",
             },
         ),

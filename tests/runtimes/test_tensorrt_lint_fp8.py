@@ -14,14 +14,15 @@ def _fp8_conv_file(
     *,
     opset: int = 19,
     zero_type: int = TensorProto.FLOAT8E4M3FN,
-    channels: tuple[int, int] = (32, 16),
+    channels: tuple[int, int] = (32, 32),
     group: int = 1,
+    kernel: int = 3,
     consumer: str = "Conv",
 ) -> onnx.ModelProto:
     """x -> Q/DQ (FP8) -> ``consumer`` (a Conv with an FP8 weight read by DequantizeLinear, or
     an Add with a second input)."""
     out_ch, in_ch = channels
-    w = np.ones((out_ch, in_ch // group, 3, 3), np.float32)
+    w = np.ones((out_ch, in_ch // group, kernel, kernel), np.float32)
     init = [
         helper.make_tensor("s", TensorProto.FLOAT, [], [0.1]),
         helper.make_tensor("z", zero_type, [], [0]),
@@ -36,7 +37,7 @@ def _fp8_conv_file(
     ]
     if consumer == "Conv":
         nodes.append(helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", group=group,
-                                      pads=[1, 1, 1, 1]))  # fmt: skip
+                                      pads=[kernel // 2] * 4))  # fmt: skip
         out_shape = [1, out_ch, 8, 8]
     else:
         nodes = nodes[:2] + [helper.make_node("Add", ["xd", "x"], ["y"], name="add")]
@@ -63,10 +64,11 @@ def test_an_fp8_conv_tensorrt_runs_passes():
         ({"opset": 18}, "float8 types need opset 19"),
         ({"zero_type": TensorProto.FLOAT8E5M2}, "FLOAT8E5M2 zero point; TensorRT's FP8 is E4M3FN"),
         ({"consumer": "Add"}, "dq_x: FP8 feeds no Conv/Gemm/MatMul"),
-        ({"channels": (32, 3)}, "3 input / 32 output channels, not multiples of 16"),
-        ({"group": 2}, "FP8 convolution grouped (group=2)"),
+        ({"channels": (32, 3)}, "3 input (per group) / 32 output channels, not both above 16"),
+        ({"group": 2}, "16 input (per group) / 32 output channels"),
+        ({"kernel": 7}, "a filter of 49 taps, above 32"),
     ],
-    ids=["opset", "e5m2", "add", "channels", "grouped"],
+    ids=["opset", "e5m2", "add", "channels", "grouped", "filter"],
 )
 def test_each_fp8_rule_names_the_problem(kwargs, problem):
     problems = lint_for_tensorrt(_fp8_conv_file(**kwargs))

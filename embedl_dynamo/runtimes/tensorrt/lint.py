@@ -14,8 +14,9 @@ in CI, before a GPU ever sees the file):
   channels), the only axis TensorRT takes for convolution weights;
 * FP8 (:func:`lint_fp8`): Q/DQ with a float8 zero point need opset 19 or later and the
   ``FLOAT8E4M3FN`` type (TensorRT's FP8 is E4M3), and every FP8 DequantizeLinear feeds a layer
-  TensorRT runs in FP8 (Conv, Gemm, MatMul, through data-movement ops); an FP8 convolution is
-  2-d, ungrouped, with channel counts that are multiples of 16.
+  TensorRT runs in FP8 (Conv, Gemm, MatMul, through data-movement ops); an FP8 convolution has
+  more than 16 input (per group) and output channels and a filter of at most 32 taps (NVIDIA
+  ModelOpt's rule for FP8 convolutions).
 
 :func:`lint_for_tensorrt` returns one line per problem, naming the node; an empty list passes.
 """
@@ -281,15 +282,14 @@ def _fp8_layers(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> list[o
 
 
 def _fp8_conv_problem(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> str:
-    groups = next((a.i for a in node.attribute if a.name == "group"), 1)
     weight = constants.get(node.input[1]) if len(node.input) > 1 else None
-    dims = list(weight.dims) if weight is not None else None
-    if groups != 1:
-        return f"grouped (group={groups})"
-    if dims is not None and len(dims) != 4:
-        return f"{len(dims) - 2}-d"
-    if dims is not None and (dims[0] % 16 or dims[1] % 16):
-        return f"{dims[1]} input / {dims[0]} output channels, not multiples of 16"
+    if weight is None:
+        return ""
+    dims = list(weight.dims)
+    if dims[0] <= 16 or dims[1] <= 16:
+        return f"with {dims[1]} input (per group) / {dims[0]} output channels, not both above 16"
+    if int(np.prod(dims[2:])) > 32:
+        return f"with a filter of {int(np.prod(dims[2:]))} taps, above 32"
     return ""
 
 
