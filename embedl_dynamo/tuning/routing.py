@@ -29,15 +29,20 @@ def int8_route(cls: type[Runtime], precision: Precision) -> tuple[type[Runtime],
     Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
     Without it, INT8 (and ``mixed``) graphs go the ONNX -> TensorRT way (explicit Q/DQ in the
     file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
-    ends in its clear error and the float artifact.
+    ends in its clear error and the float artifact. FP8 always goes the ONNX way: Torch-TensorRT
+    2.13 converts FP8 ``quantize_op`` per tensor only, FP8 weights are per channel.
     """
     if cls is not TorchTensorRTRuntime or not precision.quantizes:
         return cls, ""
-    if has_quantize_op() or not TensorRTRuntime.is_available():
+    int8 = precision.stage == get_precision("int8").stage
+    if (int8 and has_quantize_op()) or not TensorRTRuntime.is_available():
         return cls, ""
     note = (
         "INT8 through ONNX -> TensorRT: Torch-TensorRT's tensorrt::quantize_op needs NVIDIA "
         "ModelOpt (pip install nvidia-modelopt)"
+        if int8
+        else f"{precision.name.upper()} through ONNX -> TensorRT: Torch-TensorRT's quantize "
+        "converter takes FP8 per tensor only, and the weights are per channel"
     )
     logger.info("%s", note)
     return TensorRTRuntime, note
