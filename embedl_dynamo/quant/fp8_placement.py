@@ -1,46 +1,53 @@
 """Where FP8 goes: the TensorRT target's INT8 placement, kept where TensorRT has FP8 kernels.
 
-TensorRT runs FP8 (E4M3) in its GEMM-class layers only: convolutions, fully connected layers and
-matrix multiplies, attention's ``q k^T`` and ``probs v`` included (its fused FP8 attention).
-Elementwise layers (a residual Add), pooling and normalisation have no FP8 kernel: a Q/DQ
-there only adds a rounding. So FP8 keeps, of the INT8 placement's layers (by rule name):
+TensorRT runs FP8 (E4M3) in its GEMM-class layers: convolutions, fully connected layers and
+matrix multiplies, attention's ``q k^T`` and ``probs v`` included (its fused FP8 attention), and
+fuses a residual Add into the GEMM or convolution that produces one of its inputs. NVIDIA
+ModelOpt's FP8 mode quantizes exactly these ("Conv, Gemm, MatMul and Residual-Add",
+``modelopt.onnx.quantization.fp8``). Pooling and normalisation have no FP8 kernel: a Q/DQ there
+only adds a rounding. So FP8 keeps, of the INT8 placement's layers (by rule name):
 
 * ``quant_linear``, ``quant_matmul``, ``quant_attention``, ``quant_sdpa``,
   ``quant_fused_attention``: GEMMs, always;
+* ``quant_residual_add``: the residual Adds INT8 quantizes (a transformer's: its branch input);
 * ``quant_conv``: a convolution with more than 16 input channels (per group) and more than 16
-  output channels and a filter of at most 32 taps, NVIDIA ModelOpt's FP8 rule
-  (``modelopt.onnx.quantization.graph_utils.find_nodes_from_convs_to_exclude``): smaller ones
-  have no FP8 kernel or run faster in FP16; they stay float. A conv with a fused residual keeps
-  FP8 on its conv input only (the Add is elementwise);
+  output channels and a filter of at most 32 taps, ModelOpt's FP8 rule
+  (``graph_utils.find_nodes_from_convs_to_exclude``): smaller ones have no FP8 kernel or run
+  faster in FP16; they stay float;
 * ``quant_fused_module``: the attention probabilities (``q k^T``) and fused projections (a
   weight matrix); pooling stays float;
 
-and every other layer (``quant_residual_add``, ...) stays in the graph's float type with the
-reason in the report.
+and every other layer stays in the graph's float type, with the reason in the report.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from torch import fx, nn
 
 from embedl_dynamo.graph.nodes import constant_value
 from embedl_dynamo.patterns.attention import AttentionProbs
-from embedl_dynamo.patterns.fused_modules import FusedConv, FusedConvAdd
+from embedl_dynamo.patterns.fused_modules import FusedConv
 from embedl_dynamo.quant.placement import Placement
 
 __all__ = [
     "FP8_CONV_MAX_FILTER",
     "FP8_CONV_MIN_CHANNELS",
-    "FP8_GEMM_RULES",
+    "FP8_RULES",
     "fp8_float_reasons",
     "fp8_placement",
 ]
 
-FP8_GEMM_RULES = frozenset(
-    {"quant_linear", "quant_matmul", "quant_attention", "quant_sdpa", "quant_fused_attention"}
+FP8_RULES = frozenset(
+    {
+        "quant_linear",
+        "quant_matmul",
+        "quant_attention",
+        "quant_sdpa",
+        "quant_fused_attention",
+        "quant_residual_add",
+    }
 )
 FP8_CONV_MIN_CHANNELS = 16
 FP8_CONV_MAX_FILTER = 32
@@ -69,7 +76,7 @@ def _conv_reason(weight: object, groups: int) -> str:
 
 def _layer_reason(gm: fx.GraphModule, ident: str, node: fx.Node, module: nn.Module | None) -> str:
     rule = ident.partition("@")[0]
-    if rule in FP8_GEMM_RULES:
+    if rule in FP8_RULES:
         return ""
     if rule == "quant_conv":
         if isinstance(module, FusedConv):
@@ -87,7 +94,7 @@ def _layer_reason(gm: fx.GraphModule, ident: str, node: fx.Node, module: nn.Modu
             return ""  # a projection: one GEMM
         kind = type(module).__name__ if module is not None else node.op
         return f"{kind}: TensorRT has no FP8 kernel for it (not a GEMM)"
-    return f"{rule}: an elementwise or other non-GEMM layer; TensorRT has no FP8 kernel for it"
+    return f"{rule}: not a GEMM, convolution or residual Add; TensorRT has no FP8 kernel for it"
 
 
 def fp8_float_reasons(gm: fx.GraphModule, placement: Placement) -> dict[str, str]:
@@ -107,21 +114,10 @@ def fp8_placement(gm: fx.GraphModule, placement: Placement) -> Placement:
     """The FP8 placement from the TensorRT target's INT8 ``placement`` of ``gm``.
 
     Returns:
-        A new :class:`Placement`: the FP8 layers with their INT8 points, except a fused conv's
-        residual input; the others moved to ``float_layers`` with the reason.
+        A new :class:`Placement`: the FP8 layers with their INT8 points; the others moved to
+        ``float_layers`` with the reason.
     """
     reasons = fp8_float_reasons(gm, placement)
     for reason in sorted(set(reasons.values())):
         placement = placement.without({i for i, r in reasons.items() if r == reason}, reason)
-    nodes = {n.name: n for n in gm.graph.nodes}
-    layers = {}
-    for ident, layer in placement.layers.items():
-        layer = dataclasses.replace(layer, activations=list(layer.activations))
-        module = gm.get_submodule(layer.module) if layer.module else None
-        args = nodes[layer.node].args
-        if isinstance(module, FusedConvAdd) and len(args) > 1 and isinstance(args[1], fx.Node):
-            layer.activations = [a for a in layer.activations if a != args[1].name]
-        layers[ident] = layer
-    needed = {a for layer in layers.values() for a in layer.activations}
-    activations = {n: r for n, r in placement.activations.items() if n in needed}
-    return dataclasses.replace(placement, activations=activations, layers=layers)
+    return placement

@@ -12,7 +12,6 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from embedl_dynamo.backend import backend_by_name
-from embedl_dynamo.patterns.fused_modules import FusedConvAdd
 from embedl_dynamo.quant.fp8 import check_fp8_quantizer, quantize_fp8
 from embedl_dynamo.quant.fp8_placement import fp8_float_reasons
 from embedl_dynamo.quant.fp8_qdq import (
@@ -105,7 +104,7 @@ class _Mixed(nn.Module):
         self.wide = nn.Conv2d(32, 32, 3, padding=1)  # FP8
         self.grouped = nn.Conv2d(32, 32, 3, padding=1, groups=4)  # 8 per group: not in FP8
         self.big = nn.Conv2d(32, 32, 7, padding=3)  # 49 taps: not in FP8
-        self.res = nn.Conv2d(32, 32, 3, padding=1)  # FP8, its residual Add stays float
+        self.res = nn.Conv2d(32, 32, 3, padding=1)  # FP8, its residual Add too
         self.fc = nn.Linear(32, 10)  # FP8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -151,12 +150,11 @@ def _int8_points_of(calibrated, layer_ids) -> set[str]:
         (
             _Mixed,
             (2, 3, 16, 16),
-            {"quant_conv@wide", "quant_conv@res", "quant_linear@fc"},
+            {"quant_conv@wide", "quant_conv@res", "quant_residual_add@add_1", "quant_linear@fc"},
             {
                 "quant_conv@stem": "3 input channels / 32 output channels, not both above 16",
                 "quant_conv@grouped": "8 input channels per group / 32 output channels",
                 "quant_conv@big": "filter of 49 taps, above 32",
-                "quant_residual_add@add_1": "elementwise or other non-GEMM layer",
             },
         ),
         (lambda: ViTLike(dim=32, heads=2).eval(), (2, 3, 16, 16), None, {}),
@@ -178,19 +176,12 @@ def test_fp8_sits_exactly_at_the_int8_inputs_of_fp8_layers(make, shape, fp8, flo
         assert set(kept) == fp8
         assert {i: next(r for r in reasons.values() if r.find(want) >= 0) for i, want in
                 float_reasons.items()} == {i: reasons[i] for i in float_reasons}  # fmt: skip
-    else:  # the ViT: every linear and attention GEMM FP8; residual adds and the 3-channel stem not
-        assert kept and all(i.split("@")[0] != "quant_residual_add" for i in kept)
-        assert any(i.startswith("quant_fused_module@") or "attention" in i for i in kept)
-        assert any(i.startswith("quant_residual_add@") for i in reasons)
-    # FP8 exactly at the INT8 inputs of the FP8 layers (a fused conv's residual excepted) ...
-    expected = set()
-    for ident in kept:
-        layer = calibrated.placement.layers[ident]
-        node = next(n for n in calibrated.gm.graph.nodes if n.name == layer.node)
-        residual = ""
-        if layer.module and isinstance(calibrated.gm.get_submodule(layer.module), FusedConvAdd):
-            residual = node.args[1].name
-        expected |= _int8_points_of(calibrated, [ident]) - {residual}
+    else:  # the ViT: every linear, attention GEMM and residual add FP8; the 3-channel stem not
+        assert any(i.startswith("quant_residual_add@") for i in kept)
+        assert any(i.startswith("quant_fused_module@") for i in kept)
+        assert set(reasons) == {"quant_conv@patch_embed"}
+    # FP8 exactly at the INT8 inputs of the FP8 layers ...
+    expected = _int8_points_of(calibrated, kept)
     got = _points(fp8_model, (FP8FakeQuantize, FP8WeightFakeQuantize))
     assert got == expected
     # ... and nowhere else: a subset of INT8's points, and no INT8 quantizer left behind

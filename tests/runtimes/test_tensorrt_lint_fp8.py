@@ -20,7 +20,7 @@ def _fp8_conv_file(
     consumer: str = "Conv",
 ) -> onnx.ModelProto:
     """x -> Q/DQ (FP8) -> ``consumer`` (a Conv with an FP8 weight read by DequantizeLinear, or
-    an Add with a second input)."""
+    a one-input op such as GlobalAveragePool)."""
     out_ch, in_ch = channels
     w = np.ones((out_ch, in_ch // group, kernel, kernel), np.float32)
     init = [
@@ -40,8 +40,8 @@ def _fp8_conv_file(
                                       pads=[kernel // 2] * 4))  # fmt: skip
         out_shape = [1, out_ch, 8, 8]
     else:
-        nodes = nodes[:2] + [helper.make_node("Add", ["xd", "x"], ["y"], name="add")]
-        out_shape = [1, in_ch, 8, 8]
+        nodes = nodes[:2] + [helper.make_node(consumer, ["xd"], ["y"], name="pool")]
+        out_shape = [1, in_ch, 1, 1]
     graph = helper.make_graph(
         nodes,
         "fp8",
@@ -63,12 +63,12 @@ def test_an_fp8_conv_tensorrt_runs_passes():
     [
         ({"opset": 18}, "float8 types need opset 19"),
         ({"zero_type": TensorProto.FLOAT8E5M2}, "FLOAT8E5M2 zero point; TensorRT's FP8 is E4M3FN"),
-        ({"consumer": "Add"}, "dq_x: FP8 feeds no Conv/Gemm/MatMul"),
+        ({"consumer": "GlobalAveragePool"}, "dq_x: FP8 feeds no Conv/Gemm/MatMul or residual Add"),
         ({"channels": (32, 3)}, "3 input (per group) / 32 output channels, not both above 16"),
         ({"group": 2}, "16 input (per group) / 32 output channels"),
         ({"kernel": 7}, "a filter of 49 taps, above 32"),
     ],
-    ids=["opset", "e5m2", "add", "channels", "grouped", "filter"],
+    ids=["opset", "e5m2", "pooling", "channels", "grouped", "filter"],
 )
 def test_each_fp8_rule_names_the_problem(kwargs, problem):
     problems = lint_for_tensorrt(_fp8_conv_file(**kwargs))
@@ -77,4 +77,13 @@ def test_each_fp8_rule_names_the_problem(kwargs, problem):
 
 def test_an_int8_file_is_not_held_to_the_fp8_rules():
     model = _fp8_conv_file(zero_type=TensorProto.INT8, channels=(32, 3), consumer="Conv")
+    assert lint_for_tensorrt(model) == []
+
+
+def test_fp8_into_a_residual_add_passes():
+    """TensorRT fuses it into the layer producing the other input (ModelOpt's Residual-Add)."""
+    model = _fp8_conv_file()
+    add = onnx.helper.make_node("Add", ["xd", "y"], ["z"], name="residual")
+    model.graph.node.append(add)
+    model.graph.output[0].name = "z"
     assert lint_for_tensorrt(model) == []

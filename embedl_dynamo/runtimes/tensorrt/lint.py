@@ -14,7 +14,8 @@ in CI, before a GPU ever sees the file):
   channels), the only axis TensorRT takes for convolution weights;
 * FP8 (:func:`lint_fp8`): Q/DQ with a float8 zero point need opset 19 or later and the
   ``FLOAT8E4M3FN`` type (TensorRT's FP8 is E4M3), and every FP8 DequantizeLinear feeds a layer
-  TensorRT runs in FP8 (Conv, Gemm, MatMul, through data-movement ops); an FP8 convolution has
+  TensorRT runs in FP8 (Conv, Gemm, MatMul, or a residual Add it fuses into one, through
+  data-movement ops; ModelOpt's FP8 op set); an FP8 convolution has
   more than 16 input (per group) and output channels and a filter of at most 32 taps (NVIDIA
   ModelOpt's rule for FP8 convolutions).
 
@@ -267,13 +268,20 @@ def _check_qdq(
     return problems
 
 
-def _fp8_layers(name: str, consumers: dict[str, list[onnx.NodeProto]]) -> list[onnx.NodeProto]:
-    """The FP8-capable layers that read ``name``, directly or through data-movement ops."""
+def _fp8_layers(
+    name: str,
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: dict[str, onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """The layers that read ``name`` (directly or through data-movement ops) and that TensorRT
+    runs in FP8: Conv, Gemm, MatMul, and a residual Add (two activations), which it fuses into
+    the GEMM or convolution producing one of them."""
     found, stack, seen = [], [name], set()
     while stack:
         value = stack.pop()
         for node in consumers.get(value, []):
-            if node.op_type in FP8_OPS:
+            residual = node.op_type == "Add" and not any(i in constants for i in node.input)
+            if node.op_type in FP8_OPS or residual:
                 found.append(node)
             elif node.op_type in _MOVES_DATA and node.output[0] not in seen:
                 seen.add(node.output[0])
@@ -325,11 +333,11 @@ def lint_fp8(
             problems.append(f"{where}: {_FP8_TYPES[dtype]} zero point; TensorRT's FP8 is E4M3FN")
         if node.op_type != "DequantizeLinear":
             continue
-        layers = _fp8_layers(node.output[0], consumers)
+        layers = _fp8_layers(node.output[0], consumers, constants)
         if not layers:
             problems.append(
-                f"{where}: FP8 feeds no Conv/Gemm/MatMul; TensorRT has no FP8 kernel there "
-                "(leave that layer in the float type)"
+                f"{where}: FP8 feeds no Conv/Gemm/MatMul or residual Add; TensorRT has no FP8 "
+                "kernel there (leave that layer in the float type)"
             )
         for conv in (c for c in layers if c.op_type == "Conv"):
             if len(conv.input) > 1 and conv.input[1] in dq_weights:
