@@ -78,6 +78,24 @@ def test_export_fp8_writes_the_file_for_tensorrt(tmp_path):
     assert "not both above 16" in reasons["quant_conv@stem"]
 
 
+def test_the_compile_report_shows_fp8_layers(tmp_path):
+    from embedl_dynamo.report.html import layer_rows
+
+    torch.manual_seed(0)
+    model = _Net().eval()
+    options = {"precision": "fp8", "calibration_data": [torch.randn(2, 3, 16, 16)],
+               "cache_dir": str(tmp_path), "runtime": "onnxruntime", "fallback": "raise"}  # fmt: skip
+    compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 16, 16))
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert sub.runtime == "onnxruntime" and "fp8 (2 fp8, 1 fp32 layers)" in str(
+        embedl_dynamo.last_report()
+    )
+    rows = {r["id"]: r["precision"] for r in layer_rows(sub)}
+    assert rows["conv_relu@conv"] == "fp8" and rows["conv_relu@stem"] == "fp32", rows
+
+
 def test_fp8_is_accepted_from_options_the_environment_and_the_cli(tmp_path, monkeypatch):
     assert Settings.from_options({"precision": "fp8"}).precision.name == "fp8"
     monkeypatch.setenv(ENV_PRECISION, "fp8")
