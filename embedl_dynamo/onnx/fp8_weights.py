@@ -10,6 +10,7 @@ quarter of the bytes.
 
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
@@ -37,17 +38,61 @@ def fp8_opset(module: nn.Module, opset: int | None, default: int) -> int:
     return opset or max(default, FP8_MIN_OPSET)
 
 
+def _varint(data: Any, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value, pos
+
+
+def _fields(data: Any, start: int, end: int) -> Any:
+    """``(field number, start, end)`` of each length-delimited field of a protobuf message."""
+    pos = start
+    while pos < end:
+        key, pos = _varint(data, pos)
+        wire = key & 7
+        if wire == 0:
+            pos = _varint(data, pos)[1]
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        elif wire == 2:
+            length, pos = _varint(data, pos)
+            yield key >> 3, pos, pos + length
+            pos += length
+        else:
+            return  # groups: not in ONNX
+
+
+def _names_qdq(data: Any) -> bool:
+    """Whether a serialized ModelProto has a Q/DQ node, reading its nodes only (initializers
+    are skipped by length, so a float file costs no parse)."""
+    for number, start, end in _fields(data, 0, len(data)):
+        if number != 7:  # ModelProto.graph
+            continue
+        for field, a, b in _fields(data, start, end):
+            if field == 1 and data.find(b"QuantizeLinear", a, b) >= 0:  # GraphProto.node
+                return True
+    return False
+
+
 def has_fp8_qdq(model: Any) -> bool:
     """Whether the ONNX model (a ``ModelProto``, serialized bytes or a path) holds a Q/DQ with a
-    ``FLOAT8E4M3FN`` zero point; external data is not read."""
+    ``FLOAT8E4M3FN`` zero point; external data is not read, a float file is not parsed."""
     import onnx
 
-    if isinstance(model, bytes):
-        if b"QuantizeLinear" not in model:
-            return False
-        model = onnx.load_from_string(model)
-    elif not isinstance(model, onnx.ModelProto):
-        model = onnx.load(str(model), load_external_data=False)
+    if not isinstance(model, onnx.ModelProto):
+        if isinstance(model, bytes):
+            if not _names_qdq(model):
+                return False
+            model = onnx.load_from_string(model)
+        else:
+            with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                if not _names_qdq(m):
+                    return False
+            model = onnx.load(str(model), load_external_data=False)
     fp8 = onnx.TensorProto.FLOAT8E4M3FN
     typed = {i.name for i in model.graph.initializer if i.data_type == fp8}
     typed |= {
