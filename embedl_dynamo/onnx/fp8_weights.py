@@ -78,21 +78,31 @@ def _names_qdq(data: Any) -> bool:
     return False
 
 
+def _parsed_if_qdq(model: Any) -> Any:
+    """The ``ModelProto`` of serialized bytes or a path when it names a Q/DQ node, else None."""
+    import onnx
+
+    if isinstance(model, bytes):
+        return onnx.load_from_string(model) if _names_qdq(model) else None
+    with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        if not _names_qdq(m):
+            return None
+    return onnx.load(str(model), load_external_data=False)
+
+
 def has_fp8_qdq(model: Any) -> bool:
     """Whether the ONNX model (a ``ModelProto``, serialized bytes or a path) holds a Q/DQ with a
     ``FLOAT8E4M3FN`` zero point; external data is not read, a float file is not parsed."""
     import onnx
+    from google.protobuf.message import DecodeError
 
     if not isinstance(model, onnx.ModelProto):
-        if isinstance(model, bytes):
-            if not _names_qdq(model):
-                return False
-            model = onnx.load_from_string(model)
-        else:
-            with open(model, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-                if not _names_qdq(m):
-                    return False
-            model = onnx.load(str(model), load_external_data=False)
+        try:
+            model = _parsed_if_qdq(model)
+        except (OSError, ValueError, IndexError, DecodeError):
+            return False  # not a readable model: its loader names the problem
+        if model is None:
+            return False
     fp8 = onnx.TensorProto.FLOAT8E4M3FN
     typed = {i.name for i in model.graph.initializer if i.data_type == fp8}
     typed |= {

@@ -64,6 +64,9 @@ def test_int8_weights_are_not_fp8_folded_and_files_are_told_apart(tmp_path):
         )
     )  # fmt: skip
     assert not has_fp8_qdq(float_model.SerializeToString())
+    broken = tmp_path / "broken.onnx"  # a file that is no model: ONNX Runtime names the problem
+    broken.write_bytes(b"\x3a\x12\x0a\x10QuantizeLinear\xff")
+    assert not has_fp8_qdq(broken) and not has_fp8_qdq(tmp_path / "missing.onnx")
 
 
 def test_an_fp8_graph_exports_at_opset_19_or_later():
