@@ -1,4 +1,4 @@
-"""Where our ``tensorrt`` INT8 export puts Q/DQ, against NVIDIA ModelOpt's ONNX INT8 placement.
+"""Where our ``tensorrt`` INT8 (or FP8) export puts Q/DQ, against NVIDIA ModelOpt's ONNX placement.
 
 For each model (random weights, batch 1, static shapes):
 
@@ -7,6 +7,8 @@ For each model (random weights, batch 1, static shapes):
 3. ModelOpt's INT8 file: ``modelopt.onnx.quantization.quantize`` of *our float file* with the
    same batches (``calibration_method="max"``, CPU calibration, ``high_precision_dtype="fp32"``
    by default so both files stay float32 around the Q/DQ and only the placement differs);
+   With ``--mode fp8`` steps 2 and 3 are ``precision="fp8"`` and ModelOpt's
+   ``quantize_mode="fp8"`` (E4M3FN Q/DQ) instead;
 4. for every Conv, Gemm, MatMul and Add node (and any other op that reads a Q/DQ'd tensor in
    either file: Mul, pooling, LayerNorm...), which of its inputs are fed by a
    DequantizeLinear, in ours and in ModelOpt's.
@@ -33,7 +35,8 @@ constraints' versions.)
 Usage (from the repository root, so that ``bench`` imports)::
 
     python bench/modelopt_agreement.py [--models resnet50,vit_small] [--calibration 4]
-        [--high-precision fp32|fp16] [--dq-only] [--out-dir DIR] [--json out.json]
+        [--mode int8|fp8] [--high-precision fp32|fp16] [--dq-only] [--out-dir DIR]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -461,8 +464,9 @@ def markdown(result: Comparison) -> str:
 
 
 def build_files(
-    name: str, out: Path, n_calibration: int, high_precision: str, dq_only: bool
-) -> tuple[Path, Path, Path, dict[str, float]]:
+    name: str, out: Path, n_calibration: int, high_precision: str, dq_only: bool,
+    mode: str = "int8",
+) -> tuple[Path, Path, Path, dict[str, float]]:  # fmt: skip
     from modelopt.onnx.quantization import quantize as modelopt_quantize
 
     import embedl_dynamo
@@ -472,7 +476,7 @@ def build_files(
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(1, 3, 224, 224, generator=gen)
     calibration = [torch.randn(1, 3, 224, 224, generator=gen) for _ in range(n_calibration)]
-    paths = [out / f"{name}_{kind}.onnx" for kind in ("fp32", "ours_int8", "modelopt_int8")]
+    paths = [out / f"{name}_{kind}.onnx" for kind in ("fp32", f"ours_{mode}", f"modelopt_{mode}")]
     seconds = {}
     common = dict(backend="tensorrt", verify=False, dynamic_batch=False,
                   options={"cache_dir": str(out / "cache")})  # fmt: skip
@@ -480,14 +484,12 @@ def build_files(
     embedl_dynamo.export(model, x, paths[0], precision="fp32", **common)
     seconds["our fp32 export"] = time.perf_counter() - start
     start = time.perf_counter()
-    embedl_dynamo.export(
-        model, x, paths[1], precision="int8", calibration_data=calibration, **common
-    )
-    seconds["our int8 export"] = time.perf_counter() - start
+    embedl_dynamo.export(model, x, paths[1], precision=mode, calibration_data=calibration, **common)
+    seconds[f"our {mode} export"] = time.perf_counter() - start
     start = time.perf_counter()
     modelopt_quantize(
         str(paths[0]),
-        quantize_mode="int8",
+        quantize_mode=mode,
         calibration_data=np.concatenate([c.numpy() for c in calibration]),
         calibration_method="max",
         calibration_eps=["cpu"],
@@ -507,6 +509,8 @@ def main() -> None:
     parser.add_argument("--calibration", type=int, default=4, help="random batches of 1")
     parser.add_argument("--high-precision", choices=("fp32", "fp16"), default="fp32",
                         help="ModelOpt's high_precision_dtype (its own default is fp16)")  # fmt: skip
+    parser.add_argument("--mode", choices=("int8", "fp8"), default="int8",
+                        help="our precision and ModelOpt's quantize_mode")  # fmt: skip
     parser.add_argument("--dq-only", action="store_true", help="ModelOpt: int8 weights, DQ only")
     parser.add_argument("--out-dir", help="keep the ONNX files here (default: a temp dir)")
     parser.add_argument("--json", help="also write the tables and differences as JSON")
@@ -521,7 +525,7 @@ def main() -> None:
         for name in args.models.split(","):
             start = time.perf_counter()
             ref, ours, mo, seconds = build_files(
-                name, out, args.calibration, args.high_precision, args.dq_only
+                name, out, args.calibration, args.high_precision, args.dq_only, args.mode
             )
             result = compare(name, ref, ours, mo)
             result.seconds = {**seconds, "total": time.perf_counter() - start}

@@ -122,6 +122,7 @@ def _fields(p: Precision) -> tuple[Any, ...]:
 _HALF = "embedl_dynamo.quant.half_precision:half_stage"
 _INT8 = "embedl_dynamo.quant.stage:int8_stage"
 _WEIGHT_ONLY = "embedl_dynamo.quant.weight_only:weight_only_stage"
+_FP8 = "embedl_dynamo.quant.fp8:fp8_stage"
 _BUILT_IN = (
     Precision("fp32", lower=False),
     Precision("fp16", half_dtype=torch.float16, stage=_HALF),
@@ -130,6 +131,7 @@ _BUILT_IN = (
     Precision("mixed", calibrates=True, quantizes=True, per_layer=True, stage=_INT8),
     Precision("int8_weight_only", stage=_WEIGHT_ONLY),
     Precision("int4_weight_only", stage=_WEIGHT_ONLY),
+    Precision("fp8", calibrates=True, quantizes=True, stage=_FP8),
 )
 _REGISTRY: dict[str, Precision] = {p.name: p for p in _BUILT_IN}
 

@@ -70,7 +70,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_built_in_precisions_and_their_facts():
     weight_only = ("int8_weight_only", "int4_weight_only")
-    assert precision_names() == ("fp32", "fp16", "bf16", "int8", "mixed", *weight_only)
+    assert precision_names() == ("fp32", "fp16", "bf16", "int8", "mixed", *weight_only, "fp8")
     facts = {
         n: (p.lower, p.calibrates, p.quantizes, p.per_layer, p.half_dtype)
         for n in precision_names()
@@ -84,6 +84,7 @@ def test_built_in_precisions_and_their_facts():
         "mixed": (True, True, True, True, None),
         "int8_weight_only": (True, False, False, False, None),
         "int4_weight_only": (True, False, False, False, None),
+        "fp8": (True, True, True, False, None),
     }
     assert get_precision("fp32").load_stage() is None
     assert get_precision("int8").load_stage() is get_precision("mixed").load_stage()
@@ -98,8 +99,8 @@ def test_registry_refuses_duplicates_bad_entries_and_removing_built_ins():
         Precision("fp8", stage="no_colon")
     with pytest.raises(ValueError, match="not a floating torch.dtype"):
         Precision("int4", half_dtype=torch.int8)
-    with pytest.raises(ValueError, match=r"invalid precision='fp8'; valid values: 'fp32'"):
-        get_precision("fp8")
+    with pytest.raises(ValueError, match=r"invalid precision='fp9'; valid values: 'fp32'"):
+        get_precision("fp9")
     with pytest.raises(ValueError, match="its stage 'nowhere:stage' cannot be loaded"):
         Precision("fp8", stage="nowhere:stage").load_stage()
 
@@ -108,7 +109,7 @@ def test_a_registered_precision_is_accepted_everywhere_and_forgotten_when_remove
     assert Settings.from_options({"precision": "bf16w"}, env={}).precision is bf16w
     env = {"EMBEDL_DYNAMO_PRECISION": "bf16w"}
     assert Settings.from_options({}, env=env).precision is bf16w
-    with pytest.raises(ValueError, match="valid values: 'fp32', .*'mixed', .*'bf16w'"):
+    with pytest.raises(ValueError, match="valid values: 'fp32', .*'mixed', .*'fp8', 'bf16w'"):
         Settings.from_options({"precision": "fp9"}, env={})
     with pytest.raises(ValueError, match="quantize='int8' conflicts with precision='bf16w'"):
         Settings.from_options({"precision": "bf16w", "quantize": "int8"}, env={})

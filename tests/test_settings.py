@@ -59,7 +59,7 @@ def test_unknown_option_lists_valid_ones():
         ({"dynamic_batch": "yes"}, "expected True or False"),
         ({"progress": 1}, "expected True, False or None"),
         ({"calibration_data": 3}, "expected an iterable"),
-        ({"precision": "fp8"}, "invalid precision='fp8'; valid values: 'fp32', 'fp16', 'bf16'"),
+        ({"precision": "fp9"}, "invalid precision='fp9'; valid values: 'fp32', 'fp16', 'bf16'"),
         (
             {"precision": "fp16", "quantize": "int8"},
             "quantize='int8' conflicts with precision='fp16'; give one: precision='int8'",

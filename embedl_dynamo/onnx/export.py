@@ -38,6 +38,7 @@ from torch import fx, nn
 
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+from embedl_dynamo.onnx.fp8_weights import fp8_opset
 from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
     capture_initializers,
@@ -280,7 +281,7 @@ def _export(
 
     if exporter not in _EXPORTERS:
         raise ValueError(f"invalid exporter={exporter!r}; valid values: {', '.join(_EXPORTERS)}")
-    opset = opset or DEFAULT_OPSET
+    opset = fp8_opset(gm, opset, DEFAULT_OPSET)
     module = _FlatOutputs(gm).eval()
     args = tuple(example_inputs)
     if outputs is None:

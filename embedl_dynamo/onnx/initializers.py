@@ -35,6 +35,7 @@ from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.external_data import data_path, save_model_file
+from embedl_dynamo.onnx.fp8_weights import fold_fp8_weights
 from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 
 __all__ = [
@@ -187,7 +188,7 @@ def save_quantized(model: Any, weights: dict[str, torch.Tensor], path: str | Pat
     import onnx
 
     attach_initializers(model, weights)
-    folded = fold_int8_weights(model)
+    folded = fold_int8_weights(model) + fold_fp8_weights(model)
     if external_data.initializer_bytes(model) > external_data.EXTERNAL_DATA_BYTES:
         save_model_file(model, path)
         return folded

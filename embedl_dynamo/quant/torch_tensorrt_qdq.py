@@ -17,6 +17,7 @@ import torch
 from torch import fx
 from torch.nn.utils import parametrize
 
+from embedl_dynamo.quant.fp8_qdq import holds_fp8
 from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
 
 __all__ = ["has_quantize_op", "is_available", "to_torch_tensorrt_qdq"]
@@ -55,8 +56,14 @@ def to_torch_tensorrt_qdq(gm: fx.GraphModule) -> fx.GraphModule:
     Raises:
         RuntimeError: ``torch.ops.tensorrt.quantize_op`` is not registered (install
             ``nvidia-modelopt`` / ``torch-tensorrt``).
-        ValueError: a quantizer is asymmetric.
+        ValueError: a quantizer is asymmetric, or FP8 (per-channel FP8 weights have no
+            Torch-TensorRT converter).
     """
+    if holds_fp8(gm):
+        raise ValueError(
+            "FP8 on the torch_tensorrt runtime: Torch-TensorRT's quantize converter takes FP8 per "
+            "tensor only and the FP8 weights are per channel; use runtime='tensorrt' (ONNX)"
+        )
     if not has_quantize_op():
         raise RuntimeError(
             "torch.ops.tensorrt.quantize_op is not registered: install nvidia-modelopt "

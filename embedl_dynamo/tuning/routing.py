@@ -11,7 +11,7 @@ import logging
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
-from embedl_dynamo.precision import Precision
+from embedl_dynamo.precision import Precision, get_precision
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
@@ -29,15 +29,20 @@ def int8_route(cls: type[Runtime], precision: Precision) -> tuple[type[Runtime],
     Torch-TensorRT's only INT8 op, ``tensorrt::quantize_op``, is registered by NVIDIA ModelOpt.
     Without it, INT8 (and ``mixed``) graphs go the ONNX -> TensorRT way (explicit Q/DQ in the
     file) when TensorRT is usable here; otherwise Torch-TensorRT builds and the INT8 request
-    ends in its clear error and the float artifact.
+    ends in its clear error and the float artifact. FP8 always goes the ONNX way: Torch-TensorRT
+    2.13 converts FP8 ``quantize_op`` per tensor only, FP8 weights are per channel.
     """
     if cls is not TorchTensorRTRuntime or not precision.quantizes:
         return cls, ""
-    if has_quantize_op() or not TensorRTRuntime.is_available():
+    int8 = precision.stage == get_precision("int8").stage
+    if (int8 and has_quantize_op()) or not TensorRTRuntime.is_available():
         return cls, ""
     note = (
         "INT8 through ONNX -> TensorRT: Torch-TensorRT's tensorrt::quantize_op needs NVIDIA "
         "ModelOpt (pip install nvidia-modelopt)"
+        if int8
+        else f"{precision.name.upper()} through ONNX -> TensorRT: Torch-TensorRT's quantize "
+        "converter takes FP8 per tensor only, and the weights are per channel"
     )
     logger.info("%s", note)
     return TensorRTRuntime, note
@@ -60,7 +65,8 @@ def cpu_precision_route(
         The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
     target = cls.cpu_target
-    if backend != TENSORRT or not settings.precision.quantizes or target is None:
+    int8_placed = settings.precision.stage == get_precision("int8").stage  # not fp8's
+    if backend != TENSORRT or not int8_placed or target is None:
         return backend, ""
     note = (
         f"INT8 placed for {cls.name}'s integer kernels (the {target.name} target's Q/DQ; no "

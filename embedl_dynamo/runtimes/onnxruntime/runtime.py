@@ -31,6 +31,7 @@ from torch import fx
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
+from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
@@ -114,7 +115,12 @@ def create_session(
         options.add_external_initializers(names, values)
     source = model if isinstance(model, bytes) else os.fspath(model)
     chosen = list(providers) if providers is not None else ort_providers()
-    session = ort.InferenceSession(source, sess_options=options, providers=chosen)
+    # ONNX Runtime 1.32's CPU ReluQuantFusion drops a Relu before an FP8 QuantizeLinear as if
+    # E4M3 clipped at 0 like uint8: keep the rule set that holds it off for FP8 files
+    disabled = ["Level2_RuleBasedTransformer"] if has_fp8_qdq(source) else None
+    session = ort.InferenceSession(
+        source, sess_options=options, providers=chosen, disabled_optimizers=disabled
+    )
     if initializers:
         session.disable_fallback()
     return session

@@ -15,6 +15,12 @@ in CI, before a GPU ever sees the file):
 * 4-bit weights (:func:`int4_weight_problems`): signed int4 constants, block-quantized along
   ``K`` (``axis=0``, scales ``[K / block_size, N]``), read by a ``MatMul``/``Gemm`` as its
   weight: TensorRT's weight-only INT4 (opset 21, TensorRT 10 and later).
+* FP8 (:func:`lint_fp8`): Q/DQ with a float8 zero point need opset 19 or later and the
+  ``FLOAT8E4M3FN`` type (TensorRT's FP8 is E4M3), and every FP8 DequantizeLinear feeds a layer
+  TensorRT runs in FP8 (Conv, Gemm, MatMul, or a residual Add it fuses into one, through
+  data-movement ops; ModelOpt's FP8 op set); an FP8 convolution has
+  more than 16 input (per group) and output channels and a filter of at most 32 taps (NVIDIA
+  ModelOpt's rule for FP8 convolutions).
 
 :func:`lint_for_tensorrt` returns one line per problem, naming the node; an empty list passes.
 """
@@ -25,7 +31,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-__all__ = ["OPSET_RANGE", "SUPPORTED_OPS", "int4_weight_problems", "lint_for_tensorrt"]
+__all__ = [
+    "FP8_OPS",
+    "OPSET_RANGE",
+    "SUPPORTED_OPS",
+    "int4_weight_problems",
+    "lint_for_tensorrt",
+    "lint_fp8",
+]
 
 OPSET_RANGE = (9, 21)  # 21: blocked int4 DequantizeLinear, which TensorRT 10 parses
 
@@ -186,6 +199,15 @@ SUPPORTED_OPS = frozenset(
 )
 
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
+# the layers TensorRT runs in FP8, and the ops Q/DQ moves across on the way to them
+FP8_OPS = frozenset({"Conv", "Gemm", "MatMul"})
+_MOVES_DATA = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+_FP8_TYPES = {
+    onnx.TensorProto.FLOAT8E4M3FN: "FLOAT8E4M3FN",
+    onnx.TensorProto.FLOAT8E4M3FNUZ: "FLOAT8E4M3FNUZ",
+    onnx.TensorProto.FLOAT8E5M2: "FLOAT8E5M2",
+    onnx.TensorProto.FLOAT8E5M2FNUZ: "FLOAT8E5M2FNUZ",
+}
 
 
 def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
@@ -219,7 +241,7 @@ def lint_for_tensorrt(model: onnx.ModelProto) -> list[str]:
             continue
         problems += _check_qdq(node, where, constants, consumers)
         problems += int4_weight_problems(node, where, constants, consumers)
-    return problems
+    return problems + lint_fp8(model, constants, consumers)
 
 
 def int4_weight_problems(
@@ -292,3 +314,89 @@ def _check_qdq(
         if per_channel and feeds_conv_weight and axis != 0:
             problems.append(f"{where}: per-channel conv weight quantized on axis {axis}, not 0")
     return problems
+
+
+def _fp8_layers(
+    name: str,
+    consumers: dict[str, list[onnx.NodeProto]],
+    constants: dict[str, onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """The layers that read ``name`` (directly or through data-movement ops) and that TensorRT
+    runs in FP8: Conv, Gemm, MatMul, and a residual Add (two activations), which it fuses into
+    the GEMM or convolution producing one of them."""
+    found, stack, seen = [], [name], set()
+    while stack:
+        value = stack.pop()
+        for node in consumers.get(value, []):
+            residual = node.op_type == "Add" and not any(i in constants for i in node.input)
+            if node.op_type in FP8_OPS or residual:
+                found.append(node)
+            elif node.op_type in _MOVES_DATA and node.output[0] not in seen:
+                seen.add(node.output[0])
+                stack.append(node.output[0])
+    return found
+
+
+def _fp8_conv_problem(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> str:
+    weight = constants.get(node.input[1]) if len(node.input) > 1 else None
+    if weight is None:
+        return ""
+    dims = list(weight.dims)
+    if dims[0] <= 16 or dims[1] <= 16:
+        return f"with {dims[1]} input (per group) / {dims[0]} output channels, not both above 16"
+    if int(np.prod(dims[2:])) > 32:
+        return f"with a filter of {int(np.prod(dims[2:]))} taps, above 32"
+    return ""
+
+
+def _dq_sources(graph: onnx.GraphProto) -> dict[str, str]:
+    """Each DequantizeLinear's output -> the value it reads (an FP8 conv's weight initializer)."""
+    return {n.output[0]: n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+
+
+def lint_fp8(
+    model: onnx.ModelProto,
+    constants: dict[str, onnx.TensorProto],
+    consumers: dict[str, list[onnx.NodeProto]],
+) -> list[str]:
+    """TensorRT's FP8 rules (see the module docstring); [] for a file without FP8 Q/DQ."""
+    problems: list[str] = []
+    fp8_nodes = [
+        (node, constants[node.input[2]].data_type)
+        for node in model.graph.node
+        if node.op_type in _QDQ
+        and len(node.input) > 2
+        and node.input[2] in constants
+        and constants[node.input[2]].data_type in _FP8_TYPES
+    ]
+    if not fp8_nodes:
+        return problems
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < 19:
+        problems.append(f"FP8 Q/DQ at opset {opset}; float8 types need opset 19 or later")
+    dq_weights = _dq_sources(model.graph)
+    for node, dtype in fp8_nodes:
+        where = f"{node.op_type} {node.name or node.output[0]}"
+        if dtype != onnx.TensorProto.FLOAT8E4M3FN:
+            problems.append(f"{where}: {_FP8_TYPES[dtype]} zero point; TensorRT's FP8 is E4M3FN")
+        if node.op_type != "DequantizeLinear":
+            continue
+        layers = _fp8_layers(node.output[0], consumers, constants)
+        if not layers:
+            problems.append(
+                f"{where}: FP8 feeds no Conv/Gemm/MatMul or residual Add; TensorRT has no FP8 "
+                "kernel there (leave that layer in the float type)"
+            )
+        for conv in (c for c in layers if c.op_type == "Conv"):
+            if len(conv.input) > 1 and conv.input[1] in dq_weights:
+                weight = constants.get(dq_weights[conv.input[1]])
+                shown = {conv.input[1]: weight} if weight is not None else {}
+                problem = _fp8_conv_problem(conv, {**constants, **shown})
+            else:
+                problem = _fp8_conv_problem(conv, constants)
+            if problem:
+                problems.append(
+                    f"Conv {conv.name or conv.output[0]}: FP8 convolution {problem}; "
+                    "TensorRT has no FP8 kernel for it"
+                )
+    return sorted(set(problems), key=problems.index)

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.quant.fp8_qdq import holds_fp8
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
@@ -109,8 +110,8 @@ class TorchTensorRTRuntime(Runtime):
         return package_version("torch-tensorrt", "torch_tensorrt")
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
-        if _is_fake_quant(gm):
-            if not has_quantize_op():
+        if _is_fake_quant(gm) or holds_fp8(gm):
+            if not holds_fp8(gm) and not has_quantize_op():  # FP8: its own error below
                 raise RuntimeError(
                     "INT8 on the torch_tensorrt runtime needs tensorrt::quantize_op, which NVIDIA "
                     "ModelOpt registers: pip install nvidia-modelopt, or use runtime='tensorrt' "
