@@ -43,6 +43,10 @@ class Precision:
             ``accuracy_budget`` (the float artifact runs when it falls short).
         calibrates: needs calibration data (or calibrates on the first real calls).
         quantizes: inserts Q/DQ (fake-quant) nodes.
+        qdq_type: the type its Q/DQ nodes quantize to (``"int8"``, ``"float8e4m3fn"``); the
+            int8-only paths (first-call calibration, the CPU runtimes' INT8 placement,
+            Torch-TensorRT's INT8 op) ask it. Set exactly when ``quantizes``; ``"int8"`` when
+            not given.
         per_layer: decided layer by layer by measuring (``mixed``), after the pipeline.
         half_dtype: the half type the graph computes in (``fp16``/``bf16``), else None.
         stage: what the pipeline runs on the float graph, a :data:`PrecisionStage` or its
@@ -53,6 +57,7 @@ class Precision:
     lower: bool = True
     calibrates: bool = False
     quantizes: bool = False
+    qdq_type: str | None = None
     per_layer: bool = False
     half_dtype: torch.dtype | None = None
     stage: str | PrecisionStage | None = None
@@ -65,6 +70,12 @@ class Precision:
         for flag in ("lower", "calibrates", "quantizes", "per_layer"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"Precision {self.name!r}: {flag} must be True or False")
+        if self.quantizes and self.qdq_type is None:
+            object.__setattr__(self, "qdq_type", "int8")
+        if not self.quantizes and self.qdq_type is not None:
+            raise ValueError(
+                f"Precision {self.name!r}: qdq_type={self.qdq_type!r} without quantizes=True"
+            )
         if self.half_dtype is not None and not (
             isinstance(self.half_dtype, torch.dtype) and self.half_dtype.is_floating_point
         ):
@@ -116,7 +127,8 @@ class Precision:
 
 
 def _fields(p: Precision) -> tuple[Any, ...]:
-    return (p.name, p.lower, p.calibrates, p.quantizes, p.per_layer, p.half_dtype, p.stage)
+    return (p.name, p.lower, p.calibrates, p.quantizes, p.qdq_type, p.per_layer, p.half_dtype,
+            p.stage)  # fmt: skip
 
 
 _HALF = "embedl_dynamo.quant.half_precision:half_stage"
@@ -131,7 +143,7 @@ _BUILT_IN = (
     Precision("mixed", calibrates=True, quantizes=True, per_layer=True, stage=_INT8),
     Precision("int8_weight_only", stage=_WEIGHT_ONLY),
     Precision("int4_weight_only", stage=_WEIGHT_ONLY),
-    Precision("fp8", calibrates=True, quantizes=True, stage=_FP8),
+    Precision("fp8", calibrates=True, quantizes=True, qdq_type="float8e4m3fn", stage=_FP8),
 )
 _REGISTRY: dict[str, Precision] = {p.name: p for p in _BUILT_IN}
 

@@ -72,19 +72,19 @@ def test_built_in_precisions_and_their_facts():
     weight_only = ("int8_weight_only", "int4_weight_only")
     assert precision_names() == ("fp32", "fp16", "bf16", "int8", "mixed", *weight_only, "fp8")
     facts = {
-        n: (p.lower, p.calibrates, p.quantizes, p.per_layer, p.half_dtype)
+        n: (p.lower, p.calibrates, p.quantizes, p.per_layer, p.half_dtype, p.qdq_type)
         for n in precision_names()
         if (p := get_precision(n))
     }
     assert facts == {
-        "fp32": (False, False, False, False, None),
-        "fp16": (True, False, False, False, torch.float16),
-        "bf16": (True, False, False, False, torch.bfloat16),
-        "int8": (True, True, True, False, None),
-        "mixed": (True, True, True, True, None),
-        "int8_weight_only": (True, False, False, False, None),
-        "int4_weight_only": (True, False, False, False, None),
-        "fp8": (True, True, True, False, None),
+        "fp32": (False, False, False, False, None, None),
+        "fp16": (True, False, False, False, torch.float16, None),
+        "bf16": (True, False, False, False, torch.bfloat16, None),
+        "int8": (True, True, True, False, None, "int8"),
+        "mixed": (True, True, True, True, None, "int8"),
+        "int8_weight_only": (True, False, False, False, None, None),
+        "int4_weight_only": (True, False, False, False, None, None),
+        "fp8": (True, True, True, False, None, "float8e4m3fn"),
     }
     assert get_precision("fp32").load_stage() is None
     assert get_precision("int8").load_stage() is get_precision("mixed").load_stage()
@@ -97,6 +97,8 @@ def test_registry_refuses_duplicates_bad_entries_and_removing_built_ins():
         unregister_precision("fp16")
     with pytest.raises(ValueError, match="is not 'module:function'"):
         Precision("fp8", stage="no_colon")
+    with pytest.raises(ValueError, match="qdq_type='int8' without quantizes=True"):
+        Precision("w8", qdq_type="int8")
     with pytest.raises(ValueError, match="not a floating torch.dtype"):
         Precision("int4", half_dtype=torch.int8)
     with pytest.raises(ValueError, match=r"invalid precision='fp9'; valid values: 'fp32'"):

@@ -38,7 +38,6 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.graph.scalar_outputs import split_scalar_outputs
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
-from embedl_dynamo.precision import get_precision
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import next_index, record
@@ -309,9 +308,8 @@ def _build(
 
 def _forced_int8(settings: Settings) -> bool:
     """INT8 on every layer the target quantizes (``int8``), not chosen per layer (``mixed``);
-    not fp8, which has a stage of its own (it calibrates once, and is not timed on a CPU)."""
-    int8_stage = settings.precision.stage == get_precision("int8").stage
-    return int8_stage and not settings.precision.per_layer
+    not fp8 (it calibrates once, and is not timed on a CPU)."""
+    return settings.precision.qdq_type == "int8" and not settings.precision.per_layer
 
 
 def _label(job: _Job, model: fx.GraphModule, float_model: fx.GraphModule | None = None) -> str:

@@ -11,7 +11,7 @@ import logging
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
-from embedl_dynamo.precision import Precision, get_precision
+from embedl_dynamo.precision import Precision
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
@@ -34,7 +34,7 @@ def int8_route(cls: type[Runtime], precision: Precision) -> tuple[type[Runtime],
     """
     if cls is not TorchTensorRTRuntime or not precision.quantizes:
         return cls, ""
-    int8 = precision.stage == get_precision("int8").stage
+    int8 = precision.qdq_type == "int8"
     if (int8 and has_quantize_op()) or not TensorRTRuntime.is_available():
         return cls, ""
     note = (
@@ -65,7 +65,7 @@ def cpu_precision_route(
         The backend whose placement builds the graph, and a report note ("" if unchanged).
     """
     target = cls.cpu_target
-    int8_placed = settings.precision.stage == get_precision("int8").stage  # not fp8's
+    int8_placed = settings.precision.qdq_type == "int8"  # not fp8's
     if backend != TENSORRT or not int8_placed or target is None:
         return backend, ""
     note = (
