@@ -298,6 +298,7 @@ def _build(
     report.runtime = runtime.name
     report.cached = runtime.from_cache
     report.runtime_info = dict(runtime.build_info)
+    runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
     return runtime.serve()
 
 
