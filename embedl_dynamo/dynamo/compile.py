@@ -303,6 +303,7 @@ def _build(
                                    job.axes, report.index)  # fmt: skip
         if speed is not None:  # INT8 runs as asked; a slower INT8 is said, not hidden
             report.pipeline = dict(report.pipeline, int8_speed=speed.to_dict())
+    runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
     return runtime.serve()
 
 

@@ -141,14 +141,18 @@ def onnx_artifact(
         if in_memory:
             unwritten.make_contiguous()
             kept.append(unwritten)
-        return lambda: unwritten.write(path)
+        pending = [unwritten]  # the writer's one reference, dropped once written
+
+        def finish() -> None:
+            pending.pop().write(path)
+
+        return finish
 
     path, built, writing = cache.get_or_start(key, _start, ".onnx", meta={"kind": "onnx"})
     if not built:
         logger.info("reusing cached ONNX artifact %s", key[:16])
-    return OnnxArtifact(
-        key, built, path, writing, kept[0] if writing is not None and kept else None
-    )
+    unwritten = kept.pop() if writing is not None and kept else None
+    return OnnxArtifact(key, built, path, writing, unwritten)
 
 
 def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]] | None:

@@ -19,6 +19,7 @@ are those ``WeightOnlyLinear`` computed with in PyTorch: ``(q - z) * s``.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ import torch
 from torch import fx
 
 from embedl_dynamo.cache.hashed_file import open_hashed
+from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.onnx import external_data
-from embedl_dynamo.onnx.initializers import attach_initializers
+from embedl_dynamo.onnx.initializers import unwritten_float_model
 from embedl_dynamo.quant.weight_only import WeightOnlyLinear
 
 __all__ = ["BLOCKED_OPSET", "save_weight_only", "store_weight_only", "weight_only_layers"]
@@ -48,6 +50,12 @@ def save_weight_only(
 ) -> int:
     """Write the exported model with ``layers``' weights stored as integers, checked.
 
+    From the TorchScript exporter's ``(model, weights)`` the float weights a layer replaces
+    are never turned into protobuf: matching happens on the exporter's tensors, the graph is
+    checked without its weights, and the file is written from the tensors' memory
+    (:meth:`~.initializers.UnwrittenOnnx.write`, a data file beside it when large). So the
+    float model, its serialised copy and the integer one are never all in memory at once.
+
     Args:
         exported: the TorchScript exporter's ``(model, weights)``, or None when the exporter
             wrote ``path`` itself (read back here).
@@ -59,11 +67,9 @@ def save_weight_only(
     """
     import onnx
 
-    if exported is None:
-        model = onnx.load(str(path))
-    else:
-        model, weights = exported
-        attach_initializers(model, weights)
+    if exported is not None:
+        return _save_from_tensors(*exported, path, layers)
+    model = onnx.load(str(path))
     stored = store_weight_only(model, layers)
     if external_data.initializer_bytes(model) > external_data.EXTERNAL_DATA_BYTES:
         external_data.save_model_file(model, path)
@@ -75,11 +81,79 @@ def save_weight_only(
     return stored
 
 
+def _save_from_tensors(
+    model: Any, weights: dict[str, torch.Tensor], path: Path, layers: list[WeightOnlyLinear]
+) -> int:
+    """:func:`save_weight_only` for a model whose weights are still graph inputs, valued by
+    the exporter's ``weights``; 8-bit codes stay tensors, 4-bit ones are packed protos."""
+    import onnx
+
+    if any(layer.spec.bits == 4 for layer in layers):
+        _to_blocked_opset(model)  # on the graph alone: the weights are inputs still
+    by_digest = _by_digest(layers)
+    shapes = {shape for shape, _ in by_digest}
+    graph, kept = model.graph, dict(weights)
+    stored, replaced, nodes = 0, set(), []
+    for node in graph.node:
+        name = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else ""
+        weight = weights.get(name)
+        layer = None
+        if weight is not None and tuple(weight.shape) in shapes:
+            layer = by_digest.get((tuple(weight.shape), _digest(tensor_bytes(weight))))
+        if layer is not None:
+            dq = _dequantize_node(graph, layer, f"{name}_woq{stored}", kept)
+            nodes.append(dq)
+            replaced.add(name)
+            node.input[1] = dq.output[0]
+            stored += 1
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    still_read = {name for node in graph.node for name in node.input}
+    for name in replaced - still_read:
+        del kept[name]
+    inputs = [i for i in graph.input if i.name not in replaced or i.name in still_read]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    graph.input.extend(
+        onnx.helper.make_tensor_value_info(n, _onnx_type(t), list(t.shape))
+        for n, t in kept.items()
+        if n not in weights
+    )  # the codes, as inputs while the graph is checked
+    if stored and any(layer.spec.bits == 4 for layer in layers):
+        model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
+    unwritten = unwritten_float_model(model, kept)
+    if unwritten is None:
+        raise ValueError("a weight-only graph holds QuantizeLinear nodes: not supported")
+    unwritten.write(path)
+    return stored
+
+
+def _onnx_type(tensor: torch.Tensor) -> int:
+    from onnx import helper
+
+    return helper.np_dtype_to_tensor_dtype(torch.empty(0, dtype=tensor.dtype).numpy().dtype)
+
+
+def _digest(data: np.ndarray) -> bytes:
+    return hashlib.blake2b(memoryview(data), digest_size=16).digest()
+
+
+def _by_digest(layers: list[WeightOnlyLinear]) -> dict[tuple[tuple[int, ...], bytes], Any]:
+    """Each layer's ``weight_t`` by shape and digest of its bytes (tied layers: the first)."""
+    by_digest: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] = {}
+    for layer in layers:
+        weight = layer.weight_t.detach()
+        by_digest.setdefault((tuple(weight.shape), _digest(tensor_bytes(weight))), layer)
+    return by_digest
+
+
 def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
     """Replace each ``MatMul`` constant equal to a layer's ``weight_t`` by its integer form.
 
-    A constant is matched by its bytes (the exporter names initializers its own way), so tied
-    layers share one match. The model is converted to opset 21 first if a layer has 4 bits.
+    A constant is matched by a digest of its bytes (the exporter names initializers its own
+    way), so tied layers share one match. The model is converted to opset 21 first if a layer
+    has 4 bits.
 
     Args:
         model: an ``onnx.ModelProto`` with its initializers; changed in place.
@@ -92,11 +166,8 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
 
     if any(layer.spec.bits == 4 for layer in layers):
         _to_blocked_opset(model)
-    by_bytes: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] = {}
-    for layer in layers:
-        weight = layer.weight_t.detach().contiguous()
-        by_bytes.setdefault((tuple(weight.shape), weight.numpy().tobytes()), layer)
-    shapes = {shape for shape, _ in by_bytes}
+    by_digest = _by_digest(layers)
+    shapes = {shape for shape, _ in by_digest}
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
     stored, replaced, nodes = 0, set(), []
@@ -104,7 +175,8 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
         weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
         layer = None
         if weight is not None and tuple(weight.dims) in shapes:
-            layer = by_bytes.get((tuple(weight.dims), _raw(weight)))
+            raw = np.frombuffer(_raw(weight), np.uint8)
+            layer = by_digest.get((tuple(weight.dims), _digest(raw)))
         if layer is not None:
             dq = _dequantize_node(graph, layer, f"{node.input[1]}_woq{stored}")
             nodes.append(dq)
@@ -149,19 +221,28 @@ def _to_blocked_opset(model: Any) -> None:
     model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
 
 
-def _dequantize_node(graph: Any, layer: WeightOnlyLinear, prefix: str) -> Any:
-    """Add ``layer``'s codes, scale and zero point as initializers; their DequantizeLinear."""
+def _dequantize_node(
+    graph: Any, layer: WeightOnlyLinear, prefix: str, tensors: dict[str, Any] | None = None
+) -> Any:
+    """Add ``layer``'s codes, scale and zero point as initializers; their DequantizeLinear.
+
+    With ``tensors``, 8-bit codes go there as a tensor (written later from its memory)
+    instead of into ``graph``."""
     from onnx import TensorProto, helper, numpy_helper
 
     spec = layer.spec
-    codes = layer.codes.t().contiguous().numpy()  # [K, N]
+    codes_t = layer.codes.t().contiguous()  # [K, N]
+    codes = codes_t.numpy()
     scale = layer.scale.t().contiguous().numpy().astype(np.float32)  # [K / group, N]
     zero = None if layer.zero_point is None else layer.zero_point.t().contiguous().numpy()
     if spec.bits == 8:
         scale = scale.reshape(-1)
         zero = None if zero is None else zero.reshape(-1)
         attrs: dict[str, int] = {"axis": 1}
-        graph.initializer.append(numpy_helper.from_array(codes, f"{prefix}_q"))
+        if tensors is not None:
+            tensors[f"{prefix}_q"] = codes_t
+        else:
+            graph.initializer.append(numpy_helper.from_array(codes, f"{prefix}_q"))
         if zero is not None:
             graph.initializer.append(numpy_helper.from_array(zero, f"{prefix}_z"))
     else:

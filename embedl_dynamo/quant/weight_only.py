@@ -285,7 +285,7 @@ def _build(
     int8: WeightOnlySpec,
     reasons: dict[fx.Node, str],
 ) -> fx.GraphModule:
-    out = copy.deepcopy(gm)
+    out = copy.deepcopy(gm, _shared_constants(gm, nodes))
     for node in nodes:
         linear = gm.get_submodule(node.target)
         layer = WeightOnlyLinear(linear, int8 if node in reasons else spec)
@@ -293,6 +293,30 @@ def _build(
         setattr(out.get_submodule(owner) if owner else out, name, layer)
     out.recompile()
     return out
+
+
+def _shared_constants(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, Any]:
+    """A ``deepcopy`` memo that shares, rather than copies, the replaced linears' tensors and
+    the constants no node writes in place: with an LLM's embedding table, a copy of every
+    weight would double the compile's memory for nothing (constants are never changed)."""
+    shared: list[torch.Tensor] = []
+    for node in nodes:
+        linear = gm.get_submodule(node.target)
+        shared.extend([*linear.parameters(), *linear.buffers()])
+    for node in gm.graph.nodes:
+        if node.op == "get_attr" and not any(_writes(user) for user in node.users):
+            value: Any = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                shared.append(value)
+    return {id(t): t for t in shared}
+
+
+def _writes(node: fx.Node) -> bool:
+    """Whether ``node`` may write into its inputs (an in-place op, ``setitem``, ``copy_``)."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return str(name).endswith("_") or name in ("setitem", "index_put") or node.op == "call_module"
 
 
 def _cosine(a: Any, b: Any) -> float:

@@ -179,3 +179,31 @@ def test_precision_names_are_registered_as_lower_precisions_without_calibration(
     assert precision.load_stage() is weight_only_stage
     env = {"EMBEDL_DYNAMO_PRECISION": "int8_weight_only"}
     assert Settings.from_options(None, env=env).precision.name == "int8_weight_only"
+
+
+class TableLookup(nn.Module):
+    """A constant table read by ``get_attr`` (as in a frozen Dynamo graph), a buffer written in
+    place, and an output linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(50, 128))
+        self.register_buffer("steps", torch.zeros(1))
+        self.head = nn.Linear(128, 50, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self.steps.add_(1)
+        return self.head(F.embedding(ids, self.table)) + self.steps
+
+
+@pytest.mark.filterwarnings("ignore:.*mutates steps in place")
+def test_the_quantized_copy_shares_only_constants_nothing_writes_in_place():
+    torch.manual_seed(0)
+    gm = _fused(TableLookup().eval(), _ids())
+    quantized, _ = weight_only_graph(gm, [_ids()], WeightOnlySpec(8))
+    # no second copy of an LLM's embedding table: the very tensor, not an equal one
+    assert quantized.table is gm.table
+    # a buffer the graph writes stays each graph's own, so running one cannot change the other
+    assert quantized.steps is not gm.steps
+    quantized(_ids())
+    assert float(gm.steps) == 0.0 and float(quantized.steps) == 1.0

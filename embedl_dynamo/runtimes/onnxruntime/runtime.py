@@ -213,6 +213,8 @@ class OnnxRuntime(OnnxArtifactRuntime):
             self._session = create_session(
                 model, providers, num_threads=threads, initializers=arrays
             )
+            del model, arrays, source
+            self._artifact.unwritten = None  # ORT copied the weights; the writer holds its own
         else:
             self._session = create_session(self._artifact.path, providers, num_threads=threads)
         self._input_names = [i.name for i in self._session.get_inputs()]
