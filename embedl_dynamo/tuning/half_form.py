@@ -95,12 +95,11 @@ def _within_budget(
     return judge
 
 
-def half_form_note(choice: RuntimeChoice, options: Sequence[RunOption], name: str) -> str:
+def half_form_note(choice: RuntimeChoice, name: str) -> str:
     """The report line of the decision: ``"bf16 on openvino: f32 graph + bf16 hint (timed
     0.60x the typed graph)"``; the cached decision and a form that did not build are said."""
-    runtime = options[0].runtime.name
-    form = choice.option.label.split(": ", 1)[1]
-    other = "typed graph" if choice.option is not options[0] else "f32 graph + hint"
+    runtime, form = choice.option.label.split(": ", 1)
+    other = "f32 graph + hint" if form.startswith("typed") else "typed graph"
     if len(choice.timings) > 1:
         loser = next(label for label in choice.timings if label != choice.option.label)
         ratio = choice.timings[choice.option.label] / choice.timings[loser]
@@ -143,5 +142,5 @@ def choose_half_form(
     lower = [o.model for o in options]
     judge = _within_budget(original, inputs, lower, settings.accuracy_budget)
     choice = fastest(options, inputs, settings, axes, judge)
-    note = half_form_note(choice, options, settings.precision.name)
+    note = half_form_note(choice, settings.precision.name)
     return dataclasses.replace(choice, note=note)

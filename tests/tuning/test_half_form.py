@@ -184,3 +184,16 @@ def test_without_bf16_the_hint_form_refuses_and_the_typed_graph_says_it_runs_f32
     assert typed.build_info["inference_precision"] == "f32"
     note = typed.build_info["half_precision_note"]
     assert note.startswith("this CPU does not compute in bf16") and note in caplog.text
+
+
+def test_without_bf16_the_typed_graph_runs_and_the_note_says_why(
+    no_bf16_cpu, monkeypatch, tmp_path
+):
+    _, frozen, result, x = _graphs()
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)  # one form built
+    choice = _choose(result, frozen, x, Settings(precision="bf16", cache_dir=tmp_path))
+    assert type(choice.runtime) is OpenVINORuntime
+    assert choice.note == (
+        "bf16 on openvino: typed bf16 graph (the f32 graph + hint did not build or missed "
+        "accuracy_budget)"
+    )
