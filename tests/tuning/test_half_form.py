@@ -197,3 +197,18 @@ def test_without_bf16_the_typed_graph_runs_and_the_note_says_why(
         "bf16 on openvino: typed bf16 graph (the f32 graph + hint did not build or missed "
         "accuracy_budget)"
     )
+
+
+@needs_bf16
+def test_a_form_below_the_budget_is_not_chosen_however_fast(monkeypatch, tmp_path):
+    _, frozen, result, x = _graphs()
+    real_infer = OpenVINOHalfHintRuntime._infer
+
+    def negated(self, args):  # cosine -1 to the float model: far below any budget
+        return tuple(-t for t in real_infer(self, args))
+
+    monkeypatch.setattr(OpenVINOHalfHintRuntime, "_infer", negated)
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)  # one form built
+    choice = _choose(result, frozen, x, Settings(precision="bf16", cache_dir=tmp_path))
+    assert type(choice.runtime) is OpenVINORuntime
+    assert choice.note.endswith("(the f32 graph + hint did not build or missed accuracy_budget)")
