@@ -11,6 +11,12 @@ spinning worker threads do not bill the next; the order rotates each round), rep
 to eager; cosine similarity of the outputs to eager; the INT8 fraction of the layers ``mixed``
 and ``int8`` run; first-call seconds (cold: a fresh cache directory per model).
 
+With ``--bf16`` (issue 25): eager, OpenVINO's own default (``ov.convert_model`` compiled with
+its default hints: bf16 on a CPU with AVX512_BF16 or AMX), and our ``precision="bf16"`` on the
+``openvino`` runtime in each form, forced (the typed graph; the f32 graph with the bf16 hint)
+and as chosen (:mod:`embedl_dynamo.tuning.half_form`, whose report line is shown), timed
+round-robin in one process, as ratios to eager, with cosines to eager.
+
 Targets (issue 9): ``int8``/``mixed`` never slower than our float beyond noise (<= 1.03x);
 geometric mean of ``mixed`` <= 0.6x our float; cosine >= 0.99 on every CNN; no NaN; BERT-base
 INT8 within 1.5x of NNCF + OpenVINO INT8.
@@ -20,6 +26,7 @@ Usage::
     pip install -c constraints.txt -e ".[bench]" nncf
     python bench/bench_precision.py [--models resnet50,bert_base] [--rounds 10] [--json out.json]
         [--backend embedl_onnxruntime]
+    python bench/bench_precision.py --bf16 --models resnet50,mobilenet_v3_large,bert_base
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from bench.measure import (  # noqa: E402
 from bench.peers import openvino_peer  # noqa: E402
 from bench.zoo import ZOO  # noqa: E402
 from embedl_dynamo import clear_reports  # noqa: E402
+from embedl_dynamo.tuning import half_form  # noqa: E402
 
 VARIANTS = ("fp32", "int8", "mixed")
 
@@ -111,6 +119,78 @@ def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
     return row
 
 
+BF16_FORMS = {"typed": half_form.TYPED, "hint": half_form.HINT, "chosen": None}
+
+
+def _one_form(form: str | None):
+    """``half_form_options`` keeping the ``form`` option only (None: both, the real choice)."""
+    real = half_form.half_form_options
+
+    def options(*args):
+        found = real(*args)
+        if form is None or found is None:
+            return found
+        return [o for o in found if ("typed" in o.label) == (form == half_form.TYPED)]
+
+    return options
+
+
+def bench_bf16(name: str, rounds: int) -> dict:
+    """One model's bf16 row: eager, OpenVINO's default, ours in each form and as chosen."""
+    family, build = ZOO[name]
+    torch.manual_seed(0)
+    model, inputs = build()
+    with torch.no_grad():
+        expected = first_tensor(model(*inputs))
+    peer = openvino_peer(model, inputs, [], int8=False, precision_hint=None)
+    fns = {"eager": lambda: model(*inputs), "ov_default": peer}
+    row: dict = {"model": name, "family": family}
+    row["ov_default_cosine"] = round(cosine(first_tensor(peer()), expected), 5)
+    cache_dir = tempfile.mkdtemp(prefix=f"embedl_bench_bf16_{name}_")
+    options = {"precision": "bf16", "runtime": "openvino", "cache_dir": cache_dir}
+    real = half_form.half_form_options
+    for variant, form in BF16_FORMS.items():
+        torch._dynamo.reset()
+        clear_reports()
+        half_form.half_form_options = _one_form(form)
+        try:
+            compiled = torch.compile(model, backend="embedl_openvino", options=options)
+            with torch.no_grad():
+                got = first_tensor(compiled(*inputs))
+        finally:
+            half_form.half_form_options = real
+        subgraphs = embedl_dynamo.last_report().subgraphs
+        row[f"{variant}_cosine"] = round(cosine(got, expected), 5)
+        row[f"{variant}_where"] = "; ".join(s.reason or s.runtime for s in subgraphs)
+        fns[variant] = lambda c=compiled: c(*inputs)
+    gc.collect()
+    medians = round_robin_medians(fns, rounds)
+    row["eager_ms"] = round(medians["eager"] * 1e3, 2)
+    for variant in fns:
+        row[f"{variant}_x_eager"] = round(medians[variant] / medians["eager"], 3)
+    row["hint_x_typed"] = round(medians["hint"] / medians["typed"], 3)
+    return row
+
+
+def _bf16_table(rows: list[dict]) -> str:
+    head = (
+        "| model | eager ms | OpenVINO default | ours bf16 typed | ours bf16 f32 + hint | "
+        "hint / typed | ours bf16 chosen | cosine default / typed / hint |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | error: {r['error']} |" + " |" * 6)
+            continue
+        lines.append(
+            f"| {r['model']} | {r['eager_ms']} | {r['ov_default_x_eager']} | "
+            f"{r['typed_x_eager']} | {r['hint_x_eager']} | {r['hint_x_typed']} | "
+            f"{r['chosen_x_eager']} ({r['chosen_where']}) | {r['ov_default_cosine']} / "
+            f"{r['typed_cosine']} / {r['hint_cosine']} |"
+        )
+    return "\n".join(lines)
+
+
 def _table(rows: list[dict]) -> str:
     head = (
         "| model | eager ms | fp32 x eager (runtime) | int8 x eager | mixed x eager | "
@@ -153,17 +233,21 @@ def main() -> None:
     parser.add_argument("--backend", default="embedl_tensorrt", help="the dynamo backend")
     parser.add_argument("--no-nncf", action="store_true", help="skip the NNCF + OpenVINO peer")
     parser.add_argument("--json", help="also write the rows as JSON")
+    parser.add_argument("--bf16", action="store_true", help="bf16 forms on OpenVINO instead")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     nncf = not args.no_nncf and importlib.util.find_spec("nncf") is not None
     rows = []
     for name in args.models.split(","):
         try:
-            rows.append(bench_model(name, args.rounds, args.backend, nncf))
+            if args.bf16:
+                rows.append(bench_bf16(name, args.rounds))
+            else:
+                rows.append(bench_model(name, args.rounds, args.backend, nncf))
         except Exception as exc:  # one model's failure is a row, not the end of the run
             rows.append({"model": name, "error": f"{type(exc).__name__}: {str(exc)[:80]}"})
         print(json.dumps(rows[-1]), flush=True)
-    print(_table(rows))
+    print(_bf16_table(rows) if args.bf16 else _table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

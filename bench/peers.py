@@ -26,11 +26,11 @@ def openvino_peer(
     calibration: Sequence[Sequence[torch.Tensor]],
     int8: bool,
     transformer: bool = False,
-    precision_hint: str = "f32",
+    precision_hint: str | None = "f32",
 ) -> Callable[[], torch.Tensor]:
     """OpenVINO's own conversion of ``model`` (NNCF INT8 with ``int8``), compiled with
     ``INFERENCE_PRECISION_HINT=precision_hint`` (``bf16``: what OpenVINO picks by itself on a
-    CPU with AVX512_BF16 or AMX); returns output 0."""
+    CPU with AVX512_BF16 or AMX; None: OpenVINO's default hints); returns output 0."""
     import openvino as ov
 
     with torch.no_grad():
@@ -41,9 +41,8 @@ def openvino_peer(
         data = nncf.Dataset([tuple(t.numpy() for t in batch) for batch in calibration])
         kwargs = {"model_type": nncf.ModelType.TRANSFORMER} if transformer else {}
         ov_model = nncf.quantize(ov_model, data, **kwargs)
-    compiled = ov.Core().compile_model(
-        ov_model, "CPU", {"INFERENCE_PRECISION_HINT": precision_hint}
-    )
+    hint = {"INFERENCE_PRECISION_HINT": precision_hint} if precision_hint else {}
+    compiled = ov.Core().compile_model(ov_model, "CPU", hint)
     request = compiled.create_infer_request()
     feeds = [t.numpy() for t in inputs]
 

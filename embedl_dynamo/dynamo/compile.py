@@ -46,6 +46,7 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import runtime_candidates
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.int8_speed import compare_with_float
 from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
@@ -336,7 +337,12 @@ def _judged_runtime(
     # the budget against that graph below
     lower = (model,) if float_model is not None else ()
     judge = judge_against(job.original, job.inputs, lower)
-    if len(options) > 1:
+    half = choose_half_form(model, float_model, job.runtime_cls, job.original, job.inputs,
+                            settings, job.axes)  # fmt: skip
+    if half is not None:  # bf16/fp16 on OpenVINO: the typed graph or the f32 graph + hint
+        runtime = half.runtime
+        report.reason = "; ".join(r for r in (report.reason, half.note) if r)
+    elif len(options) > 1:
         choice = fastest(options, job.inputs, settings, job.axes, judge)
         runtime = choice.runtime
         report.reason = "; ".join(r for r in (report.reason, choice.note) if r)

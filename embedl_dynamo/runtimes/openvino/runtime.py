@@ -7,7 +7,12 @@ The precision follows the file (``INFERENCE_PRECISION_HINT``, :func:`inference_p
 float file runs in ``f32``, never silently lower (on CPUs with bf16 OpenVINO's default would
 compute a float model in bf16); a ``bf16``/``fp16`` file (``precision="bf16"``) runs in that
 type where the CPU computes in it (AVX512_BF16 or AMX, where it is faster than f32), else in
-``f32`` with its half weights, as reported in ``build_info``.
+``f32`` with its half weights, which ``build_info`` and a warning say.
+
+The half precisions have a second form here: :class:`OpenVINOHalfHintRuntime` compiles the
+*float* file with the half type as ``INFERENCE_PRECISION_HINT``, so the CPU plugin picks its own
+f32 islands (norms, reductions, pooling) instead of running the typed graph's casts; which
+form runs is decided by timing both (:mod:`embedl_dynamo.tuning.half_form`).
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
@@ -38,8 +43,10 @@ from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 from embedl_dynamo.settings import Settings
 
 __all__ = [
+    "OpenVINOHalfHintRuntime",
     "OpenVINORuntime",
     "compile_openvino",
+    "half_hint",
     "inference_precision",
     "openvino_cause",
     "openvino_node_times",
@@ -48,6 +55,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _INTEGER = ("u8", "i8")
+# OpenVINO's half element type -> the CPU plugin's OPTIMIZATION_CAPABILITIES entry computing it
+_HALF_CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
+_HALF_TYPE = {torch.bfloat16: "bf16", torch.float16: "f16"}
 # runtime-model nodes that compute nothing (data, layout, shape bookkeeping)
 _NOT_COMPUTE = frozenset(
     {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
@@ -66,6 +76,7 @@ def compile_openvino(
     num_threads: int | None = None,
     config: dict[str, Any] | None = None,
     info: dict[str, Any] | None = None,
+    hint: str | None = None,
 ) -> Any:
     """An ``openvino.CompiledModel`` of the ONNX file ``path`` on the CPU: the one place this
     package compiles them (lowered by :mod:`.openvino_lowering`, in the precision
@@ -75,26 +86,38 @@ def compile_openvino(
         path: the ``.onnx`` file.
         num_threads: inference threads (OpenVINO's default when None).
         config: more CPU plugin properties (``{"PERF_COUNT": True}`` for profiling).
-        info: a dict that gets ``openvino_lowering`` (what was rewritten) and
-            ``inference_precision``, when given.
+        info: a dict that gets ``openvino_lowering`` (what was rewritten),
+            ``inference_precision`` and, where the file's half type is not computed here,
+            ``half_precision_note``, when given.
+        hint: compile with this ``INFERENCE_PRECISION_HINT`` (``bf16``/``f16``, see
+            :func:`half_hint`) instead of the one the file's types ask for.
 
     Raises:
-        RuntimeError: OpenVINO cannot compile it; the message names the cause.
+        RuntimeError: OpenVINO cannot compile it, or ``hint`` is a type this CPU does not
+            compute in; the message names the cause.
     """
     import openvino as ov
 
     core = ov.Core()
+    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    if hint is not None and _HALF_CAPABILITY.get(hint, hint.upper()) not in capabilities:
+        raise RuntimeError(
+            f"this CPU does not compute in {hint} (OpenVINO's OPTIMIZATION_CAPABILITIES: "
+            f"{', '.join(capabilities)}): its {hint} hint would run f32; use the typed graph "
+            "or precision='fp32'"
+        )
     try:
         model = core.read_model(str(path))
-        precision = inference_precision(
-            model, core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-        )
+        precision = hint or inference_precision(model, capabilities)
+        note = _half_not_computed(model, capabilities, precision)
         properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, **(config or {})}
         if num_threads is not None:
             properties["INFERENCE_NUM_THREADS"] = num_threads
         lowered = lower_for_openvino(model)
         if info is not None:
             info["inference_precision"] = precision
+            if note:
+                info["half_precision_note"] = note
             if lowered:
                 info["openvino_lowering"] = lowered
         return core.compile_model(model, "CPU", properties)
@@ -113,15 +136,43 @@ def inference_precision(model: Any, capabilities: Sequence[str]) -> str:
     ``FP16``: AVX512_FP16 or AMX-FP16); else ``f32``. A float model is never computed in a
     lower precision than it asked for, which the plugin's own default would do on bf16 CPUs.
     """
-    carried = {
+    carried = _carried_types(model)
+    for half, capability in _HALF_CAPABILITY.items():
+        if half in carried and capability in capabilities:
+            return half
+    return "f32"
+
+
+def _carried_types(model: Any) -> set[str]:
+    return {
         op.get_output_element_type(i).get_type_name()
         for op in model.get_ordered_ops()
         for i in range(op.get_output_size())
     }
-    for half, capability in (("bf16", "BF16"), ("f16", "FP16")):
-        if half in carried and capability in capabilities:
-            return half
-    return "f32"
+
+
+def _half_not_computed(model: Any, capabilities: Sequence[str], precision: str) -> str:
+    """A warning (logged, and returned for ``build_info``) where ``model`` carries a half type
+    this CPU does not compute in, so it runs in ``f32``; "" otherwise."""
+    if precision != "f32":
+        return ""
+    missing = [h for h, c in _HALF_CAPABILITY.items() if c not in capabilities]
+    carried = [h for h in missing if h in _carried_types(model)]
+    if not carried:
+        return ""
+    note = (
+        f"this CPU does not compute in {carried[0]} (OpenVINO's OPTIMIZATION_CAPABILITIES has "
+        f"no {_HALF_CAPABILITY[carried[0]]}): the {carried[0]} graph runs in f32, with its "
+        f"{carried[0]} weights"
+    )
+    logger.warning("%s", note)
+    return note
+
+
+def half_hint(dtype: torch.dtype | None) -> str | None:
+    """OpenVINO's ``INFERENCE_PRECISION_HINT`` for a half dtype (``bf16``, ``f16``); None for
+    any other dtype."""
+    return _HALF_TYPE.get(dtype) if dtype is not None else None
 
 
 class OpenVINORuntime(OnnxArtifactRuntime):
@@ -172,7 +223,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory would copy them
         path = self._artifact.path
-        self._compiled = compile_openvino(path, self.settings.num_threads, info=self.build_info)
+        self._compiled = compile_openvino(
+            path, self.settings.num_threads, info=self.build_info, hint=self._hint()
+        )
         self._request = self._compiled.create_infer_request()
         integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
         if integer:
@@ -180,6 +233,10 @@ class OpenVINORuntime(OnnxArtifactRuntime):
                 kind: sum(v for (k, _), v in integer.items() if k == kind)
                 for kind in sorted({k for k, _ in integer})
             }
+
+    def _hint(self) -> str | None:
+        """The ``INFERENCE_PRECISION_HINT`` this runtime forces (None: the file's types decide)."""
+        return None
 
     def layer_precisions(self) -> Counter[tuple[str, str]]:
         """What the CPU plugin runs: ``(layer type, precision) -> count`` over the compute
@@ -210,6 +267,22 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         outputs = [results[port] for port in self._compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
+
+
+class OpenVINOHalfHintRuntime(OpenVINORuntime):
+    """OpenVINO on the *float* graph with ``settings.precision``'s half type as its
+    ``INFERENCE_PRECISION_HINT`` (``bf16``/``f16``): the form OpenVINO's own users get, where
+    the CPU plugin keeps its precision-sensitive ops in f32 itself. Its build fails, saying so,
+    on a CPU that does not compute in that type (it would silently run f32)."""
+
+    def _hint(self) -> str | None:
+        hint = half_hint(self.settings.precision.half_dtype)
+        if hint is None:
+            raise ValueError(
+                f"{type(self).__name__} runs a half precision (bf16, fp16), not "
+                f"precision={self.settings.precision.name!r}; use OpenVINORuntime"
+            )
+        return hint
 
 
 def openvino_node_times(
