@@ -16,7 +16,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import embedl_dynamo
-from embedl_dynamo.backends.onnxruntime import BACKEND
+from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
+from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.dynamo.compile import compile_subgraph
 from embedl_dynamo.dynamo.compiled_call import in_place_writes
 from embedl_dynamo.graph.freeze import freeze
@@ -169,14 +170,16 @@ class _CopiesInto(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("length", [32, 128])
-def test_a_decode_step_copies_no_cache(tmp_path, length):
+@pytest.mark.parametrize(
+    ("backend", "length"), [(ONNXRUNTIME, 32), (ONNXRUNTIME, 128), (OPENVINO, 32)]
+)
+def test_a_decode_step_copies_no_cache(tmp_path, backend, length):
     """The compiled step (the runtime and its write-back, as Dynamo calls it) leaves the new
     cache in the caller's tensor without a ``copy_`` into it, whatever the cache's length;
     the counter (a few bytes) is copied back. Values as eager's."""
     captured = []
 
-    def backend(gm, inputs, **_):
+    def capturing(gm, inputs, **_):
         captured.append((gm, inputs))
         return gm.forward
 
@@ -184,10 +187,10 @@ def test_a_decode_step_copies_no_cache(tmp_path, length):
     first = [t.clone() for t in eager_inputs]
     torch._dynamo.reset()
     with torch.no_grad():
-        torch.compile(model, backend=backend)(*first)
+        torch.compile(model, backend=capturing)(*first)
         ((gm, sample),) = captured
         order = [next(i for i, t in enumerate(first) if t is a) for a in sample]
-        step = compile_subgraph(gm, sample, BACKEND, Settings(cache_dir=tmp_path))
+        step = compile_subgraph(gm, sample, backend, Settings(cache_dir=tmp_path))
         step(*sample)  # Dynamo's first call, on the sample: the check's outputs, copied back
         model(*eager_inputs)
         inputs = [t.clone() for t in eager_inputs]
@@ -199,3 +202,4 @@ def test_a_decode_step_copies_no_cache(tmp_path, length):
             assert_close_to_scale(out, expected)
             assert torch.equal(inputs[2], eager_inputs[2])
             assert torch.equal(inputs[3], eager_inputs[3])
+    assert embedl_dynamo.last_report().subgraphs[-1].runtime == backend.name

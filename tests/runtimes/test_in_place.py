@@ -1,6 +1,7 @@
 """A written-back input updated in the runtime's own run (``Runtime.infer(in_place=...)``):
-ONNX Runtime binds a KV cache as both the scatter's input and its output, so a decode step
-neither copies the cache into a new output nor back into the caller's tensor."""
+ONNX Runtime (IO binding) and OpenVINO (shared-memory tensors) take a KV cache as both the
+scatter's input and its output, so a decode step neither copies the cache into a new output
+nor back into the caller's tensor."""
 
 from __future__ import annotations
 
@@ -10,9 +11,17 @@ from torch import nn
 
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 
 LENGTH = 16
+RUNTIMES = [
+    OnnxRuntime,
+    pytest.param(
+        OpenVINORuntime,
+        marks=pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino"),
+    ),
+]
 
 
 class _Decode(nn.Module):
@@ -33,13 +42,13 @@ def _step(step: int):
     return torch.tensor([step]), row, query
 
 
-@pytest.fixture(scope="module")
-def runtime(tmp_path_factory):
+@pytest.fixture(scope="module", params=RUNTIMES)
+def runtime(request, tmp_path_factory):
     cache = torch.randn(1, 2, LENGTH, 8, generator=torch.Generator().manual_seed(0))
     sample = [cache, *_step(0)]
     gm = capture(_Decode(), sample)
     settings = Settings.from_options({"cache_dir": str(tmp_path_factory.mktemp("c"))}, env={})
-    return OnnxRuntime(settings).build(gm, sample)
+    return request.param(settings).build(gm, sample)
 
 
 def test_the_cache_is_updated_in_its_own_memory_and_returned_as_itself(runtime):
@@ -67,15 +76,21 @@ def test_without_in_place_or_with_a_strided_cache_the_output_is_a_new_tensor(run
     _, new = runtime.infer(strided, position, row, query, in_place={0: -1})
     assert new.data_ptr() != strided.data_ptr() and not strided.any()
     torch.testing.assert_close(new[:, :, 1:2], row)
+    written = torch.zeros(1, 2, LENGTH, 8)  # written in place, then no longer bound: a later
+    runtime.infer(written, position, row, query, in_place={0: -1})  # call writes elsewhere
+    before, cache = written.clone(), torch.zeros(1, 2, LENGTH, 8)
+    _, new = runtime.infer(cache, *_step(2))
+    assert written.equal(before) and new.data_ptr() != cache.data_ptr() and not cache.any()
 
 
-def test_a_served_runtime_writes_in_place_after_its_checked_first_call(tmp_path):
+@pytest.mark.parametrize("runtime_cls", RUNTIMES)
+def test_a_served_runtime_writes_in_place_after_its_checked_first_call(tmp_path, runtime_cls):
     """The first call on the checked sample returns the check's outputs (new tensors, which
     the caller copies); the calls after it write in place."""
     cache = torch.zeros(1, 2, LENGTH, 8)
     sample = [cache, *_step(0)]
     settings = Settings.from_options({"cache_dir": str(tmp_path)}, env={})
-    runtime = OnnxRuntime(settings).build(capture(_Decode(), sample), sample)
+    runtime = runtime_cls(settings).build(capture(_Decode(), sample), sample)
     served = runtime.serve().writing_in_place({0: -1})
     _, first = served(*sample)
     assert first is not cache and not cache.any()  # the check ran on the sample, functionally
