@@ -82,12 +82,11 @@ def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, 
     assert len(embedl_dynamo.last_report().subgraphs) == built <= 8
 
 
-@pytest.mark.parametrize("name", ["llama"])
-def test_the_static_cache_stays_in_its_tensors_through_generate(name):
+def test_the_static_cache_stays_in_its_tensors_through_generate():
     """The cache's tensors keep their memory across the decode steps, and hold what eager's
     cache holds after the same generation."""
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(1))
-    reference, model = _decoder(name), _decoder(name)
+    reference, model = _decoder("llama"), _decoder("llama")
     caches = [
         transformers.StaticCache(config=m.config, max_cache_len=24) for m in (reference, model)
     ]
