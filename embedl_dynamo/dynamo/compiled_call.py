@@ -15,11 +15,19 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import error_line
+from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
+from embedl_dynamo.runtimes.base import Served
 from embedl_dynamo.settings import Settings
 
-__all__ = ["OUT_OF_RANGE", "calibrated_input_bounds", "watch_calibrated_ranges", "wrap_compiled"]
+__all__ = [
+    "OUT_OF_RANGE",
+    "calibrated_input_bounds",
+    "in_place_writes",
+    "watch_calibrated_ranges",
+    "wrap_compiled",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +66,10 @@ def wrap_compiled(
     Dynamo's arguments at ``specialized`` are floats the artifact holds as constants: a call
     with another value runs the original graph. The user inputs at ``written`` are written in
     place by the graph: the artifact returns their final values after its outputs, and each is
-    copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`). The outputs
-    at ``returned`` are a user input's tensor itself in eager: that input is returned there.
+    copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`), unless the
+    runtime wrote it there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
+    decode step copies no cache). The outputs at ``returned`` are a user input's tensor itself
+    in eager: that input is returned there.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -73,6 +83,8 @@ def wrap_compiled(
     """
     if infer is None:
         return gm.forward
+    if isinstance(infer, Served) and written:
+        infer = infer.writing_in_place(in_place_writes(gm, user, written))
     warned = False
     # the weights: Dynamo's tensor arguments that are neither inputs nor specialized floats
     frozen = _FrozenWeights(example_inputs, [*user, *(specialized or {})])
@@ -129,14 +141,74 @@ def _outputs(
 
 
 def _write_back(outputs: Sequence[Any], targets: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """Copy the last ``len(targets)`` outputs into ``targets``; the outputs before them."""
+    """Copy the last ``len(targets)`` outputs into ``targets`` (not those the runtime wrote
+    into the target's own memory); the outputs before them."""
     if not targets:
         return tuple(outputs)
     count = len(outputs) - len(targets)
     with torch.no_grad():
         for target, value in zip(targets, outputs[count:]):
-            target.copy_(value)
+            if not _same_memory(target, value):
+                target.copy_(value)
     return tuple(outputs[:count])
+
+
+def _same_memory(target: torch.Tensor, value: Any) -> bool:
+    """Whether ``value`` is ``target``'s own memory, element for element."""
+    if value is target:
+        return True
+    return (
+        isinstance(value, torch.Tensor)
+        and value.data_ptr() == target.data_ptr()
+        and value.device == target.device
+        and value.dtype == target.dtype
+        and value.shape == target.shape
+        and value.stride() == target.stride()
+    )
+
+
+# in-place ops whose functional form (a scatter) reads the old value only where it writes,
+# so a runtime may compute it in the input's own memory
+_SCATTER_WRITES = frozenset({"index_copy_", "index_put_"})
+# reads of a tensor that look at its shape, never at its values
+_SHAPE_READS = frozenset({"size", "dim", "stride", "sym_size", "sym_stride", "sym_numel"})
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "call_method":
+        return str(node.target)
+    name = getattr(node.target, "__name__", str(node.target))
+    return name.split(".")[0]
+
+
+def in_place_writes(
+    gm: fx.GraphModule, user: Sequence[int], written: Sequence[int]
+) -> dict[int, int]:
+    """The written inputs a runtime may update in their own memory, by position among the
+    user inputs, each with its output's position counted from the end (the written values
+    come last, in ``written``'s order).
+
+    An input qualifies when its first in-place op in ``gm`` (Dynamo's graph) is a scatter
+    (``index_copy_``, ``index_put_``) and nothing before that op reads its values (only its
+    shape): the exported graph then reads the old input only in that scatter, and a runtime
+    whose scatter kernel skips the input-to-output copy when both are one buffer (ONNX
+    Runtime's CPU ScatterElements/ScatterND) computes the new value where it stands. A
+    counter's ``add_(1)`` read before its write (the cache position) does not qualify.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    writers = written_inputs(gm)
+    found = {}
+    for j, k in enumerate(written):
+        source = placeholders[user[k]]
+        ops = sorted((op for op, p in writers.items() if p is source), key=order.__getitem__)
+        if not ops or _op_name(ops[0]) not in _SCATTER_WRITES:
+            continue
+        first = order[ops[0]]
+        earlier = (u for u in source.users if order[u] < first)
+        if all(_op_name(u) in _SHAPE_READS for u in earlier):
+            found[k] = j - len(written)
+    return found
 
 
 _VERSION = operator.attrgetter("_version")

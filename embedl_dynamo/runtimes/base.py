@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -42,6 +42,7 @@ __all__ = [
     "LayerProfiler",
     "PROFILE_WARMUP_RUNS",
     "Runtime",
+    "Served",
     "graph_outputs",
     "package_version",
     "target_device",
@@ -286,37 +287,42 @@ class Runtime(ABC):
     def _deactivate(self) -> None:  # noqa: B027 - optional hook
         """Hook: release resources."""
 
-    def infer(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Run inference on the user inputs; returns the outputs as a tuple."""
+    def infer(
+        self, *args: torch.Tensor, in_place: Mapping[int, int] | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Run inference on the user inputs; returns the outputs as a tuple.
+
+        ``in_place`` maps input positions to output positions (negative: from the end) whose
+        output is the input's new value, computed by an op that may write straight into the
+        input (a KV cache's scatter). A runtime that can writes such an output into the
+        input's own tensor and returns that tensor there, so the caller's copy of it is a
+        no-op (a decode step then copies no cache); one that cannot returns a new tensor.
+        """
         if not self.active:
             raise RuntimeError(f"{self.name} runtime is not active: call build() or activate()")
+        if in_place:
+            return self._infer_in_place(args, in_place)
         return self._infer(args)
 
     __call__ = infer
 
-    def serve(self) -> Callable[..., tuple[torch.Tensor, ...]]:
-        """What a compiled model calls: :meth:`infer`, except that a first call on the very
-        sample :meth:`check_artifact` ran (the same tensor objects, unmodified: Dynamo calls
-        the compiled graph with the inputs it compiled it for) returns the outputs the check
+    def serve(self) -> Served:
+        """What a compiled model calls (:class:`Served`): :meth:`infer`, except that a first
+        call on the very sample :meth:`check_artifact` ran returns the outputs the check
         computed instead of running the artifact again, which shortens the first call."""
         checked, self._checked_call = self._checked_call, None
-
-        def first_call(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            nonlocal checked
-            if checked is not None:
-                sample, versions, outputs = checked
-                checked = None
-                if len(args) == len(sample) and all(
-                    a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
-                ):
-                    return outputs
-            return self.infer(*args)
-
-        return first_call
+        return Served(self, checked)
 
     @abstractmethod
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """Hook: run inference."""
+
+    def _infer_in_place(
+        self, args: Sequence[torch.Tensor], in_place: Mapping[int, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """Hook: run inference writing the outputs ``in_place`` names into their inputs'
+        tensors (:meth:`infer`); by default nothing is written in place."""
+        return self._infer(args)
 
     # description --------------------------------------------------------------------------
     def key(self) -> str | None:
@@ -331,3 +337,40 @@ class Runtime(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
+
+
+class Served:
+    """What a compiled model calls: its runtime's :meth:`Runtime.infer`.
+
+    A first call on the very sample :meth:`Runtime.check_artifact` ran (the same tensor
+    objects, unmodified: Dynamo calls the compiled graph with the inputs it compiled it for)
+    returns the outputs the check computed. :meth:`writing_in_place` gives the callable that
+    lets the runtime write some outputs straight into their inputs.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        checked: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None,
+        in_place: Mapping[int, int] | None = None,
+    ) -> None:
+        self.runtime = runtime
+        self.in_place = dict(in_place or {})
+        self._checked = checked
+
+    def writing_in_place(self, in_place: Mapping[int, int]) -> Served:
+        """This callable, with the outputs ``in_place`` maps to (input position -> output
+        position, negative from the end) written into their inputs' tensors where the runtime
+        can (:meth:`Runtime.infer`). The checked first call moves to the new callable."""
+        checked, self._checked = self._checked, None
+        return Served(self.runtime, checked, in_place)
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        checked, self._checked = self._checked, None
+        if checked is not None:
+            sample, versions, outputs = checked
+            if len(args) == len(sample) and all(
+                a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
+            ):
+                return outputs
+        return self.runtime.infer(*args, in_place=self.in_place)

@@ -7,7 +7,11 @@ axis, weights as initializers). The session uses the best execution providers in
 Copies: CPU tensors are handed to ORT as zero-copy numpy views (``Tensor.numpy()`` of a
 contiguous tensor shares memory) and outputs come back as ``torch.from_numpy`` views of ORT's
 arrays, so no tensor is copied on either side. CUDA tensors go through IO binding with their
-device pointers.
+device pointers. A written-back input the caller lets the runtime update in place (a KV cache,
+:meth:`~embedl_dynamo.runtimes.base.Runtime.infer`'s ``in_place``) is bound, on the CPU, as
+both that input and its output (IO binding over the tensor's memory, as onnxruntime-genai's
+``past_present_share_buffer`` shares past and present): the CPU scatter kernels skip their
+input-to-output copy when both are one buffer, so a decode step copies no cache.
 
 The runtime's layer profiler (:func:`onnxruntime_node_times`) times each node of an ONNX file
 from ONNX Runtime's own profile (``SessionOptions.enable_profiling``).
@@ -21,7 +25,7 @@ import logging
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +236,44 @@ class OnnxRuntime(OnnxArtifactRuntime):
         outputs = self._session.run(self._output_names, feeds)
         return tuple(torch.from_numpy(o) for o in outputs)
 
+    def _infer_in_place(
+        self, args: Sequence[torch.Tensor], in_place: Mapping[int, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """The outputs ``in_place`` names bound to their inputs' own memory (CPU tensors of a
+        numpy type, contiguous; others run as :meth:`_infer` does): ONNX Runtime writes them
+        there, and the input's tensor itself is returned in their place, its version counter
+        bumped as an in-place op would."""
+        if len(args) != len(self._input_names):
+            raise ValueError(f"expected {len(self._input_names)} inputs, got {len(args)}")
+        if any(t.device.type != "cpu" or t.dtype not in _NUMPY_TYPES for t in args):
+            return self._infer(args)
+        count = len(self._output_names)
+        aliased = {
+            output % count: k
+            for k, output in in_place.items()
+            if -count <= output < count and args[k].is_contiguous() and args[k].numel()
+        }
+        if not aliased:
+            return self._infer(args)
+        binding = self._session.io_binding()
+        kept = [_bind(binding.bind_input, name, t) for name, t in zip(self._input_names, args)]
+        for i, name in enumerate(self._output_names):
+            if i in aliased:
+                _bind(binding.bind_output, name, args[aliased[i]])
+            else:
+                binding.bind_output(name, "cpu")
+        self._session.run_with_iobinding(binding)
+        del kept  # the inputs' contiguous copies, alive until the run ended
+        outputs: list[torch.Tensor] = []
+        for i, value in enumerate(binding.get_outputs()):
+            if i in aliased:
+                target = args[aliased[i]]
+                torch.autograd.graph.increment_version(target)
+                outputs.append(target)
+            else:
+                outputs.append(torch.from_numpy(value.numpy()))
+        return tuple(outputs)
+
     def _infer_bound(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         """IO binding for CUDA tensors: ORT reads the inputs where they are."""
         binding = self._session.io_binding()
@@ -255,6 +297,22 @@ class OnnxRuntime(OnnxArtifactRuntime):
 
 def _numpy_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
+
+
+# the tensor types ONNX Runtime's Python binding takes as numpy buffers
+_NUMPY_TYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
+     torch.int32, torch.int64, torch.bool}
+)  # fmt: skip
+
+
+def _bind(bind: Callable[..., None], name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Bind ``name`` (an input, or an output to write into) to a CPU tensor's memory; returns
+    the tensor bound (a contiguous copy when it is not contiguous), to keep alive until the run
+    ends."""
+    tensor = tensor.detach().contiguous()
+    bind(name, "cpu", 0, _numpy_dtype(tensor.dtype), tuple(tensor.shape), tensor.data_ptr())
+    return tensor
 
 
 def node_times(profile: Sequence[Mapping[str, Any]], runs: int) -> dict[str, float]:

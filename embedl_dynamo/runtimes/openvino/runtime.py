@@ -18,6 +18,14 @@ form runs is decided by timing both (:mod:`embedl_dynamo.tuning.half_form`).
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
 error); this runtime is a working route from ``torch.compile`` to OpenVINO. Its layer profiler
 (:func:`openvino_node_times`) reads the CPU plugin's performance counters (``PERF_COUNT``).
+
+A written-back input the caller lets the runtime update in place (a KV cache,
+:meth:`~embedl_dynamo.runtimes.base.Runtime.infer`'s ``in_place``) is given to the infer request
+as both that input and its output tensor, each an ``ov.Tensor`` over the caller's
+memory (``shared_memory=True``), so a decode step neither copies the cache in nor out. Not a
+stateful model (ReadValue/Assign, as optimum-intel exports decoders): the cache stays the
+caller's tensor, which Hugging Face's static cache owns and resets, and the same ONNX artifact
+serves both runtimes.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ import importlib.util
 import logging
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +275,64 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         outputs = [results[port] for port in self._compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
+
+    def _infer_in_place(
+        self, args: Sequence[torch.Tensor], in_place: Mapping[int, int]
+    ) -> tuple[torch.Tensor, ...]:
+        """Every output ``in_place`` names bound to its input's memory; as :meth:`_infer`
+        unless all of them, and every input, are contiguous CPU tensors numpy can view.
+
+        The request keeps the tensors it was given (a later ``infer(feeds)`` copies its inputs
+        into them, and writes its outputs there), so right after the run its inputs and those
+        outputs get memory of their own again: no later call touches the caller's tensors.
+        """
+        count = len(self._compiled.outputs)
+        if len(args) != len(self._compiled.inputs) or not in_place:
+            return self._infer(args)
+        aliased = {output % count: k for k, output in in_place.items() if -count <= output < count}
+        usable = all(t.device.type == "cpu" and t.is_contiguous() for t in args)
+        if not usable or len(aliased) != len(in_place) or any(_no_numpy(t) for t in args):
+            return self._infer(args)
+        request = self._request
+        for i, t in enumerate(args):
+            request.set_input_tensor(i, _shared(t))
+        for i, k in aliased.items():
+            request.set_output_tensor(i, _shared(args[k]))
+        try:
+            request.infer()
+            outputs = [
+                args[aliased[i]]
+                if i in aliased
+                # a copy: the request reuses its own output buffers on the next call
+                else torch.from_numpy(np.array(request.get_output_tensor(i).data))
+                for i in range(count)
+            ]
+        finally:  # no later call may read or write the caller's memory
+            for i in range(len(args)):
+                request.set_input_tensor(i, _own(request.get_input_tensor(i)))
+            for i in aliased:
+                request.set_output_tensor(i, _own(request.get_output_tensor(i)))
+        for i in aliased:
+            torch.autograd.graph.increment_version(outputs[i])
+        return tuple(outputs)
+
+
+def _shared(tensor: torch.Tensor) -> Any:
+    """An ``ov.Tensor`` over a contiguous CPU tensor's memory."""
+    import openvino as ov
+
+    return ov.Tensor(tensor.detach().numpy(), shared_memory=True)
+
+
+def _own(tensor: Any) -> Any:
+    """A new ``ov.Tensor`` of ``tensor``'s type and shape, in memory of its own."""
+    import openvino as ov
+
+    return ov.Tensor(tensor.get_element_type(), tensor.get_shape())
+
+
+def _no_numpy(tensor: torch.Tensor) -> bool:
+    return tensor.dtype in (torch.bfloat16, torch.complex32) or tensor.dtype.is_complex
 
 
 class OpenVINOHalfHintRuntime(OpenVINORuntime):
