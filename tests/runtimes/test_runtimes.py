@@ -11,7 +11,7 @@ from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import runtime_candidates, runtime_classes
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session, ort_providers
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact
@@ -75,6 +75,29 @@ def test_onnxruntime_lifecycle(transformed, tmp_path):
         rt.infer(x)
     rt.activate()
     torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_sessions_sleep_between_runs_and_keep_a_callers_own_options(tmp_path):
+    """Spinning worker threads would take the cores PyTorch needs between our calls (a
+    generate() loop ran several times slower); a caller's own value is kept."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, str(path))
+    config = create_session(path).get_session_options().get_session_config_entry
+    assert config("session.intra_op.allow_spinning") == "0"
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+    mine = create_session(path, options=options).get_session_options()
+    assert mine.get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
 def test_onnxruntime_outputs_share_memory_with_ort(transformed, tmp_path):

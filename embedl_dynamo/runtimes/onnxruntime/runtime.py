@@ -55,14 +55,19 @@ _KERNEL_SUFFIX = "_kernel_time"
 _PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
 
 
-# Integer weights read by DequantizeLinear -> MatMul become MatMulNBits:
-# * computing in int8 (accuracy_level 4); lower levels dequantise the weights to float first;
+# Every session's config entries (a caller's own value is kept):
+# * integer weights read by DequantizeLinear -> MatMul become MatMulNBits computing in int8
+#   (accuracy_level 4; lower levels dequantise the weights to float first);
 # * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
 #   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
-#   models too). Our float linears export as Gemm already, so they do not need it.
-_WEIGHT_ONLY_CONFIG = {
+#   models too). Our float linears export as Gemm already, so they do not need it;
+# * worker threads that sleep after a run instead of spinning: PyTorch runs between our calls
+#   (generate()'s loop, graph breaks, the caller's code) and its threads need those cores.
+#   Back-to-back calls are as fast either way.
+_SESSION_CONFIG = {
     "session.qdq_matmulnbits_accuracy_level": "4",
     "optimization.disable_specified_optimizers": "MatMulAddFusion",
+    "session.intra_op.allow_spinning": "0",
 }
 
 
@@ -108,7 +113,7 @@ def create_session(
         options.log_severity_level = 3
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
-    for key, value in _WEIGHT_ONLY_CONFIG.items():
+    for key, value in _SESSION_CONFIG.items():
         try:  # a caller's own value is kept
             options.get_session_config_entry(key)
         except RuntimeError:
