@@ -1,6 +1,7 @@
 """Helpers shared by the tests, one copy each: output comparisons, Dynamo capture (raw or with the
 library's own freeze), seeded batches, fake-quant queries on a graph, a plan printout that does not
-pin FX node names, and build counts taken by wrapping the library's builders."""
+pin FX node names, build counts taken by wrapping the library's builders, and tiny random-init
+decoder LLMs of transformers' own classes with greedy generation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import collections
 import functools
 import importlib
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,10 +28,13 @@ __all__ = [
     "count_builds",
     "dynamo_frozen",
     "dynamo_graph",
+    "greedy_generate",
     "is_fake_quant",
+    "left_padded_batch",
     "max_abs_diff",
     "plan_table",
     "random_batches",
+    "tiny_decoder",
 ]
 
 
@@ -170,3 +175,49 @@ def count_builds(set_attr: Callable[[Any, str, Any], None] = setattr) -> None:
         return _counted("torch_tensorrt", backend())
 
     set_attr(trt, "torch_tensorrt_backend", counted_backend)
+
+
+# transformers' config and model class of each tiny decoder :func:`tiny_decoder` builds, and
+# the config fields its defaults would put outside the tiny vocabulary
+_DECODERS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": 0, "eos_token_id": None}),
+}
+DECODER_VOCAB = 100
+
+
+def tiny_decoder(name: str, kv_heads: int = 2, **config: Any) -> nn.Module:
+    """A seeded random-init ``*ForCausalLM`` of transformers' own classes, in eval mode: hidden
+    64, 2 layers, 4 query heads, ``kv_heads`` key/value heads, a vocabulary of 100 (no download).
+
+    Args:
+        name: ``llama``, ``qwen2``, ``mistral`` or ``phi3``.
+        kv_heads: key/value heads (4 multi-head, 2 grouped-query, 1 multi-query).
+        config: further config fields (``sliding_window``, ``partial_rotary_factor``, ...).
+    """
+    import transformers  # only the tests that build a decoder need it
+
+    config_name, model_name, fixed = _DECODERS[name]
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=kv_heads, vocab_size=DECODER_VOCAB)  # fmt: skip
+    torch.manual_seed(0)
+    model_config = getattr(transformers, config_name)(**{**kw, **fixed, **config})
+    return getattr(transformers, model_name)(model_config).eval()
+
+
+def greedy_generate(model: nn.Module, ids: torch.Tensor, new_tokens: int, **kw: Any) -> Any:
+    """``model.generate`` of ``new_tokens`` greedy tokens, without grad or warnings."""
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
+
+
+def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two prompts of 8 and 5 tokens, the shorter one left-padded as tokenizers pad for
+    generation: the token ids and the attention mask."""
+    ids = torch.randint(1, DECODER_VOCAB, (2, 8), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    ids[1, :3], mask[1, :3] = 0, 0
+    return ids, mask

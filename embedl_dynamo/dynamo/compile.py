@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import (
@@ -122,7 +123,9 @@ def compile_subgraph(
     user = frozen.user_inputs
     ints = [user.index(i) for i in frozen.int_inputs]  # taken as 0-d int64 tensors
     job.inputs = [example_inputs[i] for i in user]
-    job.inputs = [torch.tensor(int(v)) if k in ints else v for k, v in enumerate(job.inputs)]
+    # the int's example value without a guard on it (int() would specialize the graph to it)
+    job.inputs = [torch.tensor(optimization_hint(v)) if k in ints else v
+                  for k, v in enumerate(job.inputs)]  # fmt: skip
     if any(not isinstance(t, torch.Tensor) for t in job.inputs):
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)

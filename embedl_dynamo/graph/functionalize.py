@@ -43,6 +43,7 @@ from embedl_dynamo.graph.aliasing import (
     out_argument,
     same_tensor_source,
 )
+from embedl_dynamo.graph.meta import infer_meta
 
 __all__ = [
     "functionalize",
@@ -125,7 +126,7 @@ def written_inputs(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
 def _has_out_of_place(node: fx.Node) -> bool:
     """Whether :func:`functionalize` turns ``node`` into an out-of-place op."""
     if node.op == "call_method":
-        return hasattr(torch.Tensor, str(node.target)[:-1])
+        return node.target == "copy_" or hasattr(torch.Tensor, str(node.target)[:-1])
     if node.op != "call_function" or node.target is operator.setitem:
         return False
     if node.target in INPLACE_OPERATORS or "inplace" in node.kwargs:
@@ -279,7 +280,9 @@ def _append_outputs(gm: fx.GraphModule, final: dict[fx.Node, fx.Node]) -> tuple[
 
 def _out_of_place(node: fx.Node) -> None:
     """Turn ``node`` into its out-of-place form where PyTorch has one; else leave the op."""
-    if node.op == "call_method":
+    if node.op == "call_method" and node.target == "copy_":
+        _copy_out_of_place(node)
+    elif node.op == "call_method":
         name = str(node.target)[:-1]
         if hasattr(torch.Tensor, name):
             node.target = name
@@ -294,3 +297,14 @@ def _out_of_place(node: fx.Node) -> None:
             plain = getattr(torch, getattr(node.target, "__name__", "")[:-1], None)
             if plain is not None and is_torch_op(node.target):
                 node.target = plain
+
+
+def _copy_out_of_place(node: fx.Node) -> None:
+    """``x.copy_(src)`` (a sliding-window KV cache's shift) has no out-of-place method: its
+    value is ``src`` cast to ``x``'s dtype and broadcast to ``x``'s shape,
+    ``src.type_as(x).expand_as(x)``, which exporters take (``aten::copy`` they do not)."""
+    target, source = node.args[0], node.args[1]
+    with node.graph.inserting_before(node):
+        cast = node.graph.call_method("type_as", (source, target))
+    node.target, node.args, node.kwargs = "expand_as", (cast, target), {}
+    infer_meta(node.graph.owning_module, [cast, node])

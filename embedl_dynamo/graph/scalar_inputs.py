@@ -76,30 +76,48 @@ def bake_scalar(new: fx.Node, old: fx.Node, value: Any) -> bool:
 
 
 _INT_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.neg})
+# max/min of an int and a literal, and what computes it on a 0-d int64 tensor
+_INT_BOUNDS = {torch.sym_max: "min", torch.sym_min: "max"}
 
 
 def int_as_tensor(new: fx.Node) -> bool:
     """Make an int input (a ``SymInt`` that is no tensor's size) a 0-d int64 tensor input.
 
-    Possible where the int only meets tensor ops, directly or through ``+ - *`` of ints (which
-    give the same values on an int64 tensor); each tensor op gets it cast to the dtype it
-    computes in, as PyTorch casts a Python int. Returns False, the graph unchanged, otherwise
-    (a size argument, a number output, a comparison).
+    Possible where the int only meets tensor ops, directly or through ``+ - *`` of ints and
+    ``sym_max`` / ``sym_min`` with a literal (which give the same values on an int64 tensor,
+    the latter as ``clamp``), or is returned as a number (the graph's number outputs are
+    computed in PyTorch from the call's ints, :mod:`.scalar_outputs`); each tensor op gets it
+    cast to the dtype it computes in, as PyTorch casts a Python int. Returns False, the graph
+    unchanged, otherwise (a size argument, a comparison, a bound by another number).
     """
-    chain, tensor_uses, todo = [new], [], [new]
+    chain, tensor_uses, bounds, todo = [new], [], [], [new]
     while todo:
         for user in todo.pop().users:
             result = user.meta.get("example_value", user.meta.get("val"))
-            if isinstance(result, torch.Tensor) and user.op != "output":
+            if user.op == "output":
+                continue
+            if isinstance(result, torch.Tensor):
                 if not any(_is_operand(node, user) for node in chain if node in user.args):
                     return False
                 tensor_uses.append(user)
-            elif user.op == "call_function" and user.target in _INT_ARITHMETIC:
+            elif user.op == "call_function" and user.target in (*_INT_ARITHMETIC, *_INT_BOUNDS):
+                if user.target in _INT_BOUNDS:
+                    if sum(isinstance(a, int) for a in user.args) != 1 or user.kwargs:
+                        return False  # bounded by another number: not a clamp
+                    bounds.append(user)
                 if user not in chain and isinstance(result, (int, torch.SymInt)):
                     chain.append(user)
                     todo.append(user)
             else:
                 return False
+    for user in bounds:
+        (value,) = (a for a in user.args if isinstance(a, fx.Node))
+        (limit,) = (a for a in user.args if isinstance(a, int))
+        user.target, user.args, user.kwargs = (
+            torch.clamp,
+            (value,),
+            {_INT_BOUNDS[user.target]: limit},
+        )
     for user in tensor_uses:
         dtype = _fake_tensor(user).dtype
         for node in [a for a in user.all_input_nodes if a in chain]:

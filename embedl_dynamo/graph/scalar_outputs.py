@@ -5,8 +5,10 @@ y.shape[0]``: the graph returns the ``SymInt``). An artifact returns tensors onl
 inductor does for the ``SymInt`` outputs of its graphs, such a number is computed in PyTorch
 from the inputs' shapes at each call: the tensor outputs go to the artifact, the numbers to a
 small graph of size reads and integer arithmetic, and :meth:`ScalarOutputs.merge` puts them
-back in their places, as Python numbers. A number computed from tensor values (``.item()``)
-is no size: such a graph is not split (:attr:`SplitOutputs.blocker` says why).
+back in their places, as Python numbers. A number the graph reads off an intermediate tensor
+(a KV cache's length grown by ``key_states.shape[-2]``) is computed from its symbolic
+expression over the inputs' sizes and ints instead. A number computed from tensor values
+(``.item()``) is no size: such a graph is not split (:attr:`SplitOutputs.blocker` says why).
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ class ScalarOutputs:
 
     def merge(self, tensors: Sequence[Any], inputs: Sequence[Any]) -> tuple[Any, ...]:
         """The artifact's ``tensors`` with the numbers computed from ``inputs`` in place."""
-        numbers = iter(self.gm(*inputs))
+        # an int input the artifact takes as a 0-d tensor gives a 0-d tensor here: a number
+        numbers = iter(v.item() if isinstance(v, torch.Tensor) else v for v in self.gm(*inputs))
         tensor = iter(tensors)
         places = set(self.positions)
         return tuple(next(numbers) if i in places else next(tensor) for i in range(self.count))
@@ -112,6 +115,61 @@ def _not_a_size(gm: fx.GraphModule) -> str | None:
     return None
 
 
+def _symbol_reads(gm: fx.GraphModule, graph: fx.Graph) -> dict[Any, Any]:
+    """Placeholders of ``graph`` like ``gm``'s, and a node reading each size symbol of them (an
+    int input, or an input tensor's dimension), by symbol."""
+    reads: dict[Any, Any] = {}
+    for old in [n for n in gm.graph.nodes if n.op == "placeholder"]:
+        new = graph.placeholder(old.name)
+        fake = old.meta.get("example_value", old.meta.get("val"))
+        if isinstance(fake, torch.SymInt) and fake.node.expr.is_Symbol:
+            reads.setdefault(fake.node.expr, new)
+        elif isinstance(fake, torch.Tensor):
+            for dim, size in enumerate(fake.shape):
+                if isinstance(size, torch.SymInt) and size.node.expr.is_Symbol:
+                    reads.setdefault(size.node.expr, graph.call_method("size", (new, dim)))
+    return reads
+
+
+def _expression(graph: fx.Graph, expr: Any, reads: dict[Any, Any]) -> Any:
+    """Nodes of ``graph`` computing the sympy ``expr`` from ``reads``; None where it has a
+    symbol no input carries or an operation other than + * max min //."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    if expr.is_Integer:
+        return int(expr)
+    if expr.is_Symbol:
+        return reads.get(expr)
+    ops = {sympy.Add: operator.add, sympy.Mul: operator.mul, sympy.Max: max, sympy.Min: min,
+           FloorDiv: operator.floordiv}  # fmt: skip
+    op = ops.get(type(expr))
+    args = [_expression(graph, a, reads) for a in expr.args]
+    if op is None or any(a is None for a in args):
+        return None
+    value = args[0]
+    for arg in args[1:]:
+        value = graph.call_function(op, (value, arg))
+    return value
+
+
+def _from_symbols(gm: fx.GraphModule, values: list[Any]) -> fx.GraphModule | None:
+    """A graph computing ``values`` (number outputs of ``gm``) from their symbolic expressions
+    over the inputs' sizes and ints, for numbers the graph reads off intermediate tensors
+    (``key_states.shape[-2]`` is the prompt's length); None if one is no such expression."""
+    graph = fx.Graph()
+    reads = _symbol_reads(gm, graph)
+    outputs = []
+    for value in values:
+        fake = value.meta.get("example_value") if isinstance(value, fx.Node) else None
+        node = _expression(graph, fake.node.expr, reads) if isinstance(fake, torch.SymInt) else None
+        if node is None:
+            return None
+        outputs.append(node)
+    graph.output(tuple(outputs))
+    return fx.GraphModule(torch.nn.Module(), graph, class_name="Numbers")
+
+
 def split_scalar_outputs(gm: fx.GraphModule) -> SplitOutputs:
     """Split the number outputs of the frozen graph ``gm`` from its tensor outputs.
 
@@ -129,7 +187,9 @@ def split_scalar_outputs(gm: fx.GraphModule) -> SplitOutputs:
         return SplitOutputs(gm, blocker="the graph returns numbers only, no tensor")
     numbers = _keeping(gm, [values[i] for i in positions])
     blocker = _not_a_size(numbers)
-    if blocker is not None:
+    if blocker is not None:  # sizes of intermediate tensors: the same from their symbols
+        numbers = _from_symbols(gm, [values[i] for i in positions])
+    if numbers is None:
         return SplitOutputs(gm, blocker=blocker)
     tensors = _keeping(gm, [v for i, v in enumerate(values) if i not in positions])
     return SplitOutputs(tensors, ScalarOutputs(numbers, positions, len(values)))

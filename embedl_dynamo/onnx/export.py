@@ -39,6 +39,7 @@ from torch import fx, nn
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.onnx.fp8_weights import fp8_opset
+from embedl_dynamo.onnx.graph_inputs import restore_dropped_inputs
 from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
     capture_initializers,
@@ -170,6 +171,7 @@ def _export_torchscript(
     with capture_initializers() as captured:
         _torchscript_export(module, args, buffer, opset, axes, n_out, export_params=False)
     model = onnx.load_from_string(buffer.getvalue())
+    restore_dropped_inputs(model, input_names(len(args)), args, axes)
     weights = graph_weights(model, captured, set(input_names(len(args))))
     if weights is not None:
         return model, weights

@@ -8,8 +8,6 @@ the runtime and are written back into the cache's tensors.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torch import nn
@@ -22,37 +20,17 @@ from embedl_dynamo.dynamo.compile import compile_subgraph
 from embedl_dynamo.dynamo.compiled_call import in_place_writes
 from embedl_dynamo.graph.freeze import freeze
 from embedl_dynamo.settings import Settings
-from tests.helpers import assert_close_to_scale, dynamo_graph
+from tests.helpers import (
+    assert_close_to_scale,
+    dynamo_graph,
+    greedy_generate,
+    left_padded_batch,
+    tiny_decoder,
+)
 
 transformers = pytest.importorskip("transformers")
 
 NEW_TOKENS = 8
-
-
-def _decoder(name: str, kv_heads: int = 2):
-    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=kv_heads, vocab_size=100)  # fmt: skip
-    config, cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[name]
-    torch.manual_seed(0)
-    return cls(config(**kw)).eval()
-
-
-def _generate(model, ids, new_tokens=NEW_TOKENS, **kw):
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
-
-
-def _left_padded_batch():
-    """Two prompts of 8 and 5 tokens, the shorter one left-padded, as tokenizers pad for
-    generation."""
-    ids = torch.randint(1, 100, (2, 8), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(2, 8, dtype=torch.long)
-    ids[1, :3], mask[1, :3] = 0, 0
-    return ids, mask
 
 
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
@@ -63,22 +41,24 @@ def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, 
     the runtime and are written back; they were lost once, giving other tokens from the first."""
     kw = {} if cache == "dynamic" else {"cache_implementation": "static"}
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(1))
-    batch, mask = _left_padded_batch()
-    reference = _decoder(name)
-    eager = _generate(reference, ids, **kw)
-    eager_batch = _generate(reference, batch, attention_mask=mask, **kw)
-    model = _decoder(name)
+    batch, mask = left_padded_batch()
+    reference = tiny_decoder(name)
+    eager = greedy_generate(reference, ids, NEW_TOKENS, **kw)
+    eager_batch = greedy_generate(reference, batch, NEW_TOKENS, attention_mask=mask, **kw)
+    model = tiny_decoder(name)
     model.forward = torch.compile(model.forward, backend="embedl_onnxruntime")
-    assert torch.equal(_generate(model, ids, **kw), eager)
-    assert torch.equal(_generate(model, batch, attention_mask=mask, **kw), eager_batch)
+    assert torch.equal(greedy_generate(model, ids, NEW_TOKENS, **kw), eager)
+    assert torch.equal(
+        greedy_generate(model, batch, NEW_TOKENS, attention_mask=mask, **kw), eager_batch
+    )
     subgraphs = embedl_dynamo.last_report().subgraphs
     # prefill and decode, each static then with Dynamo's dynamic sizes (batch, length)
     assert 1 <= len(subgraphs) <= 6, [str(s) for s in subgraphs]
     assert {s.runtime for s in subgraphs} == {"onnxruntime"}, [s.reason for s in subgraphs]
     # other lengths: the static cache's length becomes dynamic once, then no graph is built
-    _generate(model, ids, new_tokens=NEW_TOKENS + 5, **kw)
+    greedy_generate(model, ids, NEW_TOKENS + 5, **kw)
     built = len(embedl_dynamo.last_report().subgraphs)
-    _generate(model, ids, new_tokens=NEW_TOKENS + 9, **kw)
+    greedy_generate(model, ids, NEW_TOKENS + 9, **kw)
     assert len(embedl_dynamo.last_report().subgraphs) == built <= 8
 
 
@@ -86,16 +66,16 @@ def test_the_static_cache_stays_in_its_tensors_through_generate():
     """The cache's tensors keep their memory across the decode steps, and hold what eager's
     cache holds after the same generation."""
     ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(1))
-    reference, model = _decoder("llama"), _decoder("llama")
+    reference, model = tiny_decoder("llama"), tiny_decoder("llama")
     caches = [
         transformers.StaticCache(config=m.config, max_cache_len=24) for m in (reference, model)
     ]
-    eager = _generate(reference, ids, past_key_values=caches[0])
+    eager = greedy_generate(reference, ids, NEW_TOKENS, past_key_values=caches[0])
     model.forward = torch.compile(model.forward, backend="embedl_onnxruntime")
-    _generate(model, ids, new_tokens=1, past_key_values=caches[1])  # creates the cache tensors
+    greedy_generate(model, ids, 1, past_key_values=caches[1])  # creates the cache tensors
     caches[1].reset()
     pointers = [layer.keys.data_ptr() for layer in caches[1].layers]
-    assert torch.equal(_generate(model, ids, past_key_values=caches[1]), eager)
+    assert torch.equal(greedy_generate(model, ids, NEW_TOKENS, past_key_values=caches[1]), eager)
     assert [layer.keys.data_ptr() for layer in caches[1].layers] == pointers
     for ours, theirs in zip(caches[1].layers, caches[0].layers):
         assert_close_to_scale(ours.keys, theirs.keys)

@@ -45,7 +45,7 @@ IDIOMS = {
     "exp_ then sigmoid_": ("compiled", lambda s, x: _y(x).exp_().sigmoid_()),
     "chained add_ mul_": ("compiled", lambda s, x: (lambda y: (y.add_(1).mul_(2), y)[1])(_y(x))),
     "zero_ then read": ("compiled", lambda s, x: (lambda y: (y.zero_(), y + x)[1])(_y(x))),
-    "copy_ into empty": ("either", lambda s, x: torch.empty_like(x).copy_(x * 3)),
+    "copy_ into empty": ("compiled", lambda s, x: torch.empty_like(x).copy_(x * 3)),
     "div_ floor": ("compiled", lambda s, x: _y(x).div_(0.3, rounding_mode="floor")),
     "+=, relu_, setitem": ("compiled", lambda s, x: _plus_relu_setitem(x)),
     "result of add_ used": ("compiled", lambda s, x: _y(x).add_(1) * 2),
@@ -66,6 +66,9 @@ IDIOMS = {
     "input writes returned": ("compiled", lambda s, x: x.mul_(2).add_(1).sub_(0.5)),
     "input index_copy_": ("compiled", lambda s, x: (x.index_copy_(0, IDX, x[:2] * 3), x + 1)[1]),
     "buffer add_": ("compiled", lambda s, x: (s.b.add_(1), _y(x) + s.b)[1]),
+    # a sliding-window KV cache's shift: copy_ of a rolled copy, broadcast and cast
+    "input copy_ of its roll": ("compiled", lambda s, x: (x.copy_(x.roll(-1, 0)), x + 1)[1]),
+    "buffer copy_ broadcast": ("compiled", lambda s, x: (s.b.copy_(x[0, :1].double()), x + s.b)[1]),
     "buffer through to()": (
         "compiled",
         lambda s, x: (s.b.to(torch.float32).add_(1), _y(x) + s.b)[1],
