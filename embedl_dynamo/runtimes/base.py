@@ -373,4 +373,6 @@ class Served:
                 a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
             ):
                 return outputs
-        return self.runtime.infer(*args, in_place=self.in_place)
+        if self.in_place:
+            return self.runtime.infer(*args, in_place=self.in_place)
+        return self.runtime.infer(*args)
