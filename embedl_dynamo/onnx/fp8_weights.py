@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+from embedl_dynamo.onnx.int8_weights import graph_constants
 from embedl_dynamo.quant.fp8_qdq import FP8_MAX, FP8_MIN_OPSET, holds_fp8
 
 __all__ = ["fold_fp8_weights", "fp8_opset", "has_fp8_qdq"]
@@ -122,18 +123,6 @@ def _is_fp8(array: np.ndarray) -> bool:
     return array.dtype == np.dtype(ml_dtypes.float8_e4m3fn)
 
 
-def _constants(graph: Any) -> dict[str, np.ndarray]:
-    from onnx import numpy_helper
-
-    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:  # topological order: Identity of a constant is a constant too
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-        elif node.op_type == "Identity" and node.input[0] in constants:
-            constants[node.output[0]] = constants[node.input[0]]
-    return constants
-
-
 def fold_fp8_weights(model: Any) -> int:
     """Fold every FP8 ``QuantizeLinear`` of a constant in the ``onnx.ModelProto``, in place.
 
@@ -145,7 +134,7 @@ def fold_fp8_weights(model: Any) -> int:
     graph = model.graph
     if not any(node.op_type == "QuantizeLinear" for node in graph.node):
         return 0
-    constants = _constants(graph)
+    constants = graph_constants(graph)
     folded, dropped = 0, []
     for node in list(graph.node):
         if node.op_type != "QuantizeLinear" or len(node.input) < 3:

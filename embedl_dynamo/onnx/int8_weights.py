@@ -18,7 +18,7 @@ import numpy as np
 
 from embedl_dynamo.onnx.external_data import data_path, external_locations, save_model_file
 
-__all__ = ["fold_int8_weights", "store_weights_as_int8"]
+__all__ = ["fold_int8_weights", "graph_constants", "store_weights_as_int8"]
 
 _RANGES = {np.dtype(np.int8): (-128, 127), np.dtype(np.uint8): (0, 255)}
 
@@ -56,12 +56,7 @@ def fold_int8_weights(model: Any) -> int:
     graph = model.graph
     if not any(node.op_type == "QuantizeLinear" for node in graph.node):
         return 0  # a float model: nothing to fold, no need to decode every weight
-    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-    for node in graph.node:  # topological order: Identity of a constant is a constant too
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
-            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
-        elif node.op_type == "Identity" and node.input[0] in constants:
-            constants[node.output[0]] = constants[node.input[0]]
+    constants = graph_constants(graph)
     folded, dropped = 0, []
     for node in list(graph.node):
         if node.op_type != "QuantizeLinear" or len(node.input) < 3:
@@ -92,3 +87,17 @@ def fold_int8_weights(model: Any) -> int:
     del graph.initializer[:]
     graph.initializer.extend(keep)
     return folded
+
+
+def graph_constants(graph: Any) -> dict[str, Any]:
+    """Every constant value of an ONNX graph by name (numpy): initializers, ``Constant``
+    outputs and ``Identity`` of a constant."""
+    from onnx import numpy_helper
+
+    constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for node in graph.node:  # topological order: Identity of a constant is a constant too
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+        elif node.op_type == "Identity" and node.input[0] in constants:
+            constants[node.output[0]] = constants[node.input[0]]
+    return constants
