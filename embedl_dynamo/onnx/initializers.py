@@ -42,7 +42,10 @@ __all__ = [
     "attach_initializers",
     "capture_initializers",
     "graph_weights",
+    "OrtInitializers",
     "save_quantized",
+    "SHARED_LOCATION",
+    "SHARED_MIN_BYTES",
     "shape_inference_without_weights",
     "tensor_proto",
     "UnwrittenOnnx",
@@ -56,6 +59,10 @@ _SHAPE_PASS = "_jit_pass_onnx_graph_shape_type_inference"
 # scales (Reshape, Expand, Slice, Tile, Resize...): integer tensors, or a few floats
 SHAPE_VALUE_MAX_ELEMENTS = 64
 _LOCK = threading.RLock()  # the exporter's state (and these hooks) is process-wide
+# the external-data location of the weights ONNX Runtime is handed by reference (an empty file of
+# this name stands in for them: ONNX Runtime checks it exists, and reads nothing from it)
+SHARED_LOCATION = "embedl-shared-initializers"
+SHARED_MIN_BYTES = 1 << 20  # smaller weights (shapes, norms) are copied: they cost nothing
 
 
 def _onnx_types() -> dict[torch.dtype, int]:
@@ -211,6 +218,16 @@ def unwritten_float_model(model: Any, weights: dict[str, torch.Tensor]) -> Unwri
     return UnwrittenOnnx(model, weights)
 
 
+class OrtInitializers(dict):
+    """Name -> numpy array of a model's external initializers, for ONNX Runtime; the names in
+    :attr:`shared` are handed over by reference (their arrays must outlive the session), the
+    others copied."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared: set[str] = set()
+
+
 class UnwrittenOnnx:
     """A checked float ONNX graph whose initializers are still the exporter's tensors.
 
@@ -226,28 +243,42 @@ class UnwrittenOnnx:
     def __init__(self, model: Any, weights: dict[str, torch.Tensor]) -> None:
         self.model = model
         self.weights = weights
+        self.copied: set[str] = set(weights)  # which weights are our own copies (all, unknown)
 
     def make_contiguous(self) -> None:
         """Copy the weights that are views (the exporter's folded transposes) into contiguous
-        tensors once, for both :meth:`ort_source` and :meth:`write`."""
+        tensors once, for both :meth:`ort_source` and :meth:`write`; the names of those copies
+        are kept in :attr:`copied`."""
+        self.copied = {name for name, t in self.weights.items() if not t.is_contiguous()}
         self.weights = {name: t.detach().contiguous() for name, t in self.weights.items()}
 
-    def ort_source(self) -> tuple[bytes, dict[str, Any]] | None:
-        """The serialised model with every weight marked as external data, and name -> numpy
-        array for ``SessionOptions.add_external_initializers`` (ONNX Runtime replaces each
-        external initializer by the array of its name before reading any data). None when a
-        weight has no numpy type (bfloat16) or is not on the CPU."""
+    def ort_source(self) -> tuple[bytes, OrtInitializers] | None:
+        """The serialised model with every weight marked as external data, and its arrays.
+
+        A weight the graph shares with the model (not a copy made by :meth:`make_contiguous`)
+        of at least :data:`SHARED_MIN_BYTES` is handed to ONNX Runtime by reference
+        (``OrtInitializers.shared``, at :data:`SHARED_LOCATION`): a kernel that does not repack
+        it (``Gather`` on an embedding table) reads the model's own memory, so the sessions of
+        one model's graphs (prefill, decode) do not each hold a copy. The others are copied by
+        ONNX Runtime (``add_external_initializers``), which frees what it repacks. None when a
+        weight has no numpy type (bfloat16) or is not on the CPU.
+        """
         if any(t.device.type != "cpu" or t.dtype == torch.bfloat16 for t in self.weights.values()):
             return None
+        copied = self.copied
         model = type(self.model)()
         model.CopyFrom(self.model)
-        arrays = {}
+        arrays = OrtInitializers()
         for name, tensor in self.weights.items():
             if not tensor.numel():
                 model.graph.initializer.append(tensor_proto(name, tensor))
                 continue
             arrays[name] = tensor.detach().contiguous().numpy()
-            model.graph.initializer.append(_external_header(name, tensor, "in-memory", 0))
+            shared = name not in copied and arrays[name].nbytes >= SHARED_MIN_BYTES
+            if shared:
+                arrays.shared.add(name)
+            location = SHARED_LOCATION if shared else "in-memory"
+            model.graph.initializer.append(_external_header(name, tensor, location, 0))
         return model.SerializeToString(), arrays
 
     def write(self, path: Path) -> None:

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.graph.aliasing import keeps_side_effects, mutated_tensor, record_storages
+from embedl_dynamo.graph.aliasing import (
+    alias_classes,
+    keeps_side_effects,
+    mutated_tensor,
+    record_storages,
+)
 from embedl_dynamo.graph.canonicalize import canonicalize
 from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, writes_into_input
 from embedl_dynamo.graph.nodes import module_path, node_value_meta
@@ -326,16 +331,38 @@ def _copy_sharing_tensors(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
-    """Give ``gm`` its own copy of every tensor it still shares with ``source``.
+    """Give ``gm`` its own copy of every tensor it still shares with ``source`` and may write.
 
+    With parameters in ``source`` (a user's model: ``prepare_qat`` trains the result) every
+    shared tensor is copied. A frozen graph (weights as plain constants, as a compile has them)
+    keeps sharing what nothing writes: a tensor no ``call_module`` node owns (a later pass may
+    rescale a module's weights in place, as SmoothQuant does) and no node writes through
+    ``get_attr``; copying an LLM's weights would double the compile's memory for nothing.
     Tensors that share storage (a constant and a view of it, which a trace makes of a buffer
     created in ``forward``) keep sharing it: each storage is copied once and the views are
     rebuilt on the copy, so an in-place write through one still shows in the other."""
     shared = {id(tensor) for _, _, tensor in _tensor_slots(source)}
+    frozen = not any(True for _ in source.parameters())
+    written = _writable_tensors(gm) if frozen else shared
     copies: dict[int, Any] = {}
     for slots, name, tensor in _tensor_slots(gm):
-        if id(tensor) in shared:
+        if id(tensor) in shared and id(tensor) in written:
             slots[name] = _copy_keeping_storage(tensor, copies)
+
+
+def _writable_tensors(gm: fx.GraphModule) -> set[int]:
+    """``id`` of every tensor of ``gm`` that a module call or an in-place node may write."""
+    written: set[int] = set()
+    classes = alias_classes(gm)
+    mutated = {classes.get(t, t) for t in map(mutated_tensor, gm.graph.nodes) if t is not None}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            module = gm.get_submodule(str(node.target))
+            written.update(id(t) for _, _, t in _tensor_slots(module))
+        elif node.op == "get_attr" and classes.get(node, node) in mutated:
+            owner, _, name = str(node.target).rpartition(".")
+            written.add(id(getattr(gm.get_submodule(owner) if owner else gm, name, None)))
+    return written
 
 
 def _copy_keeping_storage(tensor: torch.Tensor, copies: dict[int, Any]) -> torch.Tensor:

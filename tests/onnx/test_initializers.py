@@ -292,3 +292,46 @@ def test_a_model_with_quantize_nodes_or_bfloat16_weights_is_not_run_from_memory(
     assert unwritten_float_model(onnx.helper.make_model(graph), {}) is None  # folded when written
     half = UnwrittenOnnx(onnx.ModelProto(), {"w": torch.ones(2, dtype=torch.bfloat16)})
     assert half.ort_source() is None  # numpy has no bfloat16: the runtime waits for the file
+
+
+class _Embed(nn.Module):
+    """An embedding table (read by Gather in place) and a linear whose weight the exporter
+    transposes (a view, copied by ``make_contiguous``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(1024, 512)  # 2 MiB: over SHARED_MIN_BYTES
+        self.head = nn.Linear(512, 600, bias=False)
+
+    def forward(self, ids):
+        return self.head(self.table(ids))
+
+
+def test_sessions_read_a_weight_the_model_shares_by_reference_and_copy_the_others(tmp_path):
+    """Sessions of one model's graphs (prefill, decode) each copying the embedding table would
+    hold it once per graph: the unchanged weight is handed to ONNX Runtime by reference."""
+    from embedl_dynamo.onnx.export import export_onnx_unwritten
+    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
+    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+
+    torch.manual_seed(0)
+    model = _Embed().eval()
+    ids = torch.randint(0, 1024, (1, 5))
+    gm = fx.symbolic_trace(model)
+    unwritten = export_onnx_unwritten(gm, [ids], tmp_path / "m.onnx", outputs=[model(ids)])
+    assert unwritten is not None
+    unwritten.make_contiguous()
+    model_bytes, arrays = unwritten.ort_source()
+    (table,) = arrays.shared  # the table, not the transposed (copied) head
+    assert arrays[table].nbytes >= SHARED_MIN_BYTES and arrays[table].shape == (1024, 512)
+    assert len(arrays) == 2
+    sessions = [create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
+                for _ in range(2)]  # fmt: skip
+    feeds = {"input_0": ids.numpy()}
+    expected = model(ids).detach()
+    for session in sessions:
+        got = torch.from_numpy(session.run(None, feeds)[0])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    arrays[table][:] = 0  # both sessions read this very memory (the model's own weight)
+    assert all(not session.run(None, feeds)[0].any() for session in sessions)
+    assert not model.table.weight.detach().any()

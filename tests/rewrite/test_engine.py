@@ -400,3 +400,24 @@ def test_commutative_match_prefers_the_binding_that_can_be_rewritten() -> None:
     assert entry.id == "conv_bn_add@conv2" and entry.apply
     with torch.no_grad():
         assert (result.model(IMAGE) - model(IMAGE)).abs().max().item() <= 1e-5
+
+
+def test_a_frozen_graph_keeps_sharing_the_constants_nothing_writes() -> None:
+    """A compile's frozen graph holds the weights as constants: copying those that no node and
+    no fused module writes would double an LLM compile's memory for nothing."""
+    model = _Shared().eval()
+    frozen = fx.symbolic_trace(model)
+    for name, p in list(frozen.named_parameters()):  # as freeze() has them: plain constants
+        owner, _, leaf = name.rpartition(".")
+        module = frozen.get_submodule(owner)
+        del module._parameters[leaf]
+        module.register_buffer(leaf, p.detach())
+    plan = get_transformation_plan(frozen, COMMON_FUSION_PATTERNS, (X,))
+    result = apply_transformation_plan(plan).model
+    assert result.offset is frozen.offset  # read by an add only: shared
+    fused = [n for n in result.graph.nodes if n.op == "call_module"]
+    assert fused  # the linear+relu fusion: its module's tensors are its own
+    owned = {t.untyped_storage().data_ptr() for n in fused for t in
+             result.get_submodule(str(n.target)).state_dict().values()}  # fmt: skip
+    assert not owned & {t.untyped_storage().data_ptr() for t in frozen.buffers()}
+    torch.testing.assert_close(result(X), model(X))

@@ -19,13 +19,14 @@ from ONNX Runtime's own profile (``SessionOptions.enable_profiling``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
+from embedl_dynamo.onnx.initializers import SHARED_LOCATION
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.settings import Settings
@@ -53,6 +55,7 @@ logger = logging.getLogger(__name__)
 _CPU_PROVIDER = "CPUExecutionProvider"
 _KERNEL_SUFFIX = "_kernel_time"
 _PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
+_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 # Every session's config entries (a caller's own value is kept):
@@ -100,7 +103,9 @@ def create_session(
             (``SessionOptions.add_external_initializers``). ONNX Runtime copies them while it
             loads the model ("the user provided buffers can then be deallocated", its C API
             says), so the session does not keep them; its provider fallback, which would load
-            the model again from the options, is disabled.
+            the model again from the options, is disabled. Those named in its ``shared``
+            (:class:`~embedl_dynamo.onnx.initializers.OrtInitializers`) are not copied
+            (``SessionOptions.add_initializer``): the session reads and keeps them.
 
     Returns:
         The session.
@@ -118,8 +123,9 @@ def create_session(
             options.get_session_config_entry(key)
         except RuntimeError:
             options.add_session_config_entry(key, value)
+    shared = [_share(options, n, initializers[n]) for n in getattr(initializers, "shared", ())]
     if initializers:
-        names = list(initializers)
+        names = [n for n in initializers if n not in getattr(initializers, "shared", ())]
         values = [ort.OrtValue.ortvalue_from_numpy(initializers[n]) for n in names]
         options.add_external_initializers(names, values)
     source = model if isinstance(model, bytes) else os.fspath(model)
@@ -127,12 +133,36 @@ def create_session(
     # ONNX Runtime 1.32's CPU ReluQuantFusion drops a Relu before an FP8 QuantizeLinear as if
     # E4M3 clipped at 0 like uint8: keep the rule set that holds it off for FP8 files
     disabled = ["Level2_RuleBasedTransformer"] if has_fp8_qdq(source) else None
-    session = ort.InferenceSession(
-        source, sess_options=options, providers=chosen, disabled_optimizers=disabled
-    )
+    with _shared_placeholder(options, bool(shared)):
+        session = ort.InferenceSession(
+            source, sess_options=options, providers=chosen, disabled_optimizers=disabled
+        )
     if initializers:
         session.disable_fallback()
+    if shared:  # ONNX Runtime reads them without holding a reference: the session keeps them
+        session.embedl_shared_initializers = shared
     return session
+
+
+def _share(options: Any, name: str, array: Any) -> tuple[Any, Any]:
+    import onnxruntime as ort
+
+    value = ort.OrtValue.ortvalue_from_numpy(array)
+    options.add_initializer(name, value)
+    return value, array
+
+
+@contextlib.contextmanager
+def _shared_placeholder(options: Any, needed: bool) -> Iterator[None]:
+    """ONNX Runtime checks that the external-data file of an initializer given by reference
+    exists before it replaces it: an empty one stands in, in a folder of its own."""
+    if not needed:
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="embedl-ort-") as folder:
+        (Path(folder) / SHARED_LOCATION).touch()
+        options.add_session_config_entry(_EXTERNAL_FOLDER, folder)
+        yield
 
 
 class OnnxRuntime(OnnxArtifactRuntime):
