@@ -362,7 +362,14 @@ def _writable_tensors(gm: fx.GraphModule) -> set[int]:
         elif node.op == "get_attr" and classes.get(node, node) in mutated:
             owner, _, name = str(node.target).rpartition(".")
             written.add(id(getattr(gm.get_submodule(owner) if owner else gm, name, None)))
-    return written
+    # a constant sharing storage with a written one (a view a trace made of it) is written too
+    tensors = [t for _, _, t in _tensor_slots(gm)]
+    storages = {_storage_key(t) for t in tensors if id(t) in written}
+    return written | {id(t) for t in tensors if _storage_key(t) in storages}
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
 
 
 def _copy_keeping_storage(tensor: torch.Tensor, copies: dict[int, Any]) -> torch.Tensor:
