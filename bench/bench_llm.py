@@ -135,7 +135,7 @@ def report(variants, times, first_call, args, bandwidth, ids, reference) -> None
     columns = " | ".join(f"ms/token ({n} new)" for n in args.new_tokens)
     print(f"| variant | {columns} | TTFT ms | first generate() s | weights/token GB | "
           "roofline ms | tokens = eager |")  # fmt: skip
-    print("|---" * (len(args.new_tokens) + 7) + "|")
+    print("|---" * (len(args.new_tokens) + 6) + "|")
     for name, (model, kw) in variants.items():
         ttft = statistics.median(times[(name, 1)])
         per_token = []
