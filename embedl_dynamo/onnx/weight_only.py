@@ -20,6 +20,7 @@ are those ``WeightOnlyLinear`` computed with in PyTorch: ``(q - z) * s``.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,25 +91,13 @@ def _save_from_tensors(
 
     if any(layer.spec.bits == 4 for layer in layers):
         _to_blocked_opset(model)  # on the graph alone: the weights are inputs still
-    by_digest = _by_digest(layers)
-    shapes = {shape for shape, _ in by_digest}
     graph, kept = model.graph, dict(weights)
-    stored, replaced, nodes = 0, set(), []
-    for node in graph.node:
-        name = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else ""
+
+    def weight_of(name: str) -> tuple[tuple[int, ...], Any] | None:
         weight = weights.get(name)
-        layer = None
-        if weight is not None and tuple(weight.shape) in shapes:
-            layer = by_digest.get((tuple(weight.shape), _digest(tensor_bytes(weight))))
-        if layer is not None:
-            dq = _dequantize_node(graph, layer, f"{name}_woq{stored}", kept)
-            nodes.append(dq)
-            replaced.add(name)
-            node.input[1] = dq.output[0]
-            stored += 1
-        nodes.append(node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+        return None if weight is None else (tuple(weight.shape), lambda: tensor_bytes(weight))
+
+    stored, replaced = _replace_matmul_weights(graph, layers, weight_of, kept)
     still_read = {name for node in graph.node for name in node.input}
     for name in replaced - still_read:
         del kept[name]
@@ -120,8 +109,7 @@ def _save_from_tensors(
         for n, t in kept.items()
         if n not in weights
     )  # the codes, as inputs while the graph is checked
-    if stored and any(layer.spec.bits == 4 for layer in layers):
-        model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
+    _raise_ir_version(model, stored, layers)
     unwritten = unwritten_float_model(model, kept)
     if unwritten is None:
         raise ValueError("a weight-only graph holds QuantizeLinear nodes: not supported")
@@ -162,37 +150,63 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
     Returns:
         The number of ``MatMul`` weights replaced.
     """
-    import onnx
-
     if any(layer.spec.bits == 4 for layer in layers):
         _to_blocked_opset(model)
-    by_digest = _by_digest(layers)
-    shapes = {shape for shape, _ in by_digest}
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
+
+    def weight_of(name: str) -> tuple[tuple[int, ...], Any] | None:
+        weight = initializers.get(name)
+        if weight is None:
+            return None
+        return tuple(weight.dims), lambda: np.frombuffer(_raw(weight), np.uint8)
+
+    stored, replaced = _replace_matmul_weights(graph, layers, weight_of)
+    still_read = {name for node in graph.node for name in node.input}
+    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_read]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    _raise_ir_version(model, stored, layers)
+    return stored
+
+
+def _replace_matmul_weights(
+    graph: Any,
+    layers: list[WeightOnlyLinear],
+    weight_of: Callable[[str], tuple[tuple[int, ...], Callable[[], Any]] | None],
+    tensors: dict[str, Any] | None = None,
+) -> tuple[int, set[str]]:
+    """Read each ``MatMul`` weight that equals a layer's ``weight_t`` (same shape and digest of
+    its bytes) through the layer's DequantizeLinear instead. ``weight_of(name)`` gives a
+    weight's shape and a function for its bytes (None: not a constant); the bytes are read only
+    for weights of a layer's shape. Returns how many were replaced, and their names."""
+    by_digest = _by_digest(layers)
+    shapes = {shape for shape, _ in by_digest}
     stored, replaced, nodes = 0, set(), []
     for node in graph.node:
-        weight = initializers.get(node.input[1]) if node.op_type == "MatMul" else None
+        name = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else ""
+        found = weight_of(name) if name else None
         layer = None
-        if weight is not None and tuple(weight.dims) in shapes:
-            raw = np.frombuffer(_raw(weight), np.uint8)
-            layer = by_digest.get((tuple(weight.dims), _digest(raw)))
+        if found is not None and found[0] in shapes:
+            layer = by_digest.get((found[0], _digest(found[1]())))
         if layer is not None:
-            dq = _dequantize_node(graph, layer, f"{node.input[1]}_woq{stored}")
+            dq = _dequantize_node(graph, layer, f"{name}_woq{stored}", tensors)
             nodes.append(dq)
-            replaced.add(node.input[1])
+            replaced.add(name)
             node.input[1] = dq.output[0]
             stored += 1
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    still_read = {name for node in graph.node for name in node.input}
-    keep = [i for i in graph.initializer if i.name not in replaced or i.name in still_read]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    return stored, replaced
+
+
+def _raise_ir_version(model: Any, stored: int, layers: list[WeightOnlyLinear]) -> None:
+    """Blocked int4 DequantizeLinear needs IR version 10 (onnx's 2024-03-25)."""
+    import onnx
+
     if stored and any(layer.spec.bits == 4 for layer in layers):
         model.ir_version = max(model.ir_version, onnx.IR_VERSION_2024_3_25)
-    return stored
 
 
 def _raw(tensor: Any) -> bytes:
