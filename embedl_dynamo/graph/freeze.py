@@ -315,9 +315,10 @@ def freeze(
     user_inputs: list[int] = []
     int_inputs: list[int] = []
     specialized: dict[int, float] = {}
-    returned = returned_inputs(gm)
-    kept = set(written_inputs(gm).values()) if write_back else set()
-    kept |= set(returned.values())  # an input (or buffer) returned as itself stays an input
+    # with write_back the caller returns its own tensors where the graph returns an input or
+    # buffer as itself, so those stay inputs; without, a returned buffer is a constant output
+    returned = returned_inputs(gm) if write_back else {}
+    kept = set(written_inputs(gm).values()) | set(returned.values()) if write_back else set()
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
