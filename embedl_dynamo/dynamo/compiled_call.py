@@ -136,7 +136,10 @@ def _outputs(
     into the caller's tensors, and the inputs the graph returns as themselves put back."""
     if scalars is not None:
         outputs = scalars.merge(outputs, inputs)
-    outputs = _write_back(outputs, [inputs[k] for k in written])
+    if written:
+        outputs = _write_back(outputs, [inputs[k] for k in written])
+    if not returned:  # the common case, on every call: no per-output work
+        return tuple(outputs)
     return tuple(inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs))
 
 
