@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -23,6 +25,7 @@ __all__ = [
     "mark_cache_root",
     "remove_tree",
     "run_in_background",
+    "uncached_build_dir",
     "wait_for_cache_writes",
     "write_in_background",
 ]
@@ -35,6 +38,8 @@ T = TypeVar("T")
 
 _WRITING: set[Future[Path]] = set()  # entries being written on helper threads
 _WRITING_LOCK = threading.Lock()
+_SCRATCH: list[Path] = []  # this process's directory of builds made without a cache
+_SCRATCH_LOCK = threading.Lock()
 
 
 def wait_for_cache_writes(timeout: float | None = None) -> None:
@@ -157,3 +162,17 @@ def remove_tree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+def uncached_build_dir() -> Path:
+    """A new directory for one build made without a cache (the cache directory is unusable).
+
+    Every such directory lies under one temporary directory this process made, removed with
+    all it holds when the interpreter exits (the artifacts are in use until then: OpenVINO
+    maps its file), so builds without a cache leave nothing behind.
+    """
+    with _SCRATCH_LOCK:
+        if not _SCRATCH:
+            _SCRATCH.append(Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")))
+            atexit.register(shutil.rmtree, _SCRATCH[0], True)
+    return Path(tempfile.mkdtemp(dir=_SCRATCH[0]))

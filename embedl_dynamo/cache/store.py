@@ -50,6 +50,7 @@ from embedl_dynamo.cache.files import (
     mark_cache_root,
     remove_tree,
     run_in_background,
+    uncached_build_dir,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
@@ -317,7 +318,7 @@ class ArtifactCache:
                 self.root, reason,
             )  # fmt: skip
         self._unusable = reason
-        target = Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")) / f"{key}{suffix}"
+        target = uncached_build_dir() / f"{key}{suffix}"
         finish = start(target)
         if finish is not None:
             finish()

@@ -6,6 +6,8 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -122,3 +124,19 @@ def test_a_cached_artifact_with_a_flipped_byte_is_caught_on_a_warm_start(tmp_pat
         _compile_and_check(model, tmp_path / "c")
     assert any("sha256 mismatch" in r.getMessage() for r in caplog.records)
     assert BUILD_COUNTS["onnx"] == 1 and onnx.read_bytes() != bytes(data)
+
+
+def test_builds_without_a_cache_leave_no_directory_behind(tmp_path):
+    # an unusable cache directory builds into temporary directories: removed at exit
+    code = (
+        "from embedl_dynamo.cache.files import uncached_build_dir\n"
+        "a, b = uncached_build_dir(), uncached_build_dir()\n"
+        "assert a != b and a.parent == b.parent\n"
+        "(a / 'model.onnx').write_bytes(b'x')\n"
+        "print(a.parent)\n"
+    )
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent == tmp_path
+    assert list(tmp_path.iterdir()) == []
