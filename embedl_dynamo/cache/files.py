@@ -18,6 +18,7 @@ __all__ = [
     "ENV_CACHE_DIR",
     "atomic_write_bytes",
     "atomic_write_text",
+    "build_without_cache",
     "default_cache_dir",
     "exclusive_lock",
     "file_mode",
@@ -25,7 +26,6 @@ __all__ = [
     "mark_cache_root",
     "remove_tree",
     "run_in_background",
-    "uncached_build_dir",
     "wait_for_cache_writes",
     "write_in_background",
 ]
@@ -164,15 +164,25 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def uncached_build_dir() -> Path:
-    """A new directory for one build made without a cache (the cache directory is unusable).
+def build_without_cache(name: str, start: Callable[[Path], Callable[[], None] | None]) -> Path:
+    """Build the file ``name`` outside the cache (its directory is unusable): ``start(path)``
+    writes it or returns the ``finish()`` that does; returns the path.
 
-    Every such directory lies under one temporary directory this process made, removed with
-    all it holds when the interpreter exits (the artifacts are in use until then: OpenVINO
-    maps its file), so builds without a cache leave nothing behind.
+    Each such build gets a directory of its own under one temporary directory this process
+    made, removed with all it holds when the interpreter exits (the artifacts are in use until
+    then: OpenVINO maps its file), so builds without a cache leave nothing behind.
+
+    Raises:
+        RuntimeError: the builder wrote nothing.
     """
     with _SCRATCH_LOCK:
         if not _SCRATCH:
             _SCRATCH.append(Path(tempfile.mkdtemp(prefix="embedl_dynamo_uncached_")))
             atexit.register(shutil.rmtree, _SCRATCH[0], True)
-    return Path(tempfile.mkdtemp(dir=_SCRATCH[0]))
+    target = Path(tempfile.mkdtemp(dir=_SCRATCH[0])) / name
+    finish = start(target)
+    if finish is not None:
+        finish()
+    if not target.exists():
+        raise RuntimeError(f"cache builder for {name} did not write {target}")
+    return target

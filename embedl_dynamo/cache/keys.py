@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.graph.printer import format_graph
+from embedl_dynamo.graph.rest_precision import rest_precision
 
 __all__ = [
     "content_key",
@@ -116,7 +117,8 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
     """sha256 over a graph's normalised structure and every constant it holds.
 
     Covers the printed graph with literal arguments
-    (:func:`~embedl_dynamo.graph.printer.format_graph`), every attribute of every called
+    (:func:`~embedl_dynamo.graph.printer.format_graph`), the half type its unquantized layers
+    run in when set (:mod:`~embedl_dynamo.graph.rest_precision`), every attribute of every called
     submodule and of its children (:func:`module_attributes`: a fused conv's stride, padding and
     dilation, whatever its ``repr`` shows) and the bytes, dtype and shape of every parameter,
     buffer and tensor attribute.
@@ -129,6 +131,8 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
     """
     h = hashlib.sha256()
     h.update(format_graph(gm, literals=True).encode())
+    if rest_precision(gm) is not None:  # the same graph, another file (its metadata)
+        h.update(f"\nrest precision: {rest_precision(gm)}".encode())
     for node in gm.graph.nodes:
         if node.op == "call_module":
             for name, module in gm.get_submodule(str(node.target)).named_modules():

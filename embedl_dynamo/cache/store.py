@@ -45,12 +45,12 @@ from embedl_dynamo.cache.companion import companion_path, companion_problem, mov
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
+    build_without_cache,
     default_cache_dir,
     exclusive_lock,
     mark_cache_root,
     remove_tree,
     run_in_background,
-    uncached_build_dir,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
@@ -318,13 +318,7 @@ class ArtifactCache:
                 self.root, reason,
             )  # fmt: skip
         self._unusable = reason
-        target = uncached_build_dir() / f"{key}{suffix}"
-        finish = start(target)
-        if finish is not None:
-            finish()
-        if not target.exists():
-            raise RuntimeError(f"cache builder for {key} did not write {target}")
-        return target
+        return build_without_cache(f"{key}{suffix}", start)
 
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive per-key file lock (blocks while another process holds it)."""

@@ -38,6 +38,7 @@ from torch import fx, nn
 
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, rest_precision
 from embedl_dynamo.onnx.fp8_weights import fp8_opset
 from embedl_dynamo.onnx.graph_inputs import restore_dropped_inputs
 from embedl_dynamo.onnx.initializers import (
@@ -267,6 +268,15 @@ def export_onnx(
     return path
 
 
+def _mark_rest_precision(model: Any, gm: fx.GraphModule) -> None:
+    """Record in ``model``'s ``metadata_props`` the half type ``gm``'s unquantized layers run
+    in (:mod:`~embedl_dynamo.graph.rest_precision`), where it has one."""
+    name = rest_precision(gm)
+    if name is not None:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = ONNX_REST_PRECISION, name
+
+
 def _export(
     gm: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],
@@ -310,6 +320,8 @@ def _export(
                     exported = _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
                     exported = _export_dynamo(module, args, path, opset, axes, len(outputs))
+            if exported is not None:
+                _mark_rest_precision(exported[0], gm)
             unwritten, folded = None, 0
             if weight_only_layers(gm):  # integer weights: stored and written here
                 folded = save_weight_only(exported, path, weight_only_layers(gm))
@@ -322,6 +334,10 @@ def _export(
                     unwritten = None
             else:
                 folded = store_weights_as_int8(path)
+                if rest_precision(gm) is not None:
+                    written = onnx.load(str(path), load_external_data=False)
+                    _mark_rest_precision(written, gm)
+                    onnx.save(written, str(path))
                 onnx.checker.check_model(str(path))
         except Exception as exc:
             errors.append(f"{name} exporter: {error_line(exc, with_type=False)}")

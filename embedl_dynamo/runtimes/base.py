@@ -149,6 +149,19 @@ class Runtime(ABC):
         return None
 
     @classmethod
+    def rest_precision(cls) -> str | None:
+        """The half type (``bf16``/``fp16``) this runtime computes an INT8 graph's unquantized
+        layers in faster than in fp32 on this machine, keeping its own precision-sensitive ops
+        in fp32 (:mod:`~embedl_dynamo.graph.rest_precision`); None: it has none here, and
+        ``mixed`` chooses between INT8 and fp32 only."""
+        return None
+
+    def module_precisions(self) -> dict[str, str]:
+        """What the built artifact computes each module's layers in, as the runtime reports
+        it (module name -> ``bf16``, ``fp32``, ``int8``...); empty where it reports nothing."""
+        return {}
+
+    @classmethod
     def lint(cls, model: onnx.ModelProto) -> list[str] | None:
         """Problems this runtime's parser would have with an exported ONNX ``model``, one line
         each (None: the runtime has no lint; ``[]``: it passes)."""

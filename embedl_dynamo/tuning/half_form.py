@@ -29,11 +29,8 @@ from torch import fx
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
-from embedl_dynamo.runtimes.openvino.runtime import (
-    OpenVINOHalfHintRuntime,
-    OpenVINORuntime,
-    half_hint,
-)
+from embedl_dynamo.runtimes.openvino.compile import half_hint
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINOHalfHintRuntime, OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_precision_outputs, judge_against
 from embedl_dynamo.tuning.runtime_choice import RunOption, RuntimeChoice, fastest

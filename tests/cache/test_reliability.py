@@ -129,11 +129,11 @@ def test_a_cached_artifact_with_a_flipped_byte_is_caught_on_a_warm_start(tmp_pat
 def test_builds_without_a_cache_leave_no_directory_behind(tmp_path):
     # an unusable cache directory builds into temporary directories: removed at exit
     code = (
-        "from embedl_dynamo.cache.files import uncached_build_dir\n"
-        "a, b = uncached_build_dir(), uncached_build_dir()\n"
-        "assert a != b and a.parent == b.parent\n"
-        "(a / 'model.onnx').write_bytes(b'x')\n"
-        "print(a.parent)\n"
+        "from embedl_dynamo.cache.files import build_without_cache\n"
+        "write = lambda path: path.write_bytes(b'x') and None\n"
+        "a, b = build_without_cache('m.onnx', write), build_without_cache('m.onnx', write)\n"
+        "assert a != b and a.parent.parent == b.parent.parent and a.read_bytes() == b'x'\n"
+        "print(a.parent.parent)\n"
     )
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)

@@ -69,7 +69,7 @@ def test_lifecycle_and_int8_qdq_artifact(tmp_path):
 
 
 def test_openvino_errors_say_the_cause_not_the_source_file():
-    from embedl_dynamo.runtimes.openvino.runtime import openvino_cause
+    from embedl_dynamo.runtimes.openvino.compile import openvino_cause
 
     error = RuntimeError(
         "Exception from src/inference/src/cpp/core.cpp:117:\n"
@@ -155,7 +155,7 @@ def _half_model(element_type: str):
     ],
 )
 def test_inference_precision_follows_the_file_and_the_cpu(element_type, capabilities, expected):
-    from embedl_dynamo.runtimes.openvino.runtime import inference_precision
+    from embedl_dynamo.runtimes.openvino.compile import inference_precision
 
     assert inference_precision(_half_model(element_type), capabilities) == expected
 

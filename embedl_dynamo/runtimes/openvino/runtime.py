@@ -2,12 +2,11 @@
 
 OpenVINO reads the ONNX file the ONNX Runtime path exports (float, or QDQ INT8, which its
 low-precision transformations turn into integer kernels), with every dynamic axis kept
-dynamic, after :mod:`.openvino_lowering` maps the ops its ONNX frontend would leave unfused.
-The precision follows the file (``INFERENCE_PRECISION_HINT``, :func:`inference_precision`): a
-float file runs in ``f32``, never silently lower (on CPUs with bf16 OpenVINO's default would
-compute a float model in bf16); a ``bf16``/``fp16`` file (``precision="bf16"``) runs in that
-type where the CPU computes in it (AVX512_BF16 or AMX, where it is faster than f32), else in
-``f32`` with its half weights, which ``build_info`` and a warning say.
+dynamic, compiled by :func:`~.compile.compile_openvino` in the precision the file asks for:
+a float file in ``f32``, never silently lower (on CPUs with bf16 OpenVINO's default would
+compute a float model in bf16); a ``bf16``/``fp16`` file (``precision="bf16"``), or an INT8
+file whose unquantized layers ``mixed`` chose to run in bf16, in that type where the CPU
+computes in it (AVX512_BF16 or AMX), else in ``f32``, which ``build_info`` and a warning say.
 
 The half precisions have a second form here: :class:`OpenVINOHalfHintRuntime` compiles the
 *float* file with the half type as ``INFERENCE_PRECISION_HINT``, so the CPU plugin picks its own
@@ -43,144 +42,33 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
-from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
+from embedl_dynamo.runtimes.openvino.compile import (
+    compile_openvino,
+    cpu_capabilities,
+    half_hint,
+)
 from embedl_dynamo.settings import Settings
 
 __all__ = [
     "OpenVINOHalfHintRuntime",
     "OpenVINORuntime",
-    "compile_openvino",
-    "half_hint",
-    "inference_precision",
-    "openvino_cause",
     "openvino_node_times",
 ]
 
 logger = logging.getLogger(__name__)
 
 _INTEGER = ("u8", "i8")
-# OpenVINO's half element type -> the CPU plugin's OPTIMIZATION_CAPABILITIES entry computing it
-_HALF_CAPABILITY = {"bf16": "BF16", "f16": "FP16"}
-_HALF_TYPE = {torch.bfloat16: "bf16", torch.float16: "f16"}
+# the runtime model's precisions, in this package's names, and their order (lowest first)
+_PRECISION_NAME = {"u8": "int8", "i8": "int8", "bf16": "bf16", "f16": "fp16", "f32": "fp32"}
+_RANK = {"int8": 0, "fp16": 1, "bf16": 1, "fp32": 2}
 # runtime-model nodes that compute nothing (data, layout, shape bookkeeping)
 _NOT_COMPUTE = frozenset(
     {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
      "ShapeOf", "Gather", "Concatenation", "Broadcast", "Convert", "StridedSlice", "Split"}
 )  # fmt: skip
-
-
-def openvino_cause(exc: BaseException) -> str:
-    """The line of an OpenVINO error that says what is wrong (its first lines only name the
-    C++ source files the exception passed through: ``Exception from src/...cpp:117:``)."""
-    return error_line(exc, with_type=False, skip=("Exception from ",))
-
-
-def compile_openvino(
-    path: Path,
-    num_threads: int | None = None,
-    config: dict[str, Any] | None = None,
-    info: dict[str, Any] | None = None,
-    hint: str | None = None,
-) -> Any:
-    """An ``openvino.CompiledModel`` of the ONNX file ``path`` on the CPU: the one place this
-    package compiles them (lowered by :mod:`.openvino_lowering`, in the precision
-    :func:`inference_precision` reads from the file).
-
-    Args:
-        path: the ``.onnx`` file.
-        num_threads: inference threads (OpenVINO's default when None).
-        config: more CPU plugin properties (``{"PERF_COUNT": True}`` for profiling).
-        info: a dict that gets ``openvino_lowering`` (what was rewritten),
-            ``inference_precision`` and, where the file's half type is not computed here,
-            ``half_precision_note``, when given.
-        hint: compile with this ``INFERENCE_PRECISION_HINT`` (``bf16``/``f16``, see
-            :func:`half_hint`) instead of the one the file's types ask for.
-
-    Raises:
-        RuntimeError: OpenVINO cannot compile it, or ``hint`` is a type this CPU does not
-            compute in; the message names the cause.
-    """
-    import openvino as ov
-
-    core = ov.Core()
-    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    if hint is not None and _HALF_CAPABILITY.get(hint, hint.upper()) not in capabilities:
-        raise RuntimeError(
-            f"this CPU does not compute in {hint} (OpenVINO's OPTIMIZATION_CAPABILITIES: "
-            f"{', '.join(capabilities)}): its {hint} hint would run f32; use the typed graph "
-            "or precision='fp32'"
-        )
-    try:
-        model = core.read_model(str(path))
-        precision = hint or inference_precision(model, capabilities)
-        note = _half_not_computed(model, capabilities, precision)
-        properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, **(config or {})}
-        if num_threads is not None:
-            properties["INFERENCE_NUM_THREADS"] = num_threads
-        lowered = lower_for_openvino(model)
-        if info is not None:
-            info["inference_precision"] = precision
-            if note:
-                info["half_precision_note"] = note
-            if lowered:
-                info["openvino_lowering"] = lowered
-        return core.compile_model(model, "CPU", properties)
-    except RuntimeError as exc:
-        raise RuntimeError(
-            f"OpenVINO cannot compile {Path(path).name}: {openvino_cause(exc)}"
-        ) from exc
-
-
-def inference_precision(model: Any, capabilities: Sequence[str]) -> str:
-    """OpenVINO's ``INFERENCE_PRECISION_HINT`` for ``model`` on a CPU with ``capabilities``
-    (the plugin's ``OPTIMIZATION_CAPABILITIES``).
-
-    ``bf16``/``f16`` where the model carries that type (our ``bf16``/``fp16`` precision casts
-    its matmul-class layers) and the CPU computes in it (``BF16``: AVX512_BF16 or AMX;
-    ``FP16``: AVX512_FP16 or AMX-FP16); else ``f32``. A float model is never computed in a
-    lower precision than it asked for, which the plugin's own default would do on bf16 CPUs.
-    """
-    carried = _carried_types(model)
-    for half, capability in _HALF_CAPABILITY.items():
-        if half in carried and capability in capabilities:
-            return half
-    return "f32"
-
-
-def _carried_types(model: Any) -> set[str]:
-    return {
-        op.get_output_element_type(i).get_type_name()
-        for op in model.get_ordered_ops()
-        for i in range(op.get_output_size())
-    }
-
-
-def _half_not_computed(model: Any, capabilities: Sequence[str], precision: str) -> str:
-    """A warning (logged, and returned for ``build_info``) where ``model`` carries a half type
-    this CPU does not compute in, so it runs in ``f32``; "" otherwise."""
-    if precision != "f32":
-        return ""
-    missing = [h for h, c in _HALF_CAPABILITY.items() if c not in capabilities]
-    carried = [h for h in missing if h in _carried_types(model)]
-    if not carried:
-        return ""
-    note = (
-        f"this CPU does not compute in {carried[0]} (OpenVINO's OPTIMIZATION_CAPABILITIES has "
-        f"no {_HALF_CAPABILITY[carried[0]]}): the {carried[0]} graph runs in f32, with its "
-        f"{carried[0]} weights"
-    )
-    logger.warning("%s", note)
-    return note
-
-
-def half_hint(dtype: torch.dtype | None) -> str | None:
-    """OpenVINO's ``INFERENCE_PRECISION_HINT`` for a half dtype (``bf16``, ``f16``); None for
-    any other dtype."""
-    return _HALF_TYPE.get(dtype) if dtype is not None else None
 
 
 class OpenVINORuntime(OnnxArtifactRuntime):
@@ -210,6 +98,12 @@ class OpenVINORuntime(OnnxArtifactRuntime):
     @classmethod
     def layer_profiler(cls) -> LayerProfiler:
         return openvino_node_times
+
+    @classmethod
+    def rest_precision(cls) -> str | None:
+        """``bf16`` on a CPU OpenVINO computes it on (AVX512_BF16 or AMX), where the CPU
+        plugin runs matrix work about twice as fast as in f32; else None."""
+        return "bf16" if "BF16" in cpu_capabilities() else None
 
     @property
     def input_names(self) -> list[str]:
@@ -261,6 +155,28 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
             counts[(kind, precision)] += 1
         return counts
+
+    def module_precisions(self) -> dict[str, str]:
+        """Module name -> the precision the CPU plugin runs its compute layers in (``bf16``,
+        ``fp32``, ``int8``; the lowest where a module has several), from the runtime model's
+        ``originalLayersNames`` (the exporter names nodes ``/gm/<module>/<op>``)."""
+        found: dict[str, str] = {}
+        if self._compiled is None:
+            return found
+        for op in self._compiled.get_runtime_model().get_ordered_ops():
+            info = op.get_rt_info()
+            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+            if kind in _NOT_COMPUTE or "runtimePrecision" not in info:
+                continue
+            precision = _PRECISION_NAME.get(info["runtimePrecision"].astype(str))
+            names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+            for name in names.split(","):
+                parts = name.split("/")
+                if precision is not None and len(parts) > 2 and parts[1] == "gm":
+                    known = found.get(parts[2])
+                    if known is None or _RANK[precision] < _RANK[known]:
+                        found[parts[2]] = precision
+        return found
 
     def _deactivate(self) -> None:
         self._compiled = None
