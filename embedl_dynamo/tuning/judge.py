@@ -32,6 +32,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.errors import OutputMismatchError
+from embedl_dynamo.graph.rest_precision import rest_precision
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
 
@@ -233,8 +234,8 @@ def judge_artifact(
 
     A float artifact must pass :func:`check_float` within ``rtol`` (the runtime's
     :attr:`~embedl_dynamo.runtimes.base.Runtime.float_rtol`) against ``reference()``.
-    A lower-precision one (``gm`` carries ``embedl_quantization`` or
-    :data:`HALF_PRECISION_META`) must be finite here; the caller holds it to the float model
+    A lower-precision one (``gm`` carries ``embedl_quantization``, :data:`HALF_PRECISION_META`
+    or a rest precision, :mod:`~embedl_dynamo.graph.rest_precision`) must be finite here; the caller holds it to the float model
     with :func:`check_precision`, since ``gm``'s own half-precision or fake-quant outputs are no
     tighter a reference than the budget (two correct kernels round in their own order).
     """
@@ -242,6 +243,8 @@ def judge_artifact(
         check_finite(actual, f"INT8 {what}")
     elif HALF_PRECISION_META in gm.meta:
         check_finite(actual, f"{gm.meta[HALF_PRECISION_META]} {what}")
+    elif rest_precision(gm) is not None:
+        check_finite(actual, f"{rest_precision(gm)} {what}")
     else:
         check_float(reference(), actual, what, rtol)
 

@@ -37,6 +37,7 @@ from torch import fx
 from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.rest_precision import with_rest_precision
 from embedl_dynamo.onnx.artifact import code_fingerprint, onnx_artifact
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
@@ -46,18 +47,18 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import cosine, flat_outputs, judging_sample, sample_outputs
-from embedl_dynamo.tuning.layer_profile import profile_graph, time_graphs
+from embedl_dynamo.tuning.layer_profile import profile_graph
 from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
     layer_latencies,
 )
-from embedl_dynamo.tuning.timer import fastest_of
+from embedl_dynamo.tuning.mixed_race import LayerDecision, layer_records, race, settle
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
 
 logger = logging.getLogger(__name__)
 
-_FORMAT = 1
+_FORMAT = 2
 _RESERVE = 0.2  # of the budget's slack, kept for the runtime's own rounding
 
 
@@ -111,12 +112,15 @@ def choose_mixed(
     # batches)
     sample = [tuple(b) for b in judging_sample(list(inputs), batches)]
     measured_on = runtime if runtime.layer_profiler() is not None else OnnxRuntime
+    # the runtime's half type for the unquantized layers, where it is measured on itself
+    rest = runtime.rest_precision() if measured_on is runtime else None
     key = content_key(
         "mixed",
         calibrated.report["calibration_key"],
         budget,
         num_threads,
         measured_on.name,
+        rest,
         library_versions([measured_on, runtime]),
         code_fingerprint(),
     )
@@ -124,50 +128,27 @@ def choose_mixed(
     cached = _load(cache, key, calibrated)
     judged = None
     if cached is not None:
-        int8, records = cached
+        int8, records, chosen_rest = cached
         logger.info("mixed precision decisions loaded from the cache")
     else:
         deploy = (artifact_settings, axes, float_model or calibrated.gm)
-        int8, records, judged = _measure(
-            calibrated, inputs, sample, budget, num_threads, deploy, measured_on
+        int8, records, judged, chosen_rest = _measure(
+            calibrated, inputs, sample, budget, num_threads, deploy, measured_on, rest
         )
         if cache is not None:
-            document = {"format": _FORMAT, "int8": int8, "layers": records}
+            document = {"format": _FORMAT, "int8": int8, "rest": chosen_rest, "layers": records}
             try:
                 cache.put(key, json.dumps(document, indent=1).encode(), ".json",
                           meta={"kind": "mixed precision decisions"})  # fmt: skip
             except OSError as exc:
                 logger.warning("mixed precision decisions not cached (%s)", exc)
-    if not int8:
-        return MixedChoice(float_model or calibrated.gm, None, records)
-    keep = {r["id"]: r["reason"] for r in records if r["precision"] == "fp32"}
-    model, report = calibrated.build(keep)
+    model, report = float_model or calibrated.gm, None
+    if int8:
+        model, report = calibrated.build({r["id"]: r["reason"] for r in records
+                                          if r["id"] not in int8})  # fmt: skip
+    if chosen_rest is not None:
+        model = with_rest_precision(model, chosen_rest)
     return MixedChoice(model, report, records, judged)
-
-
-@dataclass
-class _Layers:
-    """The per-layer decision (:func:`~.mixed_layers.decide_layers`) and its latencies."""
-
-    int8: list[str]
-    reasons: dict[str, str]
-    sensitivity: dict[str, float]
-    cosine: float  # the INT8 set's output cosine
-    latency: dict[str, tuple[float, float] | None]
-
-
-@dataclass
-class _Race:
-    """The whole graphs timed on the runtime: ms by name (fp32 first), the cosines of those the
-    runtime got wrong, and the artifact key of each that held the budget there."""
-
-    timings: dict[str, float]
-    refused: dict[str, float]
-    held: dict[str, str | None]
-
-    def shown(self) -> str:
-        """The timings, for the reasons and the log."""
-        return ", ".join(f"{name} {ms:.3f} ms" for name, ms in self.timings.items())
 
 
 def _measure(
@@ -178,18 +159,28 @@ def _measure(
     num_threads: int | None,
     deploy: tuple[Settings | None, DynamicAxes | None, fx.GraphModule | None] = (None,) * 3,
     runtime: type[Runtime] = OnnxRuntime,
-) -> tuple[list[str], list[dict[str, Any]], dict[str, str] | None]:
+    rest: str | None = None,
+) -> tuple[list[str], list[dict[str, Any]], dict[str, str] | None, str | None]:
     """(INT8 ids, one record per layer, where the chosen graph was judged: see
-    :class:`MixedChoice`)."""
+    :class:`MixedChoice`, the rest precision of the chosen graph). With ``rest`` (the runtime's
+    half type), every lower candidate runs its unquantized layers in it; when the INT8
+    candidates fail the budget that way, everything is measured again with them in fp32."""
     where = runtime.name
     settings, axes, float_model = deploy
-    every_int8 = calibrated.build()[0]
+    float_model = float_model or calibrated.gm
+
+    def in_rest(gm: fx.GraphModule) -> fx.GraphModule:
+        return with_rest_precision(gm, rest) if rest else gm
+
+    every_int8 = in_rest(calibrated.build()[0])
     # the all-INT8 graph is keyed and exported once: the artifact the runtime deploys is both
     # profiled here and timed as a whole below
     int8_artifact = None
     if settings is not None:
         int8_artifact = onnx_artifact(every_int8, list(inputs), settings, axes)
-    float_times = profile_graph(calibrated.gm, inputs, num_threads=num_threads, runtime=where)
+    float_times = profile_graph(
+        in_rest(calibrated.gm), inputs, num_threads=num_threads, runtime=where
+    )
     int8_times = profile_graph(
         every_int8, inputs, num_threads=num_threads, runtime=where, artifact=int8_artifact
     )
@@ -200,149 +191,53 @@ def _measure(
     # higher (the runtime's integer kernels round a little differently); every candidate is
     # then judged on the runtime at the budget itself
     target = 1.0 - (1.0 - budget) * (1.0 - _RESERVE)
-    layers = _Layers(*decide_layers(calibrated, sample, target, latency, reference), latency)
+    decided = decide_layers(calibrated, sample, target, latency, reference)
+    layers = LayerDecision(*decided, latency, rest=rest or "fp32")
     if set(layers.int8) == set(calibrated.placement.layers):
         full_cosine = layers.cosine
     else:
         full_cosine = cosine(reference, flat_outputs(sample_outputs(every_int8, sample)))
-    candidates = _candidates(
-        calibrated, layers.int8, float_model or calibrated.gm, every_int8, full_cosine >= budget
-    )
-    race = _race(
+    candidates = {"fp32": float_model}
+    if rest:
+        candidates[rest] = in_rest(float_model)
+    every = list(calibrated.placement.layers)
+    if layers.int8 and set(layers.int8) != set(every):
+        keep = {i: "mixed: fp32" for i in every if i not in layers.int8}
+        candidates["mixed"] = in_rest(calibrated.build(keep)[0])
+    if full_cosine >= budget:
+        candidates["int8"] = every_int8
+    timed = race(
         candidates, inputs, (sample, reference, budget),
         num_threads=num_threads, settings=settings, axes=axes, runtime=runtime,
         artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
     )  # fmt: skip
-    best = _settle(calibrated, layers, race, full_cosine, where)
-    records = _records(calibrated, layers, best, race.shown(), where)
-    artifact = race.held.get(best) if best != "fp32" else None
+    lower = {"mixed", "int8"}
+    if rest and lower & set(timed.refused) and not lower & set(timed.held):
+        logger.info("mixed precision on %s: INT8 with %s failed the budget; fp32 rest", where, rest)
+        return _measure(calibrated, inputs, sample, budget, num_threads, deploy, runtime)
+    best = settle(calibrated, layers, timed, full_cosine, where)
+    records = layer_records(calibrated, layers, best, timed, where)
+    artifact = timed.held.get(best) if best != "fp32" else None
     judged = {"runtime": where, "artifact": artifact} if artifact else None
-    return layers.int8, records, judged
-
-
-def _candidates(
-    calibrated: CalibratedGraph,
-    int8: list[str],
-    float_model: fx.GraphModule,
-    every_int8: fx.GraphModule,
-    int8_holds: bool,
-) -> dict[str, fx.GraphModule]:
-    """The whole graphs that compete: fp32, the per-layer set (when it is neither none nor every
-    layer) and INT8 everywhere (when it holds the budget). Per-node times miss context (a float
-    stem conv leaves its max pool float too), hence the whole graphs."""
-    every = list(calibrated.placement.layers)
-    candidates = {"fp32": float_model}
-    if int8 and set(int8) != set(every):
-        keep = {i: "mixed: fp32" for i in every if i not in int8}
-        candidates["mixed"] = calibrated.build(keep)[0]
-    if int8_holds:
-        candidates["int8"] = every_int8
-    return candidates
-
-
-def _race(
-    candidates: dict[str, fx.GraphModule],
-    inputs: Sequence[torch.Tensor],
-    judging: tuple[list[tuple[torch.Tensor, ...]], torch.Tensor, float],
-    **timing: Any,
-) -> _Race:
-    """Build the candidates on the runtime, judge each lower one there against the budget (its
-    integer kernels are what will run, and a runtime can get a Q/DQ subset wrong that another
-    runs right) and time those that hold (:func:`~.layer_profile.time_graphs`, given
-    ``timing``). ``judging`` is the sample, the float graph's outputs on it and the budget."""
-    sample, reference, budget = judging
-    race = _Race({}, {}, {})
-
-    def judge(name: str, built: Runtime) -> bool:
-        if name == "fp32":
-            return True
-        value = cosine(reference, flat_outputs(sample_outputs(built.infer, sample)))
-        if value < budget:
-            race.refused[name] = value
-        else:
-            race.held[name] = built.key()
-        return value >= budget
-
-    race.timings = time_graphs(candidates, inputs, judge=judge, **timing)
-    return race
-
-
-def _settle(
-    calibrated: CalibratedGraph, layers: _Layers, race: _Race, full_cosine: float, where: str
-) -> str:
-    """The fastest whole graph (:func:`~.timer.fastest_of`: a lower precision must beat fp32 by
-    more than noise); ``layers`` updated to it, with the reasons of layers that go back to fp32.
-    """
-    every = list(calibrated.placement.layers)
-    if race.refused:
-        logger.info("mixed precision on %s: refused on the runtime: %s", where,
-                    ", ".join(f"{n} (cosine {c:.4f})" for n, c in race.refused.items()))  # fmt: skip
-    if "mixed" in race.refused and "int8" in race.timings:
-        # the per-layer set failed; INT8 everywhere holds
-        layers.int8, layers.cosine = every, full_cosine
-    best = fastest_of(race.timings, lower_precision={"mixed", "int8"})
-    timing = race.shown()
-    if best == "fp32" and layers.int8 and race.refused and "int8" not in race.timings:
-        why = ", ".join(f"{n}: cosine {c:.4f}" for n, c in race.refused.items())
-        reason = f"the INT8 set failed the budget on {where} ({why})"
-        layers.reasons.update(dict.fromkeys(layers.int8, reason))
-        layers.int8 = []
-    elif best == "fp32" and layers.int8:
-        reason = f"the INT8 set was not faster as a whole ({timing})"
-        layers.reasons.update(dict.fromkeys(layers.int8, reason))
-        layers.int8 = []
-    elif best == "int8":
-        layers.int8, layers.cosine = every, full_cosine
-    logger.info("mixed precision on %s, whole graphs: %s; chose %s", where, timing, best)
-    return best
-
-
-def _records(
-    calibrated: CalibratedGraph, layers: _Layers, best: str, timing: str, where: str
-) -> list[dict[str, Any]]:
-    """One record per layer: id, precision, reason, sensitivity and latencies."""
-    if best == "int8":
-        int8_reason = (
-            f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
-            f"output cosine {layers.cosine:.4f}, within the budget"
-        )
-    else:
-        int8_reason = (
-            f"faster in INT8 on {where}; output cosine {layers.cosine:.4f} with "
-            "the INT8 set, within the budget"
-        )
-    records = []
-    for ident in calibrated.placement.layers:
-        times = layers.latency[ident]
-        is_int8 = ident in layers.int8
-        records.append(
-            {
-                "id": ident,
-                "precision": "int8" if is_int8 else "fp32",
-                "reason": int8_reason if is_int8 else layers.reasons[ident],
-                "sensitivity": layers.sensitivity.get(ident),
-                "latency_ms": None if times is None else round(times[1 if is_int8 else 0], 4),
-                "latency_fp32_ms": None if times is None else round(times[0], 4),
-                "latency_int8_ms": None if times is None else round(times[1], 4),
-            }
-        )
-    logger.info("mixed precision: %d of %d layers INT8", len(layers.int8), len(records))
-    return records
+    return layers.int8, records, judged, (rest if best != "fp32" else None)
 
 
 def _load(
     cache: ArtifactCache | None, key: str, calibrated: CalibratedGraph
-) -> tuple[list[str], list[dict[str, Any]]] | None:
+) -> tuple[list[str], list[dict[str, Any]], str | None] | None:
     """Cached decisions for ``key``; a corrupt or stale entry is removed and re-measured."""
 
-    def read(document: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    def read(document: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]], str | None]:
         int8, records = list(document["int8"]), list(document["layers"])
         known = set(calibrated.placement.layers)
         if document.get("format") != _FORMAT or not set(int8) <= known:
             raise ValueError("it names layers this graph does not have")
         if {r["id"] for r in records} != known:
             raise ValueError("its layers differ from this graph's")
-        return int8, records
+        rest = document.get("rest")
+        if rest not in (None, "bf16", "fp16"):
+            raise ValueError(f"its rest precision {rest!r} is not a half type")
+        return int8, records, rest
 
     if cache is None:
         return None

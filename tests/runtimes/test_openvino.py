@@ -190,3 +190,38 @@ def test_bf16_runs_in_bf16_and_float_in_f32(precision, tmp_path):
     assert sub.runtime_info["inference_precision"] == computes
     cosine = F.cosine_similarity(got.flatten().double(), expected.flatten().double(), 0)
     assert cosine > (0.999 if precision == "bf16" else 0.999999)
+
+
+def test_an_int8_file_with_a_bf16_rest_runs_its_float_layers_in_bf16(tmp_path):
+    """The rest precision travels in the ONNX file's metadata: OpenVINO computes the INT8
+    graph's unquantized layers in bf16 where the CPU can, and in f32 (saying so) where not."""
+    import onnx
+
+    from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, with_rest_precision
+    from embedl_dynamo.runtimes.openvino.compile import inference_precision
+
+    model = randomize_batchnorm(ResNetLike().eval())
+    x = torch.randn(2, 3, 16, 16)
+    gm = embedl_dynamo.quantize(model, (x,), backend="openvino", calibration_data=[x])
+    settings = Settings(cache_dir=tmp_path, num_threads=1)
+    plain = OpenVINORuntime(settings).build(gm, [x])
+    rest = OpenVINORuntime(settings).build(with_rest_precision(gm, "bf16"), [x])
+    assert plain.key() != rest.key()  # the same graph, another file
+    props = {p.key: p.value for p in onnx.load(rest.build_info["artifact"]).metadata_props}
+    assert props == {ONNX_REST_PRECISION: "bf16"}
+    assert plain.build_info["inference_precision"] == "f32"
+    bf16_cpu = "BF16" in _cpu_capabilities()
+    assert rest.build_info["inference_precision"] == ("bf16" if bf16_cpu else "f32")
+    import openvino as ov
+
+    read = ov.Core().read_model(rest.build_info["artifact"])
+    assert inference_precision(read, ["BF16", "FP32"]) == "bf16"
+    assert inference_precision(read, ["FP32"]) == "f32"
+    assert "int8" in rest.module_precisions().values()
+    # a float graph with a bf16 rest: its convolutions run in bf16 where the CPU can
+    float_rest = with_rest_precision(torch.fx.symbolic_trace(model), "bf16")
+    ran = OpenVINORuntime(settings).build(float_rest, [x]).module_precisions()
+    assert ran and ("bf16" in ran.values() if bf16_cpu else set(ran.values()) == {"fp32"})
+    with torch.no_grad():
+        cosine = F.cosine_similarity(rest.infer(x)[0].flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.99

@@ -188,3 +188,19 @@ def test_a_rejection_at_budget_one_prints_a_cosine_below_one():
     with pytest.raises(OutputMismatchError) as caught:
         check_precision_outputs([[e]], [[a]], 1.0, "x")
     assert "cosine 1.0000 " not in str(caught.value) and "< accuracy_budget 1" in str(caught.value)
+
+
+def test_a_graph_with_a_rest_precision_is_judged_as_lower_precision() -> None:
+    """Its artifact computes the float layers in a half type: a float check (1e-4) would
+    reject it; it must be finite here, and the caller holds it to the budget."""
+    from embedl_dynamo.graph.rest_precision import with_rest_precision
+
+    gm = with_rest_precision(fx.symbolic_trace(nn.Linear(4, 4)), "bf16")
+    x = torch.randn(2, 4)
+    expected = gm(x).detach()
+    off = (expected * 1.01,)  # as bf16 rounds: outside the float tolerance
+    judge_artifact(gm, lambda: (expected,), off, "artifact")
+    with pytest.raises(OutputMismatchError):
+        judge_artifact(fx.symbolic_trace(nn.Linear(4, 4)), lambda: (expected,), off, "artifact")
+    with pytest.raises(OutputMismatchError):
+        judge_artifact(gm, lambda: (expected,), (expected * float("nan"),), "artifact")

@@ -17,7 +17,7 @@ from embedl_dynamo.quant.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.runtime import node_times
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning import layer_profile, mixed_precision
+from embedl_dynamo.tuning import layer_profile, mixed_precision, mixed_race
 from embedl_dynamo.tuning.layer_profile import LayerTimes
 from embedl_dynamo.tuning.mixed_precision import choose_mixed
 from tests.helpers import BUILD_COUNTS
@@ -81,7 +81,7 @@ def _fake_timing(monkeypatch, whole):
                     runtime=None, judge=None, artifacts=None):  # fmt: skip
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
-    monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
+    monkeypatch.setattr(mixed_race, "time_graphs", time_graphs)
 
 
 def _fake_profile(faster: set[str]):
@@ -166,7 +166,7 @@ def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp
         raise AssertionError("a cached decision must not be measured again")
 
     monkeypatch.setattr(mixed_precision, "profile_graph", no_profiling)
-    monkeypatch.setattr(mixed_precision, "time_graphs", no_profiling)
+    monkeypatch.setattr(mixed_race, "time_graphs", no_profiling)
     second = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
     assert second.layers == first.layers
     (entry,) = [p for p in (tmp_path / "calibration").rglob("*.json") if "int8" in p.read_text()]
@@ -177,7 +177,7 @@ def test_decisions_are_cached_and_a_second_run_measures_nothing(monkeypatch, tmp
     _fake_timing(monkeypatch, lambda name, gm: 10.0 - 0.1 * _int8_modules(gm))
     third = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path)
     assert third.layers == first.layers
-    assert json.loads(entry.read_text())["format"] == 1
+    assert json.loads(entry.read_text())["format"] == 2
 
 
 def test_the_float_outputs_are_computed_once(monkeypatch) -> None:
@@ -209,13 +209,13 @@ def test_each_graph_is_keyed_once_for_its_profile_and_its_timing(monkeypatch, tm
 
     monkeypatch.setattr(artifacts, "fingerprint_graph", spy)
     timed = []
-    time_graphs = mixed_precision.time_graphs
+    time_graphs = mixed_race.time_graphs
 
     def timing_spy(graphs, inputs, **options):
         timed.append(dict(graphs))
         return time_graphs(graphs, inputs, **options)
 
-    monkeypatch.setattr(mixed_precision, "time_graphs", timing_spy)
+    monkeypatch.setattr(mixed_race, "time_graphs", timing_spy)
     calibrated = _calibrated()
     settings = Settings(cache_dir=tmp_path)
     choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.5, artifact_settings=settings)
@@ -258,13 +258,13 @@ def test_int8_everywhere_wins_when_it_is_fastest_as_a_whole(monkeypatch) -> None
 def test_whole_graphs_are_timed_as_the_artifacts_the_runtime_deploys(monkeypatch, tmp_path):
     """Dynamic batch as deployed, and the winner's file is reused: no export after timing."""
     timed = []
-    real = mixed_precision.time_graphs
+    real = mixed_race.time_graphs
 
     def spy(graphs, inputs, **options):
         timed.append((list(graphs), options))
         return real(graphs, inputs, **options)
 
-    monkeypatch.setattr(mixed_precision, "time_graphs", spy)
+    monkeypatch.setattr(mixed_race, "time_graphs", spy)
     model = randomize_batchnorm(ResNetLike().eval())
     options = {"precision": "mixed", "calibration_data": BATCHES, "cache_dir": str(tmp_path)}
     compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
@@ -294,10 +294,13 @@ def test_a_set_the_runtime_gets_wrong_is_refused(monkeypatch):
                 out = out if isinstance(out, (tuple, list)) else (out,)
                 return tuple(torch.zeros_like(o) for o in out)
 
+            def module_precisions(self):
+                return {}
+
         kept = {n: g for n, g in graphs.items() if n == "fp32" or judge(n, _Zeros())}
         return {name: {"fp32": 10.0, "mixed": 7.0, "int8": 6.0}[name] for name in kept}
 
-    monkeypatch.setattr(mixed_precision, "time_graphs", time_graphs)
+    monkeypatch.setattr(mixed_race, "time_graphs", time_graphs)
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, budget=0.9)
     assert choice.report is None  # every lower candidate refused: fp32
     reasons = {r["reason"] for r in choice.layers if r["id"] in fast}
