@@ -1,4 +1,5 @@
-"""``precision="mixed"``: INT8 per layer where it is faster on the runtime, within the budget.
+"""``precision="mixed"``: per layer INT8, the runtime's half type or fp32, by measured latency
+within the budget.
 
 Given a calibrated graph (every layer the target would quantize, with its ranges), each layer
 is decided from two measurements (the per-layer rules are in :mod:`.mixed_layers`):
@@ -14,13 +15,22 @@ is decided from two measurements (the per-layer rules are in :mod:`.mixed_layers
    alone in INT8. While the candidates together fall below ``accuracy_budget`` (less a fifth of
    its slack, kept for the runtime's own rounding), the most sensitive one goes back to float.
 
-Per-node times miss context (a float stem convolution leaves its max pool in float too), so
-finally the whole graphs within the budget compete on that runtime, timed round-robin: fp32,
-the per-layer set, and INT8 everywhere; a lower precision must beat fp32 by more than noise
-(:func:`.timer.fastest_of`). So ``mixed`` is never slower than ``fp32`` beyond noise, nor than
-``int8`` where ``int8`` holds the budget. Every decision is recorded per layer (id, precision, reason, sensitivity,
-latency) and cached next to the calibration ranges, keyed by the calibration key, the budget,
-the runtime, the library versions and this package's code: a second process measures nothing.
+**The half type.** Where the runtime computes faster in a half type on this machine
+(:meth:`~embedl_dynamo.runtimes.base.Runtime.rest_precision`: bf16 on OpenVINO on a CPU with
+AVX512_BF16 or AMX), the layers left out of INT8 run in it
+(:mod:`~embedl_dynamo.graph.rest_precision`; the runtime keeps its own precision-sensitive ops
+in fp32), and the float side of step 1 is timed that way: INT8 where it beats the half type,
+the half type elsewhere, as TensorRT's INT8 + FP16. Where INT8 with a half rest misses the
+budget on the runtime, everything is measured again with an fp32 rest.
+
+Per-node times miss context, so finally the whole graphs compete on that runtime
+(:mod:`.mixed_race`): fp32, the float graph in the half type, the per-layer set and INT8
+everywhere, each lower one held to the budget there and required to beat fp32 by more than
+noise. So ``mixed`` is never slower than ``fp32`` beyond noise, nor than the half type or
+``int8`` where they hold the budget. Every decision is recorded per layer (id, precision,
+reason, sensitivity, latency) and cached next to the calibration ranges, keyed by the
+calibration key, the budget, the runtime and its half type, the library versions and this
+package's code: a second process measures nothing.
 """
 
 from __future__ import annotations
