@@ -15,7 +15,7 @@ default do. The choice is a fact of the graph, so it travels with it:
 
 from __future__ import annotations
 
-from torch import fx
+from torch import fx, nn
 
 __all__ = ["ONNX_REST_PRECISION", "REST_PRECISION_META", "rest_precision", "with_rest_precision"]
 
@@ -24,9 +24,10 @@ ONNX_REST_PRECISION = "embedl_dynamo.rest_precision"
 _NAMES = ("bf16", "fp16")
 
 
-def rest_precision(gm: fx.GraphModule) -> str | None:
-    """The half type ``gm``'s unquantized layers run in (``bf16``/``fp16``); None: as typed."""
-    return gm.meta.get(REST_PRECISION_META)
+def rest_precision(gm: fx.GraphModule | nn.Module) -> str | None:
+    """The half type ``gm``'s unquantized layers run in (``bf16``/``fp16``); None: as typed
+    (and for a module that is not a graph module)."""
+    return getattr(gm, "meta", {}).get(REST_PRECISION_META)
 
 
 def with_rest_precision(gm: fx.GraphModule, name: str) -> fx.GraphModule:

@@ -36,3 +36,7 @@ def test_the_mark_changes_the_fingerprint_only_when_set() -> None:
 def test_only_a_half_type_is_a_rest_precision() -> None:
     with pytest.raises(ValueError, match="not a half type"):
         with_rest_precision(_graph(), "int8")
+
+
+def test_a_plain_module_has_no_rest_precision() -> None:
+    assert rest_precision(nn.Linear(2, 2)) is None

@@ -157,7 +157,7 @@ def test_int8_is_not_timed_it_takes_openvino(monkeypatch, tmp_path):
 
 def _int8_pays(monkeypatch):
     """Inside ``mixed``: every layer and the INT8 graph as a whole timed faster in INT8."""
-    from embedl_dynamo.tuning import mixed_precision
+    from embedl_dynamo.tuning import mixed_precision, mixed_race
     from embedl_dynamo.tuning.layer_profile import LayerTimes
 
     def profile(gm, inputs, runs=20, num_threads=None, runtime="onnxruntime", **_):
@@ -166,10 +166,11 @@ def _int8_pays(monkeypatch):
         return LayerTimes({f"/gm/{m}/Conv": 0.5 if int8 else 1.0 for m in modules})
 
     def whole(graphs, inputs, **_):
-        return {name: {"fp32": 10.0, "mixed": 6.0, "int8": 5.0}[name] for name in graphs}
+        times = {"fp32": 10.0, "bf16": 8.0, "mixed": 6.0, "int8": 5.0}
+        return {name: times[name] for name in graphs}
 
     monkeypatch.setattr(mixed_precision, "profile_graph", profile)
-    monkeypatch.setattr(mixed_precision, "time_graphs", whole)
+    monkeypatch.setattr(mixed_race, "time_graphs", whole)
 
 
 def _mixed_compile(tmp_path, monkeypatch, winner, measure=None):
@@ -216,17 +217,18 @@ def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path,
     (which can still win), and the mixed artifact it chose is not judged again."""
     import importlib
 
-    from embedl_dynamo.tuning import mixed_precision
+    from embedl_dynamo.tuning import mixed_race
 
     compile_module = importlib.import_module("embedl_dynamo.dynamo.compile")
-    real_time_graphs = mixed_precision.time_graphs
+    real_time_graphs = mixed_race.time_graphs
     _int8_pays(monkeypatch)  # the layer profile; the whole-graph timing is replaced below
 
     def whole(graphs, inputs, **options):  # built and judged on the runtime; timings fixed
         kept = real_time_graphs(graphs, inputs, **options)
-        return {name: {"fp32": 10.0, "mixed": 6.0, "int8": 5.0}[name] for name in kept}
+        times = {"fp32": 10.0, "bf16": 8.0, "mixed": 6.0, "int8": 5.0}
+        return {name: times[name] for name in kept}
 
-    monkeypatch.setattr(mixed_precision, "time_graphs", whole)
+    monkeypatch.setattr(mixed_race, "time_graphs", whole)
     timed, judged = [], []
 
     def measure(runtimes, inputs):
