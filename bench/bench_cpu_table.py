@@ -13,11 +13,15 @@ every time is a ratio to eager PyTorch measured in the same rounds:
   again); ONNX Runtime's ``quantize_static`` (QDQ, CPU EP; ``ort_int8``, models with one
   input); inductor with freezing (``inductor``);
 * ours: ``torch.compile(model, backend="embedl_tensorrt", options={"precision": p,
-  "runtime": "auto", "cache_dir": <fresh per model>})`` for p in fp32, bf16, int8, mixed.
+  "runtime": "auto", "cache_dir": <fresh per model, removed after it>})`` for p in fp32, bf16, int8, mixed.
 
 The calibrating variants (NNCF, ``quantize_static``, our int8 and mixed) see the same 4 random
 batches. A variant that fails to build is a cell with its one-line reason, not a failed row.
 Models are built one at a time, and a row's runtimes are freed before the next row is built.
+Dynamo is reset only between rows: a reset would make each earlier compile of the model
+compile again inside the timing loop. Each row is printed as a JSON line when done; the JSON
+also holds each peer's build seconds (conversion, quantization, compile and first call, shared
+by the variants of one conversion) and where our runtime choice ran each precision.
 
 The summary compares ours with the best peer at the same precision: fp32 with OpenVINO f32
 and inductor, bf16 with OpenVINO's default, int8 with NNCF + OpenVINO (either hint) and
@@ -100,19 +104,48 @@ def batched(inputs: Sequence[torch.Tensor], batch: int) -> tuple[torch.Tensor, .
     )
 
 
-def _ort_int8(model, inputs, calibration) -> Call:
+@dataclass
+class Run:
+    """What every row of one model shares."""
+
+    name: str
+    family: str
+    model: torch.nn.Module
+    example: tuple[torch.Tensor, ...]  # the zoo's inputs, batch 1
+    workdir: str  # fresh per model, removed after it: our cache (cold compiles), ORT's files
+    backend: str
+    rounds: int
+    skip: set[str]
+
+
+class _FirstOutput(torch.nn.Module):
+    """``model`` returning its first output tensor only: TorchScript's ONNX exporter, which
+    ``quantize_static``'s export uses, fails on Hugging Face models' keyword arguments and
+    output classes (``BertModel.forward() got multiple values for argument 'use_cache'``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return first_tensor(self.model(x))
+
+
+def _ort_int8(model, inputs, calibration, workdir: str) -> Call:
     if len(inputs) != 1:
         raise ValueError(
             f"the quantize_static peer takes one input; this model takes {len(inputs)}"
         )
-    workdir = tempfile.mkdtemp(prefix="embedl_bench_ort_")
-    session = ort_quantize_static(model, [batch[0] for batch in calibration], workdir)
+    workdir = tempfile.mkdtemp(prefix="ort_", dir=workdir)
+    batches = [batch[0] for batch in calibration]
+    session = ort_quantize_static(_FirstOutput(model).eval(), batches, workdir)
     feed = {"x": inputs[0].numpy()}
     return lambda: torch.from_numpy(session.run(None, feed)[0])
 
 
-def _peer_builders(model, inputs, calibration, transformer: bool) -> dict[str, Callable]:
+def _peer_builders(run: Run, inputs, calibration) -> dict[str, Callable]:
     """Peer group -> its builder, returning variant -> call (a group shares one conversion)."""
+    model, transformer = run.model, run.family == "transformer"
 
     def ov_float():
         calls = openvino_peers(model, inputs, [], False, transformer, ("f32", None))
@@ -125,28 +158,13 @@ def _peer_builders(model, inputs, calibration, transformer: bool) -> dict[str, C
     return {
         "ov_f32,ov_default": ov_float,
         "nncf_int8,nncf_int8_f32": nncf,
-        "ort_int8": lambda: {"ort_int8": _ort_int8(model, inputs, calibration)},
+        "ort_int8": lambda: {"ort_int8": _ort_int8(model, inputs, calibration, run.workdir)},
         "inductor": lambda: {"inductor": inductor_peer(model, inputs)},
     }
 
 
-@dataclass
-class Run:
-    """What every row of one model shares."""
-
-    name: str
-    family: str
-    model: torch.nn.Module
-    example: tuple[torch.Tensor, ...]  # the zoo's inputs, batch 1
-    cache_dir: str  # fresh per model: our first calls are cold compiles
-    backend: str
-    rounds: int
-    skip: set[str]
-
-
 def _add_peers(run: Run, row: dict, fns: dict, inputs, calibration, expected) -> None:
-    transformer = run.family == "transformer"
-    for group, build in _peer_builders(run.model, inputs, calibration, transformer).items():
+    for group, build in _peer_builders(run, inputs, calibration).items():
         names = [n for n in group.split(",") if n not in run.skip]
         if not names:
             continue
@@ -168,7 +186,7 @@ def _add_ours(run: Run, row: dict, fns: dict, inputs, calibration, expected) -> 
     from embedl_dynamo.precision import get_precision
 
     for precision in (p for p in OURS if p not in run.skip):
-        options = {"precision": precision, "runtime": "auto", "cache_dir": run.cache_dir}
+        options = {"precision": precision, "runtime": "auto", "cache_dir": run.workdir}
         if get_precision(precision).calibrates:
             options["calibration_data"] = calibration
         try:
@@ -218,16 +236,16 @@ def bench_model(name: str, batches: Sequence[int], rounds: int, backend: str, sk
         model, example = build()
     except Exception as exc:  # a model that does not build is a row, not the end of the run
         return [{"model": name, "batch": b, "error": one_line(exc)} for b in batches]
-    cache_dir = tempfile.mkdtemp(prefix=f"embedl_bench_table_{name}_")
-    run = Run(name, family, model, example, cache_dir, backend, rounds, skip)
     rows = []
-    for batch in batches:
-        try:
-            rows.append(bench_row(run, batch))
-        except Exception as exc:  # eager itself failing, or the timing loop
-            rows.append({"model": name, "batch": batch, "error": one_line(exc)})
-        print(json.dumps(rows[-1]), flush=True)
-    del run, model
+    with tempfile.TemporaryDirectory(prefix=f"embedl_bench_table_{name}_") as workdir:
+        run = Run(name, family, model, example, workdir, backend, rounds, skip)
+        for batch in batches:
+            try:
+                rows.append(bench_row(run, batch))
+            except Exception as exc:  # eager itself failing, or the timing loop
+                rows.append({"model": name, "batch": batch, "error": one_line(exc)})
+            print(json.dumps(rows[-1]), flush=True)
+        del run, model
     gc.collect()
     return rows
 
