@@ -356,9 +356,9 @@ def main() -> None:
     rows = []
     for name in models:
         rows += bench_model(name, batches, args.rounds, args.backend, skip)
+        if args.json:  # after each model: a long run that stops keeps what it measured
+            Path(args.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":
