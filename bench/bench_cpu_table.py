@@ -13,7 +13,8 @@ every time is a ratio to eager PyTorch measured in the same rounds:
   again); ONNX Runtime's ``quantize_static`` (QDQ, CPU EP; ``ort_int8``, models with one
   input); inductor with freezing (``inductor``);
 * ours: ``torch.compile(model, backend="embedl_tensorrt", options={"precision": p,
-  "runtime": "auto", "cache_dir": <fresh per model, removed after it>})`` for p in fp32, bf16, int8, mixed.
+  "runtime": "auto", "cache_dir": <fresh per model, removed after it>})`` for p in fp32,
+  bf16, int8 and mixed.
 
 The calibrating variants (NNCF, ``quantize_static``, our int8 and mixed) see the same 4 random
 batches. A variant that fails to build is a cell with its one-line reason, not a failed row.
@@ -21,7 +22,11 @@ Models are built one at a time, and a row's runtimes are freed before the next r
 Dynamo is reset only between rows: a reset would make each earlier compile of the model
 compile again inside the timing loop. Each row is printed as a JSON line when done; the JSON
 also holds each peer's build seconds (conversion, quantization, compile and first call, shared
-by the variants of one conversion) and where our runtime choice ran each precision.
+by the variants of one conversion), the memory each build left held (resident GB after a
+garbage collection, before and after it), the process's resident GB when timing starts, and
+where our runtime choice ran each precision. All variants of a row are alive together, each
+runtime with its own copy of the weights, so on a transformer the process holds many times
+the model's size: run the table alone, or leave variants out with ``--skip``.
 
 The summary compares ours with the best peer at the same precision: fp32 with OpenVINO f32
 and inductor, bf16 with OpenVINO's default, int8 with NNCF + OpenVINO (either hint) and
@@ -42,6 +47,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -60,6 +66,7 @@ from bench.measure import (  # noqa: E402
     first_tensor,
     int8_layer_fraction,
     one_line,
+    resident_gb,
     round_robin_medians,
 )
 from bench.ort_baseline import ort_quantize_static  # noqa: E402
@@ -138,7 +145,13 @@ def _ort_int8(model, inputs, calibration, workdir: str) -> Call:
         )
     workdir = tempfile.mkdtemp(prefix="ort_", dir=workdir)
     batches = [batch[0] for batch in calibration]
-    session = ort_quantize_static(_FirstOutput(model).eval(), batches, workdir)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # quantize_static warns layer by layer on the root logger
+    try:
+        session = ort_quantize_static(_FirstOutput(model).eval(), batches, workdir)
+    finally:
+        root.setLevel(level)
     feed = {"x": inputs[0].numpy()}
     return lambda: torch.from_numpy(session.run(None, feed)[0])
 
@@ -163,12 +176,16 @@ def _peer_builders(run: Run, inputs, calibration) -> dict[str, Callable]:
     }
 
 
+def _delta(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else round(after - before, 2)
+
+
 def _add_peers(run: Run, row: dict, fns: dict, inputs, calibration, expected) -> None:
     for group, build in _peer_builders(run, inputs, calibration).items():
         names = [n for n in group.split(",") if n not in run.skip]
         if not names:
             continue
-        start = time.perf_counter()
+        start, held = time.perf_counter(), resident_gb()
         try:
             calls = build()
             with torch.no_grad():  # the first call: inductor compiles here
@@ -176,8 +193,9 @@ def _add_peers(run: Run, row: dict, fns: dict, inputs, calibration, expected) ->
         except Exception as exc:  # a peer failing is a cell, not the row
             row.update({f"{n}_error": one_line(exc) for n in names})
             continue
+        seconds, held = time.perf_counter() - start, _delta(resident_gb(), held)
         for n in names:
-            row[f"{n}_first_s"] = round(time.perf_counter() - start, 1)
+            row.update({f"{n}_first_s": round(seconds, 1), f"{n}_held_gb": held})
             row[f"{n}_cosine"] = round(cosine(outputs[n], expected), 5)
             fns[n] = calls[n]
 
@@ -189,11 +207,13 @@ def _add_ours(run: Run, row: dict, fns: dict, inputs, calibration, expected) -> 
         options = {"precision": precision, "runtime": "auto", "cache_dir": run.workdir}
         if get_precision(precision).calibrates:
             options["calibration_data"] = calibration
+        held = resident_gb()
         try:
             ours = compile_ours(run.model, inputs, options, run.backend)
         except Exception as exc:  # our failure too is a cell, not the row
             row[f"{precision}_error"] = one_line(exc)
             continue
+        row[f"{precision}_held_gb"] = _delta(resident_gb(), held)
         row[f"{precision}_first_s"] = round(ours.first_s, 1)
         row[f"{precision}_cosine"] = round(cosine(ours.output, expected), 5)
         row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in ours.report.subgraphs}))
@@ -214,7 +234,7 @@ def bench_row(run: Run, batch: int) -> dict:
     try:
         _add_peers(run, row, fns, inputs, calibration, expected)
         _add_ours(run, row, fns, inputs, calibration, expected)
-        gc.collect()  # sessions of candidates our compiles rejected go before timing starts
+        row["resident_gb"] = resident_gb()  # after a gc: rejected candidates are gone
         medians = round_robin_medians(fns, run.rounds)
     finally:
         fns.clear()  # this row's runtimes go before the next row is built
@@ -311,21 +331,23 @@ def table(rows: list[dict]) -> str:
         "\nours / best peer at the same precision (within noise: within 3% of 1.0):\n",
         "| model | batch | fp32 | bf16 | int8 | mixed / OpenVINO default | mixed / best of ours | "
         "ours runs on (fp32; bf16; int8; mixed) | INT8 layers (int8; mixed) | "
-        "first call s (fp32/bf16/int8/mixed; inductor) |",
-        "|" + "---|" * 10,
+        "first call s (fp32/bf16/int8/mixed; inductor) | "
+        "GB held (fp32/bf16/int8/mixed; process at timing) |",
+        "|" + "---|" * 11,
     ]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['model']} | {r['batch']} | error: {r['error']} |" + " |" * 7)
+            out.append(f"| {r['model']} | {r['batch']} | error: {r['error']} |" + " |" * 8)
             continue
         summary = [_summary_cell(r[f"{p}_vs_peer"]) for p in OURS]
         where = "; ".join(r.get(f"{p}_where", "-") for p in OURS)
         layers = "; ".join(r.get(f"{p}_int8_layers", "-") for p in ("int8", "mixed"))
         first = "/".join(str(r.get(f"{p}_first_s", "-")) for p in OURS)
+        held = "/".join(str(r.get(f"{p}_held_gb", "-")) for p in OURS)
         out.append(
             f"| {r['model']} | {r['batch']} | " + " | ".join(summary)
             + f" | {_summary_cell(r['mixed_vs_ours'])} | {where} | {layers} | "
-            f"{first}; {r.get('inductor_first_s', '-')} |"
+            f"{first}; {r.get('inductor_first_s', '-')} | {held}; {r.get('resident_gb')} |"
         )  # fmt: skip
     return "\n".join(out)
 

@@ -1,7 +1,7 @@
 """What the benchmarks share: random calibration batches, the first output tensor of a model,
 cosine similarity, our backend compiled and called once (the compile timed), the INT8 fraction
-of a compile report's layers, a failure as a one-line table cell, and round-robin timing in one
-process.
+of a compile report's layers, a failure as a one-line table cell, the resident memory, and
+round-robin timing in one process.
 
 ``round_robin_medians`` calls each variant three times per round and times the last two, after
 a 50 ms pause (one ONNX Runtime or OpenVINO session's spinning worker threads must not bill the
@@ -11,10 +11,13 @@ after eager PyTorch runs measurably faster here, an order effect every variant s
 
 from __future__ import annotations
 
+import gc
+import os
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,6 +33,7 @@ __all__ = [
     "first_tensor",
     "int8_layer_fraction",
     "one_line",
+    "resident_gb",
     "round_robin_medians",
 ]
 
@@ -62,6 +66,17 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Cosine similarity of two tensors, flattened, in float64."""
     a, b = a.reshape(-1).double(), b.reshape(-1).double()
     return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def resident_gb() -> float | None:
+    """This process's resident memory in GB now, after a garbage collection (None where
+    ``/proc/self/statm`` does not exist)."""
+    gc.collect()
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
 
 
 def one_line(exc: BaseException, limit: int = 80) -> str:
