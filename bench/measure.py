@@ -82,7 +82,7 @@ def resident_gb() -> float | None:
 def one_line(exc: BaseException, limit: int = 80) -> str:
     """An exception as a table cell: its type and the first line of its message, shortened."""
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}".rstrip(": ")
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
 
 
 @dataclass
