@@ -48,9 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import embedl_dynamo  # noqa: E402
 from bench.measure import (  # noqa: E402
+    calibration_batches,
+    compile_ours,
     cosine,
     first_tensor,
     int8_layer_fraction,
+    one_line,
     round_robin_medians,
 )
 from bench.peers import openvino_peer  # noqa: E402
@@ -61,24 +64,11 @@ from embedl_dynamo.tuning import half_form  # noqa: E402
 VARIANTS = ("fp32", "int8", "mixed")
 
 
-def _calibration(inputs: tuple[torch.Tensor, ...], count: int = 4) -> list[tuple]:
-    batches = []
-    for _ in range(count):
-        batch = []
-        for x in inputs:
-            if x.dtype.is_floating_point:
-                batch.append(torch.randn_like(x))
-            else:
-                batch.append(torch.randint_like(x, 0, 1000))
-        batches.append(tuple(batch))
-    return batches
-
-
 def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
     family, build = ZOO[name]
     torch.manual_seed(0)
     model, inputs = build()
-    calibration = _calibration(inputs)
+    calibration = calibration_batches(inputs)
     with torch.no_grad():
         expected = first_tensor(model(*inputs))
     fns = {"eager": lambda: model(*inputs)}
@@ -86,20 +76,16 @@ def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
     cache_dir = tempfile.mkdtemp(prefix=f"embedl_bench_{name}_")
     for precision in VARIANTS:
         torch._dynamo.reset()
-        clear_reports()
         options = {"precision": precision, "cache_dir": cache_dir}
         if precision != "fp32":
             options["calibration_data"] = calibration
-        compiled = torch.compile(model, backend=backend, options=options)
-        start = time.perf_counter()
-        with torch.no_grad():
-            got = first_tensor(compiled(*inputs))
-        row[f"{precision}_first_s"] = round(time.perf_counter() - start, 1)
-        report = embedl_dynamo.last_report()
-        row[f"{precision}_cosine"] = round(cosine(got, expected), 5)
+        ours = compile_ours(model, inputs, options, backend)
+        report = ours.report
+        row[f"{precision}_first_s"] = round(ours.first_s, 1)
+        row[f"{precision}_cosine"] = round(cosine(ours.output, expected), 5)
         row[f"{precision}_int8"] = int8_layer_fraction(report) if precision != "fp32" else ""
         row[f"{precision}_where"] = ", ".join(sorted({s.runtime for s in report.subgraphs}))
-        fns[precision] = lambda c=compiled: c(*inputs)
+        fns[precision] = ours.call
     if nncf:
         start = time.perf_counter()
         try:
@@ -107,7 +93,7 @@ def bench_model(name: str, rounds: int, backend: str, nncf: bool) -> dict:
                                  transformer=family == "transformer")  # fmt: skip
             row["nncf_cosine"] = round(cosine(first_tensor(peer()), expected), 5)
         except Exception as exc:  # the peer failing is a cell, not the row
-            row["nncf_error"] = f"{type(exc).__name__}: {str(exc)[:60]}"
+            row["nncf_error"] = one_line(exc, 60)
         else:
             row["nncf_first_s"] = round(time.perf_counter() - start, 1)
             fns["nncf"] = peer

@@ -1,5 +1,7 @@
-"""What the benchmarks share: the first output tensor of a model, cosine similarity, the INT8
-fraction of a compile report's layers, and round-robin timing in one process.
+"""What the benchmarks share: random calibration batches, the first output tensor of a model,
+cosine similarity, our backend compiled and called once (the compile timed), the INT8 fraction
+of a compile report's layers, a failure as a one-line table cell, the resident memory, and
+round-robin timing in one process.
 
 ``round_robin_medians`` calls each variant three times per round and times the last two, after
 a 50 ms pause (one ONNX Runtime or OpenVINO session's spinning worker threads must not bill the
@@ -9,9 +11,13 @@ after eager PyTorch runs measurably faster here, an order effect every variant s
 
 from __future__ import annotations
 
+import gc
+import os
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +25,32 @@ import torch
 if TYPE_CHECKING:
     from embedl_dynamo.report.compile_report import CompileReport
 
-__all__ = ["cosine", "first_tensor", "int8_layer_fraction", "round_robin_medians"]
+__all__ = [
+    "Compiled",
+    "calibration_batches",
+    "compile_ours",
+    "cosine",
+    "first_tensor",
+    "int8_layer_fraction",
+    "one_line",
+    "resident_gb",
+    "round_robin_medians",
+]
+
+
+def calibration_batches(inputs: Sequence[torch.Tensor], count: int = 4) -> list[tuple]:
+    """``count`` random batches shaped like ``inputs`` (normal floats; integers in [0, 1000),
+    token ids), drawn from torch's global generator: seed it first for the same batches."""
+    batches = []
+    for _ in range(count):
+        batch = []
+        for x in inputs:
+            if x.dtype.is_floating_point:
+                batch.append(torch.randn_like(x))
+            else:
+                batch.append(torch.randint_like(x, 0, 1000))
+        batches.append(tuple(batch))
+    return batches
 
 
 def first_tensor(out):
@@ -35,6 +66,63 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """Cosine similarity of two tensors, flattened, in float64."""
     a, b = a.reshape(-1).double(), b.reshape(-1).double()
     return float(torch.dot(a, b) / (a.norm() * b.norm()))
+
+
+def resident_gb() -> float | None:
+    """This process's resident memory in GB now, after a garbage collection (None where
+    ``/proc/self/statm`` does not exist)."""
+    gc.collect()
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except OSError:
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 2)
+
+
+def one_line(exc: BaseException, limit: int = 80) -> str:
+    """An exception as a table cell: its type and the first line of its message, shortened."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
+
+
+@dataclass
+class Compiled:
+    """Our backend's compile of a model, called once.
+
+    Attributes:
+        call: the call to time (the compiled model on the example inputs).
+        output: the first output tensor of the first call.
+        first_s: seconds of the first call (compile included).
+        report: the compile report of that call.
+    """
+
+    call: Callable[[], object]
+    output: torch.Tensor
+    first_s: float
+    report: CompileReport
+
+
+def compile_ours(
+    model: torch.nn.Module,
+    inputs: Sequence[torch.Tensor],
+    options: dict[str, Any],
+    backend: str = "embedl_tensorrt",
+) -> Compiled:
+    """``torch.compile(model, backend=backend, options=options)`` called once on ``inputs``
+    under ``torch.no_grad`` (the mode :func:`round_robin_medians` times in).
+
+    Dynamo is not reset here: a reset makes every earlier compile of the same model compile
+    again on its next call, so callers that time several compiles together reset only after.
+    """
+    import embedl_dynamo
+
+    embedl_dynamo.clear_reports()
+    compiled = torch.compile(model, backend=backend, options=options)
+    start = time.perf_counter()
+    with torch.no_grad():
+        output = first_tensor(compiled(*inputs))
+    first_s = time.perf_counter() - start
+    return Compiled(lambda: compiled(*inputs), output, first_s, embedl_dynamo.last_report())
 
 
 def int8_layer_fraction(report: CompileReport) -> str:
