@@ -12,8 +12,8 @@ points ``z``: per output channel for 8 bits, per group of ``g`` consecutive inpu
     W' = (q - z) * s                      (qmax = 7 for int4, 127 for int8: a narrow range)
 
 The layer becomes a :class:`WeightOnlyLinear`, which computes with ``W'`` (so PyTorch, the
-accuracy judge and every runtime see the same numbers) and keeps ``q``, ``s`` and ``z`` for
-the ONNX writer (:mod:`embedl_dynamo.onnx.weight_only`), which stores them as integer
+accuracy judge and every runtime see the same numbers) and keeps only ``q``, ``s`` and ``z``
+(``W'`` is dequantized when used), for the ONNX writer (:mod:`embedl_dynamo.onnx.weight_only`), which stores them as integer
 initializers read by ``DequantizeLinear`` in front of the ``MatMul``; ONNX Runtime fuses that
 into ``MatMulNBits`` and OpenVINO into a compressed-weight matmul.
 
