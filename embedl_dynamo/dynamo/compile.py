@@ -16,6 +16,7 @@ the pipeline; INT8 without calibration data calibrates on the first real calls.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import time
 import warnings
@@ -59,6 +60,7 @@ __all__ = ["compile_subgraph"]
 logger = logging.getLogger(__name__)
 
 _PREFIX = "embedl_"
+_COLLECT_BYTES = 256 * 2**20  # frozen weights above which a compile collects its garbage
 
 
 def _count_ops(gm: fx.GraphModule) -> int:
@@ -157,6 +159,9 @@ def compile_subgraph(
         return job.stay_eager("eager", job.report.reason, gm.forward)
     infer = _build_stage(job, result)
     _finish(job, result, alias_key)
+    del result  # its graphs are reference cycles holding integer or half weights (an LLM's):
+    if sum(t.nbytes for t in graph.buffers()) > _COLLECT_BYTES:  # free them before the next
+        gc.collect()
     return wrap(infer)
 
 

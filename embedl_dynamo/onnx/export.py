@@ -50,7 +50,11 @@ from embedl_dynamo.onnx.initializers import (
     unwritten_float_model,
 )
 from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
-from embedl_dynamo.onnx.weight_only import save_weight_only, weight_only_layers
+from embedl_dynamo.onnx.weight_only import (
+    save_weight_only,
+    weight_only_layers,
+    with_dense_weights,
+)
 
 __all__ = [
     "DEFAULT_OPSET",
@@ -277,6 +281,7 @@ def _mark_rest_precision(model: Any, gm: fx.GraphModule) -> None:
         entry.key, entry.value = ONNX_REST_PRECISION, name
 
 
+@with_dense_weights  # weight-only layers' float weights exist only while exported
 def _export(
     gm: fx.GraphModule,
     example_inputs: Sequence[torch.Tensor],

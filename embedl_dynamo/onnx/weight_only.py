@@ -1,8 +1,9 @@
 """Store weight-only layers' weights as integers: ``DequantizeLinear(q, s, z) -> MatMul``.
 
 A :class:`~embedl_dynamo.quant.weight_only.WeightOnlyLinear` exports as ``MatMul(x, W'.T)``
-with ``W'`` as a float constant; here that constant is replaced by its integer codes read by
-``DequantizeLinear``, the one portable form every runtime takes with its own kernels:
+with ``W'`` as a float constant (held only while it is exported, :func:`with_dense_weights`);
+here that constant is replaced by its integer codes read by ``DequantizeLinear``, the one
+portable form every runtime takes with its own kernels:
 
 * 8 bits: int8 (symmetric) or uint8 codes ``[K, N]``, a scale (and zero point) per output
   channel (``axis=1``), any opset from 13;
@@ -19,6 +20,7 @@ are those ``WeightOnlyLinear`` computed with in PyTorch: ``(q - z) * s``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -32,9 +34,15 @@ from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.initializers import unwritten_float_model
-from embedl_dynamo.quant.weight_only import WeightOnlyLinear
+from embedl_dynamo.quant.weight_only import WeightOnlyLinear, dense_weights
 
-__all__ = ["BLOCKED_OPSET", "save_weight_only", "store_weight_only", "weight_only_layers"]
+__all__ = [
+    "BLOCKED_OPSET",
+    "save_weight_only",
+    "store_weight_only",
+    "weight_only_layers",
+    "with_dense_weights",
+]
 
 BLOCKED_OPSET = 21  # the first opset whose DequantizeLinear takes int4 and block_size
 
@@ -128,16 +136,32 @@ def _digest(data: np.ndarray) -> bytes:
 
 
 def _by_digest(layers: list[WeightOnlyLinear]) -> dict[tuple[tuple[int, ...], bytes], Any]:
-    """Each layer's ``weight_t`` by shape and digest of its bytes (tied layers: the first)."""
+    """Each layer by the shape and digest of its ``W'.T`` (tied layers: the first). A layer
+    without its ``weight_t`` buffer (outside :func:`with_dense_weights`) dequantizes it here,
+    one layer at a time."""
     by_digest: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] = {}
     for layer in layers:
-        weight = layer.weight_t.detach()
+        weight = layer.dense_weight_t().detach()
         by_digest.setdefault((tuple(weight.shape), _digest(tensor_bytes(weight))), layer)
+        del weight
     return by_digest
 
 
+def with_dense_weights(export: Callable[..., Any]) -> Callable[..., Any]:
+    """``export(gm, ...)`` with ``gm``'s weight-only layers holding their float ``W'.T``
+    (:func:`~embedl_dynamo.quant.weight_only.dense_weights`) for the exporter, and only while
+    it runs: the float weights never outlive the export."""
+
+    @functools.wraps(export)
+    def exporting(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        with dense_weights(gm):
+            return export(gm, *args, **kwargs)
+
+    return exporting
+
+
 def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
-    """Replace each ``MatMul`` constant equal to a layer's ``weight_t`` by its integer form.
+    """Replace each ``MatMul`` constant equal to a layer's ``W'.T`` by its integer form.
 
     A constant is matched by a digest of its bytes (the exporter names initializers its own
     way), so tied layers share one match. The model is converted to opset 21 first if a layer
@@ -145,7 +169,7 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
 
     Args:
         model: an ``onnx.ModelProto`` with its initializers; changed in place.
-        layers: the weight-only layers whose ``weight_t`` the graph multiplies by.
+        layers: the weight-only layers whose ``W'.T`` the graph multiplies by.
 
     Returns:
         The number of ``MatMul`` weights replaced.
@@ -176,7 +200,7 @@ def _replace_matmul_weights(
     weight_of: Callable[[str], tuple[tuple[int, ...], Callable[[], Any]] | None],
     tensors: dict[str, Any] | None = None,
 ) -> tuple[int, set[str]]:
-    """Read each ``MatMul`` weight that equals a layer's ``weight_t`` (same shape and digest of
+    """Read each ``MatMul`` weight that equals a layer's ``W'.T`` (same shape and digest of
     its bytes) through the layer's DequantizeLinear instead. ``weight_of(name)`` gives a
     weight's shape and a function for its bytes (None: not a constant); the bytes are read only
     for weights of a layer's shape. Returns how many were replaced, and their names."""

@@ -70,14 +70,20 @@ def _check_activation(activation: str | None) -> None:
 
 
 def frozen_parameter(tensor: torch.Tensor | None) -> nn.Parameter | None:
-    """A fused module's copy of ``tensor`` as a parameter that takes no gradient (None stays None).
+    """``tensor`` as a fused module's parameter that takes no gradient (None stays None).
 
-    The copy is detached and owns its storage, so the fused module never shares or writes the
-    model's own tensors.
+    A model's parameter (``nn.Parameter``, or a tensor that requires grad: ``prepare_qat``
+    trains the fused copy) is copied, so training the fused module never writes the model's
+    own weights. A frozen constant (a compile's graph, where the weights are plain tensors) or
+    a tensor a fusion computed is shared, not copied: an LLM's weights would otherwise exist
+    twice while it compiles. Passes that write a fused module's weights in place (SmoothQuant,
+    the int8 stage) work on their own ``deepcopy`` of the graph.
     """
     if tensor is None:
         return None
-    return nn.Parameter(tensor.detach().clone(), requires_grad=False)
+    if isinstance(tensor, nn.Parameter) or tensor.requires_grad:
+        return nn.Parameter(tensor.detach().clone(), requires_grad=False)
+    return nn.Parameter(tensor.detach(), requires_grad=False)
 
 
 def fold_batch_norm(

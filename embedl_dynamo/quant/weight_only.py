@@ -12,8 +12,8 @@ points ``z``: per output channel for 8 bits, per group of ``g`` consecutive inpu
     W' = (q - z) * s                      (qmax = 7 for int4, 127 for int8: a narrow range)
 
 The layer becomes a :class:`WeightOnlyLinear`, which computes with ``W'`` (so PyTorch, the
-accuracy judge and every runtime see the same numbers) and keeps ``q``, ``s`` and ``z`` for
-the ONNX writer (:mod:`embedl_dynamo.onnx.weight_only`), which stores them as integer
+accuracy judge and every runtime see the same numbers) and keeps only ``q``, ``s`` and ``z``
+(``W'`` is dequantized when used), for the ONNX writer (:mod:`embedl_dynamo.onnx.weight_only`), which stores them as integer
 initializers read by ``DequantizeLinear`` in front of the ``MatMul``; ONNX Runtime fuses that
 into ``MatMulNBits`` and OpenVINO into a compressed-weight matmul.
 
@@ -31,9 +31,10 @@ Embeddings (``Gather`` of a table) stay float: they are looked up, not multiplie
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "WEIGHT_ONLY_BITS",
     "WeightOnlyLinear",
     "WeightOnlySpec",
+    "dense_weights",
     "dequantize_weight",
     "quantize_weight",
     "weight_only_graph",
@@ -122,16 +124,17 @@ def quantize_weight(
     if k % group:
         raise ValueError(f"in_features {k} is not a multiple of weight_only_group_size {group}")
     w = weight.detach().float().reshape(n, k // group, group)
+    # one float temporary the size of the weight (an LLM's output head is 0.5 GB): in place
     if spec.symmetric:
         qmax = 2 ** (spec.bits - 1) - 1
         scale = (w.abs().amax(-1) / qmax).clamp_min(torch.finfo(torch.float32).tiny)
-        q = torch.clamp(torch.round(w / scale[..., None]), -qmax, qmax)
+        q = torch.div(w, scale[..., None]).round_().clamp_(-qmax, qmax)
         return q.to(torch.int8).reshape(n, k), scale, None
     levels = 2**spec.bits - 1
     low, high = w.amin(-1).clamp_max(0), w.amax(-1).clamp_min(0)
     scale = ((high - low) / levels).clamp_min(torch.finfo(torch.float32).tiny)
     zero = torch.clamp(torch.round(-low / scale), 0, levels)
-    q = torch.clamp(torch.round(w / scale[..., None]) + zero[..., None], 0, levels)
+    q = torch.div(w, scale[..., None]).round_().add_(zero[..., None]).clamp_(0, levels)
     return q.to(torch.uint8).reshape(n, k), scale, zero.to(torch.uint8)
 
 
@@ -141,18 +144,21 @@ def dequantize_weight(
     """``W' = (q - z) * s``, float32 ``[N, K]``."""
     n, k = q.shape
     groups = scale.shape[1]
-    codes = q.float().reshape(n, groups, k // groups)
+    codes = q.float().reshape(n, groups, k // groups)  # the one float temporary: in place
     if zero is not None:
-        codes = codes - zero.float()[..., None]
-    return (codes * scale[..., None]).reshape(n, k)
+        codes.sub_(zero.float()[..., None])
+    return codes.mul_(scale[..., None]).reshape(n, k)
 
 
 class WeightOnlyLinear(nn.Module):
     """``act(x @ W'.T + b)`` with ``W'`` dequantized from integer codes (see the module).
 
-    ``weight_t`` (``W'.T``, ``[K, N]``) is what the graph multiplies by, so the ONNX exporter
-    writes one ``MatMul`` whose constant the ONNX writer replaces by ``DequantizeLinear`` of
-    ``codes``; ``codes``, ``scale`` and ``zero_point`` are kept beside it, unused by ``forward``.
+    The layer keeps only ``codes``, ``scale`` and ``zero_point`` (a quarter or an eighth of the
+    float weight) and dequantizes ``W'`` in ``forward``: the float weight of an LLM would
+    otherwise live beside its codes in every compiled graph. While :func:`dense_weights` holds
+    it, the layer has a ``weight_t`` buffer (``W'.T``, ``[K, N]``) and multiplies by that, so an
+    ONNX exporter writes one ``MatMul`` with a constant weight, which the ONNX writer
+    (:mod:`embedl_dynamo.onnx.weight_only`) replaces by ``DequantizeLinear`` of ``codes``.
     """
 
     def __init__(self, linear: FusedLinear, spec: WeightOnlySpec) -> None:
@@ -161,16 +167,23 @@ class WeightOnlyLinear(nn.Module):
         self.spec = spec
         self.kind = linear.kind
         self.activation = linear.activation
+        self.dtype = linear.weight.dtype
         self.register_buffer("codes", q)
         self.register_buffer("scale", scale)
         self.register_buffer("zero_point", zero)
-        weight = dequantize_weight(q, scale, zero).to(linear.weight.dtype)
-        self.register_buffer("weight_t", weight.t().contiguous())
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
 
+    def dense_weight_t(self) -> torch.Tensor:
+        """``W'.T`` (``[K, N]``, the float weight's dtype): the ``weight_t`` buffer while
+        :func:`dense_weights` holds it, else dequantized now (a transposed view)."""
+        held = self._buffers.get("weight_t")
+        if held is not None:
+            return held
+        return dequantize_weight(self.codes, self.scale, self.zero_point).to(self.dtype).t()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.matmul(x, self.weight_t)
+        y = torch.matmul(x, self.dense_weight_t())
         if self.bias is not None:
             y = y + self.bias
         if self.activation is not None:
@@ -178,10 +191,30 @@ class WeightOnlyLinear(nn.Module):
         return y
 
     def extra_repr(self) -> str:
-        k, n = self.weight_t.shape
+        n, k = self.codes.shape
         sym = "sym" if self.spec.symmetric else "asym"
         group = f", group={self.spec.group_size}" if self.spec.bits == 4 else ""
         return f"{k}->{n}, int{self.spec.bits} {sym}{group}"
+
+
+@contextlib.contextmanager
+def dense_weights(gm: nn.Module) -> Iterator[list[WeightOnlyLinear]]:
+    """Give every :class:`WeightOnlyLinear` of ``gm`` its ``weight_t`` buffer (``W'.T``,
+    contiguous) while the block runs, for an ONNX exporter to write as a ``MatMul`` constant;
+    the buffers are removed on exit, so the float weights live only as long as the export.
+
+    Yields:
+        The weight-only layers of ``gm`` (none: an ordinary graph, nothing added).
+    """
+    layers = [m for m in gm.modules() if isinstance(m, WeightOnlyLinear)]
+    added = [m for m in layers if m._buffers.get("weight_t") is None]
+    for layer in added:
+        layer.register_buffer("weight_t", layer.dense_weight_t().contiguous())
+    try:
+        yield layers
+    finally:
+        for layer in added:
+            layer._buffers.pop("weight_t", None)
 
 
 def _spec_for(settings: Settings, backend: Any) -> WeightOnlySpec:
@@ -262,12 +295,13 @@ def weight_only_graph(
                 reasons[node] = f"in_features {k} is not a multiple of group size {spec.group_size}"
         if nodes and nodes[-1] not in reasons:
             reasons[nodes[-1]] = "last linear (output head) keeps 8 bits, as NNCF's default"
-    built = _build(gm, nodes, spec, int8, reasons)
+    made: dict[tuple[fx.Node, int], WeightOnlyLinear] = {}
+    built = _build(gm, nodes, spec, int8, reasons, made)
     kept: list[str] = []
     cosine = None
     if spec.bits == 4 and accuracy_budget is not None:
         built, kept, cosine = _within_budget(gm, example_inputs, nodes, spec, int8, reasons,
-                                             accuracy_budget, built)  # fmt: skip
+                                             accuracy_budget, built, made)  # fmt: skip
     layers = []
     for node in nodes:
         bits = 8 if spec.bits == 8 or node in reasons else 4
@@ -284,11 +318,18 @@ def _build(
     spec: WeightOnlySpec,
     int8: WeightOnlySpec,
     reasons: dict[fx.Node, str],
+    made: dict[tuple[fx.Node, int], WeightOnlyLinear],
 ) -> fx.GraphModule:
+    """A copy of ``gm`` with each linear's weight-only layer, quantized once per node and bits
+    (``made``): the budget's next attempt reuses every layer it does not change."""
     out = copy.deepcopy(gm, _shared_constants(gm, nodes))
     for node in nodes:
-        linear = gm.get_submodule(node.target)
-        layer = WeightOnlyLinear(linear, int8 if node in reasons else spec)
+        chosen = int8 if node in reasons else spec
+        layer = made.get((node, chosen.bits))
+        if layer is None:
+            layer = made[node, chosen.bits] = WeightOnlyLinear(
+                gm.get_submodule(node.target), chosen
+            )
         owner, _, name = str(node.target).rpartition(".")
         setattr(out.get_submodule(owner) if owner else out, name, layer)
     out.recompile()
@@ -346,8 +387,10 @@ def _within_budget(
     reasons: dict[fx.Node, str],
     budget: float,
     built: fx.GraphModule,
+    made: dict[tuple[fx.Node, int], WeightOnlyLinear],
 ) -> tuple[fx.GraphModule, list[str], float]:
-    """Keep the most int4-sensitive layers at 8 bits until the outputs meet ``budget``."""
+    """Keep the most int4-sensitive layers at 8 bits until the outputs meet ``budget``; each
+    attempt quantizes only the layers it moves to 8 bits (``made`` holds the others)."""
     with torch.no_grad():
         reference = gm(*example_inputs)
         cosine = _cosine(built(*example_inputs), reference)
@@ -355,8 +398,9 @@ def _within_budget(
 
     def error(node: fx.Node) -> float:
         w = gm.get_submodule(node.target).weight.detach().float()
-        q = dequantize_weight(*quantize_weight(w, spec))
-        return float((w - q).norm() / w.norm().clamp_min(1e-12))
+        layer = made[node, spec.bits]  # built above: every candidate has 4 bits
+        q = dequantize_weight(layer.codes, layer.scale, layer.zero_point)
+        return float(q.sub_(w).norm() / w.norm().clamp_min(1e-12))
 
     candidates.sort(key=error, reverse=True)
     kept: list[str] = []
@@ -369,7 +413,7 @@ def _within_budget(
                 "largest int4 weight error keeps 8 bits"
             )
             kept.append(f"{gm.get_submodule(node.target).kind}@{module_path(node) or node.name}")
-        built = _build(gm, nodes, spec, int8, reasons)
+        built = _build(gm, nodes, spec, int8, reasons, made)
         with torch.no_grad():
             cosine = _cosine(built(*example_inputs), reference)
         count *= 2

@@ -36,6 +36,7 @@ from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
 from embedl_dynamo.rewrite.pattern import Pattern
 from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
+from embedl_dynamo.rewrite.qdq import FusedModule
 
 __all__ = [
     "MAX_CONVERSION_ROUNDS",
@@ -353,18 +354,21 @@ def _unshare_tensors(gm: fx.GraphModule, source: fx.GraphModule) -> None:
 def _writable_tensors(gm: fx.GraphModule) -> set[int]:
     """``id`` of every tensor of ``gm`` that a module call or an in-place node may write."""
     written: set[int] = set()
+    fused: set[int] = set()  # a fused module reads a frozen constant in place (frozen_parameter)
     classes = alias_classes(gm)
     mutated = {classes.get(t, t) for t in map(mutated_tensor, gm.graph.nodes) if t is not None}
     for node in gm.graph.nodes:
         if node.op == "call_module":
             module = gm.get_submodule(str(node.target))
-            written.update(id(t) for _, _, t in _tensor_slots(module))
+            owned = {id(t) for _, _, t in _tensor_slots(module)}
+            written |= owned
+            fused |= owned if isinstance(module, FusedModule) else set()
         elif node.op == "get_attr" and classes.get(node, node) in mutated:
             owner, _, name = str(node.target).rpartition(".")
             written.add(id(getattr(gm.get_submodule(owner) if owner else gm, name, None)))
     # a constant sharing storage with a written one (a view a trace made of it) is written too
     tensors = [t for _, _, t in _tensor_slots(gm)]
-    storages = {_storage_key(t) for t in tensors if id(t) in written}
+    storages = {_storage_key(t) for t in tensors if id(t) in written - fused}
     return written | {id(t) for t in tensors if _storage_key(t) in storages}
 
 

@@ -89,7 +89,7 @@ def test_file_stores_integer_codes_read_by_dequantize_linear(
     assert types == [codes_type] * 3 + [head_type]
     floats = [tuple(i.dims) for i in initializers.values() if i.data_type == TensorProto.FLOAT]
     assert not {(128, 256), (256, 128), (128, 64)} & set(floats)  # no float weight left
-    gate = next(m for m in weight_only_layers(quantized) if m.weight_t.shape == (128, 256))
+    gate = next(m for m in weight_only_layers(quantized) if m.codes.shape == (256, 128))
     stored = numpy_helper.to_array(initializers[nodes[0].input[0]]).astype(np.int64)
     np.testing.assert_array_equal(stored, gate.codes.t().numpy().astype(np.int64))
     with torch.no_grad():

@@ -9,9 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo.backend import as_backend
+from embedl_dynamo.quant import weight_only
 from embedl_dynamo.quant.weight_only import (
     WeightOnlyLinear,
     WeightOnlySpec,
+    dense_weights,
     dequantize_weight,
     quantize_weight,
     weight_only_graph,
@@ -207,3 +209,37 @@ def test_the_quantized_copy_shares_only_constants_nothing_writes_in_place():
     assert quantized.steps is not gm.steps
     quantized(_ids())
     assert float(gm.steps) == 0.0 and float(quantized.steps) == 1.0
+
+
+def test_a_layer_keeps_integer_weights_only_and_a_float_one_while_exported(block):
+    """No float copy of the weight outlives quantization (an LLM's would double the compile's
+    memory); ``dense_weights`` gives the exporter ``W'.T`` for as long as it runs."""
+    _, gm = block
+    quantized, _ = weight_only_graph(gm, [_ids()], WeightOnlySpec(8))
+    layer = next(m for m in quantized.modules() if isinstance(m, WeightOnlyLinear))
+    floats = [n for n, t in layer.named_buffers() if t.is_floating_point() and t.dim() == 2]
+    assert floats == ["scale"] and layer.scale.shape[1] == 1  # one scale per output channel
+    dense = dequantize_weight(layer.codes, layer.scale, layer.zero_point).t()
+    with dense_weights(quantized) as layers:
+        assert layer in layers
+        torch.testing.assert_close(layer.weight_t, dense, rtol=0, atol=0)
+        assert layer.weight_t.is_contiguous()
+        with torch.no_grad():
+            held = quantized(_ids())
+    assert "weight_t" not in dict(layer.named_buffers())
+    with torch.no_grad():
+        torch.testing.assert_close(quantized(_ids()), held, rtol=0, atol=0)
+
+
+def test_the_budget_quantizes_each_layer_once_per_bit_width(block, monkeypatch):
+    _, gm = block
+    calls = []
+    original = weight_only.quantize_weight
+    monkeypatch.setattr(weight_only, "quantize_weight", lambda w, s: calls.append(s.bits)
+                        or original(w, s))  # fmt: skip
+    spec = WeightOnlySpec(4, group_size=32)
+    _, report = weight_only_graph(gm, [_ids()], spec, accuracy_budget=0.999999)
+    linears = len(report["layers"])
+    assert report["kept_int8"]  # several attempts ran
+    # the first build quantizes every layer; each attempt only the layers it moves to 8 bits
+    assert len(calls) == linears + len(report["kept_int8"])
