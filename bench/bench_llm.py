@@ -37,6 +37,10 @@ def qwen2_0_5b(layers: int):
     """The Qwen2.5-0.5B shape with random weights (no download)."""
     import transformers
 
+    from bench.zoo import import_model_libraries
+
+    import_model_libraries()  # the bench extra's torchvision wheel breaks transformers' imports
+
     config = transformers.Qwen2Config(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,

@@ -13,6 +13,9 @@ depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real t
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +28,24 @@ from tests.helpers import BUILD_COUNTS, count_builds
 # the folders (mirroring the package) whose tests all compile, each test in isolation
 ISOLATED_FOLDERS = frozenset({"cache", "dynamo", "graph", "onnx", "runtimes", "tuning"})
 TESTS = Path(__file__).resolve().parent
+
+
+def _usable_torchvision() -> None:
+    """With the bench extra installed, the only reachable torchvision wheel is a CUDA build whose
+    import fails with the CPU torch (``operator torchvision::nms does not exist``), and
+    transformers fails through it: define its two op schemas first, as the benchmarks do
+    (:func:`bench.zoo.import_model_libraries`). Checked in a child process, so a working
+    torchvision is left alone."""
+    if importlib.util.find_spec("torchvision") is None:
+        return
+    probe = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True)
+    if b"torchvision::nms does not exist" in probe.stderr:
+        from bench.zoo import import_model_libraries
+
+        import_model_libraries()
+
+
+_usable_torchvision()
 
 
 @pytest.fixture(scope="session", autouse=True)
