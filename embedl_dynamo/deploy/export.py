@@ -57,6 +57,7 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes, runtime_settings
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.judge import flat_outputs
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 
@@ -330,6 +331,28 @@ def _pipeline(
     """The ``torch.compile`` pipeline (and ``mixed``'s choice, measured on the target's
     runtime)."""
     if not settings.precision.per_layer:
-        return run_pipeline(gm, args, target, settings)
+        return _half_form(gm, args, run_pipeline(gm, args, target, settings), target, settings)
     result = run_pipeline(gm, args, target, settings.float_copy())
     return apply_mixed(result, args, target.quantizer, settings, runtime=_mixed_runtime(target))
+
+
+def _half_form(
+    gm: Any,
+    args: tuple[torch.Tensor, ...],
+    result: PipelineResult,
+    target: Backend,
+    settings: Settings,
+) -> PipelineResult:
+    """``result``, for a half precision on a target whose CPU runtime has two forms of it
+    (OpenVINO: :func:`~embedl_dynamo.tuning.half_form.choose_half_form`), in the form that
+    runtime ran faster here within the budget: the typed graph, or the float graph whose file
+    asks for the half type (:mod:`~embedl_dynamo.graph.rest_precision`). The report's
+    ``half_form`` says which and why."""
+    choice = choose_half_form(
+        result.model, result.float_model, _mixed_runtime(target), gm, list(args), settings
+    )
+    if choice is None:
+        return result
+    choice.runtime.deactivate()
+    report = dict(result.report, half_form=choice.note)
+    return PipelineResult(choice.option.model, result.plan, report, result.float_model)

@@ -146,10 +146,16 @@ def write_verified(
         with stages.run("verify"):
             reference = result.model if result.model is not result.float_model else model
             extra = judging_sample(list(args), settings.calibration_data)[1:]
-            check = verify_onnx(
-                tmp, args, reference, model, settings.precision, settings.dynamic_batch,
-                tolerance, settings.accuracy_budget, extra,
-            )  # fmt: skip
+            try:
+                check = verify_onnx(
+                    tmp, args, reference, model, settings.precision, settings.dynamic_batch,
+                    tolerance, settings.accuracy_budget, extra,
+                )  # fmt: skip
+            except VerificationError as exc:  # ONNX Runtime could not run the file
+                if verify:
+                    raise
+                nan = float("nan")
+                check = Verification(nan, None, "model (not run)", (), None, str(exc))
         message = verification_message(path, check, settings)
         if not check.passed and verify:
             raise VerificationError(

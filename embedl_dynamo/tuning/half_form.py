@@ -6,10 +6,11 @@ Two forms compute the same half precision, and which is faster depends on the mo
   layers in the half type, Cast nodes around every fp32 island (norms, reductions,
   squeeze-excite pooling, outputs). TensorRT's strongly typed networks need this form, and
   every other runtime keeps it;
-* the **f32 graph with the hint** (:class:`~embedl_dynamo.runtimes.openvino.runtime.OpenVINOHalfHintRuntime`):
-  the float graph compiled with ``INFERENCE_PRECISION_HINT`` set to the half type, so
-  OpenVINO's CPU plugin keeps its own precision-sensitive ops in f32 and pays no casts between
-  them; what OpenVINO's own users get by default on a CPU with bf16.
+* the **f32 graph with the hint**: the float graph whose file asks for the half type
+  (:mod:`~embedl_dynamo.graph.rest_precision`), compiled with ``INFERENCE_PRECISION_HINT`` set
+  to it, so OpenVINO's CPU plugin keeps its own precision-sensitive ops in f32 and pays no
+  casts between them; what OpenVINO's own users get by default on a CPU with bf16. Offered
+  only where the CPU computes in the half type (else the hint would run f32).
 
 :func:`choose_half_form` builds both, holds each to ``accuracy_budget`` on the build sample,
 times them (:func:`~embedl_dynamo.tuning.runtime_choice.fastest`, so the decision is cached
@@ -27,10 +28,11 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.rest_precision import with_rest_precision
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
-from embedl_dynamo.runtimes.openvino.compile import half_hint
-from embedl_dynamo.runtimes.openvino.runtime import OpenVINOHalfHintRuntime, OpenVINORuntime
+from embedl_dynamo.runtimes.openvino.compile import computes_in, half_hint
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_precision_outputs, judge_against
 from embedl_dynamo.tuning.runtime_choice import RunOption, RuntimeChoice, fastest
@@ -53,16 +55,19 @@ def half_form_options(
     runtime_cls: type[Runtime],
     precision: Precision,
 ) -> list[RunOption] | None:
-    """The two forms of a half-precision graph on OpenVINO, typed first (ties keep it); None
-    where there is one form only (not a half precision, no float graph, not OpenVINO)."""
+    """The two forms of a half-precision graph on OpenVINO, typed first (ties keep it); the
+    typed one alone where the CPU does not compute in the half type; None where there is one
+    form only (not a half precision, no float graph, not OpenVINO)."""
     if precision.half_dtype is None or float_model is None:
         return None
-    if half_hint(precision.half_dtype) is None or not issubclass(runtime_cls, OpenVINORuntime):
+    hint = half_hint(precision.half_dtype)
+    if hint is None or not issubclass(runtime_cls, OpenVINORuntime):
         return None
-    return [
-        RunOption(_label(runtime_cls, TYPED, precision), runtime_cls, model, True),
-        RunOption(_label(runtime_cls, HINT, precision), OpenVINOHalfHintRuntime, float_model, True),
-    ]
+    typed = RunOption(_label(runtime_cls, TYPED, precision), runtime_cls, model, True)
+    if not computes_in(hint):
+        return [typed]
+    hinted = with_rest_precision(float_model, precision.name)
+    return [typed, RunOption(_label(runtime_cls, HINT, precision), runtime_cls, hinted, True)]
 
 
 def _within_budget(
@@ -92,10 +97,12 @@ def _within_budget(
     return judge
 
 
-def half_form_note(choice: RuntimeChoice, name: str) -> str:
+def half_form_note(choice: RuntimeChoice, precision: Precision) -> str:
     """The report line of the decision: ``"bf16 on openvino: f32 graph + bf16 hint (timed
-    0.60x the typed graph)"``; the cached decision and a form that did not build are said."""
+    0.60x the typed graph)"``; the cached decision, a CPU without the half type and a form that
+    did not build are said."""
     runtime, form = choice.option.label.split(": ", 1)
+    hint = half_hint(precision.half_dtype) or precision.name
     other = "f32 graph + hint" if form.startswith("typed") else "typed graph"
     if len(choice.timings) > 1:
         loser = next(label for label in choice.timings if label != choice.option.label)
@@ -103,9 +110,11 @@ def half_form_note(choice: RuntimeChoice, name: str) -> str:
         why = f"timed {ratio:.2f}x the {other}"
     elif "cached" in choice.note:
         why = "cached decision for this architecture on this CPU; not timed"
+    elif not computes_in(hint):
+        why = f"this CPU does not compute in {hint}: the f32 graph + hint would run f32"
     else:
         why = f"the {other} did not build or missed accuracy_budget"
-    return f"{name} on {runtime}: {form} ({why})"
+    return f"{precision.name} on {runtime}: {form} ({why})"
 
 
 def choose_half_form(
@@ -139,5 +148,5 @@ def choose_half_form(
     lower = [o.model for o in options]
     judge = _within_budget(original, inputs, lower, settings.accuracy_budget)
     choice = fastest(options, inputs, settings, axes, judge)
-    note = half_form_note(choice, settings.precision.name)
+    note = half_form_note(choice, settings.precision)
     return dataclasses.replace(choice, note=note)

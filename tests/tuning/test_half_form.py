@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 
+import onnx
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,10 +14,16 @@ import torch.nn.functional as F
 import embedl_dynamo
 from embedl_dynamo.backends.openvino import BACKEND
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.graph.rest_precision import (
+    ONNX_REST_PRECISION,
+    rest_precision,
+    with_rest_precision,
+)
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.precision import get_precision
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from embedl_dynamo.runtimes.openvino.runtime import OpenVINOHalfHintRuntime, OpenVINORuntime
+from embedl_dynamo.runtimes.openvino.compile import cpu_capabilities
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning import half_form, runtime_choice
 from tests.helpers import BUILD_COUNTS, count_builds
@@ -66,17 +73,18 @@ def _choose(result, frozen, x, settings):
 
 
 @needs_bf16
-@pytest.mark.parametrize(("winner", "runtime", "other"), [
-    (HINT, OpenVINOHalfHintRuntime, "typed graph"),
-    (TYPED, OpenVINORuntime, "f32 graph + hint"),
+@pytest.mark.parametrize(("winner", "rest", "other"), [
+    (HINT, "bf16", "typed graph"),
+    (TYPED, None, "f32 graph + hint"),
 ])  # fmt: skip
 def test_the_faster_form_runs_and_the_note_says_by_how_much(
-    monkeypatch, tmp_path, winner, runtime, other
+    monkeypatch, tmp_path, winner, rest, other
 ):
     _, frozen, result, x = _graphs()
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _timed(winner))
     choice = _choose(result, frozen, x, Settings(precision="bf16", cache_dir=tmp_path))
-    assert type(choice.runtime) is runtime and choice.runtime.active
+    assert type(choice.runtime) is OpenVINORuntime and choice.runtime.active
+    assert rest_precision(choice.option.model) == rest
     assert choice.runtime.build_info["inference_precision"] == "bf16"
     form = winner.split(": ")[1]
     assert choice.note == f"bf16 on openvino: {form} (timed 0.50x the {other})"
@@ -114,7 +122,7 @@ def test_the_hint_artifact_computes_in_bf16_within_the_budget(tmp_path):
     """Not the f32 numbers (which would mean the hint was ignored), and within the budget."""
     model, _, result, x = _graphs()
     settings = Settings(precision="bf16", cache_dir=tmp_path)
-    hinted = OpenVINOHalfHintRuntime(settings).build(result.float_model, [x])
+    hinted = OpenVINORuntime(settings).build(with_rest_precision(result.float_model, "bf16"), [x])
     f32 = OpenVINORuntime(Settings(cache_dir=tmp_path)).build(result.float_model, [x])
     with torch.no_grad():
         expected = model(x).flatten().double()
@@ -145,8 +153,8 @@ def test_the_two_forms_are_offered_typed_first_both_as_bf16():
         result.model, result.float_model, OpenVINORuntime, get_precision("bf16")
     )
     assert [o.label for o in options] == [TYPED, HINT]
-    assert options[0].model is result.model and options[1].model is result.float_model
-    assert [o.runtime for o in options] == [OpenVINORuntime, OpenVINOHalfHintRuntime]
+    assert options[0].model is result.model and rest_precision(options[1].model) == "bf16"
+    assert [o.runtime for o in options] == [OpenVINORuntime, OpenVINORuntime]
     assert all(o.lower_precision for o in options)  # timed on equal terms: no margin between
 
 
@@ -171,15 +179,20 @@ def no_bf16_cpu(monkeypatch):
 
     real = ov.Core
     monkeypatch.setattr(ov, "Core", lambda: _NoHalfCore(real()))
+    cpu_capabilities.cache_clear()
+    yield
+    cpu_capabilities.cache_clear()
 
 
-def test_without_bf16_the_hint_form_refuses_and_the_typed_graph_says_it_runs_f32(
+def test_without_bf16_only_the_typed_graph_is_offered_and_it_says_it_runs_f32(
     no_bf16_cpu, tmp_path, caplog
 ):
     _, _, result, x = _graphs()
     settings = Settings(precision="bf16", cache_dir=tmp_path)
-    with pytest.raises(RuntimeError, match=r"this CPU does not compute in bf16 .*use the typed"):
-        OpenVINOHalfHintRuntime(settings).build(result.float_model, [x])
+    options = half_form.half_form_options(
+        result.model, result.float_model, OpenVINORuntime, get_precision("bf16")
+    )
+    assert [o.label for o in options] == [TYPED]  # the hint would run f32
     typed = OpenVINORuntime(settings).build(result.model, [x])
     assert typed.build_info["inference_precision"] == "f32"
     note = typed.build_info["half_precision_note"]
@@ -194,21 +207,47 @@ def test_without_bf16_the_typed_graph_runs_and_the_note_says_why(
     choice = _choose(result, frozen, x, Settings(precision="bf16", cache_dir=tmp_path))
     assert type(choice.runtime) is OpenVINORuntime
     assert choice.note == (
-        "bf16 on openvino: typed bf16 graph (the f32 graph + hint did not build or missed "
-        "accuracy_budget)"
+        "bf16 on openvino: typed bf16 graph (this CPU does not compute in bf16: the f32 graph "
+        "+ hint would run f32)"
     )
 
 
 @needs_bf16
 def test_a_form_below_the_budget_is_not_chosen_however_fast(monkeypatch, tmp_path):
     _, frozen, result, x = _graphs()
-    real_infer = OpenVINOHalfHintRuntime._infer
+    real_infer = OpenVINORuntime._infer
 
-    def negated(self, args):  # cosine -1 to the float model: far below any budget
-        return tuple(-t for t in real_infer(self, args))
+    def negated(self, args):  # the hint form: cosine -1 to the float model, below any budget
+        outputs = real_infer(self, args)
+        model = onnx.load(self.build_info["artifact"], load_external_data=False)
+        hinted = any(p.key == ONNX_REST_PRECISION for p in model.metadata_props)
+        return tuple(-t for t in outputs) if hinted else outputs
 
-    monkeypatch.setattr(OpenVINOHalfHintRuntime, "_infer", negated)
+    monkeypatch.setattr(OpenVINORuntime, "_infer", negated)
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _no_timing)  # one form built
     choice = _choose(result, frozen, x, Settings(precision="bf16", cache_dir=tmp_path))
     assert type(choice.runtime) is OpenVINORuntime
     assert choice.note.endswith("(the f32 graph + hint did not build or missed accuracy_budget)")
+
+
+@needs_bf16
+@pytest.mark.parametrize(("winner", "rest"), [(HINT, "bf16"), (TYPED, None)])
+def test_export_writes_the_form_openvino_ran_faster(monkeypatch, tmp_path, winner, rest):
+    """The f32 graph + hint form is a float file whose metadata asks for bf16; the typed form
+    carries bf16 tensors. Either way the sidecar says which form and why."""
+    import json
+
+    model, _, _, x = _graphs()
+    monkeypatch.setattr(runtime_choice, "measure_runtimes", _timed(winner))
+    # ONNX Runtime, which verifies exports, has no bf16 Conv: the typed file goes unverified
+    path = embedl_dynamo.export(model, (x,), tmp_path / "m.onnx", backend="openvino",
+                                precision="bf16", verify=rest is not None,
+                                options={"cache_dir": str(tmp_path / "c")})  # fmt: skip
+    written = onnx.load(path)
+    props = {p.key: p.value for p in written.metadata_props}
+    assert props.get(ONNX_REST_PRECISION) == rest
+    bf16 = onnx.TensorProto.BFLOAT16
+    typed = any(t.data_type == bf16 for t in written.graph.initializer)
+    assert typed == (rest is None)
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert winner.split(": ")[1] in json.dumps(sidecar)

@@ -25,6 +25,7 @@ from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
 
 __all__ = [
     "compile_openvino",
+    "computes_in",
     "cpu_capabilities",
     "half_hint",
     "inference_precision",
@@ -107,6 +108,11 @@ def cpu_capabilities() -> tuple[str, ...]:
     import openvino as ov
 
     return tuple(ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+
+
+def computes_in(hint: str) -> bool:
+    """Whether this CPU computes in OpenVINO's half type ``hint`` (``bf16``/``f16``)."""
+    return _HALF_CAPABILITY.get(hint, hint.upper()) in cpu_capabilities()
 
 
 def inference_precision(model: Any, capabilities: Sequence[str]) -> str:

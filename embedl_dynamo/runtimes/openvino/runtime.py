@@ -8,10 +8,11 @@ compute a float model in bf16); a ``bf16``/``fp16`` file (``precision="bf16"``),
 file whose unquantized layers ``mixed`` chose to run in bf16, in that type where the CPU
 computes in it (AVX512_BF16 or AMX), else in ``f32``, which ``build_info`` and a warning say.
 
-The half precisions have a second form here: :class:`OpenVINOHalfHintRuntime` compiles the
-*float* file with the half type as ``INFERENCE_PRECISION_HINT``, so the CPU plugin picks its own
-f32 islands (norms, reductions, pooling) instead of running the typed graph's casts; which
-form runs is decided by timing both (:mod:`embedl_dynamo.tuning.half_form`).
+The half precisions have a second form here: the *float* file whose metadata asks for the half
+type (:mod:`~embedl_dynamo.graph.rest_precision`), compiled with it as
+``INFERENCE_PRECISION_HINT``, so the CPU plugin picks its own f32 islands (norms, reductions,
+pooling) instead of running the typed graph's casts; which form runs is decided by timing
+both (:mod:`embedl_dynamo.tuning.half_form`).
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
@@ -48,12 +49,10 @@ from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (
     compile_openvino,
     cpu_capabilities,
-    half_hint,
 )
 from embedl_dynamo.settings import Settings
 
 __all__ = [
-    "OpenVINOHalfHintRuntime",
     "OpenVINORuntime",
     "openvino_node_times",
 ]
@@ -125,9 +124,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory would copy them
         path = self._artifact.path
-        self._compiled = compile_openvino(
-            path, self.settings.num_threads, info=self.build_info, hint=self._hint()
-        )
+        self._compiled = compile_openvino(path, self.settings.num_threads, info=self.build_info)
         self._request = self._compiled.create_infer_request()
         integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
         if integer:
@@ -135,10 +132,6 @@ class OpenVINORuntime(OnnxArtifactRuntime):
                 kind: sum(v for (k, _), v in integer.items() if k == kind)
                 for kind in sorted({k for k, _ in integer})
             }
-
-    def _hint(self) -> str | None:
-        """The ``INFERENCE_PRECISION_HINT`` this runtime forces (None: the file's types decide)."""
-        return None
 
     def layer_precisions(self) -> Counter[tuple[str, str]]:
         """What the CPU plugin runs: ``(layer type, precision) -> count`` over the compute
@@ -249,22 +242,6 @@ def _own(tensor: Any) -> Any:
 
 def _no_numpy(tensor: torch.Tensor) -> bool:
     return tensor.dtype in (torch.bfloat16, torch.complex32) or tensor.dtype.is_complex
-
-
-class OpenVINOHalfHintRuntime(OpenVINORuntime):
-    """OpenVINO on the *float* graph with ``settings.precision``'s half type as its
-    ``INFERENCE_PRECISION_HINT`` (``bf16``/``f16``): the form OpenVINO's own users get, where
-    the CPU plugin keeps its precision-sensitive ops in f32 itself. Its build fails, saying so,
-    on a CPU that does not compute in that type (it would silently run f32)."""
-
-    def _hint(self) -> str | None:
-        hint = half_hint(self.settings.precision.half_dtype)
-        if hint is None:
-            raise ValueError(
-                f"{type(self).__name__} runs a half precision (bf16, fp16), not "
-                f"precision={self.settings.precision.name!r}; use OpenVINORuntime"
-            )
-        return hint
 
 
 def openvino_node_times(
