@@ -15,7 +15,10 @@ performance counters (``PERF_COUNT``: real time per node, median over ``--runs``
 prints (1) the executed layer types and kernels per side, (2) the layer types only one side
 runs, (3) the time per layer type on each side, (4) the largest differences. With
 ``--rounds`` > 0 it also times both end to end, round-robin in this process
-(:func:`bench.measure.round_robin_medians`), as ours / openvino.
+(:func:`bench.measure.round_robin_medians`), as ratios to openvino: the two infer requests, ours
+through ``torch.compile(backend="embedl_openvino")`` (with ``f32``: Dynamo's and our per-call
+work on top of the same inference), and with ``--static`` both sides compiled with the input
+shape fixed (both files have a dynamic batch; the CPU plugin runs a static graph faster).
 
 The per-layer times come from counters inside each inference, so they move less with the load
 of a shared machine than end-to-end medians do; both are printed.
@@ -23,7 +26,7 @@ of a shared machine than end-to-end medians do; both are printed.
 Usage::
 
     python bench/ov_layer_compare.py --model mobilenet_v3_large [--hint bf16] [--rounds 20]
-        [--runs 50] [--threads 2] [--no-lowering] [--json out.json]
+        [--runs 50] [--threads 2] [--no-lowering] [--static] [--json out.json]
 """
 
 from __future__ import annotations
@@ -180,6 +183,58 @@ def _print_report(sides: dict[str, dict]) -> dict:
     return {"per_type": {s: per_type[s] for s in names}, "totals": totals}
 
 
+def _static_requests(model, x, args) -> dict[str, Any]:
+    """Both sides with the input shape fixed to ``x``'s (``Model.reshape``) before compiling:
+    what the CPU plugin makes of a static graph, against the dynamic batch both export."""
+    import openvino as ov
+
+    from embedl_dynamo.runtimes.openvino.lowering import lower_for_openvino
+
+    core = ov.Core()
+    ours = core.read_model(str(args.path))
+    lower_for_openvino(ours)
+    with torch.no_grad():
+        theirs = ov.convert_model(model, example_input=(x,))
+    properties = {"INFERENCE_PRECISION_HINT": args.hint, "INFERENCE_NUM_THREADS": args.threads}
+    requests = {}
+    for side, ov_model in (("ours static", ours), ("openvino static", theirs)):
+        ov_model.reshape({ov_model.inputs[0]: list(x.shape)})
+        requests[side] = core.compile_model(ov_model, "CPU", properties).create_infer_request()
+    return requests
+
+
+def _end_to_end(model, x, compiled: dict, args) -> dict:
+    """Both sides timed round-robin (as raw infer requests; and ours as the user runs it,
+    ``torch.compile(backend="embedl_openvino")``, with its per-call work); ratios to openvino."""
+    feeds = [x.numpy()]
+    requests = {s: c.create_infer_request() for s, c in compiled.items()}
+    with torch.no_grad():
+        ref = model(x).numpy()
+    for side, request in requests.items():
+        out = request.infer(feeds)[0]
+        print(f"{side}: max abs diff to eager {float(np.abs(out - ref).max()):.2e}")
+    fns = {s: (lambda r=r: r.infer(feeds)) for s, r in requests.items()}
+    if args.static:
+        for side, request in _static_requests(model, x, args).items():
+            fns[side] = lambda r=request: r.infer(feeds)
+    if args.hint == "f32":
+        options = {
+            "precision": "fp32",
+            "num_threads": args.threads,
+            "cache_dir": tempfile.mkdtemp(prefix="ov_layer_compare_cache_"),
+        }
+        ours_compiled = torch.compile(model, backend="embedl_openvino", options=options)
+        with torch.no_grad():
+            ours_compiled(x)
+        fns["ours (torch.compile)"] = lambda: ours_compiled(x)
+    medians = round_robin_medians(fns, args.rounds)
+    print(f"\nend to end ({args.rounds} rounds, medians)")
+    for side, seconds in medians.items():
+        ratio = seconds / medians["openvino"]
+        print(f"  {side:<22} {seconds * 1e3:8.3f} ms  {ratio:.3f}x openvino")
+    return {"medians_s": medians, "ratio": medians["ours"] / medians["openvino"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="mobilenet_v3_large", choices=sorted(ZOO))
@@ -188,6 +243,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50, help="profiled runs per side")
     parser.add_argument("--rounds", type=int, default=0, help="end-to-end rounds (0: none)")
     parser.add_argument("--no-lowering", action="store_true", help="ours without our lowering")
+    parser.add_argument(
+        "--static", action="store_true", help="end to end also with the input shape fixed"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -197,7 +255,7 @@ def main() -> None:
     feeds = [x.numpy()]
     profile = {"PERF_COUNT": True}
     sides: dict[str, dict] = {}
-    path = export_fp32(model, x)
+    path = args.path = export_fp32(model, x)
     builders = {
         "ours": lambda cfg: _ours(path, args.hint, args.threads, not args.no_lowering, cfg),
         "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg),
@@ -214,21 +272,7 @@ def main() -> None:
     print(f"{args.model}, hint {args.hint}, {args.threads} threads, {args.runs} profiled runs")
     result = _print_report(sides)
     if args.rounds:
-        requests = {s: c.create_infer_request() for s, c in compiled.items()}
-        with torch.no_grad():
-            ref = model(x).numpy()
-        for side, request in requests.items():
-            out = request.infer(feeds)[0]
-            print(f"{side}: max abs diff to eager {float(np.abs(out - ref).max()):.2e}")
-        medians = round_robin_medians(
-            {s: (lambda r=r: r.infer(feeds)) for s, r in requests.items()}, args.rounds
-        )
-        ratio = medians["ours"] / medians["openvino"]
-        print(
-            f"\nend to end ({args.rounds} rounds): ours {medians['ours'] * 1e3:.3f} ms, "
-            f"openvino {medians['openvino'] * 1e3:.3f} ms, ours/openvino {ratio:.3f}"
-        )
-        result["end_to_end"] = {"medians_s": medians, "ratio": ratio}
+        result["end_to_end"] = _end_to_end(model, x, compiled, args)
     if args.json:
         result["sides"] = sides
         args.json.write_text(json.dumps(result, indent=1))
