@@ -11,7 +11,8 @@ threads:
 
 It then reads what the CPU plugin made of each (``compiled.get_runtime_model()``: per executed
 layer its ``layerType``, ``primitiveType`` (the kernel), ``runtimePrecision``, ``outputLayouts``) and the
-performance counters (``PERF_COUNT``: real time per node, median over ``--runs`` calls), and
+performance counters (``PERF_COUNT``: real time per node, median over ``--runs`` calls, the two
+sides called in turn), and
 prints (1) the executed layer types and kernels per side, (2) the layer types only one side
 runs, (3) the time per layer type on each side, (4) the largest differences. With
 ``--rounds`` > 0 it also times both end to end, round-robin in this process
@@ -113,21 +114,28 @@ def runtime_layers(compiled: Any) -> list[dict[str, str]]:
 
 
 def node_times(
-    compiled: Any, feeds: list[np.ndarray], runs: int
-) -> dict[str, tuple[str, str, float]]:
-    """Node name -> (type, exec type, median ms) from the performance counters over ``runs``."""
-    request = compiled.create_infer_request()
-    for _ in range(5):
-        request.infer(feeds)
-    samples: dict[str, list[float]] = defaultdict(list)
+    compiled: dict[str, Any], feeds: list[np.ndarray], runs: int
+) -> dict[str, dict[str, tuple[str, str, float]]]:
+    """Per side, node name -> (type, exec type, median ms) from the performance counters over
+    ``runs`` calls, the sides called in turn (so a change in the machine's load bills both)."""
+    requests = {side: c.create_infer_request() for side, c in compiled.items()}
+    samples: dict[str, dict[str, list[float]]] = {side: defaultdict(list) for side in requests}
     kinds: dict[str, tuple[str, str]] = {}
-    for _ in range(runs):
-        request.infer(feeds)
-        for info in request.profiling_info:
-            if str(info.status).endswith(".EXECUTED"):
-                samples[info.node_name].append(info.real_time.total_seconds() * 1000.0)
-                kinds[info.node_name] = (info.node_type, info.exec_type)
-    return {n: (*kinds[n], statistics.median(v)) for n, v in samples.items()}
+    for run in range(5 + runs):
+        order = list(requests) if run % 2 else list(requests)[::-1]
+        for side in order:
+            requests[side].infer(feeds)
+            if run < 5:  # warm-up
+                continue
+            for info in requests[side].profiling_info:
+                if str(info.status).endswith(".EXECUTED"):
+                    ms = info.real_time.total_seconds() * 1000.0
+                    samples[side][info.node_name].append(ms)
+                    kinds[info.node_name] = (info.node_type, info.exec_type)
+    return {
+        side: {n: (*kinds[n], statistics.median(v)) for n, v in nodes.items()}
+        for side, nodes in samples.items()
+    }
 
 
 def _per_type(times: dict[str, tuple[str, str, float]]) -> dict[str, tuple[int, float]]:
@@ -254,21 +262,16 @@ def main() -> None:
     model, (x,) = ZOO[args.model][1]()
     feeds = [x.numpy()]
     profile = {"PERF_COUNT": True}
-    sides: dict[str, dict] = {}
     path = args.path = export_fp32(model, x)
     builders = {
         "ours": lambda cfg: _ours(path, args.hint, args.threads, not args.no_lowering, cfg),
         "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg),
     }
-    compiled = {}
-    for side, build in builders.items():
-        profiled = build(profile)
-        sides[side] = {
-            "layers": runtime_layers(profiled),
-            "times": node_times(profiled, feeds, args.runs),
-        }
-        if args.rounds:
-            compiled[side] = build({})
+    profiled = {side: build(profile) for side, build in builders.items()}
+    times = node_times(profiled, feeds, args.runs)
+    sides = {s: {"layers": runtime_layers(c), "times": times[s]} for s, c in profiled.items()}
+    del profiled
+    compiled = {side: build({}) for side, build in builders.items()} if args.rounds else {}
     print(f"{args.model}, hint {args.hint}, {args.threads} threads, {args.runs} profiled runs")
     result = _print_report(sides)
     if args.rounds:
