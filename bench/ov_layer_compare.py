@@ -6,15 +6,15 @@ threads:
 
 * **ours**: the fp32 file of ``embedl_dynamo.export(..., backend="openvino", precision="fp32")``
   through :func:`embedl_dynamo.runtimes.openvino.compile.compile_openvino` (so with our
-  OpenVINO lowering; ``--no-lowering`` compiles the file as OpenVINO reads it);
+  OpenVINO lowering; ``--no-lowering`` compiles this side's file as OpenVINO reads it);
 * **openvino**: ``ov.convert_model(model, example_input=x)``, what an OpenVINO user does.
 
 It then reads what the CPU plugin made of each (``compiled.get_runtime_model()``: per executed
-layer its ``layerType``, ``primitiveType`` (the kernel), ``runtimePrecision``, ``outputLayouts``) and the
-performance counters (``PERF_COUNT``: real time per node, median over ``--runs`` calls, the two
-sides called in turn), and
-prints (1) the executed layer types and kernels per side, (2) the layer types only one side
-runs, (3) the time per layer type on each side, (4) the largest differences. With
+layer its ``layerType``, ``primitiveType`` (the kernel), ``runtimePrecision`` and
+``outputLayouts``) and the performance counters (``PERF_COUNT``: real time per node, median
+over ``--runs`` calls, the two sides called in turn), and prints (1) the executed layer types
+and kernels per side, (2) the layer types only one side runs, (3) the time per layer type on
+each side, (4) the largest differences. With
 ``--rounds`` > 0 it also times both end to end, round-robin in this process
 (:func:`bench.measure.round_robin_medians`), as ratios to openvino: the two infer requests, ours
 through ``torch.compile(backend="embedl_openvino")`` (with ``f32``: Dynamo's and our per-call
@@ -55,9 +55,8 @@ from embedl_dynamo.runtimes.openvino import compile as ov_compile  # noqa: E402
 _NOT_WORK = {"Input", "Output", "Parameter", "Result", "Constant", "Const"}
 
 
-def export_fp32(model: torch.nn.Module, x: torch.Tensor) -> Path:
+def export_fp32(model: torch.nn.Module, x: torch.Tensor, directory: Path) -> Path:
     """Our fp32 ONNX file for the OpenVINO backend (what ``embedl_openvino`` caches)."""
-    directory = Path(tempfile.mkdtemp(prefix="ov_layer_compare_"))
     return embedl_dynamo.export(
         model, (x,), directory / "model.onnx", backend="openvino", precision="fp32"
     )
@@ -229,7 +228,7 @@ def _end_to_end(model, x, compiled: dict, args) -> dict:
         options = {
             "precision": "fp32",
             "num_threads": args.threads,
-            "cache_dir": tempfile.mkdtemp(prefix="ov_layer_compare_cache_"),
+            "cache_dir": str(args.path.parent / "cache"),
         }
         ours_compiled = torch.compile(model, backend="embedl_openvino", options=options)
         with torch.no_grad():
@@ -262,7 +261,8 @@ def main() -> None:
     model, (x,) = ZOO[args.model][1]()
     feeds = [x.numpy()]
     profile = {"PERF_COUNT": True}
-    path = args.path = export_fp32(model, x)
+    scratch = tempfile.TemporaryDirectory(prefix="ov_layer_compare_")
+    path = args.path = export_fp32(model, x, Path(scratch.name))
     builders = {
         "ours": lambda cfg: _ours(path, args.hint, args.threads, not args.no_lowering, cfg),
         "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg),
@@ -279,6 +279,7 @@ def main() -> None:
     if args.json:
         result["sides"] = sides
         args.json.write_text(json.dumps(result, indent=1))
+    scratch.cleanup()
 
 
 if __name__ == "__main__":
