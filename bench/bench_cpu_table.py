@@ -251,7 +251,14 @@ def bench_row(run: Run, batch: int) -> dict:
     return row
 
 
-def bench_model(name: str, batches: Sequence[int], rounds: int, backend: str, skip) -> list[dict]:
+def bench_model(
+    name: str,
+    batches: Sequence[int],
+    rounds: int,
+    backend: str,
+    skip,
+    budget: float | None = None,
+) -> list[dict]:
     """The rows of one model, one per batch size (the model is built once, then freed)."""
     family, build = {**ZOO, **SMOKE_ZOO}[name]
     torch.manual_seed(0)
@@ -261,7 +268,7 @@ def bench_model(name: str, batches: Sequence[int], rounds: int, backend: str, sk
         return [{"model": name, "batch": b, "error": one_line(exc)} for b in batches]
     rows = []
     with tempfile.TemporaryDirectory(prefix=f"embedl_bench_table_{name}_") as workdir:
-        run = Run(name, family, model, example, workdir, backend, rounds, skip)
+        run = Run(name, family, model, example, workdir, backend, rounds, skip, budget)
         for batch in batches:
             try:
                 rows.append(bench_row(run, batch))
@@ -385,7 +392,7 @@ def main() -> None:
     batches = [int(b) for b in args.batch.split(",")]
     rows = []
     for name in models:
-        rows += bench_model(name, batches, args.rounds, args.backend, skip)
+        rows += bench_model(name, batches, args.rounds, args.backend, skip, args.accuracy_budget)
         if args.json:  # after each model: a long run that stops keeps what it measured
             Path(args.json).write_text(json.dumps(rows, indent=1))
     print(table(rows))

@@ -29,10 +29,17 @@ BATCH = "batch"
 
 @dataclass(frozen=True)
 class DynamicAxes:
-    """Dynamic axes per input and per output: ``{axis: name}``, in graph order."""
+    """Dynamic axes per input and per output: ``{axis: name}``, in graph order.
+
+    ``static_graph``: Dynamo traced every input size as a constant, so its guards call this
+    graph with exactly the sizes it was compiled for (a new size compiles another graph); a
+    runtime may then build for those sizes alone, while the artifact keeps its dynamic axes
+    for the graphs that share it. Not part of :meth:`to_json` (the artifact is the same).
+    """
 
     inputs: tuple[Mapping[int, str], ...]
     outputs: tuple[Mapping[int, str], ...] = ()
+    static_graph: bool = False
 
     @property
     def any(self) -> bool:
@@ -84,8 +91,10 @@ def dynamic_axes(
         if isinstance(size, torch.SymInt):
             names[str(size)] = BATCH
     inputs = []
+    symbolic = False
     for index, tensor in zip(user_inputs, example_inputs):
         fake = _fake(placeholders[index])
+        symbolic |= any(isinstance(s, torch.SymInt) for s in getattr(fake, "shape", ()))
         axes: dict[int, str] = {}
         shape = getattr(fake, "shape", ())  # an int input (a 0-d tensor) has none
         for axis, size in enumerate(shape):
@@ -122,7 +131,7 @@ def dynamic_axes(
             ):
                 axes[0] = BATCH
         outputs.append(axes)
-    return DynamicAxes(tuple(inputs), tuple(outputs))
+    return DynamicAxes(tuple(inputs), tuple(outputs), static_graph=not symbolic)
 
 
 def batch_axes(

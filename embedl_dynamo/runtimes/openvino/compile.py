@@ -52,6 +52,7 @@ def compile_openvino(
     config: dict[str, Any] | None = None,
     info: dict[str, Any] | None = None,
     hint: str | None = None,
+    shapes: Sequence[Sequence[int]] | None = None,
 ) -> Any:
     """An ``openvino.CompiledModel`` of the ONNX file ``path`` on the CPU: the one place this
     package compiles them (lowered by :mod:`.openvino_lowering`, in the precision
@@ -66,6 +67,8 @@ def compile_openvino(
             ``half_precision_note``, when given.
         hint: compile with this ``INFERENCE_PRECISION_HINT`` (``bf16``/``f16``, see
             :func:`half_hint`) instead of the one the file's types ask for.
+        shapes: compile for exactly these input shapes (the CPU plugin then picks its kernels
+            and memory plan once); the file's dynamic axes when None.
 
     Raises:
         RuntimeError: OpenVINO cannot compile it, or ``hint`` is a type this CPU does not
@@ -83,6 +86,10 @@ def compile_openvino(
         )
     try:
         model = core.read_model(str(path))
+        if shapes is not None and len(shapes) == len(model.inputs):
+            model.reshape({port: list(shape) for port, shape in zip(model.inputs, shapes)})
+            if info is not None:
+                info["static_shapes"] = [list(shape) for shape in shapes]
         precision = hint or inference_precision(model, capabilities)
         note = _half_not_computed(model, capabilities, precision)
         properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, **(config or {})}

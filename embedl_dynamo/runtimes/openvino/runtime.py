@@ -44,7 +44,12 @@ from torch import fx
 
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
+from embedl_dynamo.runtimes.base import (
+    PROFILE_WARMUP_RUNS,
+    LayerProfiler,
+    Served,
+    package_version,
+)
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (
     compile_openvino,
@@ -83,6 +88,8 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         super().__init__(settings, dynamic_axes)
         self._compiled: Any = None
         self._request: Any = None
+        self._static_shapes: list[tuple[int, ...]] | None = None
+        self._dynamic: tuple[Any, Any] | None = None  # (compiled, request) for other sizes
 
     @classmethod
     def missing(cls) -> str | None:
@@ -113,6 +120,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         return [p.any_name for p in self._compiled.outputs] if self._compiled else []
 
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
+        axes = self.dynamic_axes
+        if axes is not None and axes.static_graph:  # Dynamo calls it with these sizes only
+            self._static_shapes = [tuple(t.shape) for t in example_inputs]
         artifact = self.artifact(gm, example_inputs)
         self.build_info = {"key": artifact.key, "artifact": str(artifact.final), "device": "CPU"}
         self._activate()
@@ -124,7 +134,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory would copy them
         path = self._artifact.path
-        self._compiled = compile_openvino(path, self.settings.num_threads, info=self.build_info)
+        self._compiled = compile_openvino(
+            path, self.settings.num_threads, info=self.build_info, shapes=self._static_shapes
+        )
         self._request = self._compiled.create_infer_request()
         integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
         if integer:
@@ -174,14 +186,32 @@ class OpenVINORuntime(OnnxArtifactRuntime):
     def _deactivate(self) -> None:
         self._compiled = None
         self._request = None
+        self._dynamic = None
+
+    def serve(self) -> Served:
+        # a compiled graph of static sizes is called with those only: the dynamic model the
+        # compile's checks on other sizes needed (calibration batches) is released
+        self._dynamic = None
+        return super().serve()
+
+    def _for_shapes(self, args: Sequence[torch.Tensor]) -> tuple[Any, Any]:
+        """(compiled model, infer request) for these inputs: the one built for the static
+        sizes, or, for other sizes, the file's dynamic model, compiled once when first needed."""
+        if self._static_shapes is None or [tuple(t.shape) for t in args] == self._static_shapes:
+            return self._compiled, self._request
+        if self._dynamic is None:
+            compiled = compile_openvino(self._artifact.path, self.settings.num_threads)
+            self._dynamic = (compiled, compiled.create_infer_request())
+        return self._dynamic
 
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        if len(args) != len(self._compiled.inputs):
-            raise ValueError(f"expected {len(self._compiled.inputs)} inputs, got {len(args)}")
+        compiled, request = self._for_shapes(args)
+        if len(args) != len(compiled.inputs):
+            raise ValueError(f"expected {len(compiled.inputs)} inputs, got {len(args)}")
         device = args[0].device if args else torch.device("cpu")
         feeds = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in args]
-        results = self._request.infer(feeds)
-        outputs = [results[port] for port in self._compiled.outputs]
+        results = request.infer(feeds)
+        outputs = [results[port] for port in compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
 
@@ -196,7 +226,8 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         outputs get memory of their own again: no later call touches the caller's tensors.
         """
         count = len(self._compiled.outputs)
-        if len(args) != len(self._compiled.inputs) or not in_place:
+        static = self._for_shapes(args)[0] is self._compiled
+        if len(args) != len(self._compiled.inputs) or not in_place or not static:
             return self._infer(args)
         aliased = {output % count: k for k, output in in_place.items() if -count <= output < count}
         usable = all(t.device.type == "cpu" and t.is_contiguous() for t in args)
