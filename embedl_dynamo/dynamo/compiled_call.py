@@ -269,6 +269,18 @@ def calibrated_input_bounds(quantized: fx.GraphModule) -> dict[int, float]:
     return bounds
 
 
+def _peak(tensor: torch.Tensor) -> float:
+    """The largest absolute value of ``tensor``; on the CPU through numpy, on one thread:
+    torch's own reduction wakes its thread pool, whose spinning threads then compete with the
+    runtime's for the cores during the inference that follows."""
+    if not tensor.numel():
+        return 0.0
+    if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
+        values = tensor.detach().numpy()
+        return float(max(values.max(), -values.min()))
+    return float(tensor.detach().abs().max())
+
+
 def watch_calibrated_ranges(
     infer: Callable[..., Any], bounds: dict[int, float], index: int
 ) -> Callable[..., Any]:
@@ -282,7 +294,7 @@ def watch_calibrated_ranges(
         if not warned:
             for position, bound in bounds.items():
                 tensor = inputs[position]
-                peak = float(tensor.detach().abs().max()) if tensor.numel() else 0.0
+                peak = _peak(tensor)
                 if peak > OUT_OF_RANGE * max(bound, 1e-12):
                     warned = True
                     warnings.warn(
