@@ -325,12 +325,12 @@ def test_subprocess_rebuilds_a_corrupt_entry(tmp_path):
     assert "is corrupt (size" in err and "rebuilding" in err
 
 
-def test_four_processes_share_one_cache_dir(tmp_path):
+def test_three_processes_share_one_cache_dir(tmp_path):
     cache = tmp_path / "shared"
-    procs = [_run_script(cache) for _ in range(4)]
+    procs = [_run_script(cache) for _ in range(3)]
     results = [_result(p) for p in procs]
     assert all(r["err"] < 1e-4 for r in results)
-    assert sum(r["builds"] for r in results) == 1  # one builder, three waited and reused
+    assert sum(r["builds"] for r in results) == 1  # one builder, two waited and reused
     assert len(list((cache / "onnx").glob("*/*.onnx"))) == 1
 
 

@@ -4,6 +4,7 @@ as a whole (:mod:`embedl_dynamo.tuning.mixed_race`)."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import torch
@@ -12,7 +13,10 @@ from embedl_dynamo.graph.rest_precision import rest_precision
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, node_times
 from embedl_dynamo.tuning import mixed_precision, mixed_race
 from embedl_dynamo.tuning.mixed_precision import choose_mixed
-from tests.tuning.test_mixed_precision import BATCHES, _calibrated, _fake_profile
+from tests.tuning.test_mixed_precision import BATCHES, _fake_profile
+from tests.tuning.test_mixed_precision import _calibrated as _calibrate
+
+_calibrated = functools.cache(_calibrate)  # read only here: choose_mixed builds new graphs
 
 
 class _HalfRuntime(OnnxRuntime):
