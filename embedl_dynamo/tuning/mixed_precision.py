@@ -62,7 +62,13 @@ from embedl_dynamo.tuning.mixed_layers import (
     decide_layers,
     layer_latencies,
 )
-from embedl_dynamo.tuning.mixed_race import LayerDecision, layer_records, race, settle
+from embedl_dynamo.tuning.mixed_race import (
+    INT8_FP32_REST,
+    LayerDecision,
+    layer_records,
+    race,
+    settle,
+)
 
 __all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
 
@@ -182,7 +188,8 @@ def _measure(
     def in_rest(gm: fx.GraphModule) -> fx.GraphModule:
         return with_rest_precision(gm, rest) if rest else gm
 
-    every_int8 = in_rest(calibrated.build()[0])
+    plain_int8 = calibrated.build()[0]
+    every_int8 = in_rest(plain_int8)
     # the all-INT8 graph is keyed and exported once: the artifact the runtime deploys is both
     # profiled here and timed as a whole below
     int8_artifact = None
@@ -216,6 +223,8 @@ def _measure(
         candidates["mixed"] = in_rest(calibrated.build(keep)[0])
     if full_cosine >= budget:
         candidates["int8"] = every_int8
+        if rest:  # INT8 everywhere with the rest in fp32: `int8` itself, which mixed must match
+            candidates[INT8_FP32_REST] = plain_int8
     timed = race(
         candidates, inputs, (sample, reference, budget),
         num_threads=num_threads, settings=settings, axes=axes, runtime=runtime,
@@ -229,7 +238,7 @@ def _measure(
     records = layer_records(calibrated, layers, best, timed, where)
     artifact = timed.held.get(best) if best != "fp32" else None
     judged = {"runtime": where, "artifact": artifact} if artifact else None
-    return layers.int8, records, judged, (rest if best != "fp32" else None)
+    return layers.int8, records, judged, (None if layers.rest == "fp32" else layers.rest)
 
 
 def _load(

@@ -5,7 +5,8 @@ whole graphs within the budget compete on the runtime, timed round-robin: fp32; 
 runtime has a rest precision (:meth:`~embedl_dynamo.runtimes.base.Runtime.rest_precision`:
 bf16 on OpenVINO on a CPU with AVX512_BF16 or AMX) the float graph in it; the per-layer INT8
 set; and INT8 everywhere, the last two with their unquantized layers in the rest precision
-where there is one. Each lower candidate is judged on the runtime (its integer kernels are
+where there is one (and then INT8 everywhere with an fp32 rest too, since the half type does
+not pay on every model). Each lower candidate is judged on the runtime (its integer kernels are
 what will run) against ``accuracy_budget`` and must beat fp32 by more than noise
 (:func:`.timer.fastest_of`). :func:`settle` picks the winner and :func:`layer_records` says,
 per layer, what runs and why.
@@ -27,7 +28,11 @@ from embedl_dynamo.tuning.judge import cosine, flat_outputs, sample_outputs
 from embedl_dynamo.tuning.layer_profile import time_graphs
 from embedl_dynamo.tuning.timer import fastest_of
 
-__all__ = ["LayerDecision", "Race", "layer_records", "race", "settle"]
+__all__ = ["INT8_FP32_REST", "LayerDecision", "Race", "layer_records", "race", "settle"]
+
+# the candidate INT8 everywhere with the rest in fp32 (what ``precision="int8"`` deploys), raced
+# beside the one with the runtime's half rest: the half type does not pay on every model
+INT8_FP32_REST = "int8 (fp32 rest)"
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +110,7 @@ def settle(
     if "mixed" in timed.refused and "int8" in timed.timings:
         # the per-layer set failed; INT8 everywhere holds
         layers.int8, layers.cosine = every, full_cosine
-    lower = {"mixed", "int8", layers.rest} - {"fp32"}
+    lower = {"mixed", "int8", INT8_FP32_REST, layers.rest} - {"fp32"}
     best = fastest_of(timed.timings, lower_precision=lower)
     timing = timed.shown()
     if best in ("fp32", layers.rest) and layers.int8:
@@ -116,9 +121,9 @@ def settle(
             reason = f"the INT8 set was not faster as a whole ({timing})"
         layers.reasons.update(dict.fromkeys(layers.int8, reason))
         layers.int8 = []
-    elif best == "int8":
+    elif best in ("int8", INT8_FP32_REST):
         layers.int8, layers.cosine = every, full_cosine
-    if best == "fp32":
+    if best in ("fp32", INT8_FP32_REST):
         layers.rest = "fp32"
     logger.info("mixed precision on %s, whole graphs: %s; chose %s", where, timing, best)
     return best
@@ -134,7 +139,7 @@ def layer_records(
     """One record per layer: id, precision, reason, sensitivity and latencies. A layer left out
     of INT8 runs in ``layers.rest``, or in fp32 where the runtime says it keeps it there."""
     timing = timed.shown()
-    if best == "int8":
+    if best in ("int8", INT8_FP32_REST):
         int8_reason = (
             f"INT8 everywhere was fastest as a whole on {where} ({timing}); "
             f"output cosine {layers.cosine:.4f}, within the budget"

@@ -13,6 +13,7 @@ from embedl_dynamo.graph.rest_precision import rest_precision
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, node_times
 from embedl_dynamo.tuning import mixed_precision, mixed_race
 from embedl_dynamo.tuning.mixed_precision import choose_mixed
+from embedl_dynamo.tuning.mixed_race import INT8_FP32_REST
 from tests.tuning.test_mixed_precision import BATCHES, _fake_profile
 from tests.tuning.test_mixed_precision import _calibrated as _calibrate
 
@@ -59,7 +60,7 @@ def _race(monkeypatch, times: dict[str, float], wrong=lambda name, gm: False) ->
     def time_graphs(graphs, inputs, judge=None, **_):
         seen.append({name: rest_precision(gm) for name, gm in graphs.items()})
         kept = [n for n, gm in graphs.items() if n == "fp32" or judge(n, _Built(gm, wrong(n, gm)))]
-        return {name: times[name] for name in kept}
+        return {name: times.get(name, times.get("int8", 0) + 1.0) for name in kept}
 
     monkeypatch.setattr(mixed_race, "time_graphs", time_graphs)
     return seen
@@ -78,7 +79,8 @@ def test_int8_where_faster_and_the_rest_in_bf16(monkeypatch) -> None:
     seen = _race(monkeypatch, {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0})
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
     # every lower candidate runs its unquantized layers in bf16; fp32 stays fp32
-    assert seen == [{"fp32": None, "bf16": "bf16", "mixed": "bf16", "int8": "bf16"}]
+    assert seen == [{"fp32": None, "bf16": "bf16", "mixed": "bf16", "int8": "bf16",
+                     INT8_FP32_REST: None}]  # fmt: skip
     precisions = Counter(r["precision"] for r in choice.layers)
     assert set(precisions) == {"int8", "bf16"} and precisions["int8"] >= len(fast)
     assert rest_precision(choice.model) == "bf16" and choice.report is not None
@@ -116,7 +118,8 @@ def test_int8_with_bf16_failing_the_budget_is_measured_again_with_fp32(monkeypat
     times = {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0}
     seen = _race(monkeypatch, times, wrong=lambda name, gm: rest_precision(gm) is not None)
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
-    assert [set(s) for s in seen] == [{"fp32", "bf16", "mixed", "int8"}, {"fp32", "mixed", "int8"}]
+    first = {"fp32", "bf16", "mixed", "int8", INT8_FP32_REST}
+    assert [set(s) for s in seen] == [first, {"fp32", "mixed", "int8"}]
     assert all(rest is None for rest in seen[1].values())
     assert {r["precision"] for r in choice.layers} == {"int8", "fp32"}
     assert rest_precision(choice.model) is None
@@ -132,3 +135,17 @@ def test_the_rest_precision_is_cached_with_the_decisions(monkeypatch, tmp_path) 
     second = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, **kwargs)
     assert len(seen) == 1  # the second call measured nothing
     assert second.layers == first.layers and rest_precision(second.model) == "bf16"
+
+
+def test_int8_with_an_fp32_rest_wins_where_the_half_rest_does_not_pay(monkeypatch) -> None:
+    """``mixed`` is never slower than ``int8`` itself: INT8 everywhere with the rest in fp32
+    races beside the bf16 rest, and wins where bf16 around INT8 costs more than it saves."""
+    calibrated = _calibrated()
+    _, modules = _fast_modules(calibrated)
+    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    times = {"fp32": 10.0, "bf16": 6.0, "mixed": 5.0, "int8": 5.5, INT8_FP32_REST: 4.0}
+    _race(monkeypatch, times)
+    choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
+    assert {r["precision"] for r in choice.layers} == {"int8"}
+    assert rest_precision(choice.model) is None and choice.report is not None
+    assert all(r["reason"].startswith("INT8 everywhere was fastest") for r in choice.layers)
