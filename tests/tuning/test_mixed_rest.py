@@ -66,16 +66,19 @@ def _race(monkeypatch, times: dict[str, float], wrong=lambda name, gm: False) ->
     return seen
 
 
-def _fast_modules(calibrated, count=3):
+def _profiled(monkeypatch, count=3):
+    """The calibrated graph, and the ids of its first ``count`` layers, which the stand-in
+    profile times faster in INT8 (the rest are not)."""
+    calibrated = _calibrated()
     layers = calibrated.placement.layers
     fast = [i for i, p in layers.items() if p.module][:count]
-    return fast, {layers[i].module for i in fast}
+    faster = _fake_profile({layers[i].module for i in fast})
+    monkeypatch.setattr(mixed_precision, "profile_graph", faster)
+    return calibrated, fast
 
 
 def test_int8_where_faster_and_the_rest_in_bf16(monkeypatch) -> None:
-    calibrated = _calibrated()
-    fast, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, fast = _profiled(monkeypatch)
     seen = _race(monkeypatch, {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0})
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
     # every lower candidate runs its unquantized layers in bf16; fp32 stays fp32
@@ -90,9 +93,7 @@ def test_int8_where_faster_and_the_rest_in_bf16(monkeypatch) -> None:
 
 
 def test_bf16_everywhere_when_it_wins_as_a_whole(monkeypatch) -> None:
-    calibrated = _calibrated()
-    _, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, _ = _profiled(monkeypatch)
     _race(monkeypatch, {"fp32": 10.0, "bf16": 5.0, "mixed": 7.0, "int8": 8.0})
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
     assert {r["precision"] for r in choice.layers} == {"bf16"}
@@ -102,9 +103,7 @@ def test_bf16_everywhere_when_it_wins_as_a_whole(monkeypatch) -> None:
 
 
 def test_fp32_wins_when_nothing_lower_is_faster(monkeypatch) -> None:
-    calibrated = _calibrated()
-    _, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, _ = _profiled(monkeypatch)
     _race(monkeypatch, {"fp32": 10.0, "bf16": 9.9, "mixed": 9.95, "int8": 12.0})
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
     assert {r["precision"] for r in choice.layers} == {"fp32"}
@@ -112,9 +111,7 @@ def test_fp32_wins_when_nothing_lower_is_faster(monkeypatch) -> None:
 
 
 def test_int8_with_bf16_failing_the_budget_is_measured_again_with_fp32(monkeypatch) -> None:
-    calibrated = _calibrated()
-    fast, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, fast = _profiled(monkeypatch)
     times = {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0}
     seen = _race(monkeypatch, times, wrong=lambda name, gm: rest_precision(gm) is not None)
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
@@ -126,9 +123,7 @@ def test_int8_with_bf16_failing_the_budget_is_measured_again_with_fp32(monkeypat
 
 
 def test_the_rest_precision_is_cached_with_the_decisions(monkeypatch, tmp_path) -> None:
-    calibrated = _calibrated()
-    _, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, _ = _profiled(monkeypatch)
     seen = _race(monkeypatch, {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0})
     kwargs = {"runtime": _HalfRuntime, "cache_dir": tmp_path}
     first = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, **kwargs)
@@ -140,9 +135,7 @@ def test_the_rest_precision_is_cached_with_the_decisions(monkeypatch, tmp_path) 
 def test_int8_with_an_fp32_rest_wins_where_the_half_rest_does_not_pay(monkeypatch) -> None:
     """``mixed`` is never slower than ``int8`` itself: INT8 everywhere with the rest in fp32
     races beside the bf16 rest, and wins where bf16 around INT8 costs more than it saves."""
-    calibrated = _calibrated()
-    _, modules = _fast_modules(calibrated)
-    monkeypatch.setattr(mixed_precision, "profile_graph", _fake_profile(modules))
+    calibrated, _ = _profiled(monkeypatch)
     times = {"fp32": 10.0, "bf16": 6.0, "mixed": 5.0, "int8": 5.5, INT8_FP32_REST: 4.0}
     _race(monkeypatch, times)
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)

@@ -34,7 +34,7 @@ import importlib.util
 import logging
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -149,39 +149,36 @@ class OpenVINORuntime(OnnxArtifactRuntime):
                 for kind in sorted({k for k, _ in integer})
             }
 
-    def layer_precisions(self) -> Counter[tuple[str, str]]:
-        """What the CPU plugin runs: ``(layer type, precision) -> count`` over the compute
-        layers of OpenVINO's runtime model (``Convolution``, ``FullyConnected``, ``MatMul``,
-        ``Subgraph`` for fused attention, ``Eltwise``, ...), precision ``u8``/``i8``/``f32``."""
-        counts: Counter[tuple[str, str]] = Counter()
+    def _compute_layers(self) -> Iterator[tuple[str, str, str]]:
+        """``(layer type, runtime precision, original layer names)`` of every compute layer of
+        OpenVINO's runtime model (not data, layout or shape bookkeeping)."""
         if self._compiled is None:
-            return counts
+            return
         for op in self._compiled.get_runtime_model().get_ordered_ops():
             info = op.get_rt_info()
             kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
             if kind in _NOT_COMPUTE:
                 continue
             precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
-            counts[(kind, precision)] += 1
-        return counts
+            names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
+            yield kind, precision, names
+
+    def layer_precisions(self) -> Counter[tuple[str, str]]:
+        """What the CPU plugin runs: ``(layer type, precision) -> count`` over the compute
+        layers of OpenVINO's runtime model (``Convolution``, ``FullyConnected``, ``MatMul``,
+        ``Subgraph`` for fused attention, ``Eltwise``, ...), precision ``u8``/``i8``/``f32``."""
+        return Counter((kind, precision) for kind, precision, _ in self._compute_layers())
 
     def module_precisions(self) -> dict[str, str]:
         """Module name -> the precision the CPU plugin runs its compute layers in (``bf16``,
         ``fp32``, ``int8``; the lowest where a module has several), from the runtime model's
         ``originalLayersNames`` (the exporter names nodes ``/gm/<module>/<op>``)."""
         found: dict[str, str] = {}
-        if self._compiled is None:
-            return found
-        for op in self._compiled.get_runtime_model().get_ordered_ops():
-            info = op.get_rt_info()
-            kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
-            if kind in _NOT_COMPUTE or "runtimePrecision" not in info:
-                continue
-            precision = _PRECISION_NAME.get(info["runtimePrecision"].astype(str))
-            names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
-            for name in names.split(","):
+        for _, runtime_precision, names in self._compute_layers():
+            precision = _PRECISION_NAME.get(runtime_precision)
+            for name in names.split(",") if precision is not None else ():
                 parts = name.split("/")
-                if precision is not None and len(parts) > 2 and parts[1] == "gm":
+                if len(parts) > 2 and parts[1] == "gm":
                     known = found.get(parts[2])
                     if known is None or _RANK[precision] < _RANK[known]:
                         found[parts[2]] = precision
