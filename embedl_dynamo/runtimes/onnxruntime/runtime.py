@@ -60,7 +60,10 @@ _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 # Every session's config entries (a caller's own value is kept):
 # * integer weights read by DequantizeLinear -> MatMul become MatMulNBits computing in int8
-#   (accuracy_level 4; lower levels dequantise the weights to float first);
+#   (accuracy_level 4; lower levels dequantise the weights to float first). A per-channel
+#   DequantizeLinear (int8 weight-only) takes blocks as long as K allows, up to 256 without
+#   padding ("-1"), instead of 32: the same scale in each block, so the same numbers, and the
+#   kernel streams the weights about a quarter faster;
 # * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
 #   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
 #   models too). Our float linears export as Gemm already, so they do not need it;
@@ -69,6 +72,7 @@ _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 #   Back-to-back calls are as fast either way.
 _SESSION_CONFIG = {
     "session.qdq_matmulnbits_accuracy_level": "4",
+    "session.qdq_matmulnbits_block_size": "-1",
     "optimization.disable_specified_optimizers": "MatMulAddFusion",
     "session.intra_op.allow_spinning": "0",
 }
