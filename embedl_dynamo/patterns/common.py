@@ -16,6 +16,7 @@ from embedl_dynamo.patterns.attention_decompose import ATTENTION_CONVERSION_PATT
 from embedl_dynamo.patterns.conv import CONV_PATTERNS
 from embedl_dynamo.patterns.conv_bn import CONV_BN_PATTERNS
 from embedl_dynamo.patterns.conversions import CONVERSION_PATTERNS
+from embedl_dynamo.patterns.explicit_attention import EXPLICIT_ATTENTION_PATTERNS
 from embedl_dynamo.patterns.grouped_query import GROUPED_QUERY_PATTERNS
 from embedl_dynamo.patterns.linear import LINEAR_PATTERNS
 from embedl_dynamo.patterns.pooling import AdaptiveAvgPool, StemConvBNReLUMaxPool
@@ -26,6 +27,7 @@ __all__ = ["COMMON_CONVERSION_PATTERNS", "COMMON_FUSION_PATTERNS"]
 COMMON_CONVERSION_PATTERNS = (
     *GROUPED_QUERY_PATTERNS,
     *ATTENTION_CONVERSION_PATTERNS,
+    *EXPLICIT_ATTENTION_PATTERNS,
     *CONVERSION_PATTERNS,
     *ADAPTIVE_POOL_PATTERNS,
 )

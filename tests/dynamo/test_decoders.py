@@ -7,7 +7,7 @@ SwiGLU and the causal / sliding-window masks run inside the compiled artifact; i
 eager's within the float bound, and every attention is fused. Grouped-query attention comes in
 both of transformers' forms: SDPA's ``enable_gqa`` (no mask) and ``repeat_kv`` before plain SDPA
 (with a mask: Mistral's sliding window, left padding); multi-query attention is one key/value
-head. Greedy ``generate()`` of Mistral and Phi-3 gives eager's tokens with the dynamic and the
+head. Attention written out op by op (``attn_implementation="eager"``) is fused too. Greedy ``generate()`` of Mistral and Phi-3 gives eager's tokens with the dynamic and the
 static cache.
 """
 
@@ -59,6 +59,7 @@ def _assert_fully_compiled(runtimes: set[str]) -> None:
 
 
 WINDOW = {"sliding_window": 4}
+EAGER = {"attn_implementation": "eager"}
 # (model, key/value heads, config fields, backend): each backend at least once, multi-query
 # (one key/value head) on a grouped-query model, Phi-3 with a partial and a full rotary
 PREFILL = [
@@ -70,6 +71,8 @@ PREFILL = [
     ("phi3", 2, {"partial_rotary_factor": 0.5}, "embedl_onnxruntime"),
     ("phi3", 4, {}, "embedl_tensorrt"),
     ("gpt2", 4, {}, "embedl_onnxruntime"),
+    # attention written out (transformers' "eager"): repeat_kv, matmul, softmax, matmul
+    ("llama", 2, EAGER, "embedl_onnxruntime"),
 ]
 # what each backend runs on a CPU (the tensorrt target picks a CPU runtime without a GPU)
 RUNTIMES = {
@@ -90,7 +93,9 @@ def test_prefill_compiles_as_one_graph_with_fused_attention(name, kv_heads, conf
     assert_close_to_scale(out, expected)
     _assert_fully_compiled(RUNTIMES[backend])
     assert _applied("scaled_dot_product_attention") == [True] * LAYERS
-    if 1 < kv_heads < 4 and "sliding_window" not in config:
+    if config == EAGER:
+        assert _applied("explicit_attention_masked") == [True] * LAYERS
+    elif 1 < kv_heads < 4 and "sliding_window" not in config:
         # no mask: transformers asks SDPA for grouped-query attention, which is expanded first
         # (the expanded SDPA is planned again, and declined: no longer grouped-query)
         assert _applied("expand_grouped_kv").count(True) == LAYERS
