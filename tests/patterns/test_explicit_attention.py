@@ -100,6 +100,8 @@ def test_written_out_attention_is_fused_on_every_target():
     for name in ("tensorrt", "onnxruntime", "openvino"):
         backend = backend_by_name(name)
         patterns = [*backend.conversion_patterns, *backend.fusion_patterns]
-        entries = embedl_dynamo.get_transformation_plan(_Attention(True).eval(), patterns, args).entries
+        entries = embedl_dynamo.get_transformation_plan(
+            _Attention(True).eval(), patterns, args
+        ).entries
         applied = {e.pattern.name for e in entries if e.apply}
         assert {"explicit_attention_masked", "scaled_dot_product_attention"} <= applied, name
