@@ -98,7 +98,8 @@ def _as_ort_value(array: np.ndarray) -> Any:
 
     elem = helper.np_dtype_to_tensor_dtype(array.dtype)
     if elem not in _BYTE_FED_TYPES.values():
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        # np.require keeps a 0-d array 0-d (np.ascontiguousarray makes it shape (1,))
+        return ort.OrtValue.ortvalue_from_numpy(np.require(array, requirements="C"))
     raw = numpy_helper.from_array(array).raw_data  # int4/int2 packed two/four to a byte
     # onnxruntime wants an array of the element's size and reads the (packed) bytes from its start
     buffer = np.zeros(array.shape, f"u{array.dtype.itemsize}")

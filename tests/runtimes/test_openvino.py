@@ -83,6 +83,13 @@ def test_openvino_errors_say_the_cause_not_the_source_file():
     assert (
         openvino_cause(RuntimeError("Exception from src/x.cpp:1:")) == "Exception from src/x.cpp:1:"
     )
+    inference = RuntimeError(
+        "Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+        "Check 'is_dynamic || port.get_shape() == tensor->get_shape()' failed at "
+        "src/plugins/intel_cpu/src/infer_request.cpp:669:\n"
+        "The input tensor size is not equal to the model input type: got [1] expecting [].\n"
+    )
+    assert openvino_cause(inference).startswith("The input tensor size is not equal")
 
 
 def test_openvino_target_runs_every_conv_and_linear_in_int8(tmp_path):

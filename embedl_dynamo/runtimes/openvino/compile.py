@@ -42,8 +42,9 @@ _REST_TYPE = {"bf16": "bf16", "fp16": "f16"}  # a rest precision -> OpenVINO's e
 
 def openvino_cause(exc: BaseException) -> str:
     """The line of an OpenVINO error that says what is wrong (its first lines only name the
-    C++ source files the exception passed through: ``Exception from src/...cpp:117:``)."""
-    return error_line(exc, with_type=False, skip=("Exception from ",))
+    C++ source files the exception passed through, ``Exception from src/...cpp:117:``, and
+    the condition that failed, ``Check 'x == y' failed at src/...cpp:669:``)."""
+    return error_line(exc, with_type=False, skip=("Exception from ", "Check '"))
 
 
 def compile_openvino(

@@ -30,6 +30,7 @@ serves both runtimes.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import statistics
@@ -54,6 +55,7 @@ from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (
     compile_openvino,
     cpu_capabilities,
+    openvino_cause,
 )
 from embedl_dynamo.settings import Settings
 
@@ -210,8 +212,11 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         if len(args) != len(compiled.inputs):
             raise ValueError(f"expected {len(compiled.inputs)} inputs, got {len(args)}")
         device = args[0].device if args else torch.device("cpu")
-        feeds = [np.ascontiguousarray(t.detach().cpu().numpy()) for t in args]
-        results = request.infer(feeds)
+        # np.require keeps a 0-d input 0-d (np.ascontiguousarray makes it shape (1,), which a
+        # model compiled for static sizes refuses)
+        feeds = [np.require(t.detach().cpu().numpy(), requirements="C") for t in args]
+        with _cause_named():
+            results = request.infer(feeds)
         outputs = [results[port] for port in compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
@@ -240,7 +245,8 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         for i, k in aliased.items():
             request.set_output_tensor(i, _shared(args[k]))
         try:
-            request.infer()
+            with _cause_named():
+                request.infer()
             outputs = [
                 args[aliased[i]]
                 if i in aliased
@@ -256,6 +262,16 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         for i in aliased:
             torch.autograd.graph.increment_version(outputs[i])
         return tuple(outputs)
+
+
+@contextlib.contextmanager
+def _cause_named() -> Iterator[None]:
+    """An OpenVINO inference error whose message starts with the cause (its first lines name
+    only the C++ source files it passed through, which the fallback warning would show)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        raise RuntimeError(f"OpenVINO inference failed: {openvino_cause(exc)}") from exc
 
 
 def _shared(tensor: torch.Tensor) -> Any:
