@@ -101,9 +101,11 @@ def _save_from_tensors(
         _to_blocked_opset(model)  # on the graph alone: the weights are inputs still
     graph, kept = model.graph, dict(weights)
 
-    def weight_of(name: str) -> tuple[tuple[int, ...], Any] | None:
+    def weight_of(name: str) -> tuple[tuple[int, ...], Any, Any] | None:
         weight = weights.get(name)
-        return None if weight is None else (tuple(weight.shape), lambda: tensor_bytes(weight))
+        if weight is None:
+            return None
+        return tuple(weight.shape), lambda: tensor_bytes(weight), weight
 
     stored, replaced = _replace_matmul_weights(graph, layers, weight_of, kept)
     still_read = {name for node in graph.node for name in node.input}
@@ -135,16 +137,43 @@ def _digest(data: np.ndarray) -> bytes:
     return hashlib.blake2b(memoryview(data), digest_size=16).digest()
 
 
-def _by_digest(layers: list[WeightOnlyLinear]) -> dict[tuple[tuple[int, ...], bytes], Any]:
-    """Each layer by the shape and digest of its ``W'.T`` (tied layers: the first). A layer
-    without its ``weight_t`` buffer (outside :func:`with_dense_weights`) dequantizes it here,
+class _LayerIndex:
+    """The weight-only layers by their ``W'.T``: by the memory of the tensor a layer holds
+    (the very tensor the exporter was given, so no byte needs reading), else by shape and a
+    digest of the bytes (tied layers: the first), computed only when first needed. A layer
+    without its ``weight_t`` buffer (outside :func:`with_dense_weights`) dequantizes it then,
     one layer at a time."""
-    by_digest: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] = {}
-    for layer in layers:
-        weight = layer.dense_weight_t().detach()
-        by_digest.setdefault((tuple(weight.shape), _digest(tensor_bytes(weight))), layer)
-        del weight
-    return by_digest
+
+    def __init__(self, layers: list[WeightOnlyLinear]) -> None:
+        self.layers = layers
+        self.shapes = {tuple(layer.codes.shape[::-1]) for layer in layers}  # W'.T: [K, N]
+        self.by_memory = {}
+        for layer in layers:
+            held = layer._buffers.get("weight_t")
+            if held is not None:
+                self.by_memory.setdefault(_memory(held), layer)
+        self._by_digest: dict[tuple[tuple[int, ...], bytes], WeightOnlyLinear] | None = None
+
+    def find(self, shape: tuple[int, ...], data: Callable[[], Any], tensor: Any) -> Any:
+        """The layer whose ``W'.T`` is this weight (``tensor`` when the exporter's weight is a
+        tensor, else None), or None."""
+        if shape not in self.shapes:
+            return None
+        if tensor is not None and (layer := self.by_memory.get(_memory(tensor))) is not None:
+            return layer
+        if self._by_digest is None:
+            self._by_digest = {}
+            for layer in self.layers:
+                weight = layer.dense_weight_t().detach()
+                key = (tuple(weight.shape), _digest(tensor_bytes(weight)))
+                self._by_digest.setdefault(key, layer)
+                del weight
+        return self._by_digest.get((shape, _digest(data())))
+
+
+def _memory(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """Where a tensor's bytes are and how they are laid out: equal keys, equal bytes."""
+    return (tensor.device, tensor.dtype, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())
 
 
 def with_dense_weights(export: Callable[..., Any]) -> Callable[..., Any]:
@@ -179,11 +208,11 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
     graph = model.graph
     initializers = {i.name: i for i in graph.initializer}
 
-    def weight_of(name: str) -> tuple[tuple[int, ...], Any] | None:
+    def weight_of(name: str) -> tuple[tuple[int, ...], Any, Any] | None:
         weight = initializers.get(name)
         if weight is None:
             return None
-        return tuple(weight.dims), lambda: np.frombuffer(_raw(weight), np.uint8)
+        return tuple(weight.dims), lambda: np.frombuffer(_raw(weight), np.uint8), None
 
     stored, replaced = _replace_matmul_weights(graph, layers, weight_of)
     still_read = {name for node in graph.node for name in node.input}
@@ -197,22 +226,21 @@ def store_weight_only(model: Any, layers: list[WeightOnlyLinear]) -> int:
 def _replace_matmul_weights(
     graph: Any,
     layers: list[WeightOnlyLinear],
-    weight_of: Callable[[str], tuple[tuple[int, ...], Callable[[], Any]] | None],
+    weight_of: Callable[[str], tuple[tuple[int, ...], Callable[[], Any], Any] | None],
     tensors: dict[str, Any] | None = None,
 ) -> tuple[int, set[str]]:
-    """Read each ``MatMul`` weight that equals a layer's ``W'.T`` (same shape and digest of
-    its bytes) through the layer's DequantizeLinear instead. ``weight_of(name)`` gives a
-    weight's shape and a function for its bytes (None: not a constant); the bytes are read only
-    for weights of a layer's shape. Returns how many were replaced, and their names."""
-    by_digest = _by_digest(layers)
-    shapes = {shape for shape, _ in by_digest}
+    """Read each ``MatMul`` weight that equals a layer's ``W'.T`` (the same tensor, or the
+    same shape and digest of its bytes) through the layer's DequantizeLinear instead.
+    ``weight_of(name)`` gives a weight's shape, a function for its bytes and the tensor itself
+    where there is one (None: not a constant); the bytes are read only for weights of a layer's
+    shape that are not the layer's own tensor. Returns how many were replaced, and their
+    names."""
+    index = _LayerIndex(layers)
     stored, replaced, nodes = 0, set(), []
     for node in graph.node:
         name = node.input[1] if node.op_type == "MatMul" and len(node.input) > 1 else ""
         found = weight_of(name) if name else None
-        layer = None
-        if found is not None and found[0] in shapes:
-            layer = by_digest.get((found[0], _digest(found[1]())))
+        layer = index.find(*found) if found is not None else None
         if layer is not None:
             dq = _dequantize_node(graph, layer, f"{name}_woq{stored}", tensors)
             nodes.append(dq)
