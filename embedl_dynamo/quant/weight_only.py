@@ -52,6 +52,7 @@ __all__ = [
     "WeightOnlySpec",
     "dense_weights",
     "dequantize_weight",
+    "dequantize_weight_t",
     "quantize_weight",
     "weight_only_graph",
     "weight_only_stage",
@@ -150,6 +151,20 @@ def dequantize_weight(
     return codes.mul_(scale[..., None]).reshape(n, k)
 
 
+def dequantize_weight_t(
+    q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """``W'.T``, float32 ``[K, N]`` and contiguous: the same numbers as
+    ``dequantize_weight(q, scale, zero).t().contiguous()``, with the integer codes transposed
+    (a quarter of the bytes to move) rather than the float weight."""
+    n, k = q.shape
+    groups = scale.shape[1]
+    codes = q.t().contiguous().float().reshape(groups, k // groups, n)
+    if zero is not None:
+        codes.sub_(zero.t().float()[:, None, :])
+    return codes.mul_(scale.t()[:, None, :]).reshape(k, n)
+
+
 class WeightOnlyLinear(nn.Module):
     """``act(x @ W'.T + b)`` with ``W'`` dequantized from integer codes (see the module).
 
@@ -209,7 +224,8 @@ def dense_weights(gm: nn.Module) -> Iterator[list[WeightOnlyLinear]]:
     layers = [m for m in gm.modules() if isinstance(m, WeightOnlyLinear)]
     added = [m for m in layers if m._buffers.get("weight_t") is None]
     for layer in added:
-        layer.register_buffer("weight_t", layer.dense_weight_t().contiguous())
+        weight_t = dequantize_weight_t(layer.codes, layer.scale, layer.zero_point)
+        layer.register_buffer("weight_t", weight_t.to(layer.dtype))
     try:
         yield layers
     finally:

@@ -15,6 +15,7 @@ from embedl_dynamo.quant.weight_only import (
     WeightOnlySpec,
     dense_weights,
     dequantize_weight,
+    dequantize_weight_t,
     quantize_weight,
     weight_only_graph,
     weight_only_stage,
@@ -123,6 +124,17 @@ def test_dequantised_weight_is_within_one_step_of_float(bits, symmetric):
     bound = scale[..., None] * (0.5 if symmetric else 1.0) + 1e-6
     assert (error <= bound).all()
     assert error.max() > 0  # it did quantize
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_transposed_dequantisation_gives_the_same_numbers(bits, symmetric):
+    """The exporter's ``W'.T`` is dequantized from transposed codes: bit for bit the same."""
+    torch.manual_seed(0)
+    q, scale, zero = quantize_weight(torch.randn(48, 256), WeightOnlySpec(bits, 64, symmetric))
+    weight_t = dequantize_weight_t(q, scale, zero)
+    assert weight_t.is_contiguous() and weight_t.shape == (256, 48)
+    assert torch.equal(weight_t, dequantize_weight(q, scale, zero).t())
 
 
 def test_budget_keeps_int4_layers_at_8_bits_and_reports_them(block):
