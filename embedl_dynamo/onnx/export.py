@@ -328,8 +328,10 @@ def _export(
             if exported is not None:
                 _mark_rest_precision(exported[0], gm)
             unwritten, folded = None, 0
-            if weight_only_layers(gm):  # integer weights: stored and written here
-                folded = save_weight_only(exported, path, weight_only_layers(gm))
+            if weight_only_layers(gm):  # integer weights, written as a float graph is
+                folded, unwritten = save_weight_only(
+                    exported, path, weight_only_layers(gm), write=not keep_unwritten
+                )
             elif exported is not None:
                 unwritten = unwritten_float_model(*exported)
                 if unwritten is None:  # Q/DQ nodes: weights folded to int8 as it is written

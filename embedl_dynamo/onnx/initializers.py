@@ -255,8 +255,9 @@ class UnwrittenOnnx:
     def ort_source(self) -> tuple[bytes, OrtInitializers] | None:
         """The serialised model with every weight marked as external data, and its arrays.
 
-        A weight the graph shares with the model (not a copy made by :meth:`make_contiguous`)
-        of at least :data:`SHARED_MIN_BYTES` is handed to ONNX Runtime by reference
+        A float weight the graph shares with the model (not a copy made by
+        :meth:`make_contiguous`) of at least :data:`SHARED_MIN_BYTES` is handed to ONNX Runtime
+        by reference
         (``OrtInitializers.shared``, at :data:`SHARED_LOCATION`): a kernel that does not repack
         it (``Gather`` on an embedding table) reads the model's own memory, so the sessions of
         one model's graphs (prefill, decode) do not each hold a copy. The others are copied by
@@ -274,7 +275,13 @@ class UnwrittenOnnx:
                 model.graph.initializer.append(tensor_proto(name, tensor))
                 continue
             arrays[name] = tensor.detach().contiguous().numpy()
-            shared = name not in copied and arrays[name].nbytes >= SHARED_MIN_BYTES
+            # integer weights (weight-only codes) are copied: ONNX Runtime's DequantizeLinear
+            # -> MatMulNBits fusion reads them from the file a shared one names
+            shared = (
+                name not in copied
+                and arrays[name].nbytes >= SHARED_MIN_BYTES
+                and tensor.is_floating_point()
+            )
             if shared:
                 arrays.shared.add(name)
             location = SHARED_LOCATION if shared else "in-memory"

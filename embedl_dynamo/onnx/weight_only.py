@@ -33,7 +33,7 @@ from torch import fx
 from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.onnx import external_data
-from embedl_dynamo.onnx.initializers import unwritten_float_model
+from embedl_dynamo.onnx.initializers import UnwrittenOnnx, unwritten_float_model
 from embedl_dynamo.quant.weight_only import WeightOnlyLinear, dense_weights
 
 __all__ = [
@@ -56,7 +56,8 @@ def save_weight_only(
     exported: tuple[Any, dict[str, torch.Tensor]] | None,
     path: Path,
     layers: list[WeightOnlyLinear],
-) -> int:
+    write: bool = True,
+) -> tuple[int, UnwrittenOnnx | None]:
     """Write the exported model with ``layers``' weights stored as integers, checked.
 
     From the TorchScript exporter's ``(model, weights)`` the float weights a layer replaces
@@ -70,14 +71,20 @@ def save_weight_only(
             wrote ``path`` itself (read back here).
         path: the ``.onnx`` file.
         layers: :func:`weight_only_layers` of the exported graph.
+        write: False: the checked model from ``exported`` is returned unwritten, for the
+            caller to write to ``path`` (and run from memory meanwhile), as a float graph is.
 
     Returns:
-        The number of weights stored as integers.
+        The number of weights stored as integers, and the unwritten model (None once written).
     """
     import onnx
 
     if exported is not None:
-        return _save_from_tensors(*exported, path, layers)
+        stored, unwritten = _save_from_tensors(*exported, layers)
+        if write:
+            unwritten.write(path)
+            unwritten = None
+        return stored, unwritten
     model = onnx.load(str(path))
     stored = store_weight_only(model, layers)
     if external_data.initializer_bytes(model) > external_data.EXTERNAL_DATA_BYTES:
@@ -87,14 +94,15 @@ def save_weight_only(
     onnx.checker.check_model(data)
     with open_hashed(path) as f:
         f.write(data)
-    return stored
+    return stored, None
 
 
 def _save_from_tensors(
-    model: Any, weights: dict[str, torch.Tensor], path: Path, layers: list[WeightOnlyLinear]
-) -> int:
-    """:func:`save_weight_only` for a model whose weights are still graph inputs, valued by
-    the exporter's ``weights``; 8-bit codes stay tensors, 4-bit ones are packed protos."""
+    model: Any, weights: dict[str, torch.Tensor], layers: list[WeightOnlyLinear]
+) -> tuple[int, UnwrittenOnnx]:
+    """:func:`save_weight_only`, unwritten, for a model whose weights are still graph inputs,
+    valued by the exporter's ``weights``; 8-bit codes stay tensors, 4-bit ones are packed
+    protos."""
     import onnx
 
     if any(layer.spec.bits == 4 for layer in layers):
@@ -123,8 +131,7 @@ def _save_from_tensors(
     unwritten = unwritten_float_model(model, kept)
     if unwritten is None:
         raise ValueError("a weight-only graph holds QuantizeLinear nodes: not supported")
-    unwritten.write(path)
-    return stored
+    return stored, unwritten
 
 
 def _onnx_type(tensor: torch.Tensor) -> int:

@@ -190,3 +190,28 @@ def test_the_torch_export_exporter_file_holds_the_same_integer_weights(tmp_path)
     ]
     one_file = [TensorProto.UINT4] * 3 + [TensorProto.UINT8]  # the head at 8 bits
     assert types == one_file * 2
+
+
+def test_a_compiled_graph_runs_its_large_integer_weights_from_memory(tmp_path):
+    """Regression: a compile runs the just-exported graph from memory while its file is
+    written; integer codes over ``SHARED_MIN_BYTES`` were handed to ONNX Runtime by reference,
+    its DequantizeLinear -> MatMulNBits fusion then read them from an empty file, and the
+    weight-only artifact was rejected for the float one."""
+    import embedl_dynamo
+    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1024, 1536), nn.ReLU(), nn.Linear(1536, 64)).eval()
+    assert 1536 * 1024 > SHARED_MIN_BYTES  # the first layer's uint8 codes
+    x = torch.randn(2, 1024)
+    options = {"precision": "int8_weight_only", "cache_dir": str(tmp_path)}
+    compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
+    with torch.no_grad():
+        out, expected = compiled(x), model(x)
+    (subgraph,) = embedl_dynamo.last_report().subgraphs
+    assert subgraph.runtime == "onnxruntime" and "rejected" not in subgraph.reason, subgraph.reason
+    assert subgraph.pipeline["precision"] == "int8_weight_only"
+    cosine = F.cosine_similarity(out.flatten(), expected.flatten(), 0).item()
+    assert cosine > 0.999
+    embedl_dynamo.wait_for_cache_writes()
+    assert list(tmp_path.rglob("*.onnx"))  # the file was written too
