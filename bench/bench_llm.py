@@ -15,7 +15,7 @@ linear weight and the output head, once per token, at the variant's bytes per we
 read bandwidth measured here (a large ``sum``, 2 threads).
 
 Usage: ``python -m bench.bench_llm [--layers 24] [--new-tokens 32 128] [--rounds 3]
-[--variants eager inductor ours-fp32 ...] [--backend embedl_onnxruntime] [--accuracy-budget 0.5]``
+[--variants eager inductor ours-fp32 ...] [--backend embedl_onnxruntime] [--accuracy-budget 0.5] [--json out.json] [--plot out.png]``
 
 Random weights are no test of accuracy (``tests/dynamo/test_perplexity.py`` is): their int4
 cosine to float falls below the default budget, which then keeps every linear at 8 bits, so
@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import statistics
 import time
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -128,6 +130,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="embedl_onnxruntime")
+    parser.add_argument("--json", help="also write the rows as JSON")
+    parser.add_argument("--plot", help="write a PNG of ms per token beside each roofline")
     parser.add_argument("--accuracy-budget", type=float, default=None,
                         help="our accuracy_budget: random weights put int4 below the default "
                              "0.99 cosine, which then keeps every linear at 8 bits")  # fmt: skip
@@ -161,11 +165,17 @@ def main() -> None:
                 start = time.perf_counter()
                 generate(model, ids, tokens, **kw)
                 times[(name, tokens)].append(time.perf_counter() - start)
-    report(variants, times, first_call, args, bandwidth, ids, reference)
+    rows = report(variants, times, first_call, args, bandwidth, ids, reference)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}))
+    if args.plot:
+        title = f"Qwen2.5-0.5B shape, {args.layers} layers, batch 1, 2 threads"
+        plot(rows, args.new_tokens[-1], title, args.plot)
 
 
-def report(variants, times, first_call, args, bandwidth, ids, reference) -> None:
-    eager_ms = None
+def report(variants, times, first_call, args, bandwidth, ids, reference) -> list[dict]:
+    """Print the table; return its rows (``--json``, ``--plot``)."""
+    eager_ms, rows = None, []
     columns = " | ".join(f"ms/token ({n} new)" for n in args.new_tokens)
     print(f"| variant | {columns} | TTFT ms | first generate() s | weights/token GB | "
           "roofline ms | tokens = eager |")  # fmt: skip
@@ -187,8 +197,32 @@ def report(variants, times, first_call, args, bandwidth, ids, reference) -> None
         cells = " | ".join(f"{ms:.1f}" for ms in per_token)
         print(f"| {name} | {cells} | {ttft * 1e3:.0f} | {first_call[name]:.1f} | "
               f"{weight_bytes / 1e9:.2f} | {roofline:.1f} | {same} |")  # fmt: skip
+        rows.append({"variant": name, "ms_per_token": dict(zip(args.new_tokens, per_token)),
+                     "ttft_ms": ttft * 1e3, "first_generate_s": first_call[name],
+                     "weight_gb": weight_bytes / 1e9, "roofline_ms": roofline})  # fmt: skip
     if eager_ms:
         print(f"(eager {eager_ms:.1f} ms/token at {args.new_tokens[-1]} new tokens)")
+    return rows
+
+
+def plot(rows: list[dict], tokens: int, title: str, path: str) -> None:
+    """Bars of ms per token at ``tokens`` new tokens, each with its roofline as a tick."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 2, 3.6))
+    xs = range(len(rows))
+    ax.bar(xs, [r["ms_per_token"][tokens] for r in rows], 0.6, label="ms per token")
+    ax.scatter(xs, [r["roofline_ms"] for r in rows], marker="_", s=900, color="black",
+               label="roofline (weight bytes / read bandwidth)")  # fmt: skip
+    ax.set_xticks(list(xs), [r["variant"].removeprefix("ours-") for r in rows], fontsize=8)
+    ax.set_ylabel(f"ms per token ({tokens} new)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,132 @@
+"""How fast each CPU runtime's weight-only kernels stream a decoder's weights at batch 1.
+
+A chain of the linears of ``--layers`` Qwen2.5-0.5B-shaped decoder layers (q, k, v, o, gate,
+up, down: hidden 896, intermediate 4864, two key/value heads of 128), each written as our ONNX
+file writes a weight-only linear (integer codes -> ``DequantizeLinear`` -> ``MatMul``; int4
+blocked along K by 128 at opset 21, int8 per output channel), with weights of their own
+(colder than any cache), run on one ``[1, 1, 896]`` token by ONNX Runtime (``MatMulNBits``, our
+session options) and OpenVINO (compressed ``FullyConnected``), interleaved in rounds. Prints
+each round's median ms per chain and the weight bytes streamed per second.
+
+Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HIDDEN, INTERMEDIATE, KV = 896, 4864, 128
+BLOCK = 128
+
+
+def _weight(name: str, k: int, n: int, bits: int, rng: np.random.Generator) -> list:
+    """Codes, scales and zero points of one ``[K, N]`` weight, as our writer stores them."""
+    from onnx import TensorProto, numpy_helper
+
+    if bits == 8:
+        return [
+            numpy_helper.from_array(rng.integers(0, 255, (k, n), dtype=np.uint8), name + "_q"),
+            numpy_helper.from_array((rng.random(n) * 1e-3).astype(np.float32), name + "_s"),
+            numpy_helper.from_array(np.full(n, 128, np.uint8), name + "_z"),
+        ]
+    codes = rng.integers(0, 16, (k, n), dtype=np.uint8).reshape(-1, 2)
+    q = numpy_helper.from_array(np.zeros((k, n), np.uint8), name + "_q")
+    q.data_type, q.raw_data = TensorProto.UINT4, (codes[:, 0] | codes[:, 1] << 4).tobytes()
+    z = numpy_helper.from_array(np.zeros((k // BLOCK, n), np.uint8), name + "_z")
+    z.data_type, z.raw_data = (
+        TensorProto.UINT4,
+        np.full(k // BLOCK * n // 2, 0x88, np.uint8).tobytes(),
+    )
+    scale = (rng.random((k // BLOCK, n)) * 1e-3).astype(np.float32)
+    return [q, numpy_helper.from_array(scale, name + "_s"), z]
+
+
+def chain_model(layers: int, bits: int, path: Path) -> None:
+    """Write the chain of ``layers`` decoder layers' weight-only linears to ``path``."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    nodes, initializers = [], []
+
+    def linear(x: str, k: int, n: int, name: str) -> str:
+        initializers.extend(_weight(name, k, n, bits, rng))
+        attrs = {"axis": 0, "block_size": BLOCK} if bits == 4 else {"axis": 1}
+        nodes.append(helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"],
+                                      [name + "_w"], **attrs))  # fmt: skip
+        nodes.append(helper.make_node("MatMul", [x, name + "_w"], [name]))
+        return name
+
+    x = "x"
+    for i in range(layers):
+        q = linear(x, HIDDEN, HIDDEN, f"l{i}.q")
+        linear(x, HIDDEN, KV, f"l{i}.k")
+        linear(x, HIDDEN, KV, f"l{i}.v")
+        o = linear(q, HIDDEN, HIDDEN, f"l{i}.o")
+        gate, up = (
+            linear(o, HIDDEN, INTERMEDIATE, f"l{i}.gate"),
+            linear(o, HIDDEN, INTERMEDIATE, f"l{i}.up"),
+        )
+        nodes.append(helper.make_node("Mul", [gate, up], [f"l{i}.mlp"]))
+        x = linear(f"l{i}.mlp", INTERMEDIATE, HIDDEN, f"l{i}.down")
+    token = [1, 1, HIDDEN]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, token)],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, token)], initializers,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = onnx.IR_VERSION_2024_3_25
+    onnx.save(model, str(path))
+
+
+def runners(path: Path) -> dict:
+    """``{runtime: run()}`` over the file, each built as this package builds its sessions."""
+    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+    from embedl_dynamo.runtimes.openvino.compile import compile_openvino
+
+    x = np.random.default_rng(1).random((1, 1, HIDDEN), dtype=np.float32)
+    session = create_session(path, ["CPUExecutionProvider"], num_threads=2)
+    request = compile_openvino(path, num_threads=2).create_infer_request()
+    return {
+        "onnxruntime": lambda: session.run(None, {"x": x}),
+        "openvino": lambda: request.infer([x]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--bits", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    linear_weights = HIDDEN * (2 * HIDDEN + 2 * KV + 3 * INTERMEDIATE) * args.layers
+    with tempfile.TemporaryDirectory(prefix="embedl-wo-kernels-") as folder:
+        for bits in args.bits:
+            path = Path(folder) / f"chain{bits}.onnx"
+            chain_model(args.layers, bits, path)
+            runs, times = runners(path), {}
+            for _ in range(args.rounds):
+                for name, run in runs.items():
+                    for _ in range(3):
+                        run()
+                    samples = []
+                    for _ in range(15):
+                        start = time.perf_counter()
+                        run()
+                        samples.append(time.perf_counter() - start)
+                    times.setdefault(name, []).append(statistics.median(samples) * 1e3)
+            gigabytes = linear_weights * bits / 8 / 1e9
+            for name, ms in times.items():
+                rounds = ", ".join(f"{t:.2f}" for t in ms)
+                print(f"int{bits} {name}: ms per chain {rounds}; "
+                      f"{gigabytes / statistics.median(ms) * 1e3:.1f} GB/s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
