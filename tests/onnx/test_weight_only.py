@@ -17,7 +17,8 @@ from torch import nn
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.onnx.weight_only import store_weight_only, weight_only_layers
-from embedl_dynamo.quant.weight_only import WeightOnlySpec, weight_only_graph
+from embedl_dynamo.quant.weight_codes import WeightOnlySpec
+from embedl_dynamo.quant.weight_only import weight_only_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
 from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
@@ -153,6 +154,20 @@ def test_openvino_runs_every_weight_as_a_compressed_fully_connected(
         if info["layerType"].astype(str) == "FullyConnected"
     )
     assert precisions == sorted(types)
+
+
+def test_the_openvino_runtime_reports_int4_and_int8_layers_apart(tmp_path):
+    pytest.importorskip("openvino")
+    from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+    from embedl_dynamo.settings import Settings
+
+    quantized, _, _ = _export(tmp_path, WeightOnlySpec(4, 32))
+    runtime = OpenVINORuntime(Settings(cache_dir=tmp_path / "cache", num_threads=1))
+    runtime.build(quantized, [_x()])
+    # gate, up and down in int4; the head (the last linear) keeps 8 bits
+    assert runtime.build_info["int4_layers"] == {"FullyConnected": 3}
+    assert runtime.build_info["int8_layers"] == {"FullyConnected": 1}
+    assert sorted(runtime.module_precisions().values()).count("int4") == 3
 
 
 def test_tensorrt_lint_accepts_the_symmetric_int4_file_and_names_uint4(tmp_path):

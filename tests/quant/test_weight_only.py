@@ -10,13 +10,15 @@ from torch import nn
 
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.quant import weight_only
-from embedl_dynamo.quant.weight_only import (
-    WeightOnlyLinear,
+from embedl_dynamo.quant.weight_codes import (
     WeightOnlySpec,
-    dense_weights,
     dequantize_weight,
     dequantize_weight_t,
     quantize_weight,
+)
+from embedl_dynamo.quant.weight_only import (
+    WeightOnlyLinear,
+    dense_weights,
     weight_only_graph,
     weight_only_stage,
 )

@@ -66,10 +66,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_INTEGER = ("u8", "i8")
+# the runtime model's integer precisions (u4/i4: int4 weight-only compressed layers) by the
+# build_info entry that counts them
+_INTEGER = {"int8_layers": ("u8", "i8"), "int4_layers": ("u4", "i4")}
 # the runtime model's precisions, in this package's names, and their order (lowest first)
-_PRECISION_NAME = {"u8": "int8", "i8": "int8", "bf16": "bf16", "f16": "fp16", "f32": "fp32"}
-_RANK = {"int8": 0, "fp16": 1, "bf16": 1, "fp32": 2}
+_PRECISION_NAME = {"u4": "int4", "i4": "int4", "u8": "int8", "i8": "int8", "bf16": "bf16",
+                   "f16": "fp16", "f32": "fp32"}  # fmt: skip
+_RANK = {"int4": -1, "int8": 0, "fp16": 1, "bf16": 1, "fp32": 2}
 # runtime-model nodes that compute nothing (data, layout, shape bookkeeping)
 _NOT_COMPUTE = frozenset(
     {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
@@ -144,12 +147,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             path, self.settings.num_threads, info=self.build_info, shapes=self._static_shapes
         )
         self._request = self._compiled.create_infer_request()
-        integer = {k: v for k, v in self.layer_precisions().items() if k[1] in _INTEGER}
-        if integer:
-            self.build_info["int8_layers"] = {
-                kind: sum(v for (k, _), v in integer.items() if k == kind)
-                for kind in sorted({k for k, _ in integer})
-            }
+        self.build_info.update(_integer_layers(self.layer_precisions()))
 
     def _compute_layers(self) -> Iterator[tuple[str, str, str]]:
         """``(layer type, runtime precision, original layer names)`` of every compute layer of
@@ -262,6 +260,21 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         for i in aliased:
             torch.autograd.graph.increment_version(outputs[i])
         return tuple(outputs)
+
+
+def _integer_layers(precisions: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """``{"int8_layers": {layer type: count}, "int4_layers": ...}`` of the runtime model's
+    integer layers (``precisions``: :meth:`OpenVINORuntime.layer_precisions`); only the
+    entries that have any."""
+    counted = {}
+    for entry, types in _INTEGER.items():
+        kinds = Counter()
+        for (kind, precision), count in precisions.items():
+            if precision in types:
+                kinds[kind] += count
+        if kinds:
+            counted[entry] = dict(sorted(kinds.items()))
+    return counted
 
 
 @contextlib.contextmanager
