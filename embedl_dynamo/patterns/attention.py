@@ -39,6 +39,7 @@ __all__ = [
     "ATTENTION_FUSION_PATTERNS",
     "AttentionProbs",
     "attention_for_export",
+    "grouped_attention_for_export",
     "attention_probs",
     "mask_in_dtype_of",
     "FusedAttention",
@@ -163,6 +164,29 @@ def attention_for_export(
     return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
 
 
+def grouped_attention_for_export(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+    groups: int,
+) -> torch.Tensor:
+    """:func:`attention_for_export` for grouped-query attention without repeating K and V.
+
+    Query head ``h`` of ``(N, Hq, L, D)`` attends with key/value head ``h // groups`` of
+    ``(N, Hq / groups, S, D)``: the query heads are grouped, ``(N, Hkv, groups, L, D)``, and K
+    and V get a broadcast axis, ``(N, Hkv, 1, S, D)``, so each MatMul reads a key/value head
+    once for its whole group instead of a copy per query head (``repeat_interleave``: a ``Tile``
+    of the cache on every decode step). A mask of one head broadcasts over the group."""
+    n, heads, length, depth = q.shape
+    grouped = q.reshape(n, heads // groups, groups, length, depth)
+    mask = attn_mask.unsqueeze(-3) if attn_mask is not None else None
+    out = attention_for_export(grouped, k.unsqueeze(-3), v.unsqueeze(-3), mask, is_causal, scale)
+    return out.reshape(n, heads, length, v.shape[-1])
+
+
 class FusedAttention(FusedModule):
     """``softmax(q k^T * scale + mask) v`` on ``(N, H, L, D)`` heads: one kernel.
 
@@ -176,15 +200,26 @@ class FusedAttention(FusedModule):
 
     ``num_heads`` (from the query's shape when the fusion knew it) is metadata for kernels that
     take heads as an attribute (ONNX Runtime's MultiHeadAttention); the math does not use it.
+    ``groups > 1``: grouped-query attention, k and v with ``num_heads / groups`` heads, each
+    read by ``groups`` query heads (:func:`grouped_attention_for_export`); the mask is one head.
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
 
     def __init__(
-        self, is_causal: bool = False, scale: float | None = None, num_heads: int | None = None
+        self,
+        is_causal: bool = False,
+        scale: float | None = None,
+        num_heads: int | None = None,
+        groups: int = 1,
     ) -> None:
         super().__init__()
-        self.is_causal, self.scale, self.num_heads = is_causal, scale, num_heads
+        self.is_causal, self.scale, self.num_heads, self.groups = (
+            is_causal,
+            scale,
+            num_heads,
+            groups,
+        )
 
     def forward(
         self,
@@ -194,14 +229,20 @@ class FusedAttention(FusedModule):
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         attn_mask = mask_in_dtype_of(q, attn_mask)
+        grouped = self.groups > 1
+        if torch.onnx.is_in_onnx_export() and grouped:
+            args = (attn_mask, self.is_causal, self.scale, self.groups)
+            return grouped_attention_for_export(q, k, v, *args)
         if torch.onnx.is_in_onnx_export():
             return attention_for_export(q, k, v, attn_mask, self.is_causal, self.scale)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale
-        )
+            q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale,
+            enable_gqa=grouped,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
-        return f"is_causal={self.is_causal}, scale={self.scale}"
+        grouped = f", groups={self.groups}" if self.groups > 1 else ""
+        return f"is_causal={self.is_causal}, scale={self.scale}{grouped}"
 
 
 def mask_in_dtype_of(q: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor | None:

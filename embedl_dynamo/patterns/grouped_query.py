@@ -8,6 +8,12 @@ multi-head SDPA: ``softmax(q_h k'_h^T * scale) v'_h = softmax(q_h k_{h//g}^T * s
 The ONNX exporter has no conversion for ``enable_gqa`` (Llama, Qwen2, Mistral and Phi-3 in
 transformers 5 call SDPA so), and the fused attention patterns then match the plain form, as
 they match older models' ``repeat_kv`` written out by hand.
+
+``grouped_query_attention`` (the ``onnxruntime`` target's fusion) then takes that SDPA over
+repeated K/V, ``SDPA(q, repeat_interleave(k, g), repeat_interleave(v, g))``, as one
+:class:`~embedl_dynamo.patterns.attention.FusedAttention` with ``groups=g`` over the K/V heads
+themselves: the same attention, whose ONNX form broadcasts each K/V head over its group
+instead of copying it ``g`` times (a ``Tile`` of the whole cache on every decode step).
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ import torch.nn.functional as F
 from torch import fx
 
 from embedl_dynamo.graph.meta import infer_meta
-from embedl_dynamo.graph.nodes import copy_meta
+from embedl_dynamo.graph.nodes import copy_meta, node_shape
+from embedl_dynamo.patterns.attention import FusedAttention, ScaledDotProductAttention
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
+from embedl_dynamo.rewrite.qdq import QDQ, Role
 
-__all__ = ["GROUPED_QUERY_PATTERNS", "ExpandGroupedKeyValue"]
+__all__ = ["GROUPED_QUERY_PATTERNS", "ExpandGroupedKeyValue", "GroupedQueryAttention"]
 
 
 class ExpandGroupedKeyValue(Pattern):
@@ -71,6 +79,55 @@ class ExpandGroupedKeyValue(Pattern):
         infer_meta(m.gm, [*created, out])
         copy_meta(m.anchor, out)
         return out
+
+
+class GroupedQueryAttention(Pattern):
+    """SDPA over K/V heads repeated for their groups becomes one grouped
+    :class:`~embedl_dynamo.patterns.attention.FusedAttention` over the heads themselves."""
+
+    name = "grouped_query_attention"
+    phase = "fusion"
+    id_node = "sdpa"
+    qdq = QDQ(inputs={"q": Role.ACTIVATION, "k": Role.ACTIVATION, "v": Role.ACTIVATION})
+
+    @staticmethod
+    def target(q, k, v, groups):
+        key = torch.repeat_interleave(k, groups, dim=-3)
+        value = torch.repeat_interleave(v, groups, dim=-3)
+        sdpa = F.scaled_dot_product_attention(q, key, value)
+        return sdpa, {"key": key, "value": value, "sdpa": sdpa}
+
+    def check(self, m: Match) -> MatchResult:
+        plain = ScaledDotProductAttention().check(m)
+        if not plain:
+            return plain
+        groups, q, k = m["groups"], m.shape("q"), m.shape("k")
+        if any(m[name].kwargs.get("dim") != -3 for name in ("key", "value")):
+            return m.fail("K/V are not repeated along the head axis (dim=-3)")
+        if not isinstance(groups, int) or groups < 2:
+            return m.fail(f"repeats {groups!r} are not a number of query heads per K/V head")
+        if q is None or k is None or len(q) != 4 or len(k) != 4:
+            return m.fail("query or key is not (N, H, L, D) with known sizes")
+        if not isinstance(q[1], int) or q[1] != k[1] * groups:
+            return m.fail(f"{q[1]} query heads are not {groups} x {k[1]} key/value heads")
+        mask = m["sdpa"].kwargs["attn_mask"]
+        if mask is not None and node_shape(mask) is None:
+            return m.fail("the mask's shape is unknown (trace with example inputs)")
+        if mask is not None and len(node_shape(mask)) not in (2, 4) or _per_head(mask):
+            return m.fail("the mask is not one head, (N, 1, L, S) or (L, S)")
+        return m.ok()
+
+    def replace(self, m: Match) -> fx.Node:
+        kw = m["sdpa"].kwargs
+        module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"],
+                                num_heads=m.shape("q")[1], groups=m["groups"])  # fmt: skip
+        mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
+        return m.call_module(module, m["q"], m["k"], m["v"], *mask)
+
+
+def _per_head(mask: fx.Node | None) -> bool:
+    shape = node_shape(mask)
+    return shape is not None and len(shape) == 4 and shape[1] != 1
 
 
 GROUPED_QUERY_PATTERNS = (ExpandGroupedKeyValue(),)

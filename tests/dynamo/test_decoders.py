@@ -51,6 +51,13 @@ def _applied(pattern: str) -> list[bool]:
             if e.pattern.name == pattern]  # fmt: skip
 
 
+def _declined(pattern: str) -> list[str]:
+    """The reasons of the last report's matches of ``pattern`` that were not applied."""
+    subgraphs = embedl_dynamo.last_report().subgraphs
+    return [e.reason for s in subgraphs if s.plan for e in s.plan.entries
+            if e.pattern.name == pattern and not e.apply]  # fmt: skip
+
+
 def _assert_fully_compiled(runtimes: set[str]) -> None:
     subgraphs = embedl_dynamo.last_report().subgraphs
     assert subgraphs, "nothing compiled"
@@ -92,13 +99,16 @@ def test_prefill_compiles_as_one_graph_with_fused_attention(name, kv_heads, conf
         out = compiled(ids).logits
     assert_close_to_scale(out, expected)
     _assert_fully_compiled(RUNTIMES[backend])
-    assert _applied("scaled_dot_product_attention") == [True] * LAYERS
+    grouped = _applied("grouped_query_attention")
+    assert (_applied("scaled_dot_product_attention") + grouped).count(True) == LAYERS
     if config == EAGER:
         assert _applied("explicit_attention_masked") == [True] * LAYERS
     elif 1 < kv_heads < 4 and "sliding_window" not in config:
         # no mask: transformers asks SDPA for grouped-query attention, which is expanded first
-        # (the expanded SDPA is planned again, and declined: no longer grouped-query)
+        # (the expanded SDPA is planned again, and declined: no longer grouped-query); the
+        # onnxruntime target then fuses it over the K/V heads themselves (no repeated copies)
         assert _applied("expand_grouped_kv").count(True) == LAYERS
+        assert grouped.count(True) == (LAYERS if backend == "embedl_onnxruntime" else 0)
 
 
 def test_the_sliding_window_changes_mistral_logits():
@@ -137,5 +147,7 @@ def test_greedy_tokens_equal_eager(name, config, cache):
     # prefill and decode, static then dynamic: no recompile per token (the cache's int length
     # once specialized every decode step)
     assert len(embedl_dynamo.last_report().subgraphs) <= 6
-    assert _applied("scaled_dot_product_attention")
-    assert all(_applied("scaled_dot_product_attention"))
+    assert _applied("scaled_dot_product_attention") + _applied("grouped_query_attention")
+    # every attention fused: an SDPA left unfused only where the grouped fusion took it
+    assert not [r for r in _declined("scaled_dot_product_attention")
+                if not r.startswith("overlaps grouped_query_attention@")]  # fmt: skip

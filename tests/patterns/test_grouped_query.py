@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,3 +65,62 @@ def test_grouped_query_attention_compiles_on_the_runtime(compile_isolation):
         torch.testing.assert_close(got, model(*args), rtol=0, atol=1e-5)
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.runtime == "onnxruntime", sub.reason
+
+
+# -- grouped_query_attention: the onnxruntime target fuses it over the K/V heads themselves ----
+
+
+def _onnxruntime_patterns():
+    from embedl_dynamo.backend import backend_by_name
+
+    backend = backend_by_name("onnxruntime")
+    return [*backend.conversion_patterns, *backend.fusion_patterns]
+
+
+class _MaskedAttention(nn.Module):
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def test_grouped_attention_is_fused_over_the_kv_heads_themselves(tmp_path):
+    from embedl_dynamo.onnx.export import export_onnx
+    from embedl_dynamo.patterns.attention import FusedAttention
+
+    onnx = pytest.importorskip("onnx")
+    args = _qkv()
+    model = _Attention(gqa=True)
+    result = embedl_dynamo.transform(model, args, _onnxruntime_patterns())
+    applied = [e.pattern.name for e in result.plan.entries if e.apply]
+    assert applied.count("grouped_query_attention") == 1, result.plan
+    (fused,) = [m for m in result.model.modules() if isinstance(m, FusedAttention)]
+    assert (fused.groups, fused.num_heads) == (3, 6)
+    torch.testing.assert_close(result.model(*args), model(*args), rtol=0, atol=1e-6)
+    path = export_onnx(result.model, list(args), tmp_path / "gqa.onnx")
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert "Tile" not in ops and "Expand" not in ops and ops.count("MatMul") == 2, ops
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "float", "bool"])
+def test_the_grouped_export_form_is_grouped_query_attention(mask):
+    from embedl_dynamo.patterns.attention import grouped_attention_for_export
+
+    q, k, v = _qkv()
+    keep = torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(3)) > 0.3
+    masks = {"none": None, "causal": None, "bool": keep,
+             "float": torch.zeros(2, 1, 5, 5).masked_fill(~keep, -1e9)}  # fmt: skip
+    causal = mask == "causal"
+    got = grouped_attention_for_export(q, k, v, masks[mask], causal, None, groups=3)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[mask], is_causal=causal,
+                                              enable_gqa=True)  # fmt: skip
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+
+
+def test_a_mask_per_head_keeps_the_repeated_kv_and_says_why():
+    q, k, v = _qkv()
+    per_head = torch.zeros(2, 6, 5, 5)
+    entries = embedl_dynamo.get_transformation_plan(
+        _MaskedAttention(), _onnxruntime_patterns(), (q, k, v, per_head)
+    ).entries
+    (grouped,) = [e for e in entries if e.pattern.name == "grouped_query_attention"]
+    assert not grouped.apply and grouped.reason.startswith("the mask is not one head")
+    assert [e.apply for e in entries if e.pattern.name == "scaled_dot_product_attention"] == [True]
