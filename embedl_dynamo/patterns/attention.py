@@ -214,12 +214,8 @@ class FusedAttention(FusedModule):
         groups: int = 1,
     ) -> None:
         super().__init__()
-        self.is_causal, self.scale, self.num_heads, self.groups = (
-            is_causal,
-            scale,
-            num_heads,
-            groups,
-        )
+        self.is_causal, self.scale = is_causal, scale
+        self.num_heads, self.groups = num_heads, groups
 
     def forward(
         self,

@@ -81,6 +81,9 @@ class ExpandGroupedKeyValue(Pattern):
         return out
 
 
+_PLAIN_ATTENTION = ScaledDotProductAttention()
+
+
 class GroupedQueryAttention(Pattern):
     """SDPA over K/V heads repeated for their groups becomes one grouped
     :class:`~embedl_dynamo.patterns.attention.FusedAttention` over the heads themselves."""
@@ -98,7 +101,7 @@ class GroupedQueryAttention(Pattern):
         return sdpa, {"key": key, "value": value, "sdpa": sdpa}
 
     def check(self, m: Match) -> MatchResult:
-        plain = ScaledDotProductAttention().check(m)
+        plain = _PLAIN_ATTENTION.check(m)  # mask, dropout, is_causal: as for any SDPA
         if not plain:
             return plain
         groups, q, k = m["groups"], m.shape("q"), m.shape("k")
