@@ -39,6 +39,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 _PREFIX = "embedl_"
+# torch.compile(..., mode=...) reaches every backend as a keyword; its modes are inductor's
+# (CUDA graphs, autotuning) and mean nothing here. Hugging Face's CompileConfig passes
+# mode="reduce-overhead" unless told otherwise, so generate(compile_config=...) sends it.
+_INDUCTOR_ONLY = ("mode",)
 
 
 def _compile(
@@ -48,6 +52,11 @@ def _compile(
     options: dict[str, Any] | None,
     kwargs: dict[str, Any],
 ) -> Callable[..., Any]:
+    for name in _INDUCTOR_ONLY:
+        if kwargs.get(name) not in (None, "default"):
+            logger.info("%s=%r is an inductor setting: embedl backends ignore it", name,
+                        kwargs[name])  # fmt: skip
+        kwargs = {k: v for k, v in kwargs.items() if k != name}
     if kwargs:
         raise ValueError(
             f"embedl backends take only options={{...}}; got {sorted(kwargs)}. Valid options: "

@@ -68,6 +68,31 @@ def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, 
     assert len(embedl_dynamo.last_report().subgraphs) == built <= 8
 
 
+def test_generate_with_hugging_faces_compile_config():
+    """``generate(compile_config=CompileConfig(backend=...))``, Hugging Face's own way: it sends
+    its default ``mode="reduce-overhead"`` (an inductor setting), which our backends once
+    refused as an unknown keyword; on a CPU it compiles only when told
+    (``_compile_all_devices``)."""
+    ids = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(1))
+    reference, model = tiny_decoder("llama"), tiny_decoder("llama")
+    eager = greedy_generate(reference, ids, NEW_TOKENS, cache_implementation="static")
+    config = transformers.CompileConfig(backend="embedl_onnxruntime")
+    assert config.mode == "reduce-overhead"
+    config._compile_all_devices = True
+    kw = {"cache_implementation": "static", "compile_config": config}
+    assert torch.equal(greedy_generate(model, ids, NEW_TOKENS, **kw), eager)
+    subgraphs = embedl_dynamo.last_report().subgraphs
+    assert subgraphs and {s.runtime for s in subgraphs} == {"onnxruntime"}, subgraphs
+
+
+def test_an_inductor_mode_is_ignored_not_refused():
+    model = nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    compiled = torch.compile(model, backend="embedl_onnxruntime", mode="max-autotune")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-6)
+
+
 def test_the_static_cache_stays_in_its_tensors_through_generate():
     """The cache's tensors keep their memory across the decode steps, and hold what eager's
     cache holds after the same generation."""
