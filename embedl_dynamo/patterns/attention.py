@@ -180,11 +180,12 @@ def grouped_attention_for_export(
     and V get a broadcast axis, ``(N, Hkv, 1, S, D)``, so each MatMul reads a key/value head
     once for its whole group instead of a copy per query head (``repeat_interleave``: a ``Tile``
     of the cache on every decode step). A mask of one head broadcasts over the group."""
-    n, heads, length, depth = q.shape
-    grouped = q.reshape(n, heads // groups, groups, length, depth)
+    heads, depth = q.shape[1], q.shape[-1]
+    # the length as -1: one size read from the graph (the batch) instead of two
+    grouped = q.reshape(q.shape[0], heads // groups, groups, -1, depth)
     mask = attn_mask.unsqueeze(-3) if attn_mask is not None else None
     out = attention_for_export(grouped, k.unsqueeze(-3), v.unsqueeze(-3), mask, is_causal, scale)
-    return out.reshape(n, heads, length, v.shape[-1])
+    return out.reshape(q.shape[0], heads, -1, v.shape[-1])
 
 
 class FusedAttention(FusedModule):
