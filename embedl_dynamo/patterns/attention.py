@@ -39,7 +39,6 @@ __all__ = [
     "ATTENTION_FUSION_PATTERNS",
     "AttentionProbs",
     "attention_for_export",
-    "grouped_attention_for_export",
     "attention_probs",
     "mask_in_dtype_of",
     "FusedAttention",
@@ -150,6 +149,7 @@ def attention_for_export(
     attn_mask: torch.Tensor | None,
     is_causal: bool,
     scale: float | None,
+    groups: int = 1,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + mask) v`` written out op by op, as the ONNX file carries it.
 
@@ -160,26 +160,16 @@ def attention_for_export(
     the scale follows it (``MatMul -> Mul -> Add -> Softmax -> MatMul``, the form ONNX Runtime's
     and OpenVINO's attention fusions match). Boolean masks become the dtype's lowest finite
     value where False, so no row turns to NaN.
+
+    ``groups > 1``: grouped-query attention without repeating K and V. Query head ``h`` of
+    ``(N, Hq, L, D)`` attends with key/value head ``h // groups`` of ``(N, Hq / groups, S, D)``:
+    the query heads are grouped, ``(N, Hkv, groups, L, D)``, and K and V get a broadcast axis,
+    ``(N, Hkv, 1, S, D)``, so each MatMul reads a key/value head once for its whole group
+    instead of a copy per query head (``repeat_interleave``: a ``Tile`` of the cache on every
+    decode step). A mask of one head broadcasts over the group.
     """
-    return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
-
-
-def grouped_attention_for_export(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    scale: float | None,
-    groups: int,
-) -> torch.Tensor:
-    """:func:`attention_for_export` for grouped-query attention without repeating K and V.
-
-    Query head ``h`` of ``(N, Hq, L, D)`` attends with key/value head ``h // groups`` of
-    ``(N, Hq / groups, S, D)``: the query heads are grouped, ``(N, Hkv, groups, L, D)``, and K
-    and V get a broadcast axis, ``(N, Hkv, 1, S, D)``, so each MatMul reads a key/value head
-    once for its whole group instead of a copy per query head (``repeat_interleave``: a ``Tile``
-    of the cache on every decode step). A mask of one head broadcasts over the group."""
+    if groups == 1:
+        return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
     heads, depth = q.shape[1], q.shape[-1]
     # the length as -1: one size read from the graph (the batch) instead of two
     grouped = q.reshape(q.shape[0], heads // groups, groups, -1, depth)
@@ -202,7 +192,7 @@ class FusedAttention(FusedModule):
     ``num_heads`` (from the query's shape when the fusion knew it) is metadata for kernels that
     take heads as an attribute (ONNX Runtime's MultiHeadAttention); the math does not use it.
     ``groups > 1``: grouped-query attention, k and v with ``num_heads / groups`` heads, each
-    read by ``groups`` query heads (:func:`grouped_attention_for_export`); the mask is one head.
+    read by ``groups`` query heads (:func:`attention_for_export`); the mask is one head.
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
@@ -226,15 +216,12 @@ class FusedAttention(FusedModule):
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         attn_mask = mask_in_dtype_of(q, attn_mask)
-        grouped = self.groups > 1
-        if torch.onnx.is_in_onnx_export() and grouped:
-            args = (attn_mask, self.is_causal, self.scale, self.groups)
-            return grouped_attention_for_export(q, k, v, *args)
         if torch.onnx.is_in_onnx_export():
-            return attention_for_export(q, k, v, attn_mask, self.is_causal, self.scale)
+            args = (attn_mask, self.is_causal, self.scale, self.groups)
+            return attention_for_export(q, k, v, *args)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale,
-            enable_gqa=grouped,
+            enable_gqa=self.groups > 1,
         )  # fmt: skip
 
     def extra_repr(self) -> str:

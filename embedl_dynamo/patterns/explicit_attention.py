@@ -13,7 +13,8 @@ expanded for grouped-query attention stay the inputs, as they are for SDPA after
 
 The rewrite declines where the two differ: a softmax over another axis or in a wider type than
 the scores (SDPA would compute it in the scores' type), a transpose that is not of k's last two
-axes, a scale that is a tensor, a mask that is not a float tensor, and attention probabilities
+axes, a scale that is a tensor, a mask that is not a float tensor or would broadcast the scores to
+a larger shape (SDPA takes only masks broadcastable to the scores), and attention probabilities
 read elsewhere (``output_attentions``: the matcher keeps them).
 """
 
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from embedl_dynamo.graph.meta import infer_meta
-from embedl_dynamo.graph.nodes import copy_meta, node_value_meta
+from embedl_dynamo.graph.nodes import copy_meta, node_shape, node_value_meta
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
 
@@ -40,7 +41,7 @@ def _masked_target(q, k, v, scale, mask):
     masked = scaled + mask
     probs = F.softmax(masked, dim=-1)
     out = torch.matmul(probs, v)
-    return out, {"key_t": key_t, "scores": scores, "probs": probs, "out": out}
+    return out, {"key_t": key_t, "scores": scores, "with_mask": masked, "probs": probs, "out": out}
 
 
 def _unmasked_target(q, k, v, scale):
@@ -106,6 +107,9 @@ class ExplicitAttention(Pattern):
             mask = _dtype(m["mask"])
             if mask is None or not mask.is_floating_point:
                 return m.fail(f"the mask is not a float tensor ({mask})")
+            scores, masked = m.shape("scores"), node_shape(m["with_mask"])
+            if scores is None or masked is None or tuple(masked) != tuple(scores):
+                return m.fail("the mask broadcasts the scores to another shape")
         return m.ok()
 
     def replace(self, m: Match) -> fx.Node:

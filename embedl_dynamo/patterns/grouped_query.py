@@ -111,12 +111,15 @@ class GroupedQueryAttention(Pattern):
             return m.fail(f"repeats {groups!r} are not a number of query heads per K/V head")
         if q is None or k is None or len(q) != 4 or len(k) != 4:
             return m.fail("query or key is not (N, H, L, D) with known sizes")
-        if not isinstance(q[1], int) or q[1] != k[1] * groups:
+        if not (isinstance(q[1], int) and isinstance(k[1], int)) or q[1] != k[1] * groups:
             return m.fail(f"{q[1]} query heads are not {groups} x {k[1]} key/value heads")
         mask = m["sdpa"].kwargs["attn_mask"]
-        if mask is not None and node_shape(mask) is None:
+        if mask is None:
+            return m.ok()
+        shape = node_shape(mask)
+        if shape is None:
             return m.fail("the mask's shape is unknown (trace with example inputs)")
-        if mask is not None and len(node_shape(mask)) not in (2, 4) or _per_head(mask):
+        if not (len(shape) == 2 or (len(shape) == 4 and shape[1] == 1)):
             return m.fail("the mask is not one head, (N, 1, L, S) or (L, S)")
         return m.ok()
 
@@ -126,11 +129,6 @@ class GroupedQueryAttention(Pattern):
                                 num_heads=m.shape("q")[1], groups=m["groups"])  # fmt: skip
         mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
         return m.call_module(module, m["q"], m["k"], m["v"], *mask)
-
-
-def _per_head(mask: fx.Node | None) -> bool:
-    shape = node_shape(mask)
-    return shape is not None and len(shape) == 4 and shape[1] != 1
 
 
 GROUPED_QUERY_PATTERNS = (ExpandGroupedKeyValue(),)

@@ -68,8 +68,13 @@ def test_attention_written_out_matches(masked, pattern):
         (_Attention(False, softmax_dim=2), _qkv(), "softmax over axis 2, not the keys' axis"),
         (_TensorScale(), (*_qkv(), torch.tensor(0.3)), "the scale is a tensor, not a number"),
         (_Attention(True), (*_qkv(), _causal_mask() < 0), "the mask is not a float tensor"),
+        (
+            _Attention(True),
+            (*_qkv(), torch.zeros(3, 2, 4, 5, 6)),
+            "the mask broadcasts the scores to another shape",
+        ),
     ],
-    ids=["softmax-axis", "tensor-scale", "bool-mask"],
+    ids=["softmax-axis", "tensor-scale", "bool-mask", "wider-mask"],
 )
 def test_other_computations_are_not_rewritten_and_say_why(model, args, reason):
     entries = _entries(model, args)

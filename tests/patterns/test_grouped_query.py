@@ -102,14 +102,14 @@ def test_grouped_attention_is_fused_over_the_kv_heads_themselves(tmp_path):
 
 @pytest.mark.parametrize("mask", ["none", "causal", "float", "bool"])
 def test_the_grouped_export_form_is_grouped_query_attention(mask):
-    from embedl_dynamo.patterns.attention import grouped_attention_for_export
+    from embedl_dynamo.patterns.attention import attention_for_export
 
     q, k, v = _qkv()
     keep = torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(3)) > 0.3
     masks = {"none": None, "causal": None, "bool": keep,
              "float": torch.zeros(2, 1, 5, 5).masked_fill(~keep, -1e9)}  # fmt: skip
     causal = mask == "causal"
-    got = grouped_attention_for_export(q, k, v, masks[mask], causal, None, groups=3)
+    got = attention_for_export(q, k, v, masks[mask], causal, None, groups=3)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[mask], is_causal=causal,
                                               enable_gqa=True)  # fmt: skip
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
