@@ -68,13 +68,14 @@ def read_bandwidth_gbs() -> float:
     return data.numel() * 4 / min(times) / 1e9
 
 
-def decode_weight_bytes(model, precision: str) -> float:
-    """Weights a decode step reads: every linear weight and the output head, once; under
-    int4 the output head keeps 8 bits (the library's rule, as NNCF's)."""
+def decode_weight_bytes(model, precision: str, head_precision: str | None = None) -> float:
+    """Weights a decode step reads: every linear weight and the output head, once, the head
+    at ``head_precision`` where the report says it differs (int4 keeps it at 8 bits unless
+    the accuracy budget allows 4)."""
     per_weight = BYTES_PER_WEIGHT.get(precision, 4.0)
     head = model.get_output_embeddings().weight.numel()
     count = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    head_bytes = head * (1.0 if precision == "int4_weight_only" else per_weight)
+    head_bytes = head * BYTES_PER_WEIGHT.get(head_precision or precision, per_weight)
     return (count - head) * per_weight + head_bytes
 
 
@@ -106,22 +107,29 @@ def build_variant(name: str, layers: int, backend: str, budget: float | None = N
     start = time.perf_counter()
     generate(model, ids, 4, **kw)
     seconds = time.perf_counter() - start
-    if name.startswith("ours-"):
-        print_weight_only(name)
-    return model, kw, seconds
+    head_precision = print_weight_only(name) if name.startswith("ours-") else None
+    return model, kw, seconds, head_precision
 
 
-def print_weight_only(name: str) -> None:
-    """How many linears a weight-only variant kept at 8 bits, and its cosine to float."""
+def print_weight_only(name: str) -> str | None:
+    """Print how many linears a weight-only variant kept at 8 bits, the head's precision and
+    the cosine to float; return the output head's precision (None: not weight-only)."""
     import embedl_dynamo
 
+    head_precision = None
     for subgraph in embedl_dynamo.last_report().subgraphs:
         info = (subgraph.pipeline or {}).get("weight_only")
         if info:
+            layers = subgraph.pipeline["layers"]
+            head_precision = next(
+                (r["precision"] for r in layers if "lm_head" in r["id"]), head_precision
+            )
             print(
                 f"{name}: {subgraph.runtime}, {info['bits']} bits, group {info['group_size']}, "
-                f"{len(info['kept_int8'])} linears kept at 8 bits, cosine {info['cosine']}"
+                f"{len(info['kept_int8'])} linears kept at 8 bits, head {head_precision}, "
+                f"cosine {info['cosine']}"
             )
+    return head_precision
 
 
 def main() -> None:
@@ -143,14 +151,14 @@ def main() -> None:
     bandwidth = read_bandwidth_gbs()
     print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {PROMPT}")
     ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
-    variants, first_call = {}, {}
+    variants, first_call, head_precision = {}, {}, {}
     for name in args.variants:
         built = build_variant(name, args.layers, args.backend, args.accuracy_budget)
         if built is None:
             print(f"{name}: precision not registered; skipped")
             continue
         variants[name] = built[:2]
-        first_call[name] = built[2]
+        first_call[name], head_precision[name] = built[2:]
         gc.collect()
     reference = generate(variants["eager"][0], ids, 16) if "eager" in variants else None
     times = {(n, t): [] for n in variants for t in [1, *args.new_tokens]}
@@ -165,7 +173,7 @@ def main() -> None:
                 start = time.perf_counter()
                 generate(model, ids, tokens, **kw)
                 times[(name, tokens)].append(time.perf_counter() - start)
-    rows = report(variants, times, first_call, args, bandwidth, ids, reference)
+    rows = report(variants, times, (first_call, head_precision), args, bandwidth, ids, reference)
     if args.json:
         Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}))
     if args.plot:
@@ -173,9 +181,10 @@ def main() -> None:
         plot(rows, args.new_tokens[-1], title, args.plot)
 
 
-def report(variants, times, first_call, args, bandwidth, ids, reference) -> list[dict]:
-    """Print the table; return its rows (``--json``, ``--plot``)."""
-    eager_ms, rows = None, []
+def report(variants, times, built, args, bandwidth, ids, reference) -> list[dict]:
+    """Print the table; return its rows (``--json``, ``--plot``). ``built``: each variant's
+    first-generate seconds and its output head's precision."""
+    (first_call, head_precision), eager_ms, rows = built, None, []
     columns = " | ".join(f"ms/token ({n} new)" for n in args.new_tokens)
     print(f"| variant | {columns} | TTFT ms | first generate() s | weights/token GB | "
           "roofline ms | tokens = eager |")  # fmt: skip
@@ -187,7 +196,7 @@ def report(variants, times, first_call, args, bandwidth, ids, reference) -> list
             total = statistics.median(times[(name, tokens)])
             per_token.append((total - ttft) / (tokens - 1) * 1e3)
         precision = name.removeprefix("ours-").partition("@")[0] if "ours-" in name else "fp32"
-        weight_bytes = decode_weight_bytes(model, precision)
+        weight_bytes = decode_weight_bytes(model, precision, head_precision[name])
         roofline = weight_bytes / (bandwidth * 1e9) * 1e3
         same = "—"
         if reference is not None and precision == "fp32":

@@ -75,9 +75,9 @@ def test_int4_rewrites_every_constant_linear_and_says_why_some_keep_8_bits(block
     # 48 input features: no whole group of 128
     assert layers["odd"][0] == "int8_weight_only"
     assert "not a multiple of group size 128" in layers["odd"][1]
-    # the output head keeps 8 bits, as NNCF does by default
+    # without an accuracy budget the output head keeps 8 bits, as NNCF does by default
     assert layers["head"][0] == "int8_weight_only"
-    assert "output head" in layers["head"][1]
+    assert "output head" in layers["head"][1] and "without an accuracy_budget" in layers["head"][1]
     rewritten = [m for m in quantized.modules() if isinstance(m, WeightOnlyLinear)]
     assert sorted(m.spec.bits for m in rewritten) == [4, 4, 8, 8]
     # the embedding table and the activation matmuls are not linears with a constant weight
@@ -144,8 +144,13 @@ def test_budget_keeps_int4_layers_at_8_bits_and_reports_them(block):
     spec = WeightOnlySpec(4, group_size=32)
     _, plain = weight_only_graph(gm, [_ids()], spec, accuracy_budget=0.5)
     assert plain["kept_int8"] == [] and plain["cosine"] > 0.5
+    # within a budget the output head is int4 like the rest (without one it keeps 8 bits)
+    assert _precisions(plain)["head"][0] == "int4_weight_only"
     quantized, strict = weight_only_graph(gm, [_ids()], spec, accuracy_budget=0.999999)
     assert strict["kept_int8"], strict
+    # the head, whose error reaches the outputs directly, is the first to keep 8 bits
+    assert strict["kept_int8"][0].endswith("@head")
+    assert "the output head keeps 8 bits" in _precisions(strict)["head"][1]
     kept = {k.split("@")[1] for k in strict["kept_int8"]}
     layers = _precisions(strict)
     assert all(layers[k][0] == "int8_weight_only" for k in kept)
