@@ -1,7 +1,10 @@
 """Compile one Dynamo subgraph: freeze, run the pipeline, build a runtime, fall back.
 
-Per subgraph Dynamo hands over:
+Per subgraph Dynamo hands over (the runtime is routed first,
+:func:`~embedl_dynamo.dynamo.subgraph_job.route_subgraph`):
 
+0. where no runtime of the target runs (none installed, or none that takes a graph on a CUDA
+   device), Dynamo's own graph runs, with one warning a process: eager's numbers to the bit;
 1. a training graph or inputs that require grad run eagerly, with one warning;
 2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
 3. :func:`~embedl_dynamo.graph.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`,
@@ -34,25 +37,25 @@ from embedl_dynamo.dynamo.compiled_call import (
     wrap_compiled,
 )
 from embedl_dynamo.dynamo.subgraph_alias import store_alias
+from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.dynamo.warm_start import source_key, warm_start
 from embedl_dynamo.errors import CalibrationDataError, error_line
-from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
+from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.graph.scalar_outputs import split_scalar_outputs
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
-from embedl_dynamo.report.record import next_index, record
+from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.registry import runtime_candidates
+from embedl_dynamo.runtimes.registry import AUTO
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.int8_speed import compare_with_float
 from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
-from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
 
 __all__ = ["compile_subgraph"]
@@ -61,33 +64,6 @@ logger = logging.getLogger(__name__)
 
 _PREFIX = "embedl_"
 _COLLECT_BYTES = 256 * 2**20  # frozen weights above which a compile collects its garbage
-
-
-def _count_ops(gm: fx.GraphModule) -> int:
-    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
-
-
-@dataclasses.dataclass
-class _Job:
-    """What the stages of one subgraph's compile share."""
-
-    backend: Backend
-    settings: Settings
-    report: SubgraphReport
-    runtime_cls: type[Runtime]
-    timed: list[type[Runtime]]  # CPU runtimes float graphs are timed on (none, or 2+)
-    start: float
-    inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    axes: DynamicAxes | None = None
-    original: fx.GraphModule | None = None  # the frozen graph before any rewrite: the reference
-
-    def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """Record that the subgraph runs in PyTorch (``fn``) and why."""
-        self.report.status, self.report.reason = status, reason
-        self.report.compile_s = time.perf_counter() - self.start
-        record(self.report)
-        logger.info("subgraph %d stays in PyTorch: %s", self.report.index, reason)
-        return fn
 
 
 def compile_subgraph(
@@ -107,7 +83,13 @@ def compile_subgraph(
     Returns:
         A callable taking the same arguments as ``gm``.
     """
-    job = _route(gm, example_inputs, backend, settings)
+    job = route_subgraph(gm, example_inputs, backend, settings)
+    if job.runtime_cls is EagerRuntime and settings.runtime == AUTO:
+        # no runtime of the target runs here (the registry warned once): Dynamo's own graph
+        # runs, so the outputs are eager's to the bit (TF32 on a GPU included)
+        where = "runs on a CUDA device" if job.on_cuda else "is installed"
+        reason = f"no runtime of target {job.backend.name!r} {where}"
+        return job.stay_eager("eager", reason, gm.forward)
     blocker = inference_blocker(gm, example_inputs)
     if blocker is not None:
         warnings.warn(
@@ -165,28 +147,9 @@ def compile_subgraph(
     return wrap(infer)
 
 
-def _route(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Backend, settings: Settings
-) -> _Job:
-    """Which runtime builds the subgraph, which are timed, and the report it starts."""
-    start = time.perf_counter()
-    on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
-    # a forced, missing runtime raises
-    candidates = runtime_candidates(settings.runtime, backend, on_cuda)
-    runtime_cls, route = int8_route(candidates[0], settings.precision)
-    report = SubgraphReport(
-        index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
-    )
-    backend, cpu_route = cpu_precision_route(runtime_cls, backend, settings)
-    report.reason = route or cpu_route
-    # with several CPU runtimes, float graphs (and mixed against float) are timed on each
-    timed = [] if on_cuda else [c for c in candidates if c.cpu_target is not None]
-    if len(timed) < 2:
-        timed = []
-    return _Job(backend, settings, report, runtime_cls, timed, start)
-
-
-def _warm_start(job: _Job, frozen: fx.GraphModule, alias_key: str) -> Callable[..., Any] | None:
+def _warm_start(
+    job: SubgraphJob, frozen: fx.GraphModule, alias_key: str
+) -> Callable[..., Any] | None:
     """The runtime's infer from the warm cache (the report recorded), or None."""
     runtimes = job.timed or [job.runtime_cls]
     report = job.report
@@ -201,7 +164,7 @@ def _warm_start(job: _Job, frozen: fx.GraphModule, alias_key: str) -> Callable[.
     return infer
 
 
-def _fit_calibration(job: _Job, frozen: fx.GraphModule) -> Settings:
+def _fit_calibration(job: SubgraphJob, frozen: fx.GraphModule) -> Settings:
     """The settings with ``calibration_data`` fitted to this subgraph's inputs (None, so that
     it calibrates on its first calls, when the data does not fit)."""
     settings, inputs, index = job.settings, job.inputs, job.report.index
@@ -231,7 +194,7 @@ def _lazy_int8(settings: Settings) -> bool:
     return _forced_int8(settings) and settings.calibration_data is None
 
 
-def _transform(job: _Job, frozen: fx.GraphModule) -> PipelineResult | None:
+def _transform(job: SubgraphJob, frozen: fx.GraphModule) -> PipelineResult | None:
     """The pipeline (and ``mixed``'s choice) on the frozen graph; None (the reason in the
     report) when it fails and ``fallback`` is not ``raise``."""
     settings, backend = job.settings, job.backend
@@ -254,7 +217,7 @@ def _transform(job: _Job, frozen: fx.GraphModule) -> PipelineResult | None:
     return result
 
 
-def _build_stage(job: _Job, result: PipelineResult) -> Callable[..., Any] | None:
+def _build_stage(job: SubgraphJob, result: PipelineResult) -> Callable[..., Any] | None:
     """The runtime's infer for the pipeline's model (lazily, after calibration, for INT8
     without data), or None when the original graph runs."""
     if _lazy_int8(job.settings):
@@ -277,7 +240,7 @@ def _build_stage(job: _Job, result: PipelineResult) -> Callable[..., Any] | None
 
 
 def _build(
-    job: _Job,
+    job: SubgraphJob,
     result: PipelineResult,
     model: fx.GraphModule,
     float_model: fx.GraphModule | None = None,
@@ -322,14 +285,16 @@ def _forced_int8(settings: Settings) -> bool:
     return settings.precision.qdq_type == "int8" and not settings.precision.per_layer
 
 
-def _label(job: _Job, model: fx.GraphModule, float_model: fx.GraphModule | None = None) -> str:
+def _label(
+    job: SubgraphJob, model: fx.GraphModule, float_model: fx.GraphModule | None = None
+) -> str:
     """The runtimes ``model`` may be built on, for messages (``onnxruntime/openvino``)."""
     options = run_options(model, float_model, job.runtime_cls, job.timed, job.settings.precision)
     return "/".join(dict.fromkeys(o.runtime.name for o in options))
 
 
 def _judged_runtime(
-    job: _Job,
+    job: SubgraphJob,
     result: PipelineResult,
     model: fx.GraphModule,
     float_model: fx.GraphModule | None,
@@ -365,7 +330,7 @@ def _judged_runtime(
     return runtime
 
 
-def _runtime_failed(job: _Job, label: str, exc: Exception) -> None:
+def _runtime_failed(job: SubgraphJob, label: str, exc: Exception) -> None:
     """Raise (``fallback="raise"``, or the eager runtime) or record that the original graph
     runs: no rewrite can break the fallback. ``label`` names the runtimes tried."""
     report = job.report
@@ -383,7 +348,7 @@ def _runtime_failed(job: _Job, label: str, exc: Exception) -> None:
     report.reason = f"{label} failed: {error_line(exc)}"
 
 
-def _finish(job: _Job, result: PipelineResult, alias_key: str | None) -> None:
+def _finish(job: SubgraphJob, result: PipelineResult, alias_key: str | None) -> None:
     """Record the report and, for a warm start next time, the artifact's alias."""
     report = job.report
     report.status = report.status or "compiled"

@@ -9,7 +9,8 @@
 * :meth:`Runtime.key` is its cache key and :meth:`Runtime.describe` one line for reports.
 
 A runtime class also declares its facts, so no table elsewhere tests its name: :attr:`~Runtime.name`,
-:attr:`~Runtime.artifact_suffixes`, :attr:`~Runtime.cuda_only`, :attr:`~Runtime.auto_rank`,
+:attr:`~Runtime.artifact_suffixes`, :attr:`~Runtime.cuda_only`, :meth:`~Runtime.cuda_missing`,
+:attr:`~Runtime.auto_rank`,
 :attr:`~Runtime.cpu_target`, :meth:`~Runtime.version` (keys every cached decision timed on it),
 :meth:`~Runtime.layer_profiler` and :meth:`~Runtime.lint`. The registry
 (:mod:`embedl_dynamo.runtimes.registry`) is the one list of runtime classes.
@@ -29,6 +30,7 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.float32 import exact_float32
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:
@@ -84,8 +86,8 @@ ArtifactJudge = Callable[
 
 
 def graph_outputs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """``gm``'s outputs on ``inputs`` (no grad) as a tuple."""
-    with torch.no_grad():
+    """``gm``'s outputs on ``inputs`` (no grad, IEEE float32) as a tuple."""
+    with torch.no_grad(), exact_float32():
         out = gm(*inputs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
@@ -172,6 +174,15 @@ class Runtime(ABC):
     def missing(cls) -> str | None:
         """What this machine lacks to use the runtime (None when it is usable)."""
         return None
+
+    @classmethod
+    def cuda_missing(cls) -> str | None:
+        """Why this runtime cannot run a graph whose tensors are on a CUDA device (None: it
+        can). A CPU engine would copy every input to host memory and every output back, and
+        run the graph slower than PyTorch on the GPU: such a graph stays in PyTorch instead."""
+        if cls.cuda_only:
+            return None
+        return f"runtime {cls.name!r} runs on the CPU only"
 
     @classmethod
     def is_available(cls) -> bool:

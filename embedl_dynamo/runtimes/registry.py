@@ -9,7 +9,10 @@ fact about a runtime (device, version, profiler, lint, CPU placement) is declare
 highest :attr:`~.base.Runtime.auto_rank` first, for a target that names none), drops those not
 installed and, for a graph whose tensors are not on a CUDA device, the CUDA-only ones (a CPU
 model stays on the CPU: copying every call's inputs to a GPU and back is not what a CPU caller
-asked for). What remains are the candidates, best first. Where several CPU runtimes with a
+asked for), and for a graph on a CUDA device those that would run it on the CPU
+(:meth:`~.base.Runtime.cuda_missing`: copying every call's tensors to host memory and back
+is slower than PyTorch on the GPU; with none left the graph stays in PyTorch, with one
+warning). What remains are the candidates, best first. Where several CPU runtimes with a
 :attr:`~.base.Runtime.cpu_target` remain (OpenVINO and ONNX Runtime for the ``tensorrt`` target
 on a machine without a GPU) a float graph is timed on each and the faster one runs
 (:mod:`embedl_dynamo.tuning.runtime_choice`). A forced runtime that cannot run raises
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
@@ -215,6 +219,12 @@ def runtime_candidates(
     classes = _discover()
     if name != AUTO:
         classes[name].require()
+        if on_cuda and classes[name].cuda_missing() is not None:
+            raise RuntimeUnavailableError(
+                f"runtime {name!r} cannot run a graph on a CUDA device: "
+                f"{classes[name].cuda_missing()}. Move the model and its inputs to the CPU, "
+                "or leave runtime='auto' (the graph then runs where its tensors are)"
+            )
         return [classes[name]]
     order = _order(backend)
     found = []
@@ -222,15 +232,21 @@ def runtime_candidates(
         cls = classes[candidate]
         if cls.cuda_only and not on_cuda:
             continue
-        missing = cls.missing()
+        missing = cls.missing() or (cls.cuda_missing() if on_cuda else None)
         if missing is None:
             found.append(cls)
         else:
             logger.debug("runtime %s skipped by 'auto': %s", candidate, missing)
     if not found:
-        logger.warning(
-            "runtime 'auto': none of %s is installed for target %r; the graph stays in PyTorch",
-            ", ".join(order), backend.name if backend is not None else "",
+        where = "runs on a CUDA device" if on_cuda else "is installed"
+        target = backend.name if backend is not None else ""
+        key = f"none:{','.join(order)}:{where}:{target}"
+        log = logger.debug if key in _registry.logged_auto else logger.warning  # once a process
+        _registry.logged_auto.add(key)
+        log(
+            "runtime 'auto': none of %s %s for target %r; its graphs stay in PyTorch%s",
+            ", ".join(order), where, target,
+            " (CUDA tensors need tensorrt, or onnxruntime-gpu for ONNX Runtime)" if on_cuda else "",
         )  # fmt: skip
         return [EagerRuntime]
     key = ",".join(c.name for c in found)

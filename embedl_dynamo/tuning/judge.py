@@ -32,6 +32,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.errors import OutputMismatchError
+from embedl_dynamo.graph.float32 import exact_float32
 from embedl_dynamo.graph.rest_precision import rest_precision
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
@@ -79,8 +80,9 @@ def flat_outputs(out: Any) -> list[torch.Tensor]:
 def sample_outputs(
     model: Callable[..., Any], sample: Sequence[Sequence[torch.Tensor]]
 ) -> list[list[torch.Tensor]]:
-    """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad)."""
-    with torch.no_grad():
+    """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad, IEEE float32:
+    :func:`~embedl_dynamo.graph.float32.exact_float32`)."""
+    with torch.no_grad(), exact_float32():
         return [flat_outputs(model(*batch)) for batch in sample]
 
 

@@ -10,6 +10,7 @@ INT8 where it is installed.
 from __future__ import annotations
 
 import collections
+import logging
 
 import onnx
 import onnxruntime as ort
@@ -21,10 +22,11 @@ from embedl_dynamo import last_report
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
+from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
-from embedl_dynamo.runtimes.registry import runtime_candidates
+from embedl_dynamo.runtimes.registry import reset_runtimes, runtime_candidates
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.routing import cpu_precision_route
@@ -111,8 +113,11 @@ def test_other_targets_keep_their_placement():
     [
         (TENSORRT, True, False, [OpenVINORuntime, OnnxRuntime]),
         (TENSORRT, False, False, [OnnxRuntime]),
-        (TENSORRT, True, True, [TensorRTRuntime, OpenVINORuntime, OnnxRuntime]),
-        (ONNXRUNTIME, True, True, [OnnxRuntime]),  # ONNX Runtime's target runs on ONNX Runtime
+        # a graph on a CUDA device: only runtimes that run it there (here ONNX Runtime has
+        # the CPU provider alone, and OpenVINO runs on the CPU)
+        (TENSORRT, True, True, [TensorRTRuntime]),
+        (ONNXRUNTIME, True, False, [OnnxRuntime]),  # ONNX Runtime's target runs on ONNX Runtime
+        (ONNXRUNTIME, True, True, [EagerRuntime]),
         (OPENVINO, True, False, [OpenVINORuntime]),
         (OPENVINO, False, False, [EagerRuntime]),  # nothing of its own: stays in PyTorch
     ],
@@ -122,5 +127,45 @@ def test_auto_candidates_per_target(monkeypatch, backend, openvino, on_cuda, exp
         OpenVINORuntime, "missing", classmethod(lambda cls: None if openvino else "not installed")
     )
     monkeypatch.setattr(TensorRTRuntime, "missing", classmethod(lambda cls: None))
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
     assert runtime_candidates("auto", backend, on_cuda) == expected
-    assert runtime_candidates("onnxruntime", backend, on_cuda) == [OnnxRuntime]  # forced
+    assert runtime_candidates("onnxruntime", backend, False) == [OnnxRuntime]  # forced
+
+
+def test_a_cuda_graph_stays_in_pytorch_without_a_cuda_runtime_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    reset_runtimes()  # forgets what was logged
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.runtimes.registry"):
+        assert runtime_candidates("auto", ONNXRUNTIME, on_cuda=True) == [EagerRuntime]
+        assert runtime_candidates("auto", ONNXRUNTIME, on_cuda=True) == [EagerRuntime]
+    (record,) = caplog.records  # one warning a process, not one a graph
+    assert "runs on a CUDA device" in record.getMessage()
+    # forced: the error names why and what to do
+    with pytest.raises(
+        RuntimeUnavailableError, match="no CUDA execution provider.*onnxruntime-gpu"
+    ):
+        runtime_candidates("onnxruntime", ONNXRUNTIME, on_cuda=True)
+    # with ONNX Runtime's CUDA provider installed, the graph runs on ONNX Runtime
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: providers)
+    assert runtime_candidates("auto", ONNXRUNTIME, on_cuda=True) == [OnnxRuntime]
+    assert runtime_candidates("onnxruntime", ONNXRUNTIME, on_cuda=True) == [OnnxRuntime]
+
+
+def test_without_a_runtime_for_the_target_dynamos_own_graph_runs(monkeypatch, caplog):
+    """No runtime of the target here: the graph Dynamo gave runs (eager's numbers to the bit),
+    with one warning and the reason in the report; nothing is exported or built."""
+    monkeypatch.setattr(OpenVINORuntime, "missing", classmethod(lambda cls: "not installed"))
+    reset_runtimes()
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    model = randomize_batchnorm(model).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo"), torch.no_grad():
+        out = torch.compile(model, backend="embedl_openvino")(x)
+        expected = model(x)
+    assert torch.equal(out, expected)  # not the folded conv: Dynamo's graph
+    (subgraph,) = last_report().subgraphs
+    assert subgraph.runtime == "eager" and subgraph.plan is None
+    assert subgraph.reason == "no runtime of target 'openvino' is installed"
+    assert [r.levelname for r in caplog.records] == ["WARNING"]

@@ -18,6 +18,10 @@ class EagerRuntime(Runtime):
     name = "eager"
     auto_rank = -1  # always available: the last resort of ``auto``
 
+    @classmethod
+    def cuda_missing(cls) -> str | None:
+        return None  # PyTorch runs the graph where its tensors are
+
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         self._gm = gm
         self.build_info = {"nodes": len(gm.graph.nodes)}

@@ -192,6 +192,18 @@ class OnnxRuntime(OnnxArtifactRuntime):
         return None
 
     @classmethod
+    def cuda_missing(cls) -> str | None:
+        if cls.missing() is not None:
+            return cls.missing()
+        providers = ort_providers()
+        if any(p != _CPU_PROVIDER for p in providers):
+            return None
+        return (
+            f"onnxruntime has no CUDA execution provider here (providers: {', '.join(providers)}; "
+            "pip install onnxruntime-gpu)"
+        )
+
+    @classmethod
     def version(cls) -> str | None:
         return package_version("onnxruntime", "onnxruntime-gpu")
 
@@ -270,7 +282,12 @@ class OnnxRuntime(OnnxArtifactRuntime):
         if len(args) != len(self._input_names):
             raise ValueError(f"expected {len(self._input_names)} inputs, got {len(args)}")
         if any(t.device.type == "cuda" for t in args):
-            return self._infer_bound(args)
+            if any(p != _CPU_PROVIDER for p in self._session.get_providers()):
+                return self._infer_bound(args)
+            # a loaded file fed CUDA tensors, on the CPU provider: run it on host copies
+            device = next(t.device for t in args if t.device.type == "cuda")
+            outputs = self._infer([t.cpu() for t in args])
+            return tuple(o.to(device) for o in outputs)
         feeds = {name: t.detach().contiguous().numpy() for name, t in zip(self._input_names, args)}
         outputs = self._session.run(self._output_names, feeds)
         return tuple(torch.from_numpy(o) for o in outputs)
