@@ -20,16 +20,26 @@ from embedl_dynamo.backends.placement_rules import (
     QuantFusedModule,
     QuantLinear,
     QuantMatMul,
+    QuantMaxPoolInput,
     QuantResidualAdd,
 )
 from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
+from embedl_dynamo.patterns.pooling import StemConvBNReLUMaxPool
 from embedl_dynamo.quant.spec import OPENVINO_INT8
 
-__all__ = ["BACKEND", "OPENVINO_QUANTIZED_PATTERNS"]
+__all__ = ["BACKEND", "OPENVINO_FUSION_PATTERNS", "OPENVINO_QUANTIZED_PATTERNS"]
+
+# The shared fusions less the ResNet stem's conv-bn-relu-maxpool group: OpenVINO fuses the conv
+# and relu itself and exports the same nodes either way, but INT8 needs the Q/DQ between the
+# relu and the pool (QuantMaxPoolInput), which a fused group would hide.
+OPENVINO_FUSION_PATTERNS = tuple(
+    p for p in COMMON_FUSION_PATTERNS if not isinstance(p, StemConvBNReLUMaxPool)
+)
 
 # NNCF's CPU placement (what OpenVINO's low-precision transformations turn into integer
 # kernels): every conv, depthwise included; linears and activation matmuls; residual adds
-# (a transformer's stream stays float, as NNCF leaves it); squeeze-excite scales; in attention
+# (a transformer's stream stays float, as NNCF leaves it); squeeze-excite scales; a max pool's
+# input rather than its output (NNCF's propagation: the pool runs on integers); in attention
 # q and k only.
 OPENVINO_QUANTIZED_PATTERNS = (
     QuantConv("quant_conv_ov", grouped=True),
@@ -37,6 +47,7 @@ OPENVINO_QUANTIZED_PATTERNS = (
     QuantMatMul(),
     QuantResidualAdd("quant_residual_add_ov", float_stream=True),
     QuantChannelScale(),
+    QuantMaxPoolInput(),
     QuantFusedAttention("quant_fused_attention_ov", operands=("0", "1"), head_sizes=None),
     QuantFusedModule(),
 )
@@ -44,7 +55,7 @@ OPENVINO_QUANTIZED_PATTERNS = (
 BACKEND = Backend(
     name="openvino",
     conversion_patterns=COMMON_CONVERSION_PATTERNS,
-    fusion_patterns=COMMON_FUSION_PATTERNS,
+    fusion_patterns=OPENVINO_FUSION_PATTERNS,
     smooth_patterns=COMMON_SMOOTH_PATTERNS,
     quantized_patterns=OPENVINO_QUANTIZED_PATTERNS,
     quantization=OPENVINO_INT8,

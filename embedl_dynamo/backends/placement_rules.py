@@ -279,6 +279,48 @@ class QuantChannelScale(PlacementRule):
         return m.ok()
 
 
+class QuantMaxPoolInput(PlacementRule):
+    """Quantize a max pool's input where the pool is its only reader (a ResNet stem's
+    ``relu(conv) -> max_pool2d``), and drop the Q/DQ the next layers asked for on the pool's
+    output.
+
+    Max pooling commutes with a per-tensor quantization (both are monotonic), so one Q/DQ
+    before the pool gives the integers the pool would have had after it, and the pool itself
+    runs on them. NNCF propagates its quantizer up through max pools the same way; OpenVINO's
+    CPU plugin then writes the conv's output as u8 and pools in u8. With the Q/DQ after the
+    pool, both ran in f32 on the largest activation of the network.
+    """
+
+    name = "quant_max_pool_input"
+    qdq = QDQ(inputs={"x": Role.ACTIVATION})
+
+    @staticmethod
+    def target(x):
+        out = F.max_pool2d(x, 3)
+        return out, {"pool": out}
+
+    def check(self, m: Match) -> MatchResult:
+        x = m["x"]
+        if not isinstance(x, fx.Node) or m.is_constant("x"):
+            return m.fail("the pool's input is a constant")
+        if m.kwarg("pool", "return_indices"):
+            return m.fail("max pool returns indices")
+        if len(x.users) != 1:
+            return m.fail("the pool's input has other readers (its Q/DQ would reach them)")
+        return m.ok()
+
+    def refine(self, activations: dict[str, Role], gm: fx.GraphModule) -> list[str]:
+        dropped = []
+        for node in gm.graph.nodes:
+            pool_input = node.args[0] if node.args else node.kwargs.get("input")
+            if (node.op == "call_function" and node.target is F.max_pool2d
+                    and node.name in activations and isinstance(pool_input, fx.Node)
+                    and pool_input.name in activations and len(pool_input.users) == 1):  # fmt: skip
+                del activations[node.name]
+                dropped.append(node.name)
+        return dropped
+
+
 class QuantFusedModule(PlacementRule):
     """TensorRT: any other fused module, quantized where its own ``qdq`` says (pooling...)."""
 

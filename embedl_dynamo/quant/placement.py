@@ -223,4 +223,7 @@ def plan_placement(gm: fx.GraphModule, rules: Sequence[PlacementRule]) -> Placem
             placement.quantized_layers.append(ident)
             layer = placement.layers.setdefault(ident, LayerPoints(node.name, str(node.target)))
             _annotate_module(placement, node, qdq, rule.module_output, layer)
+    dropped = {name for rule in rules for name in rule.refine(placement.activations, gm)}
+    for layer in placement.layers.values():
+        layer.activations = [a for a in layer.activations if a not in dropped]
     return placement

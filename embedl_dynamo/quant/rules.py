@@ -59,6 +59,11 @@ class PlacementRule(MatchRule):
         """The QDQ positions of one function match (``qdq`` unless a rule decides per match)."""
         return self.qdq
 
+    def refine(self, activations: dict[str, Role], gm: fx.GraphModule) -> list[str]:
+        """After every rule has annotated ``gm``: drop activation points this rule makes
+        redundant (none by default). Returns the names of the nodes dropped."""
+        return []
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "phase": self.phase, "qdq": self.qdq.to_dict()}
 

@@ -7,13 +7,14 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo import quantize
 from embedl_dynamo.patterns.attention import FusedAttention
 from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
 from tests.helpers import is_fake_quant, random_batches
-from tests.models import MobileNetLike, ViTLike, randomize_batchnorm
+from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 
 
 def _quantized(model, shape, backend="openvino"):
@@ -162,3 +163,57 @@ def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
     }
     pooled = [n for n in fakes if "adaptive_avg_pool" in n]
     assert len(pooled) == 3 and not unsigned & set(pooled)
+
+
+def _max_pools(gm):
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target is F.max_pool2d]
+
+
+def test_a_stems_max_pool_reads_the_quantized_relu_and_its_output_has_no_second_qdq():
+    """NNCF's propagation: the Q/DQ sits between the relu and the pool, so OpenVINO writes the
+    stem conv's output as u8 and pools in u8 (the Q/DQ after the pool left both in f32)."""
+    torch.manual_seed(0)
+    model = randomize_batchnorm(ResNetLike()).eval()
+    q, report, x = _quantized(model, (2, 3, 32, 32))
+    assert [i for i in report["quantized_layers"] if i.startswith("quant_max_pool_input@")]
+    (pool,) = _max_pools(q)
+    assert is_fake_quant(q, pool.kwargs["input"])  # the pool reads Q/DQ'd values
+    assert not any(is_fake_quant(q, user) for user in pool.users)  # and none after it
+    with torch.no_grad():
+        cosine = F.cosine_similarity(q(x).flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.98
+
+
+class _PoolAndSkip(nn.Module):
+    """A relu output read by a max pool and by a second branch."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.after = nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return self.after(F.max_pool2d(y, 3, 2, 1)) + F.avg_pool2d(y, 2)
+
+
+def test_a_pool_whose_input_has_other_readers_keeps_its_qdq_after_and_says_why():
+    torch.manual_seed(0)
+    q, report, _ = _quantized(_PoolAndSkip().eval(), (2, 3, 16, 16))
+    reasons = {f["reason"] for f in report["float_layers"] if "max_pool_input" in f["id"]}
+    assert reasons == {"the pool's input has other readers (its Q/DQ would reach them)"}
+    (pool,) = _max_pools(q)
+    assert any(is_fake_quant(q, user) for user in pool.users)  # the conv after it reads Q/DQ
+
+
+def test_max_pooling_commutes_with_a_per_tensor_quantization():
+    """Why one Q/DQ before the pool replaces the one after: the same integers, bit for bit."""
+    torch.manual_seed(0)
+    y = torch.relu(torch.randn(2, 8, 17, 17))
+    scale = float(y.max()) / 255
+
+    def fake_quant(t):
+        return torch.fake_quantize_per_tensor_affine(t, scale, 0, 0, 255)
+
+    pool = lambda t: F.max_pool2d(t, 3, 2, 1)  # noqa: E731
+    assert torch.equal(pool(fake_quant(y)), fake_quant(pool(y)))
