@@ -9,6 +9,10 @@ threads:
   OpenVINO lowering; ``--no-lowering`` compiles this side's file as OpenVINO reads it);
 * **openvino**: ``ov.convert_model(model, example_input=x)``, what an OpenVINO user does.
 
+With ``--precision int8`` the two sides are our INT8 file (``precision="int8"``, OpenVINO's
+placement) and NNCF's ``quantize`` of OpenVINO's conversion, both calibrated on the same four
+random batches; ``--batch`` sets the batch (the zoo's input repeated).
+
 It then reads what the CPU plugin made of each (``compiled.get_runtime_model()``: per executed
 layer its ``layerType``, ``primitiveType`` (the kernel), ``runtimePrecision`` and
 ``outputLayouts``) and the performance counters (``PERF_COUNT``: real time per node, median
@@ -27,7 +31,8 @@ of a shared machine than end-to-end medians do; both are printed.
 Usage::
 
     python bench/ov_layer_compare.py --model mobilenet_v3_large [--hint bf16] [--rounds 20]
-        [--runs 50] [--threads 2] [--no-lowering] [--static] [--json out.json]
+        [--runs 50] [--threads 2] [--no-lowering] [--static] [--precision int8] [--batch 8]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -55,11 +60,20 @@ from embedl_dynamo.runtimes.openvino import compile as ov_compile  # noqa: E402
 _NOT_WORK = {"Input", "Output", "Parameter", "Result", "Constant", "Const"}
 
 
-def export_fp32(model: torch.nn.Module, x: torch.Tensor, directory: Path) -> Path:
-    """Our fp32 ONNX file for the OpenVINO backend (what ``embedl_openvino`` caches)."""
+def export_ours(
+    model: torch.nn.Module, x: torch.Tensor, directory: Path, calibration: list | None = None
+) -> Path:
+    """Our ONNX file for the OpenVINO backend (what ``embedl_openvino`` caches): fp32, or INT8
+    calibrated on ``calibration`` (OpenVINO's placement; random weights' INT8 cosines sit below
+    the default budget, so the file is written unjudged: this compares speed, per layer)."""
+    if calibration is None:
+        return embedl_dynamo.export(
+            model, (x,), directory / "model.onnx", backend="openvino", precision="fp32"
+        )
     return embedl_dynamo.export(
-        model, (x,), directory / "model.onnx", backend="openvino", precision="fp32"
-    )
+        model, (x,), directory / "model.onnx", backend="openvino", precision="int8",
+        calibration_data=calibration, verify=False, options={"accuracy_budget": 0.5},
+    )  # fmt: skip
 
 
 def _ours(path: Path, hint: str, threads: int, lowering: bool, config: dict) -> Any:
@@ -78,11 +92,16 @@ def _ours(path: Path, hint: str, threads: int, lowering: bool, config: dict) -> 
     return compiled
 
 
-def _openvino(model, x, hint: str, threads: int, config: dict) -> Any:
+def _openvino(model, x, hint: str, threads: int, config: dict, calibration=None) -> Any:
     import openvino as ov
 
     with torch.no_grad():
         ov_model = ov.convert_model(model, example_input=(x,))
+    if calibration is not None:  # NNCF's INT8, on the same batches as ours
+        import nncf
+
+        data = nncf.Dataset([tuple(t.numpy() for t in batch) for batch in calibration])
+        ov_model = nncf.quantize(ov_model, data)
     properties = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads, **config}
     return ov.Core().compile_model(ov_model, "CPU", properties)
 
@@ -224,7 +243,7 @@ def _end_to_end(model, x, compiled: dict, args) -> dict:
     if args.static:
         for side, request in _static_requests(model, x, args).items():
             fns[side] = lambda r=request: r.infer(feeds)
-    if args.hint == "f32":
+    if args.hint == "f32" and args.precision == "fp32":
         options = {
             "precision": "fp32",
             "num_threads": args.threads,
@@ -253,26 +272,35 @@ def main() -> None:
     parser.add_argument(
         "--static", action="store_true", help="end to end also with the input shape fixed"
     )
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
+                        help="int8: ours against NNCF's INT8 of OpenVINO's conversion")  # fmt: skip
+    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
     import_model_libraries()
     torch.manual_seed(0)
     model, (x,) = ZOO[args.model][1]()
+    x = x.expand(args.batch, *x.shape[1:]).contiguous()
+    generator = torch.Generator().manual_seed(1)
+    calibration = None
+    if args.precision == "int8":
+        calibration = [(torch.randn(x.shape, generator=generator),) for _ in range(4)]
     feeds = [x.numpy()]
     profile = {"PERF_COUNT": True}
     scratch = tempfile.TemporaryDirectory(prefix="ov_layer_compare_")
-    path = args.path = export_fp32(model, x, Path(scratch.name))
+    path = args.path = export_ours(model, x, Path(scratch.name), calibration)
     builders = {
         "ours": lambda cfg: _ours(path, args.hint, args.threads, not args.no_lowering, cfg),
-        "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg),
+        "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg, calibration),
     }
     profiled = {side: build(profile) for side, build in builders.items()}
     times = node_times(profiled, feeds, args.runs)
     sides = {s: {"layers": runtime_layers(c), "times": times[s]} for s, c in profiled.items()}
     del profiled
     compiled = {side: build({}) for side, build in builders.items()} if args.rounds else {}
-    print(f"{args.model}, hint {args.hint}, {args.threads} threads, {args.runs} profiled runs")
+    print(f"{args.model}, {args.precision}, batch {args.batch}, hint {args.hint}, "
+          f"{args.threads} threads, {args.runs} profiled runs")  # fmt: skip
     result = _print_report(sides)
     if args.rounds:
         result["end_to_end"] = _end_to_end(model, x, compiled, args)
