@@ -27,8 +27,9 @@ compression, compile). The roofline is the bytes of the weights the matmuls read
 scales and zero points) over the read bandwidth of a large ``sum``.
 
 This script runs in its own environment, not the project's: optimum-intel 2.2 pins
-transformers < 5.6 and huggingface-hub < 1.22, below ``constraints.txt``. It imports neither
-``embedl_dynamo`` nor ``bench.bench_llm``. The environment (``torch==2.13.0`` first, so pip
+transformers < 5.6 and huggingface-hub < 1.22, below ``constraints.txt``. It does not import
+``embedl_dynamo``; the model, prompt, timing and bandwidth probe are ``bench.bench_llm``'s
+(which imports only torch and transformers). The environment (``torch==2.13.0`` first, so pip
 keeps the local CPU wheel; check each step with ``pip install --dry-run`` for nvidia-*/cuda
 packages or another torch)::
 
@@ -59,57 +60,23 @@ from pathlib import Path
 
 import torch
 
-PROMPT = 64
+from bench.bench_llm import PROMPT, generate, qwen2_0_5b, read_bandwidth_gbs
+from bench.zoo import import_model_libraries
+
 # variant -> (weight bits or None for float, INFERENCE_PRECISION_HINT or None for the default)
 VARIANTS = {"fp32": (None, "f32"), "default": (None, None), "int8": (8, None),
             "int4": (4, None), "int8-f32": (8, "f32"), "int4-f32": (4, "f32")}  # fmt: skip
-_LIBRARY = None
 
 
 def import_transformers():
-    """Import transformers with the CPU torch: optimum-intel requires torchvision, whose only
-    wheel here is a CUDA build that fails to import until its two op schemas exist."""
-    global _LIBRARY
-    if _LIBRARY is None:
-        _LIBRARY = torch.library.Library("torchvision", "DEF")
-        _LIBRARY.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _LIBRARY.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    """Import transformers with the CPU torch (optimum-intel requires torchvision, whose only
+    wheel here is a CUDA build that fails to import until its op schemas exist), quietly."""
+    import_model_libraries()
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return transformers
-
-
-def qwen2_0_5b(layers: int):
-    """The Qwen2.5-0.5B shape with random weights (no download), as in ``bench_llm.py``."""
-    transformers = import_transformers()
-    config = transformers.Qwen2Config(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=layers,
-        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
-        max_position_embeddings=4096, tie_word_embeddings=True,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    return transformers.Qwen2ForCausalLM(config).eval()
-
-
-def read_bandwidth_gbs() -> float:
-    """Bytes per second a large reduction reads here (the decode roofline's denominator)."""
-    data = torch.ones(256 * 1024 * 1024 // 4 * 4)  # 1 GiB of float32
-    data.sum()
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        data.sum()
-        times.append(time.perf_counter() - start)
-    return data.numel() * 4 / min(times) / 1e9
-
-
-def generate(model, ids, new_tokens: int):
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                              do_sample=False)  # fmt: skip
 
 
 def convert(name: str, model_dir: str, threads: int):
@@ -272,6 +239,7 @@ def main() -> None:
           f"threads {args.threads}; {versions()}")  # fmt: skip
     ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
     with tempfile.TemporaryDirectory() as model_dir:
+        import_transformers()
         qwen2_0_5b(args.layers).save_pretrained(model_dir)
         gc.collect()
         variants = build_variants(args, model_dir, ids)
