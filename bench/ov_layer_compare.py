@@ -243,12 +243,16 @@ def _end_to_end(model, x, compiled: dict, args) -> dict:
     if args.static:
         for side, request in _static_requests(model, x, args).items():
             fns[side] = lambda r=request: r.infer(feeds)
-    if args.hint == "f32" and args.precision == "fp32":
+    # ours as the user runs it, where its hint is the one the raw requests use: fp32 with f32;
+    # INT8 with bf16 (its float rest in bf16 on a CPU with AVX512_BF16, as OpenVINO's default)
+    if (args.precision, args.hint) in (("fp32", "f32"), ("int8", "bf16")):
         options = {
-            "precision": "fp32",
+            "precision": args.precision,
             "num_threads": args.threads,
             "cache_dir": str(args.path.parent / "cache"),
         }
+        if args.precision == "int8":
+            options.update(calibration_data=args.calibration, accuracy_budget=0.5)
         ours_compiled = torch.compile(model, backend="embedl_openvino", options=options)
         with torch.no_grad():
             ours_compiled(x)
@@ -290,6 +294,7 @@ def main() -> None:
     profile = {"PERF_COUNT": True}
     scratch = tempfile.TemporaryDirectory(prefix="ov_layer_compare_")
     path = args.path = export_ours(model, x, Path(scratch.name), calibration)
+    args.calibration = calibration
     builders = {
         "ours": lambda cfg: _ours(path, args.hint, args.threads, not args.no_lowering, cfg),
         "openvino": lambda cfg: _openvino(model, x, args.hint, args.threads, cfg, calibration),
