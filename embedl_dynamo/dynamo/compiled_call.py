@@ -255,6 +255,8 @@ class _FrozenWeights:
 
 #: an input this many times larger than the largest value calibration saw is clipped by INT8
 OUT_OF_RANGE = 10.0
+#: the range watch inspects every one of the first calls, then one call in this many
+WATCH_EVERY_CALL, WATCH_STRIDE = 16, 8
 
 
 def calibrated_input_bounds(quantized: fx.GraphModule) -> dict[int, float]:
@@ -286,12 +288,16 @@ def watch_calibrated_ranges(
 ) -> Callable[..., Any]:
     """``infer`` that warns once when an input reaches :data:`OUT_OF_RANGE` times the largest
     value calibration saw there: INT8 clips it, so the answer is wrong in a way no first-call
-    check could see. After the warning, calls are not inspected again."""
-    warned = False
+    check could see. The first :data:`WATCH_EVERY_CALL` calls are inspected, then every
+    :data:`WATCH_STRIDE`-th (inputs that drift from the calibration data keep drifting: a
+    sample finds them, without reading every input twice on every call, 3% of an 8-image
+    MobileNetV3's call). After the warning, calls are not inspected again."""
+    warned, calls = False, 0
 
     def watched(*inputs: Any) -> Any:
-        nonlocal warned
-        if not warned:
+        nonlocal warned, calls
+        calls += 1
+        if not warned and (calls <= WATCH_EVERY_CALL or calls % WATCH_STRIDE == 0):
             for position, bound in bounds.items():
                 tensor = inputs[position]
                 peak = _peak(tensor)

@@ -34,3 +34,25 @@ def test_inputs_far_outside_the_calibrated_range_warn_once():
             compiled(torch.randn(2, 3, 16, 16) * 255)
     found = [str(w.message) for w in caught if "calibration saw" in str(w.message)]
     assert len(found) == 1 and "INT8 clips it" in found[0], found
+
+
+def test_after_its_first_calls_the_watch_samples_one_call_in_eight():
+    from embedl_dynamo.dynamo.compiled_call import (
+        WATCH_EVERY_CALL,
+        WATCH_STRIDE,
+        watch_calibrated_ranges,
+    )
+
+    seen = []
+    watched = watch_calibrated_ranges(lambda x: seen.append(x) or x, {0: 1.0}, index=0)
+    calm, wild = torch.ones(4), torch.full((4,), 100.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(WATCH_EVERY_CALL):
+            watched(calm)
+        for _ in range(WATCH_STRIDE - 1):  # calls the sample skips: no warning yet
+            watched(wild)
+        assert not caught
+        watched(wild)  # the sampled call
+    assert len(caught) == 1 and "INT8 clips it" in str(caught[0].message)
+    assert len(seen) == WATCH_EVERY_CALL + WATCH_STRIDE  # every call still ran
