@@ -20,8 +20,9 @@ it runs TensorRT's placement as float convs between Q/DQ:
 * **onnxruntime**: additionally Q/DQ on each conv's (post-activation) output and on each Add's
   output, so ORT's QDQ transformer forms QLinearConv and QLinearAdd.
 * **openvino**: NNCF's CPU placement: the inputs of every conv (depthwise included), linear and
-  activation matmul, both inputs of residual adds and of squeeze-excite scales; in attention q
-  and k only; a transformer's residual stream stays float.
+  activation matmul, both inputs of residual adds and of squeeze-excite scales; a max pool's
+  input rather than its output; in attention q and k only; a transformer's residual stream
+  stays float.
 """
 
 from __future__ import annotations
