@@ -36,7 +36,7 @@ ENV_PRECISION = "EMBEDL_DYNAMO_PRECISION"
 FALLBACKS = ("eager", "raise")
 # ``quantize="int8"``: the older spelling of ``precision="int8"``, accepted as an option only
 _QUANTIZE_ALIAS = "quantize"
-OBSERVERS = ("minmax", "percentile", "mse", "entropy")
+OBSERVERS = ("minmax", "mean_minmax", "percentile", "mse", "entropy")
 
 # options that are never part of a cache key (data, or purely cosmetic)
 _READ_ONCE: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
@@ -108,7 +108,9 @@ class Settings:
         calibration_data: iterable of input tensors / tuples, or a callable
             ``forward_loop(model)``; None calibrates on the first real calls.
         calibration_steps: how many batches calibration uses.
-        observer: range estimator: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
+        observer: the activations' range estimator: ``minmax``, ``mean_minmax`` (the mean of
+            each batch's min and max, NNCF's), ``percentile``, ``mse`` or ``entropy``; None:
+            the target's own (``mean_minmax`` for ``openvino``, ``minmax`` for the others).
         calibration_cache: keep calibrated ranges in the cache directory.
         accuracy_budget: the least cosine similarity a lower-precision artifact's outputs must
             have to the float model's on the build sample; below it the float artifact runs.
@@ -133,7 +135,7 @@ class Settings:
     precision: Precision = "fp32"  # type: ignore[assignment]  # a name, looked up on init
     calibration_data: Any = field(default=None, compare=False, repr=False)
     calibration_steps: int = 32
-    observer: str = "minmax"
+    observer: str | None = None
     calibration_cache: bool = True
     accuracy_budget: float = 0.99
     max_batch: int | None = None
@@ -147,7 +149,7 @@ class Settings:
             raise ValueError(f"invalid runtime={self.runtime!r}; expected a runtime name")
         _choice("fallback", self.fallback, FALLBACKS)
         object.__setattr__(self, "precision", get_precision(self.precision))
-        _choice("observer", self.observer, OBSERVERS)
+        _choice("observer", self.observer, (None, *OBSERVERS))
         _int("min_subgraph_size", self.min_subgraph_size, 0)
         _int("calibration_steps", self.calibration_steps, 1)
         if self.num_threads is not None:

@@ -25,7 +25,7 @@ def test_defaults(monkeypatch, tmp_path):
         "eager",
         True,
         "fp32",
-        "minmax",
+        None,  # the target's own range estimator
     )
     assert not s.precision.quantizes
     assert s.cache_dir == tmp_path / "embedl_dynamo"
@@ -51,7 +51,10 @@ def test_unknown_option_lists_valid_ones():
     [
         ({"fallback": "ignore"}, "invalid fallback='ignore'; valid values: 'eager', 'raise'"),
         ({"quantize": "int4"}, "invalid quantize='int4'; valid values: None, 'int8'"),
-        ({"observer": "max"}, "valid values: 'minmax', 'percentile', 'mse', 'entropy'"),
+        (
+            {"observer": "max"},
+            "valid values: None, 'minmax', 'mean_minmax', 'percentile', 'mse', 'entropy'",
+        ),
         ({"min_subgraph_size": -1}, "expected an integer >= 0"),
         ({"min_subgraph_size": 2.5}, "expected an integer >= 0"),
         ({"calibration_steps": 0}, "expected an integer >= 1"),

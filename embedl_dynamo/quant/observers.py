@@ -60,6 +60,10 @@ class Calibrator:
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
         self.batches += 1
+        self.observed(lo, hi)
+
+    def observed(self, lo: float, hi: float) -> None:
+        """One batch's minimum and maximum, after :meth:`collect` has counted them."""
 
     def require_data(self) -> None:
         """Raise, naming the tensor, when no calibration batch reached this observer."""
@@ -80,6 +84,29 @@ class Calibrator:
 
 class MinMaxCalibrator(Calibrator):
     """The running min/max of every value seen."""
+
+
+class MeanMinMaxCalibrator(Calibrator):
+    """The mean over calibration batches of each batch's minimum and maximum (NNCF's default
+    for per-tensor activations, ``MEAN_MINMAX``): one batch with an extreme value widens the
+    range by its share of the batches, not wholly, so the other values keep finer steps."""
+
+    def reset(self) -> None:
+        super().reset()
+        self._lo: list[float] = []
+        self._hi: list[float] = []
+
+    def observed(self, lo: float, hi: float) -> None:
+        self._lo.append(lo)
+        self._hi.append(hi)
+
+    def compute_amax(self) -> float:
+        lo, hi = self.compute_range()
+        return max(abs(lo), abs(hi))
+
+    def compute_range(self) -> tuple[float, float]:
+        self.require_data()
+        return sum(self._lo) / len(self._lo), sum(self._hi) / len(self._hi)
 
 
 class PercentileCalibrator(Calibrator):
@@ -203,6 +230,8 @@ def make_calibrator(spec: QuantizationSpec, name: str = "") -> Calibrator:
     """The calibrator that ``spec.observer`` names."""
     if spec.observer == "minmax":
         return MinMaxCalibrator(name)
+    if spec.observer == "mean_minmax":
+        return MeanMinMaxCalibrator(name)
     if spec.observer == "percentile":
         return PercentileCalibrator(name, spec.percentile)
     return HistogramCalibrator(name, spec.observer)

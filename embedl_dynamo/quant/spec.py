@@ -44,7 +44,8 @@ class QuantizationSpec:
         per_channel: one scale per slice along ``axis`` (weights), else one per tensor.
         axis: the channel axis when ``per_channel``.
         narrow_range: use ``[-127, 127]`` for int8 (TensorRT's and ModelOpt's weight grid).
-        observer: calibration method: ``minmax``, ``percentile``, ``mse`` or ``entropy``.
+        observer: calibration method: ``minmax``, ``mean_minmax``, ``percentile``, ``mse`` or
+            ``entropy``.
         percentile: the percentile kept by the ``percentile`` observer.
         unsigned_nonnegative: a symmetric int8 tensor whose calibrated range holds no
             negative value is quantized as uint8 over ``[0, max]`` (zero point 0) instead: one
@@ -202,7 +203,9 @@ ONNXRUNTIME_INT8 = QuantizationConfig(
 
 OPENVINO_INT8 = QuantizationConfig(
     {
-        Role.ACTIVATION: QuantizationSpec("int8", symmetric=True, unsigned_nonnegative=True),
+        Role.ACTIVATION: QuantizationSpec(
+            "int8", symmetric=True, unsigned_nonnegative=True, observer="mean_minmax"
+        ),
         Role.WEIGHT: QuantizationSpec(
             "int8", symmetric=True, per_channel=True, axis=0, narrow_range=True
         ),
@@ -210,4 +213,5 @@ OPENVINO_INT8 = QuantizationConfig(
     name="openvino",
 )
 """OpenVINO CPU (NNCF's performance preset): symmetric activations, uint8 over [0, max] where
-they hold no negative value, else int8; symmetric int8 weights per channel on axis 0."""
+they hold no negative value, else int8, their ranges the mean of each calibration batch's min
+and max (NNCF's ``MEAN_MINMAX``); symmetric int8 weights per channel on axis 0."""

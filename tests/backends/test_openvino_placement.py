@@ -105,15 +105,15 @@ def test_a_transformer_residual_stream_stays_float():
 
 
 def _calibrated_ranges(q, batches):
-    """``{fake-quant name: (min, max)}`` of each fake-quant's input over ``batches``, computed
-    as calibration saw it: every activation and weight fake-quant passes its input through."""
+    """``{fake-quant name: (lowest min, mean min, mean max)}`` of each fake-quant's input over
+    ``batches`` (NNCF's MEAN_MINMAX: the mean of each batch's min and max; the lowest decides
+    the sign), computed as calibration saw it: every fake-quant passes its input through."""
     fakes = {n: m for n, m in q.named_modules() if isinstance(m, FakeQuantize)}
-    ranges: dict[str, tuple[float, float]] = {}
+    seen: dict[str, list[tuple[float, float]]] = {}
 
     def recorder(name):
         def record(module, inputs, output):
-            lo, hi = ranges.get(name, (math.inf, -math.inf))
-            ranges[name] = (min(lo, float(inputs[0].min())), max(hi, float(inputs[0].max())))
+            seen.setdefault(name, []).append((float(inputs[0].min()), float(inputs[0].max())))
             return inputs[0]
 
         return record
@@ -131,7 +131,10 @@ def _calibrated_ranges(q, batches):
     finally:
         for handle in handles:
             handle.remove()
-    return ranges
+    return {
+        name: (min(lo for lo, _ in pairs), *(sum(v) / len(v) for v in zip(*pairs)))
+        for name, pairs in seen.items()
+    }
 
 
 def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
@@ -145,9 +148,9 @@ def test_post_relu_activations_are_uint8_from_zero_and_signed_ones_int8():
     calibrated = _calibrated_ranges(q, random_batches(shape))  # the data _quantized calibrated on
     assert set(calibrated) == set(fakes)
     for name, fake in fakes.items():
-        lo, hi = calibrated[name]
+        lowest, lo, hi = calibrated[name]
         assert int(fake.zero_point) == 0, name
-        if lo >= 0.0:  # [0, max] over 255 steps: scale max / 255, half of int8's max / 127
+        if lowest >= 0.0:  # [0, max] over 255 steps: scale max / 255, half of int8's max / 127
             assert (fake.qmin, fake.qmax) == (0, 255), name
             assert math.isclose(float(fake.scale), hi / 255, rel_tol=1e-6), name
         else:  # symmetric int8 over [-amax, amax]

@@ -102,3 +102,19 @@ def test_scale_zero_point_math():
     per_channel = QuantizationSpec("int8", per_channel=True, axis=0, narrow_range=True)
     scale, zp = scale_zero_point(per_channel, torch.tensor([-1.0, 0.0]), torch.tensor([0.5, 0.0]))
     assert scale.shape == (2,) and float(scale[1]) > 0  # an all-zero channel stays finite
+
+
+def test_mean_minmax_averages_each_batchs_range_as_nncf_does():
+    from embedl_dynamo.quant.observers import MeanMinMaxCalibrator, make_calibrator
+    from embedl_dynamo.quant.spec import OPENVINO_INT8
+    from embedl_dynamo.rewrite.qdq import Role
+
+    calibrator = MeanMinMaxCalibrator("x")
+    for batch in (torch.tensor([0.0, 1.0]), torch.tensor([-1.0, 3.0]), torch.tensor([1.0, 11.0])):
+        calibrator.collect(batch)
+    assert calibrator.compute_range() == (0.0, 5.0)  # means of (0, -1, 1) and (1, 3, 11)
+    assert calibrator.compute_amax() == 5.0
+    assert (calibrator.min, calibrator.max) == (-1.0, 11.0)  # the extremes stay known
+    # the openvino target's activations use it (NNCF's MEAN_MINMAX); weights stay min/max
+    assert isinstance(make_calibrator(OPENVINO_INT8.spec(Role.ACTIVATION)), MeanMinMaxCalibrator)
+    assert OPENVINO_INT8.spec(Role.WEIGHT).observer == "minmax"
