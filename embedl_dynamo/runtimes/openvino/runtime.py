@@ -215,9 +215,10 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         feeds = [np.require(t.detach().cpu().numpy(), requirements="C") for t in args]
         # share_inputs: OpenVINO reads the arrays where they are instead of copying each into
         # the request's own tensors (an 8-image batch: 4.8 MB a call); the run is synchronous,
-        # and every later infer(feeds) or in-place call sets its inputs anew before running
+        # and every later infer(feeds) or in-place call sets its inputs anew before running.
+        # share_outputs: views of the request's output buffers, copied once just below
         with _cause_named():
-            results = request.infer(feeds, share_inputs=True)
+            results = request.infer(feeds, share_inputs=True, share_outputs=True)
         outputs = [results[port] for port in compiled.outputs]
         # copies: the request reuses its output buffers on the next call
         return tuple(torch.from_numpy(np.array(o)).to(device) for o in outputs)
