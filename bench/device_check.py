@@ -83,13 +83,19 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage()[:200])
 
 
+def _sync() -> None:
+    """Wait for the GPU's queued work (a CPU dry run has none)."""
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def _median_ms(fn: Callable[[], object], runs: int = 20) -> float:
     times = []
     for _ in range(runs):
-        torch.cuda.synchronize() if DEVICE == "cuda" else None
+        _sync()
         start = time.perf_counter()
         fn()
-        torch.cuda.synchronize() if DEVICE == "cuda" else None
+        _sync()
         times.append(time.perf_counter() - start)
     return sorted(times)[runs // 2] * 1e3
 
