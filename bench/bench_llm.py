@@ -148,6 +148,10 @@ def main() -> None:
         "ours-bf16@embedl_openvino", "ours-int8_weight_only", "ours-int4_weight_only"])  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(2)
+    # every variant compiles the same transformers function, each 2-3 times (prefill, then
+    # decode at static and at dynamic cache lengths): past Dynamo's 8 compiles of one function
+    # the later variants would silently be timed in eager
+    torch._dynamo.config.recompile_limit = 8 * len(args.variants)
     bandwidth = read_bandwidth_gbs()
     print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {PROMPT}")
     ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))

@@ -25,7 +25,7 @@ from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.registry import runtime_candidates
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route
+from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route, precision_route
 
 __all__ = ["SubgraphJob", "route_subgraph"]
 
@@ -68,12 +68,16 @@ def route_subgraph(
     on_cuda = any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs)
     # a forced, missing runtime raises
     candidates = runtime_candidates(settings.runtime, backend, on_cuda)
+    # the precision rules were measured on CPUs; on CUDA the target's order stands
+    candidates, preferred = (
+        (candidates, "") if on_cuda else precision_route(candidates, settings.precision)
+    )
     runtime_cls, route = int8_route(candidates[0], settings.precision)
     report = SubgraphReport(
         index=next_index(), backend=backend.name, runtime="eager", ops=_count_ops(gm), status=""
     )
     backend, cpu_route = cpu_precision_route(runtime_cls, backend, settings)
-    report.reason = route or cpu_route
+    report.reason = "; ".join(r for r in (preferred, route or cpu_route) if r)
     # with several CPU runtimes, float graphs (and mixed against float) are timed on each
     timed = [] if on_cuda else [c for c in candidates if c.cpu_target is not None]
     if len(timed) < 2:

@@ -1,5 +1,7 @@
 """Which runtime and which target's placement a lower precision takes on the runtime chosen.
 
+``precision_route``: under ``auto``, a precision one runtime's kernels lead (the weight-only
+ones: :func:`~embedl_dynamo.tuning.runtime_rules.precision_rule`) is built on that runtime.
 ``int8_route``: Torch-TensorRT's INT8 needs ModelOpt's quantize op, else ONNX -> TensorRT.
 ``cpu_precision_route``: on a CPU runtime, the ``tensorrt`` target's INT8 takes the placement of
 that runtime's own target, whose integer kernels it forms.
@@ -17,10 +19,26 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.runtime_rules import precision_rule
 
-__all__ = ["cpu_precision_route", "int8_route"]
+__all__ = ["cpu_precision_route", "int8_route", "precision_route"]
 
 logger = logging.getLogger(__name__)
+
+
+def precision_route(
+    candidates: list[type[Runtime]], precision: Precision
+) -> tuple[list[type[Runtime]], str]:
+    """``candidates`` (best first) with the leader of ``precision``'s rule moved first, and a
+    note for the report ("" when no rule applies: one candidate, a forced runtime, or the
+    leader not installed or already first)."""
+    rule = precision_rule(precision.name, [c.name for c in candidates])
+    if rule is None:
+        return candidates, ""
+    leader = next(c for c in candidates if c.name == rule.leader)
+    note = f"auto: {leader.name} for {precision.name} by the precision rule ({rule.evidence})"
+    logger.info("%s", note)
+    return [leader, *(c for c in candidates if c is not leader)], note
 
 
 def int8_route(cls: type[Runtime], precision: Precision) -> tuple[type[Runtime], str]:

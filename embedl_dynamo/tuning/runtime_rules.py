@@ -17,6 +17,12 @@ and the family rule.
   the others are not built or timed. Any other graph, a lower-precision option (``mixed``: its
   speed depends on the layers it quantized) or a leader that fails to build is decided by
   measuring, as before.
+* :func:`precision_rule`: a precision whose kernels one runtime leads. The weight-only
+  precisions are a decoder's weights streamed once per token, so the per-token time is the
+  weight-only matmul kernels': ONNX Runtime's ``MatMulNBits`` (int8 compute on int4/int8
+  blocks) led OpenVINO's compressed-weight matmuls on our artifact at both bit widths on the
+  decoders measured (``bench/bench_llm.py``), so under ``auto`` ONNX Runtime builds those graphs
+  when it is installed. The rule orders the runtimes; nothing is built twice.
 """
 
 from __future__ import annotations
@@ -35,12 +41,15 @@ from embedl_dynamo.graph.printer import format_graph
 
 __all__ = [
     "FAMILY_RULES",
+    "PRECISION_RULES",
     "TRANSFORMER_MIN_FLOPS",
     "FamilyRule",
+    "PrecisionRule",
     "architecture_key",
     "family_rule",
     "graph_family",
     "matmul_flops",
+    "precision_rule",
 ]
 
 
@@ -69,6 +78,29 @@ class FamilyRule:
 FAMILY_RULES: tuple[FamilyRule, ...] = (
     FamilyRule("transformer", "openvino", TRANSFORMER_MIN_FLOPS,
                "OpenVINO led every large transformer measured"),
+)  # fmt: skip
+
+
+
+@dataclass(frozen=True)
+class PrecisionRule:
+    """A runtime whose kernels for some precisions lead, so ``auto`` builds it first.
+
+    Attributes:
+        precisions: the precision names the rule applies to.
+        leader: the runtime name ``auto`` puts first (where it is installed).
+        evidence: what measurements back the rule (shown in the report's note).
+    """
+
+    precisions: frozenset[str]
+    leader: str
+    evidence: str
+
+
+PRECISION_RULES: tuple[PrecisionRule, ...] = (
+    PrecisionRule(frozenset({"int8_weight_only", "int4_weight_only"}), "onnxruntime",
+                  "ONNX Runtime's MatMulNBits led OpenVINO's compressed-weight matmuls per "
+                  "token on every decoder measured"),
 )  # fmt: skip
 
 logger = logging.getLogger(__name__)
@@ -128,6 +160,19 @@ def family_rule(
         return None
     flops = matmul_flops(gm, inputs)
     return next((r for r in rules if flops >= r.min_flops), None)
+
+
+def precision_rule(precision: str, runtimes: Sequence[str]) -> PrecisionRule | None:
+    """The rule that puts one of ``runtimes`` (names, best first) ahead for ``precision``
+    (a name), or None (no rule, or its leader is not among them, or already first)."""
+    return next(
+        (
+            r
+            for r in PRECISION_RULES
+            if precision in r.precisions and r.leader in runtimes[1:]
+        ),
+        None,
+    )
 
 
 def _constant(gm: fx.GraphModule, target: str) -> Any:
