@@ -333,10 +333,13 @@ def _packed_int4(name: str, values: np.ndarray, kind: int) -> Any:
     """A 4-bit ``TensorProto``: two values per byte, the first in the low nibble."""
     from onnx import TensorProto
 
-    flat = values.reshape(-1).astype(np.int16) & 0x0F
+    flat = np.ascontiguousarray(values).reshape(-1).view(np.uint8)  # int4 codes: low nibble
     if flat.size % 2:
-        flat = np.concatenate([flat, np.zeros(1, flat.dtype)])
-    packed = (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+    # each pair of bytes read as one little-endian uint16 (first value in its low byte): no
+    # strided access to the pairs, no temporary wider than the pairs themselves
+    pairs = flat.view("<u2")
+    packed = ((pairs & 0x0F) | ((pairs >> 4) & 0xF0)).astype(np.uint8)
     proto = TensorProto(name=name, data_type=kind, dims=list(values.shape))
     proto.raw_data = packed.tobytes()
     return proto

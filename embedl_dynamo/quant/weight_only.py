@@ -334,11 +334,12 @@ def _within_budget(
         q = dequantize_weight(layer.codes, layer.scale, layer.zero_point)
         return float(q.sub_(w).norm() / w.norm().clamp_min(1e-12))
 
-    candidates.sort(key=error, reverse=True)
     head = nodes[-1] if nodes else None
-    if head in candidates:
-        candidates.remove(head)
-        candidates.insert(0, head)
+    if cosine < budget:  # ranked only when needed: each error dequantizes a layer
+        candidates.sort(key=error, reverse=True)
+        if head in candidates:
+            candidates.remove(head)
+            candidates.insert(0, head)
     kept: list[str] = []
     count = 1
     while cosine < budget and candidates:

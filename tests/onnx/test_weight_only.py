@@ -136,6 +136,36 @@ def test_a_2d_linear_with_bias_and_relu_is_matmulnbits_not_a_dequantising_gemm(t
     assert ops["MatMulNBits"] == 2 and not ops["Gemm"] + ops["FusedGemm"], ops
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_an_odd_count_of_int4_values_packs_and_runs_as_the_layer(tmp_path, symmetric):
+    """33 outputs of one 32-wide group: 33 zero points, an odd count, so the last byte holds
+    one value; the codes and zero points read back from the file are the layer's own."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(32, 33)).eval(), torch.randn(2, 32)
+    target = as_backend("onnxruntime")
+    patterns = [*target.conversion_patterns, *target.fusion_patterns]
+    gm = apply_transformation_plan(plan_transformation(model, patterns, args=(x,))).model
+    spec = WeightOnlySpec(4, 32, symmetric)
+    quantized, _ = weight_only_graph(gm, [x], spec, accuracy_budget=0.0)  # the head in int4
+    path = export_onnx(quantized, [x], tmp_path / "odd.onnx")
+    (layer,) = weight_only_layers(quantized)
+    model_proto = onnx.load(str(path))
+    initializers = {i.name: i for i in model_proto.graph.initializer}
+    (node,) = _dequantize_nodes(model_proto)
+    stored = [numpy_helper.to_array(initializers[name]) for name in node.input]
+    np.testing.assert_array_equal(stored[0].astype(np.int64), layer.codes.t().numpy())
+    if not symmetric:
+        assert stored[2].size == 33
+        np.testing.assert_array_equal(stored[2], layer.zero_point.t().numpy())
+    with torch.no_grad():
+        expected = quantized(x).numpy()
+    options = ort.SessionOptions()  # the file's own numbers: no int8-compute MatMulNBits
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = create_session(path, ["CPUExecutionProvider"], options=options)
+    (out,) = session.run(None, {"input_0": x.numpy()})
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("bits", "symmetric", "types"),
     [(4, False, ["u4", "u4", "u4", "u8"]), (4, True, ["i4", "i4", "i4", "i8"]),
