@@ -81,7 +81,6 @@ FAMILY_RULES: tuple[FamilyRule, ...] = (
 )  # fmt: skip
 
 
-
 @dataclass(frozen=True)
 class PrecisionRule:
     """A runtime whose kernels for some precisions lead, so ``auto`` builds it first.
@@ -166,11 +165,7 @@ def precision_rule(precision: str, runtimes: Sequence[str]) -> PrecisionRule | N
     """The rule that puts one of ``runtimes`` (names, best first) ahead for ``precision``
     (a name), or None (no rule, or its leader is not among them, or already first)."""
     return next(
-        (
-            r
-            for r in PRECISION_RULES
-            if precision in r.precisions and r.leader in runtimes[1:]
-        ),
+        (r for r in PRECISION_RULES if precision in r.precisions and r.leader in runtimes[1:]),
         None,
     )
 
