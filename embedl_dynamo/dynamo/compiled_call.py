@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import operator
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ from embedl_dynamo.settings import Settings
 
 __all__ = [
     "OUT_OF_RANGE",
+    "WEIGHT_SETS",
     "calibrated_input_bounds",
     "in_place_writes",
     "watch_calibrated_ranges",
@@ -76,10 +78,11 @@ def wrap_compiled(
     with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
     runtime.
 
-    The weights were frozen into the artifact, so each call first checks that none of them
-    changed since (``load_state_dict``, an optimizer step, ``weight.mul_(2)`` bump a tensor's
-    version counter; a few integer reads per call) and recompiles the subgraph if one did
-    (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`).
+    The weights were frozen into the artifact, so each call first checks that they are the
+    same tensors, unchanged (``load_state_dict``, an optimizer step, ``weight.mul_(2)`` bump a
+    tensor's version counter; a few integer reads per call), and otherwise runs a build for the
+    weights it was given (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`;
+    several kept, :func:`_by_weights`).
     """
     if infer is None:
         return gm.forward
@@ -87,21 +90,10 @@ def wrap_compiled(
         infer = infer.writing_in_place(in_place_writes(gm, user, written))
     warned = False
     # the weights: Dynamo's tensor arguments that are neither inputs nor specialized floats
-    frozen = _FrozenWeights(example_inputs, [*user, *(specialized or {})])
-    rebuilt: Callable[..., Any] | None = None  # the recompiled subgraph, once weights changed
+    not_weights = [*user, *(specialized or {})]
 
-    def compiled(*args: Any) -> Any:
-        nonlocal warned, rebuilt
-        if rebuilt is not None:
-            return rebuilt(*args)
-        if specialized and any(float(args[i]) != v for i, v in specialized.items()):
-            return gm.forward(*args)  # a float the artifact holds as a constant changed
-        changed = frozen.changed(args)
-        if changed is not None:
-            logger.info("subgraph %d: weight %s changed since compile; rebuilding",
-                        report.index, changed)  # fmt: skip
-            rebuilt = recompile(gm, args, backend, settings)
-            return rebuilt(*args)
+    def run(*args: Any) -> Any:
+        nonlocal warned
         inputs = [args[i] for i in user]
         for k in int_inputs:
             inputs[k] = torch.tensor(int(inputs[k]))
@@ -121,8 +113,51 @@ def wrap_compiled(
             return gm.forward(*args)
         return _as_output(gm, outputs)
 
+    by_weights = _by_weights(
+        run, _FrozenWeights(example_inputs, not_weights), report.index,
+        lambda args: recompile(gm, args, backend, settings),
+    )  # fmt: skip
+
+    def compiled(*args: Any) -> Any:
+        if specialized and any(float(args[i]) != v for i, v in specialized.items()):
+            return gm.forward(*args)  # a float the artifact holds as a constant changed
+        return by_weights(*args)
+
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
+
+
+def _by_weights(
+    run: Callable[..., Any],
+    frozen: _FrozenWeights,
+    index: int,
+    rebuild: Callable[[Sequence[Any]], Callable[..., Any]],
+) -> Callable[..., Any]:
+    """A call that runs the build of the weights it is given: ``run`` for ``frozen``, else one
+    made by ``rebuild``.
+
+    Dynamo hands one graph the weights of every instance of an architecture (its guards check
+    the weights' sizes, not which tensors they are), so the builds for up to
+    :data:`WEIGHT_SETS` sets of live weights are kept, the latest used first: two models
+    called in turn each keep their own build instead of rebuilding on every switch. A build
+    whose weights were modified in place or freed can never match again and is released.
+    """
+    builds = [(frozen, run)]  # latest used first
+
+    def by_weights(*args: Any) -> Any:
+        for position, (weights, build) in enumerate(builds):
+            if weights.changed(args) is None:
+                if position:
+                    builds.insert(0, builds.pop(position))
+                return build(*args)
+        weights = _FrozenWeights(args, frozen.user)
+        logger.info("subgraph %d: weight %s is not the one compiled; building for these weights",
+                    index, builds[0][0].changed(args))  # fmt: skip
+        builds[:] = [b for b in builds if b[0].may_match_again(weights)][: WEIGHT_SETS - 1]
+        builds.insert(0, (weights, rebuild(args)))
+        return builds[0][1](*args)
+
+    return by_weights
 
 
 def _outputs(
@@ -216,20 +251,36 @@ def in_place_writes(
 
 _VERSION = operator.attrgetter("_version")
 
+#: builds for this many sets of live weights are kept per compiled graph (see wrap_compiled)
+WEIGHT_SETS = 4
+
 
 class _FrozenWeights:
     """Identity and version counter of every frozen weight among Dynamo's arguments.
 
     Checked on every call, so with C-level ``map`` and tuple comparison rather than a Python
-    loop, whose per-weight overhead would add up on models with hundreds of weights.
+    loop, whose per-weight overhead would add up on models with hundreds of weights. Held by
+    weak reference: once one of them is freed its ``id`` may be given to another tensor, so
+    the set never matches again (``freed``), and the caller's model is not kept alive.
     """
 
     def __init__(self, args: Sequence[Any], user: list[int]) -> None:
+        self.user = user  # the arguments that are not weights
         users = set(user)
         self.indices = [
             i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
         ]
         self.ids, self.versions = self._state(args)
+        self.freed = False
+        self._refs = [weakref.ref(args[i], self._on_free) for i in self.indices]
+
+    def _on_free(self, _ref: Any) -> None:
+        self.freed = True
+
+    def may_match_again(self, newer: _FrozenWeights) -> bool:
+        """False when this set can never match a call again: a weight was freed, or ``newer``
+        holds the same tensors (modified in place since: versions only grow)."""
+        return not self.freed and self.ids != newer.ids
 
     def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
         if len(self.indices) > 1:
@@ -243,7 +294,7 @@ class _FrozenWeights:
     def changed(self, args: Sequence[Any]) -> str | None:
         """The first weight replaced or modified in place since compile, or None."""
         ids, versions = self._state(args)
-        if ids == self.ids and versions == self.versions:
+        if ids == self.ids and versions == self.versions and not self.freed:
             return None
         for index, ident, version, old_id, old_version in zip(
             self.indices, ids, versions, self.ids, self.versions

@@ -4,12 +4,15 @@ PyTorch."""
 
 from __future__ import annotations
 
+import gc
 import warnings
 
 import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.dynamo.compiled_call import WEIGHT_SETS
+from embedl_dynamo.runtimes.base import Served
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import TinyConvNet
 
@@ -34,6 +37,40 @@ def test_load_state_dict_after_compiling_is_picked_up():
         compiled(X)
         model.load_state_dict(other.state_dict())
         assert_close_to_scale(compiled(X), other(X))
+
+
+def test_two_instances_called_in_turn_each_keep_their_build():
+    """Dynamo gives the second instance the first one's graph (its guards check the weights'
+    sizes, not which tensors they are): each instance gets a build of its own weights, kept,
+    not rebuilt on every switch (before: a rebuild, and a runtime more in memory, per switch)."""
+    first, second = TinyConvNet().eval(), TinyConvNet().eval()
+    compiled = [torch.compile(m, backend="embedl_onnxruntime") for m in (first, second)]
+    with torch.no_grad():
+        for _ in range(3):
+            for model, fn in zip((first, second), compiled):
+                assert_close_to_scale(fn(X), model(X))
+    assert BUILD_COUNTS["onnx"] == 2
+
+
+def _live_runtimes() -> int:
+    gc.collect()
+    return sum(type(o) is Served for o in gc.get_objects())  # not isinstance: no proxies
+
+
+def test_a_build_for_weights_modified_in_place_is_released_not_kept():
+    """Versions only grow: a build for weights modified in place since never runs again, so
+    it is released (before: each change chained a build to the last one, all kept)."""
+    model = TinyConvNet().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    changes = WEIGHT_SETS + 2
+    with torch.no_grad():
+        compiled(X)
+        live = _live_runtimes()
+        for _ in range(changes):
+            model.fc.weight.mul_(1.5)
+            assert_close_to_scale(compiled(X), model(X))
+    assert BUILD_COUNTS["onnx"] == changes + 1
+    assert _live_runtimes() == live  # one build alive, the latest
 
 
 class _Counter(nn.Module):
