@@ -77,11 +77,8 @@ def test_onnxruntime_lifecycle(transformed, tmp_path):
     torch.testing.assert_close(rt.infer(x)[0], model(x).detach(), rtol=1e-4, atol=1e-5)
 
 
-def test_sessions_sleep_between_runs_and_keep_a_callers_own_options(tmp_path):
-    """Spinning worker threads would take the cores PyTorch needs between our calls (a
-    generate() loop ran several times slower); a caller's own value is kept."""
+def _relu_file(tmp_path):
     import onnx
-    import onnxruntime as ort
     from onnx import helper
 
     graph = helper.make_graph(
@@ -92,12 +89,38 @@ def test_sessions_sleep_between_runs_and_keep_a_callers_own_options(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "relu.onnx"
     onnx.save(model, str(path))
+    return path
+
+
+def test_sessions_sleep_between_runs_and_keep_a_callers_own_options(tmp_path, monkeypatch):
+    """Spinning worker threads would take the cores PyTorch's spinning OpenMP workers hold
+    between our calls (a generate() loop ran slower); a caller's own value is kept."""
+    import onnxruntime as ort
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    path = _relu_file(tmp_path)
     config = create_session(path).get_session_options().get_session_config_entry
     assert config("session.intra_op.allow_spinning") == "0"
     options = ort.SessionOptions()
     options.add_session_config_entry("session.intra_op.allow_spinning", "1")
     mine = create_session(path, options=options).get_session_options()
     assert mine.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+@pytest.mark.parametrize("policy", ["PASSIVE", "passive"])
+def test_sessions_spin_within_runs_where_pytorchs_workers_sleep_at_once(
+    tmp_path, monkeypatch, policy
+):
+    """OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP workers sleep after each op, so ours spin
+    within a run and stop when it returns; ACTIVE (or unset) keeps them asleep."""
+    path = _relu_file(tmp_path)
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    config = create_session(path).get_session_options().get_session_config_entry
+    assert config("session.intra_op.allow_spinning") == "1"
+    assert config("session.force_spinning_stop") == "1"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    config = create_session(path).get_session_options().get_session_config_entry
+    assert config("session.intra_op.allow_spinning") == "0"
 
 
 def test_onnxruntime_outputs_share_memory_with_ort(transformed, tmp_path):

@@ -67,15 +67,29 @@ _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 # * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
 #   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
 #   models too). Our float linears export as Gemm already, so they do not need it;
-# * worker threads that sleep after a run instead of spinning: PyTorch runs between our calls
-#   (generate()'s loop, graph breaks, the caller's code) and its threads need those cores.
-#   Back-to-back calls are as fast either way.
+# * worker threads that do not spin (:func:`_spinning_config`).
 _SESSION_CONFIG = {
     "session.qdq_matmulnbits_accuracy_level": "4",
     "session.qdq_matmulnbits_block_size": "-1",
     "optimization.disable_specified_optimizers": "MatMulAddFusion",
-    "session.intra_op.allow_spinning": "0",
 }
+_NO_SPINNING = {"session.intra_op.allow_spinning": "0"}
+_SPINNING_IN_RUNS = {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
+
+
+def _spinning_config() -> dict[str, str]:
+    """Whether the session's worker threads spin between the ops of a run.
+
+    PyTorch runs between our calls (``generate()``'s loop, graph breaks, the caller's code), and
+    its OpenMP workers spin for a while after each parallel op (GNU libgomp's default) on the
+    cores our run is about to use. Spinning workers of ours then fight them for those cores
+    (a decoder's ``generate()`` is slower per token), so by default ours sleep. Where the
+    process set ``OMP_WAIT_POLICY=PASSIVE``, PyTorch's workers sleep at once, and ours spin
+    within a run (quicker hand-offs between its thousands of small ops) and stop when it
+    returns (``session.force_spinning_stop``); the README gives the measurements.
+    """
+    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
+    return _SPINNING_IN_RUNS if passive else _NO_SPINNING
 
 
 def ort_providers() -> list[str]:
@@ -122,7 +136,7 @@ def create_session(
         options.log_severity_level = 3
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
-    for key, value in _SESSION_CONFIG.items():
+    for key, value in {**_SESSION_CONFIG, **_spinning_config()}.items():
         try:  # a caller's own value is kept
             options.get_session_config_entry(key)
         except RuntimeError:
