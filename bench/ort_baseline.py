@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
 __all__ = ["ort_quantize_static"]
 

@@ -87,7 +87,7 @@ def chain_model(layers: int, bits: int, path: Path) -> None:
 
 def runners(path: Path) -> dict:
     """``{runtime: run()}`` over the file, each built as this package builds its sessions."""
-    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
     from embedl_dynamo.runtimes.openvino.compile import compile_openvino
 
     x = np.random.default_rng(1).random((1, 1, HIDDEN), dtype=np.float32)

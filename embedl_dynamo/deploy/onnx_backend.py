@@ -37,7 +37,7 @@ from embedl_dynamo.deploy.onnx_opsets import (
     names_missing_kernel,
     ort_max_opset,
 )
-from embedl_dynamo.runtimes.onnxruntime.runtime import create_session, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.session import create_session, ort_providers
 
 __all__ = [
     "SESSION_OPTIONS",

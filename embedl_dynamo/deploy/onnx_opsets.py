@@ -17,7 +17,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
-from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
 __all__ = [
     "convert_opset",

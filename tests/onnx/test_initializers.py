@@ -253,7 +253,7 @@ def test_shape_inference_without_weights_infers_the_same_graph(tmp_path, monkeyp
 
 def test_an_unwritten_model_runs_from_memory_as_its_written_file_does(tmp_path):
     from embedl_dynamo.onnx.export import export_onnx_unwritten
-    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
@@ -312,7 +312,7 @@ def test_sessions_read_a_weight_the_model_shares_by_reference_and_copy_the_other
     hold it once per graph: the unchanged weight is handed to ONNX Runtime by reference."""
     from embedl_dynamo.onnx.export import export_onnx_unwritten
     from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
-    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
     torch.manual_seed(0)
     model = _Embed().eval()

@@ -23,7 +23,7 @@ from embedl_dynamo.quant.fp8_qdq import (
 from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
 from embedl_dynamo.quant.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
-from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+from embedl_dynamo.runtimes.onnxruntime.session import create_session
 from tests.helpers import random_batches
 from tests.models import ViTLike
 

@@ -122,7 +122,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def _file_cosines(model, x, calibration, tmp_path, precisions=("int8", "fp8")) -> dict:
     """Each precision's exported file (run on ONNX Runtime) against the float model."""
-    from embedl_dynamo.runtimes.onnxruntime.runtime import create_session
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
     with torch.no_grad():
         expected = model(x)

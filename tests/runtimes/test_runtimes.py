@@ -11,7 +11,8 @@ from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.pipeline import run_pipeline
 from embedl_dynamo.runtimes import runtime_candidates, runtime_classes
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime, create_session, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.onnxruntime.session import create_session, ort_providers
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact

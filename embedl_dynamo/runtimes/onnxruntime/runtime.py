@@ -19,14 +19,13 @@ from ONNX Runtime's own profile (``SessionOptions.enable_profiling``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,151 +35,20 @@ from torch import fx
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
-from embedl_dynamo.onnx.initializers import SHARED_LOCATION
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.onnxruntime.session import CPU_PROVIDER, create_session, ort_providers
 from embedl_dynamo.settings import Settings
 
 __all__ = [
     "OnnxRuntime",
-    "create_session",
     "node_times",
     "onnxruntime_node_times",
-    "ort_providers",
 ]
 
 logger = logging.getLogger(__name__)
 
-_CPU_PROVIDER = "CPUExecutionProvider"
 _KERNEL_SUFFIX = "_kernel_time"
-_PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", _CPU_PROVIDER)
-_EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
-
-
-# Every session's config entries (a caller's own value is kept):
-# * integer weights read by DequantizeLinear -> MatMul become MatMulNBits computing in int8
-#   (accuracy_level 4; lower levels dequantise the weights to float first). A per-channel
-#   DequantizeLinear (int8 weight-only) takes blocks as long as K allows, up to 256 without
-#   padding ("-1"), instead of 32: the same scale in each block, so the same numbers, and the
-#   kernel streams the weights about a quarter faster;
-# * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
-#   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
-#   models too). Our float linears export as Gemm already, so they do not need it;
-# * worker threads that do not spin (:func:`_spinning_config`).
-_SESSION_CONFIG = {
-    "session.qdq_matmulnbits_accuracy_level": "4",
-    "session.qdq_matmulnbits_block_size": "-1",
-    "optimization.disable_specified_optimizers": "MatMulAddFusion",
-}
-_NO_SPINNING = {"session.intra_op.allow_spinning": "0"}
-_SPINNING_IN_RUNS = {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
-
-
-def _spinning_config() -> dict[str, str]:
-    """Whether the session's worker threads spin between the ops of a run.
-
-    PyTorch runs between our calls (``generate()``'s loop, graph breaks, the caller's code), and
-    its OpenMP workers spin for a while after each parallel op (GNU libgomp's default) on the
-    cores our run is about to use. Spinning workers of ours then fight them for those cores
-    (a decoder's ``generate()`` is slower per token), so by default ours sleep. Where the
-    process set ``OMP_WAIT_POLICY=PASSIVE``, PyTorch's workers sleep at once, and ours spin
-    within a run (quicker hand-offs between its thousands of small ops) and stop when it
-    returns (``session.force_spinning_stop``); the README gives the measurements.
-    """
-    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
-    return _SPINNING_IN_RUNS if passive else _NO_SPINNING
-
-
-def ort_providers() -> list[str]:
-    """Installed ORT execution providers in our order of preference (CPU always last)."""
-    import onnxruntime as ort
-
-    available = set(ort.get_available_providers())
-    chosen = [p for p in _PREFERRED if p in available]
-    return chosen or [_CPU_PROVIDER]
-
-
-def create_session(
-    model: str | os.PathLike[str] | bytes,
-    providers: Sequence[str] | None = None,
-    *,
-    num_threads: int | None = None,
-    options: Any = None,
-    initializers: dict[str, Any] | None = None,
-) -> Any:
-    """An ``onnxruntime.InferenceSession``: the one place this package builds them.
-
-    Args:
-        model: an ``.onnx`` path or serialized model bytes.
-        providers: execution providers, best first; :func:`ort_providers` when None.
-        num_threads: intra-op threads (ONNX Runtime's default when None).
-        options: an ``onnxruntime.SessionOptions`` to start from; when None, full graph
-            optimisation (``ORT_ENABLE_ALL``) and warnings-and-above logging only.
-        initializers: name -> numpy array for the model's external-data initializers
-            (``SessionOptions.add_external_initializers``). ONNX Runtime copies them while it
-            loads the model ("the user provided buffers can then be deallocated", its C API
-            says), so the session does not keep them; its provider fallback, which would load
-            the model again from the options, is disabled. Those named in its ``shared``
-            (:class:`~embedl_dynamo.onnx.initializers.OrtInitializers`) are not copied
-            (``SessionOptions.add_initializer``): the session reads and keeps them.
-
-    Returns:
-        The session.
-    """
-    import onnxruntime as ort
-
-    if options is None:
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-    if num_threads is not None:
-        options.intra_op_num_threads = num_threads
-    for key, value in {**_SESSION_CONFIG, **_spinning_config()}.items():
-        try:  # a caller's own value is kept
-            options.get_session_config_entry(key)
-        except RuntimeError:
-            options.add_session_config_entry(key, value)
-    shared = [_share(options, n, initializers[n]) for n in getattr(initializers, "shared", ())]
-    if initializers:
-        names = [n for n in initializers if n not in getattr(initializers, "shared", ())]
-        values = [ort.OrtValue.ortvalue_from_numpy(initializers[n]) for n in names]
-        options.add_external_initializers(names, values)
-    source = model if isinstance(model, bytes) else os.fspath(model)
-    chosen = list(providers) if providers is not None else ort_providers()
-    # ONNX Runtime 1.32's CPU ReluQuantFusion drops a Relu before an FP8 QuantizeLinear as if
-    # E4M3 clipped at 0 like uint8: keep the rule set that holds it off for FP8 files
-    disabled = ["Level2_RuleBasedTransformer"] if has_fp8_qdq(source) else None
-    with _shared_placeholder(options, bool(shared)):
-        session = ort.InferenceSession(
-            source, sess_options=options, providers=chosen, disabled_optimizers=disabled
-        )
-    if initializers:
-        session.disable_fallback()
-    if shared:  # ONNX Runtime reads them without holding a reference: the session keeps them
-        session.embedl_shared_initializers = shared
-    return session
-
-
-def _share(options: Any, name: str, array: Any) -> tuple[Any, Any]:
-    import onnxruntime as ort
-
-    value = ort.OrtValue.ortvalue_from_numpy(array)
-    options.add_initializer(name, value)
-    return value, array
-
-
-@contextlib.contextmanager
-def _shared_placeholder(options: Any, needed: bool) -> Iterator[None]:
-    """ONNX Runtime checks that the external-data file of an initializer given by reference
-    exists before it replaces it: an empty one stands in, in a folder of its own."""
-    if not needed:
-        yield
-        return
-    with tempfile.TemporaryDirectory(prefix="embedl-ort-") as folder:
-        (Path(folder) / SHARED_LOCATION).touch()
-        options.add_session_config_entry(_EXTERNAL_FOLDER, folder)
-        yield
 
 
 class OnnxRuntime(OnnxArtifactRuntime):
@@ -210,7 +78,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         if cls.missing() is not None:
             return cls.missing()
         providers = ort_providers()
-        if any(p != _CPU_PROVIDER for p in providers):
+        if any(p != CPU_PROVIDER for p in providers):
             return None
         return (
             f"onnxruntime has no CUDA execution provider here (providers: {', '.join(providers)}; "
@@ -252,7 +120,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
     def builds_from_memory(cls) -> bool:
         """On the CPU provider alone the session is built from the export in memory
         (``add_external_initializers``) while the file is written."""
-        return ort_providers() == [_CPU_PROVIDER]
+        return ort_providers() == [CPU_PROVIDER]
 
     @property
     def providers(self) -> list[str]:
@@ -275,7 +143,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         providers, threads = self.build_info["providers"], self.settings.num_threads
         unwritten = self._artifact.unwritten
         source = None
-        if unwritten is not None and providers == [_CPU_PROVIDER]:
+        if unwritten is not None and providers == [CPU_PROVIDER]:
             source = unwritten.ort_source()
         if source is not None:  # just exported, still being written: from memory
             model, arrays = source
@@ -296,7 +164,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         if len(args) != len(self._input_names):
             raise ValueError(f"expected {len(self._input_names)} inputs, got {len(args)}")
         if any(t.device.type == "cuda" for t in args):
-            if any(p != _CPU_PROVIDER for p in self._session.get_providers()):
+            if any(p != CPU_PROVIDER for p in self._session.get_providers()):
                 return self._infer_bound(args)
             # a loaded file fed CUDA tensors, on the CPU provider: run it on host copies
             device = next(t.device for t in args if t.device.type == "cuda")
