@@ -153,9 +153,10 @@ def _by_weights(
         weights = _FrozenWeights(args, frozen.user)
         logger.info("subgraph %d: weight %s is not the one compiled; building for these weights",
                     index, builds[0][0].changed(args))  # fmt: skip
+        build = rebuild(args)
         builds[:] = [b for b in builds if b[0].may_match_again(weights)][: WEIGHT_SETS - 1]
-        builds.insert(0, (weights, rebuild(args)))
-        return builds[0][1](*args)
+        builds.insert(0, (weights, build))
+        return build(*args)  # this call's own build, whatever other threads put first
 
     return by_weights
 
