@@ -333,6 +333,8 @@ def _packed_int4(name: str, values: np.ndarray, kind: int) -> Any:
     """A 4-bit ``TensorProto``: two values per byte, the first in the low nibble."""
     from onnx import TensorProto
 
+    if values.dtype.itemsize != 1:  # the pairs below are read byte by byte
+        raise ValueError(f"int4 codes must be int8 or uint8, not {values.dtype}")
     flat = np.ascontiguousarray(values).reshape(-1).view(np.uint8)  # int4 codes: low nibble
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.uint8)])
