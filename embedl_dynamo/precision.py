@@ -133,7 +133,7 @@ def _fields(p: Precision) -> tuple[Any, ...]:
 
 _HALF = "embedl_dynamo.quant.half_precision:half_stage"
 _INT8 = "embedl_dynamo.quant.stage:int8_stage"
-_WEIGHT_ONLY = "embedl_dynamo.quant.weight_only:weight_only_stage"
+_WEIGHT_ONLY = "embedl_dynamo.quant.weight_only_stage:weight_only_stage"
 _FP8 = "embedl_dynamo.quant.fp8:fp8_stage"
 _BUILT_IN = (
     Precision("fp32", lower=False),

@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,14 +51,13 @@ from embedl_dynamo.quant.weight_codes import (
     dequantize_weight_t,
     quantize_weight,
 )
-from embedl_dynamo.settings import Settings
 
 __all__ = [
     "WEIGHT_ONLY_BITS",
     "WeightOnlyLinear",
+    "apply_activation",
     "dense_weights",
     "weight_only_graph",
-    "weight_only_stage",
 ]
 
 # precision name -> bits of its linear layers' weights
@@ -77,6 +75,11 @@ _ACTIVATIONS = {
 }
 
 
+def apply_activation(name: str | None, y: torch.Tensor) -> torch.Tensor:
+    """``y`` through the fused modules' activation ``name`` (None: ``y`` itself)."""
+    return y if name is None else _ACTIVATIONS[name](y)
+
+
 class WeightOnlyLinear(nn.Module):
     """``act(x @ W'.T + b)`` with ``W'`` dequantized from integer codes (see the module).
 
@@ -88,18 +91,35 @@ class WeightOnlyLinear(nn.Module):
     (:mod:`embedl_dynamo.onnx.weight_only`) replaces by ``DequantizeLinear`` of ``codes``.
     """
 
-    def __init__(self, linear: FusedLinear, spec: WeightOnlySpec) -> None:
+    def __init__(
+        self,
+        codes: torch.Tensor,
+        scale: torch.Tensor,
+        zero_point: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        spec: WeightOnlySpec,
+        *,
+        kind: str,
+        activation: str | None,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
-        q, scale, zero = quantize_weight(linear.weight, spec)
         self.spec = spec
-        self.kind = linear.kind
-        self.activation = linear.activation
-        self.dtype = linear.weight.dtype
-        self.register_buffer("codes", q)
+        self.kind = kind
+        self.activation = activation
+        self.dtype = dtype
+        self.register_buffer("codes", codes)
         self.register_buffer("scale", scale)
-        self.register_buffer("zero_point", zero)
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+        self.register_buffer("zero_point", zero_point)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def quantized(cls, linear: FusedLinear, spec: WeightOnlySpec) -> WeightOnlyLinear:
+        """``linear``'s weight quantized under ``spec`` (its bias copied, kept float)."""
+        q, scale, zero = quantize_weight(linear.weight, spec)
+        bias = None if linear.bias is None else linear.bias.detach().clone()
+        return cls(q, scale, zero, bias, spec, kind=linear.kind, activation=linear.activation,
+                   dtype=linear.weight.dtype)  # fmt: skip
 
     def dense_weight_t(self) -> torch.Tensor:
         """``W'.T`` (``[K, N]``, the float weight's dtype): the ``weight_t`` buffer while
@@ -113,9 +133,7 @@ class WeightOnlyLinear(nn.Module):
         y = torch.matmul(x, self.dense_weight_t())
         if self.bias is not None:
             y = y + self.bias
-        if self.activation is not None:
-            y = _ACTIVATIONS[self.activation](y)
-        return y
+        return apply_activation(self.activation, y)
 
     def extra_repr(self) -> str:
         n, k = self.codes.shape
@@ -143,44 +161,6 @@ def dense_weights(gm: nn.Module) -> Iterator[list[WeightOnlyLinear]]:
     finally:
         for layer in added:
             layer._buffers.pop("weight_t", None)
-
-
-def _spec_for(settings: Settings, backend: Any) -> WeightOnlySpec:
-    name = settings.precision.name
-    if name not in WEIGHT_ONLY_BITS:
-        raise ValueError(
-            f"weight_only_stage: precision {name!r} is not weight-only; valid: "
-            f"{', '.join(WEIGHT_ONLY_BITS)}"
-        )
-    symmetric = settings.weight_only_symmetric
-    if symmetric is None:  # TensorRT's quantization is symmetric; NNCF/torchao default: asym
-        symmetric = getattr(backend, "name", "") == "tensorrt"
-    return WeightOnlySpec(WEIGHT_ONLY_BITS[name], settings.weight_only_group_size, symmetric)
-
-
-def weight_only_stage(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Any, settings: Settings
-) -> tuple[fx.GraphModule, dict[str, Any]]:
-    """The pipeline's stage of ``int8_weight_only`` / ``int4_weight_only``.
-
-    Args:
-        gm: the fused, canonical float graph; not modified.
-        example_inputs: one input per placeholder (the int4 accuracy check runs on them).
-        backend: the target (``tensorrt`` makes the default symmetric).
-        settings: ``precision``, ``weight_only_group_size``, ``weight_only_symmetric`` and
-            ``accuracy_budget``.
-
-    Returns:
-        ``(graph, report entries)``: ``layers`` (id, precision, reason per linear),
-        ``weight_only`` (bits, group size, symmetric, ``kept_int8`` by the budget, ``cosine``)
-        and ``weight_only_s``.
-    """
-    start = time.perf_counter()
-    spec = _spec_for(settings, backend)
-    model, report = weight_only_graph(gm, list(example_inputs), spec, settings.accuracy_budget)
-    layers = report.pop("layers")
-    entries = {"layers": layers, "weight_only": report}
-    return model, {**entries, "weight_only_s": round(time.perf_counter() - start, 4)}
 
 
 def _linears(gm: fx.GraphModule) -> list[fx.Node]:
@@ -258,7 +238,7 @@ def _build(
         chosen = int8 if node in reasons else spec
         layer = made.get((node, chosen.bits))
         if layer is None:
-            layer = made[node, chosen.bits] = WeightOnlyLinear(
+            layer = made[node, chosen.bits] = WeightOnlyLinear.quantized(
                 gm.get_submodule(node.target), chosen
             )
         owner, _, name = str(node.target).rpartition(".")

@@ -20,8 +20,8 @@ from embedl_dynamo.quant.weight_only import (
     WeightOnlyLinear,
     dense_weights,
     weight_only_graph,
-    weight_only_stage,
 )
+from embedl_dynamo.quant.weight_only_stage import weight_only_stage
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.settings import Settings
 
