@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._pytree import tree_leaves
 
 from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 
@@ -79,6 +80,19 @@ def _finish(value: Any, fake_mode: Any) -> Any:
     return value
 
 
+def _fake_mode_of(values: Any) -> Any:
+    """The fake mode of the fake tensors among ``values`` (None: there are none).
+
+    Taken from the tensors themselves, not from the tracing context around the call (which
+    ``torch._guards.detect_fake_mode`` asks first): a compile under ``dynamic=True`` runs our
+    rewrites inside a Dynamo context whose mode is not the one of the graph's example values,
+    and mixing the two fails. Tensors of two modes: the shape is unknown."""
+    modes = {id(t.fake_mode): t.fake_mode for t in tree_leaves(values) if isinstance(t, FakeTensor)}
+    if len(modes) > 1:
+        raise _Unknown
+    return next(iter(modes.values()), None)
+
+
 def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
     """Set ``meta["val"]`` of ``nodes`` (in graph order) from their inputs' shapes.
 
@@ -93,7 +107,7 @@ def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
         try:
             args = _input(gm, node.args)
             kwargs = {k: _input(gm, v) for k, v in node.kwargs.items()}
-            fake_mode = detect_fake_mode((args, kwargs))
+            fake_mode = _fake_mode_of((args, kwargs))
             args, kwargs = _finish(args, fake_mode), _finish(kwargs, fake_mode)
             with torch.no_grad(), fake_mode if fake_mode is not None else nullcontext():
                 if node.op == "call_method":

@@ -151,3 +151,21 @@ def test_greedy_tokens_equal_eager(name, config, cache):
     # every attention fused: an SDPA left unfused only where the grouped fusion took it
     assert not [r for r in _declined("scaled_dot_product_attention")
                 if not r.startswith("overlaps grouped_query_attention@")]  # fmt: skip
+
+
+def test_dynamic_true_compiles_grouped_query_attention_too():
+    """``torch.compile(..., dynamic=True)``: sizes are symbolic from the first trace, and the
+    rewrites run inside a Dynamo tracing context whose fake mode is not that of the graph's
+    example values. The shapes the grouped-query rules check must still be known (they were
+    lost, and every subgraph fell back to PyTorch on the exporter's missing ``enable_gqa``)."""
+    ids = torch.randint(0, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    eager = greedy_generate(tiny_decoder("qwen2", 2), ids, NEW_TOKENS)
+    model = tiny_decoder("qwen2", 2)
+    model.forward = torch.compile(
+        model.forward, backend="embedl_onnxruntime", dynamic=True, options={"fallback": "raise"}
+    )
+    assert torch.equal(greedy_generate(model, ids, NEW_TOKENS), eager)
+    _assert_fully_compiled({"onnxruntime"})
+    graphs = len(embedl_dynamo.last_report().subgraphs)  # prefill and decode
+    assert _applied("expand_grouped_kv").count(True) == LAYERS * graphs
+    assert _applied("grouped_query_attention") == [True] * LAYERS * graphs

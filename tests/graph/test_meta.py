@@ -1,0 +1,58 @@
+"""Shapes of the nodes a rewrite creates (:func:`embedl_dynamo.graph.meta.infer_meta`): on meta
+tensors for concrete shapes, on the inputs' own fake mode for symbolic ones."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+from torch._guards import TracingContext, tracing
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.nodes import node_shape
+
+
+def _graph_with_inputs(a, b) -> tuple[fx.GraphModule, fx.Node]:
+    graph = fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    x.meta["val"], y.meta["val"] = a, b
+    out = graph.call_function(torch.mul, (x, y))
+    graph.output(out)
+    return fx.GraphModule(torch.nn.Module(), graph), out
+
+
+def _dynamic(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
+    """``real`` as a fake tensor of ``mode`` whose second size is symbolic."""
+    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC, DimDynamic.DYNAMIC,
+                                                      DimDynamic.STATIC])  # fmt: skip
+    return mode.from_tensor(real, symbolic_context=context)
+
+
+def test_symbolic_inputs_keep_their_own_mode_inside_another_tracing_context():
+    """Under ``torch.compile(dynamic=True)`` the rewrites run inside a Dynamo tracing context
+    whose fake mode is not that of the graph's example values: the shape comes from the
+    inputs' mode (it was lost: "Mixing fake modes")."""
+    values = FakeTensorMode(shape_env=ShapeEnv())
+    x = _dynamic(values, torch.empty(2, 5, 4))
+    scale = values.from_tensor(torch.tensor(0.5))
+    gm, out = _graph_with_inputs(x, scale)
+    with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
+        infer_meta(gm, [out])
+    shape = node_shape(out)
+    assert shape is not None and shape[0] == 2 and shape[2] == 4
+    assert isinstance(shape[1], torch.SymInt)  # still symbolic
+
+
+def test_inputs_of_two_fake_modes_leave_the_shape_unknown():
+    a = FakeTensorMode().from_tensor(torch.empty(2, 3))
+    b = FakeTensorMode().from_tensor(torch.empty(2, 3))
+    gm, out = _graph_with_inputs(a, b)
+    infer_meta(gm, [out])
+    assert node_shape(out) is None
+
+
+def test_concrete_shapes_need_no_fake_mode():
+    gm, out = _graph_with_inputs(torch.empty(2, 3, device="meta"), torch.empty(3, device="meta"))
+    infer_meta(gm, [out])
+    assert node_shape(out) == (2, 3)
