@@ -68,6 +68,60 @@ def test_lifecycle_and_int8_qdq_artifact(tmp_path):
         runtime.infer(x)
 
 
+def test_inputs_are_set_on_the_request_not_dispatched_and_each_call_reads_its_own(monkeypatch):
+    """A call sets each input as the request's tensor over the caller's memory and runs the
+    request without inputs (OpenVINO's Python dispatch of ``infer(feeds)`` cost a small model's
+    call several percent); batches of other sizes and new values in turn give their own
+    outputs."""
+    import openvino as ov
+
+    model = _Tokens().eval()
+    compiled = torch.compile(model, backend="embedl_tensorrt", options={"runtime": "openvino"})
+    dispatched = []
+    real_infer = ov.InferRequest.infer
+
+    def infer(self, inputs=None, *args, **kwargs):
+        dispatched.append(inputs)
+        return real_infer(self, inputs, *args, **kwargs)
+
+    with torch.no_grad():
+        compiled(torch.randn(2, 5, 8))  # built (and checked) before the spy
+        monkeypatch.setattr(ov.InferRequest, "infer", infer)
+        for batch in (2, 3, 2):
+            x = torch.randn(batch, 5, 8)
+            out = compiled(x)
+            x.add_(1.0)  # the caller's tensor changes after the call: the output does not
+            assert_close_to_scale(out, model(x - 1.0))
+    assert dispatched and all(inputs is None for inputs in dispatched), dispatched
+
+
+def test_an_input_the_port_does_not_take_as_it_is_goes_through_the_dispatch(tmp_path):
+    """float64 into a float32 port: the request refuses the shared tensor, OpenVINO's dispatch
+    converts it."""
+    import numpy as np
+    import onnx
+    import openvino as ov
+    from onnx import TensorProto, helper
+
+    from embedl_dynamo.runtimes.openvino.runtime import _run_shared
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "x"], ["y"])], "double",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(tmp_path / "double.onnx"))
+    compiled = ov.Core().compile_model(str(tmp_path / "double.onnx"), "CPU")
+    request = compiled.create_infer_request()
+    values = np.arange(6, dtype=np.float64).reshape(2, 3)
+    out = _run_shared(request, [values])[compiled.outputs[0]]
+    np.testing.assert_array_equal(out, 2 * values)
+    out = _run_shared(request, [np.ones((4, 3), np.float32)])[compiled.outputs[0]]
+    np.testing.assert_array_equal(out, np.full((4, 3), 2.0, np.float32))
+
+
 def test_openvino_errors_say_the_cause_not_the_source_file():
     from embedl_dynamo.runtimes.openvino.compile import openvino_cause
 
