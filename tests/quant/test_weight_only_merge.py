@@ -174,3 +174,16 @@ def test_the_stage_reports_the_groups_and_onnxruntime_runs_one_kernel_each(tmp_p
         cosine = float(np.dot(got.ravel(), want.ravel()))
         cosine /= float(np.linalg.norm(got) * np.linalg.norm(want))
         assert cosine > 0.999  # int8 compute also quantizes the activations: close, not equal
+
+
+def test_the_tensorrt_lint_accepts_a_merged_symmetric_int4_file(tmp_path):
+    """The merged weights are still blocked int4 read only as a MatMul weight, split after."""
+    from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt
+
+    settings = Settings(precision="int4_weight_only", weight_only_group_size=32)
+    graph, entries = weight_only_stage(_fused(), [_x()], as_backend("tensorrt"), settings)
+    assert entries["weight_only"]["symmetric"] and entries["weight_only"]["merged"]
+    path = export_onnx(graph, [_x()], tmp_path / "block.onnx")
+    model = onnx.load(str(path))
+    assert "Split" in {n.op_type for n in model.graph.node}
+    assert lint_for_tensorrt(model) == []
