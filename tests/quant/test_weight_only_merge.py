@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.onnx.export import export_onnx
@@ -26,6 +27,8 @@ from embedl_dynamo.quant.weight_only_stage import weight_only_stage
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.session import create_session
 from embedl_dynamo.settings import Settings
+
+pytestmark = pytest.mark.usefixtures("compile_isolation")
 
 
 class Block(nn.Module):
@@ -187,3 +190,27 @@ def test_the_tensorrt_lint_accepts_a_merged_symmetric_int4_file(tmp_path):
     model = onnx.load(str(path))
     assert "Split" in {n.op_type for n in model.graph.node}
     assert lint_for_tensorrt(model) == []
+
+
+def test_openvino_runs_a_decoders_merged_weights_as_compressed_fully_connected_layers():
+    """Through ``torch.compile``: each of a Qwen2 layer's q/k/v and gate/up groups is one
+    int4 compressed ``FullyConnected`` on OpenVINO's CPU plugin, like the single layers."""
+    from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+    from tests.helpers import DECODER_VOCAB, tiny_decoder
+
+    if not OpenVINORuntime.is_available():
+        pytest.skip(OpenVINORuntime.missing())
+    model = tiny_decoder("qwen2", 2)
+    ids = torch.randint(0, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
+    options = {"precision": "int4_weight_only", "weight_only_group_size": 32,
+               "accuracy_budget": 0.5, "fallback": "raise"}  # fmt: skip
+    compiled = torch.compile(model, backend="embedl_openvino", options=options)
+    with torch.no_grad():
+        expected, out = model(ids).logits, compiled(ids).logits
+    (subgraph,) = embedl_dynamo.last_report().subgraphs
+    layers = model.config.num_hidden_layers
+    assert len(subgraph.pipeline["weight_only"]["merged"]) == 2 * layers  # qkv, gate+up
+    # o, down, qkv, gate+up per layer, and the head
+    assert subgraph.runtime_info["int4_layers"] == {"FullyConnected": 4 * layers + 1}
+    cosine = F.cosine_similarity(out.flatten(), expected.flatten(), 0).item()
+    assert cosine > 0.95
