@@ -113,7 +113,6 @@ def merge_sibling_layers(gm: fx.GraphModule) -> list[list[str]]:
         for node in nodes:
             gm.graph.erase_node(node)
             gm.delete_submodule(str(node.target))
-        del layers
     if merged:
         gm.graph.lint()
         gm.recompile()
