@@ -6,15 +6,19 @@ greedy decoding, 2 threads. Variants run in one process, timed in interleaved ro
 
 * ``eager``: transformers as it is (dynamic cache);
 * ``inductor``: ``torch.compile(model.forward)`` with the static cache;
-* ``ours-<precision>[@<dynamo backend>]``: ``torch.compile(model.forward, backend=...)`` at
-  that precision (skipped when the registry does not have it), on ``--backend`` unless named.
+* ``ours-<precision>[@<dynamo backend>][+dynamic]``: ``torch.compile(model.forward,
+  backend=...)`` at that precision (skipped when the registry does not have it), on
+  ``--backend`` unless named; ``+dynamic`` passes ``dynamic=True`` (sizes symbolic from the
+  first trace: no decode graph at the prompt's static cache length, unless ``--prompt`` equals
+  another size of the model, such as the head dimension 64, which Dynamo's duck sizing then
+  shares).
 
 Per token = (time of N new tokens - time of 1) / (N - 1); time to first token = the time of
 one new token (prefill and one step). The roofline is the weights a decode step reads (every
 linear weight and the output head, once per token, at the variant's bytes per weight) over the
 read bandwidth measured here (a large ``sum``, 2 threads).
 
-Usage: ``python -m bench.bench_llm [--layers 24] [--new-tokens 32 128] [--rounds 3]
+Usage: ``python -m bench.bench_llm [--layers 24] [--prompt 64] [--new-tokens 32 128] [--rounds 3]
 [--variants eager inductor ours-fp32 ...] [--backend embedl_onnxruntime] [--accuracy-budget 0.5] [--json out.json] [--plot out.png]``
 
 Random weights are no test of accuracy (``tests/dynamo/test_perplexity.py`` is): their int4
@@ -86,7 +90,17 @@ def generate(model, ids, new_tokens: int, **kw):
                               do_sample=False, **kw)  # fmt: skip
 
 
-def build_variant(name: str, layers: int, backend: str, budget: float | None = None):
+def parse_ours(name: str) -> tuple[str, str | None, bool]:
+    """``(precision, dynamo backend or None, dynamic)`` of an ``ours-...`` variant name."""
+    spec = name.removeprefix("ours-")
+    dynamic = spec.endswith("+dynamic")
+    precision, _, named = spec.removesuffix("+dynamic").partition("@")
+    return precision, named or None, dynamic
+
+
+def build_variant(
+    name: str, layers: int, backend: str, budget: float | None = None, prompt: int = PROMPT
+):
     """(model, generate kwargs, first-generate seconds) for one variant; ``budget`` is our
     ``accuracy_budget`` (the library's default when None)."""
     from embedl_dynamo.precision import precision_names
@@ -96,14 +110,15 @@ def build_variant(name: str, layers: int, backend: str, budget: float | None = N
         model.forward = torch.compile(model.forward)
         kw = {"cache_implementation": "static"}
     elif name.startswith("ours-"):
-        precision, _, named = name.removeprefix("ours-").partition("@")
+        precision, named, dynamic = parse_ours(name)
         if precision not in precision_names():
             return None
         options = {"precision": precision}
         if budget is not None:
             options["accuracy_budget"] = budget
-        model.forward = torch.compile(model.forward, backend=named or backend, options=options)
-    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+        model.forward = torch.compile(model.forward, backend=named or backend, options=options,
+                                      dynamic=True if dynamic else None)  # fmt: skip
+    ids = torch.randint(0, 1000, (1, prompt), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     generate(model, ids, 4, **kw)
     seconds = time.perf_counter() - start
@@ -135,6 +150,7 @@ def print_weight_only(name: str) -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--prompt", type=int, default=PROMPT, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, nargs="+", default=[32, 128])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--backend", default="embedl_onnxruntime")
@@ -153,11 +169,11 @@ def main() -> None:
     # the later variants would silently be timed in eager
     torch._dynamo.config.recompile_limit = 8 * len(args.variants)
     bandwidth = read_bandwidth_gbs()
-    print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {PROMPT}")
-    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {args.prompt}")
+    ids = torch.randint(0, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(0))
     variants, first_call, head_precision = {}, {}, {}
     for name in args.variants:
-        built = build_variant(name, args.layers, args.backend, args.accuracy_budget)
+        built = build_variant(name, args.layers, args.backend, args.accuracy_budget, args.prompt)
         if built is None:
             print(f"{name}: precision not registered; skipped")
             continue
@@ -199,7 +215,7 @@ def report(variants, times, built, args, bandwidth, ids, reference) -> list[dict
         for tokens in args.new_tokens:
             total = statistics.median(times[(name, tokens)])
             per_token.append((total - ttft) / (tokens - 1) * 1e3)
-        precision = name.removeprefix("ours-").partition("@")[0] if "ours-" in name else "fp32"
+        precision = parse_ours(name)[0] if name.startswith("ours-") else "fp32"
         weight_bytes = decode_weight_bytes(model, precision, head_precision[name])
         roofline = weight_bytes / (bandwidth * 1e9) * 1e3
         same = "—"
