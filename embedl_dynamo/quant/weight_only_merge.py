@@ -62,15 +62,9 @@ class MergedWeightOnlyLinear(WeightOnlyLinear):
 
 
 def _form(layer: WeightOnlyLinear) -> tuple[Any, ...]:
-    """What must agree for layers to be stored as one."""
-    return (
-        layer.spec,
-        layer.dtype,
-        layer.codes.dtype,
-        layer.codes.shape[1],
-        layer.bias is None,
-        layer.zero_point is None,
-    )
+    """What must agree for layers to be stored as one (the spec also fixes the codes' dtype
+    and whether there are zero points)."""
+    return (layer.spec, layer.dtype, layer.codes.shape[1], layer.bias is None)
 
 
 def _sibling_groups(gm: fx.GraphModule) -> list[list[fx.Node]]:

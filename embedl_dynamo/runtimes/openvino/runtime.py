@@ -239,9 +239,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             return self._infer(args)
         request = self._request
         for i, t in enumerate(args):
-            request.set_input_tensor(i, _shared(t))
+            request.set_input_tensor(i, _shared(t.detach().numpy()))
         for i, k in aliased.items():
-            request.set_output_tensor(i, _shared(args[k]))
+            request.set_output_tensor(i, _shared(args[k].detach().numpy()))
         try:
             with _cause_named():
                 request.infer()
@@ -296,21 +296,19 @@ def _run_shared(request: Any, feeds: list[np.ndarray]) -> Any:
     whose Python dispatch of the inputs costs a small model's call several percent. The run is
     synchronous, and every later call sets its inputs anew before running. An array the port
     does not take as it is (another element type) goes through that dispatch, which converts."""
-    import openvino as ov
-
     try:
         for index, array in enumerate(feeds):
-            request.set_input_tensor(index, ov.Tensor(array, shared_memory=True))
+            request.set_input_tensor(index, _shared(array))
     except (RuntimeError, TypeError):
         return request.infer(feeds, share_inputs=True, share_outputs=True)
     return request.infer(share_outputs=True)
 
 
-def _shared(tensor: torch.Tensor) -> Any:
-    """An ``ov.Tensor`` over a contiguous CPU tensor's memory."""
+def _shared(array: np.ndarray) -> Any:
+    """An ``ov.Tensor`` over a C-contiguous array's memory (no copy)."""
     import openvino as ov
 
-    return ov.Tensor(tensor.detach().numpy(), shared_memory=True)
+    return ov.Tensor(array, shared_memory=True)
 
 
 def _own(tensor: Any) -> Any:
