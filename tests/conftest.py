@@ -14,6 +14,7 @@ depend on machine load. ``tests/tuning/test_runtime_choice.py`` tests the real t
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,21 @@ def _usable_torchvision() -> None:
 
 
 _usable_torchvision()
+
+
+def _share_the_cores_among_workers() -> None:
+    """Under pytest-xdist (``addopts`` starts one worker per core) each worker's PyTorch gets
+    its share of the cores: every worker keeping PyTorch's default of all of them makes its
+    OpenMP threads contend, and the suite runs slower in parallel than alone. Children a test
+    starts inherit the share through ``OMP_NUM_THREADS``."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(threads)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+_share_the_cores_among_workers()
 
 
 @pytest.fixture(scope="session", autouse=True)
