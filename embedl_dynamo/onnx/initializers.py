@@ -37,6 +37,7 @@ from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.external_data import data_path, save_model_file
 from embedl_dynamo.onnx.fp8_weights import fold_fp8_weights
 from embedl_dynamo.onnx.int8_weights import fold_int8_weights
+from embedl_dynamo.onnx.transposed_weights import read_transposed, transposed_weights
 
 __all__ = [
     "attach_initializers",
@@ -244,13 +245,25 @@ class UnwrittenOnnx:
         self.model = model
         self.weights = weights
         self.copied: set[str] = set(weights)  # which weights are our own copies (all, unknown)
+        # name -> W of the weights ONNX Runtime reads as FusedMatMul(transB=1) from W itself
+        self.transposed: dict[str, torch.Tensor] = {}
 
     def make_contiguous(self) -> None:
         """Copy the weights that are views (the exporter's folded transposes) into contiguous
         tensors once, for both :meth:`ort_source` and :meth:`write`; the names of those copies
-        are kept in :attr:`copied`."""
-        self.copied = {name for name, t in self.weights.items() if not t.is_contiguous()}
-        self.weights = {name: t.detach().contiguous() for name, t in self.weights.items()}
+        are kept in :attr:`copied`. A transposed linear weight that ONNX Runtime can read as
+        the model stores it (:mod:`~.transposed_weights`) is not copied: :attr:`transposed`
+        keeps its contiguous ``W``, and :meth:`write` copies the view one weight at a time."""
+        self.transposed = transposed_weights(self.model, self.weights, SHARED_MIN_BYTES)
+        self.copied = {
+            name
+            for name, t in self.weights.items()
+            if not t.is_contiguous() and name not in self.transposed
+        }
+        self.weights = {
+            name: t.detach() if name in self.transposed else t.detach().contiguous()
+            for name, t in self.weights.items()
+        }
 
     def ort_source(self) -> tuple[bytes, OrtInitializers] | None:
         """The serialised model with every weight marked as external data, and its arrays.
@@ -261,8 +274,10 @@ class UnwrittenOnnx:
         (``OrtInitializers.shared``, at :data:`SHARED_LOCATION`): a kernel that does not repack
         it (``Gather`` on an embedding table) reads the model's own memory, so the sessions of
         one model's graphs (prefill, decode) do not each hold a copy. The others are copied by
-        ONNX Runtime (``add_external_initializers``), which frees what it repacks. None when a
-        weight has no numpy type (bfloat16) or is not on the CPU.
+        ONNX Runtime (``add_external_initializers``), which frees what it repacks. A linear
+        weight in :attr:`transposed` is handed over as the model's own ``W``, read by
+        ``FusedMatMul(transB=1)``. None when a weight has no numpy type (bfloat16) or is not on
+        the CPU.
         """
         if any(t.device.type != "cpu" or t.dtype == torch.bfloat16 for t in self.weights.values()):
             return None
@@ -270,10 +285,12 @@ class UnwrittenOnnx:
         model = type(self.model)()
         model.CopyFrom(self.model)
         arrays = OrtInitializers()
+        read_transposed(model, self.transposed)
         for name, tensor in self.weights.items():
             if not tensor.numel():
                 model.graph.initializer.append(tensor_proto(name, tensor))
                 continue
+            tensor = self.transposed.get(name, tensor)
             arrays[name] = tensor.detach().contiguous().numpy()
             # integer weights (weight-only codes) are copied: ONNX Runtime's DequantizeLinear
             # -> MatMulNBits fusion reads them from the file a shared one names

@@ -296,7 +296,7 @@ def test_a_model_with_quantize_nodes_or_bfloat16_weights_is_not_run_from_memory(
 
 class _Embed(nn.Module):
     """An embedding table (read by Gather in place) and a linear whose weight the exporter
-    transposes (a view, copied by ``make_contiguous``)."""
+    transposes (a view, read by ONNX Runtime as ``FusedMatMul(transB=1)``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -307,12 +307,8 @@ class _Embed(nn.Module):
         return self.head(self.table(ids))
 
 
-def test_sessions_read_a_weight_the_model_shares_by_reference_and_copy_the_others(tmp_path):
-    """Sessions of one model's graphs (prefill, decode) each copying the embedding table would
-    hold it once per graph: the unchanged weight is handed to ONNX Runtime by reference."""
+def _embed_source(tmp_path):
     from embedl_dynamo.onnx.export import export_onnx_unwritten
-    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
-    from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
     torch.manual_seed(0)
     model = _Embed().eval()
@@ -321,10 +317,24 @@ def test_sessions_read_a_weight_the_model_shares_by_reference_and_copy_the_other
     unwritten = export_onnx_unwritten(gm, [ids], tmp_path / "m.onnx", outputs=[model(ids)])
     assert unwritten is not None
     unwritten.make_contiguous()
+    return model, ids, unwritten
+
+
+def test_sessions_read_the_models_own_weights_by_reference(tmp_path):
+    """Sessions of one model's graphs (prefill, decode) each copying the embedding table would
+    hold it once per graph: the unchanged table is handed to ONNX Runtime by reference, and so
+    is the head's weight itself, not a transposed copy."""
+    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
+
+    model, ids, unwritten = _embed_source(tmp_path)
     model_bytes, arrays = unwritten.ort_source()
-    (table,) = arrays.shared  # the table, not the transposed (copied) head
-    assert arrays[table].nbytes >= SHARED_MIN_BYTES and arrays[table].shape == (1024, 512)
-    assert len(arrays) == 2
+    assert len(arrays) == 2 and arrays.shared == set(arrays)
+    (table,) = [n for n in arrays if arrays[n].shape == (1024, 512)]
+    assert arrays[table].nbytes >= SHARED_MIN_BYTES
+    (head,) = [n for n in arrays if n != table]
+    assert arrays[head].shape == (600, 512)  # W as the model stores it, not W.t()
+    assert np.shares_memory(arrays[head], model.head.weight.detach().numpy())
     sessions = [create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
                 for _ in range(2)]  # fmt: skip
     feeds = {"input_0": ids.numpy()}
@@ -335,3 +345,79 @@ def test_sessions_read_a_weight_the_model_shares_by_reference_and_copy_the_other
     arrays[table][:] = 0  # both sessions read this very memory (the model's own weight)
     assert all(not session.run(None, feeds)[0].any() for session in sessions)
     assert not model.table.weight.detach().any()
+
+
+def test_a_transposed_linear_weight_is_not_copied_and_runs_as_the_file_does(tmp_path):
+    """In memory ONNX Runtime runs ``FusedMatMul(transB=1)`` on ``W``; the written file keeps
+    the standard ``MatMul`` on the transposed weight. Same kernel, same packed matrix: the
+    outputs are equal bit for bit."""
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
+
+    model, ids, unwritten = _embed_source(tmp_path)
+    (head,) = unwritten.transposed
+    assert unwritten.weights[head].data_ptr() == model.head.weight.data_ptr()  # no copy made
+    assert head not in unwritten.copied
+    model_bytes, arrays = unwritten.ort_source()
+    in_memory = onnx.load_from_string(model_bytes)
+    (fused,) = [n for n in in_memory.graph.node if n.op_type == "FusedMatMul"]
+    assert fused.domain == "com.microsoft" and fused.input[1] == head
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in fused.attribute}["transB"] == 1
+    from_memory = create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
+    unwritten.write(tmp_path / "m.onnx")
+    written = onnx.load(str(tmp_path / "m.onnx"))
+    assert "FusedMatMul" not in {n.op_type for n in written.graph.node}
+    (matmul,) = [n for n in written.graph.node if n.op_type == "MatMul"]
+    stored = numpy_helper.to_array(next(i for i in written.graph.initializer if i.name == head))
+    np.testing.assert_array_equal(stored, model.head.weight.detach().numpy().T)
+    from_file = create_session(tmp_path / "m.onnx", ["CPUExecutionProvider"])
+    feeds = {"input_0": ids.numpy()}
+    np.testing.assert_array_equal(from_memory.run(None, feeds)[0], from_file.run(None, feeds)[0])
+
+
+def _matmul_graph(readers: list[tuple[str, list[str]]], outputs=("y",)) -> onnx.ModelProto:
+    """``x`` and the weight ``w`` read by nodes ``(op, inputs)``; every node writes its own
+    output, and the graph outputs are ``outputs``."""
+    nodes = [onnx.helper.make_node(op, inputs, [f"y{i}" if i else "y"])
+             for i, (op, inputs) in enumerate(readers)]  # fmt: skip
+    info = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes, "g", [info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        [info(name, onnx.TensorProto.FLOAT, None) for name in outputs],
+    )  # fmt: skip
+    return onnx.helper.make_model(graph)
+
+
+@pytest.mark.parametrize(
+    "readers, weight, outputs, reason",
+    [
+        ([("MatMul", ["x", "w"])], torch.randn(8, 8), ("y",), "not a view: nothing to save"),
+        ([("MatMul", ["x", "w"])], torch.randn(8, 8, dtype=torch.float16).t(), ("y",),
+         "float16: FusedMatMul's CPU kernel is float32 only"),
+        ([("MatMul", ["w", "x"])], torch.randn(8, 8).t(), ("y",), "the first input, not B"),
+        ([("MatMul", ["x", "w"]), ("Add", ["x", "w"])], torch.randn(8, 8).t(), ("y", "y1"),
+         "another reader needs the transposed values"),
+        ([("MatMul", ["x", "w"])], torch.randn(8, 8).t(), ("y", "w"), "a graph output"),
+        ([("MatMul", ["x", "w"])], torch.randn(16, 8)[::2].t(), ("y",),
+         "a strided view: W.t() is no contiguous tensor"),
+    ],
+)  # fmt: skip
+def test_a_weight_read_otherwise_stays_transposed(readers, weight, outputs, reason):
+    from embedl_dynamo.onnx.transposed_weights import read_transposed, transposed_weights
+
+    model = _matmul_graph(readers, outputs)
+    assert transposed_weights(model, {"w": weight}, min_bytes=0) == {}, reason
+    assert read_transposed(model, set()) == 0
+    assert [n.op_type for n in model.graph.node] == [op for op, _ in readers]
+
+
+def test_a_matmul_b_weight_below_the_size_floor_is_copied_and_one_over_it_is_read_transposed():
+    from embedl_dynamo.onnx.transposed_weights import read_transposed, transposed_weights
+
+    model = _matmul_graph([("MatMul", ["x", "w"])])
+    weight = torch.randn(8, 8).t()
+    assert transposed_weights(model, {"w": weight}, min_bytes=257) == {}  # 256 bytes
+    (base,) = transposed_weights(model, {"w": weight}, min_bytes=256).values()
+    assert base.is_contiguous() and base.data_ptr() == weight.data_ptr()
+    assert read_transposed(model, {"w"}) == 1
+    assert model.graph.node[0].op_type == "FusedMatMul"
+    assert any(o.domain == "com.microsoft" for o in model.opset_import)
