@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 
-__all__ = ["infer_meta"]
+__all__ = ["infer_meta", "set_meta_shape"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,3 +122,22 @@ def infer_meta(gm: fx.GraphModule, nodes: Iterable[fx.Node]) -> None:
         node.meta.pop("tensor_meta", None)
         node.meta.pop("example_value", None)
         node.meta["val"] = value
+
+
+def set_meta_shape(node: fx.Node, like: fx.Node, shape: Iterable[Any]) -> None:
+    """Set ``meta["val"]`` of ``node`` to an empty tensor of ``shape`` with the dtype of
+    ``like``'s value, in its fake mode where it has one (symbolic sizes stay symbolic).
+
+    For a rewrite that knows its new node's shape: running the op on fake tensors instead
+    (:func:`infer_meta`) decomposes ops such as ``repeat_interleave`` into several fake ops,
+    each slow where the sizes are symbolic. An unknown ``like`` leaves ``node`` without one.
+    """
+    try:
+        value = _as_meta(node_value_meta(like))
+    except _Unknown:
+        return
+    if not isinstance(value, torch.Tensor):
+        return
+    node.meta.pop("tensor_meta", None)
+    node.meta.pop("example_value", None)
+    node.meta["val"] = value.new_empty(tuple(shape))

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.meta import infer_meta, set_meta_shape
 from embedl_dynamo.graph.nodes import copy_meta, node_shape
 from embedl_dynamo.patterns.attention import FusedAttention, ScaledDotProductAttention
 from embedl_dynamo.rewrite.match import Match, MatchResult
@@ -61,7 +61,6 @@ class ExpandGroupedKeyValue(Pattern):
 
     def replace(self, m: Match) -> fx.Node:
         groups = m.shape("q")[-3] // m.shape("k")[-3]
-        created = []
         repeated = {}
         for name in ("k", "v"):
             repeated[name] = m[name]
@@ -71,12 +70,14 @@ class ExpandGroupedKeyValue(Pattern):
                         torch.repeat_interleave, (m[name], groups), {"dim": -3}
                     )
                 copy_meta(m[name], node)
-                created.append(node)
+                shape = list(m.shape(name))
+                shape[-3] *= groups
+                set_meta_shape(node, m[name], shape)
                 repeated[name] = node
         kwargs = {**m["sdpa"].kwargs, "query": m["q"], "key": repeated["k"]}
         out = m.call(F.scaled_dot_product_attention, **{**kwargs, "value": repeated["v"],
                                                        "enable_gqa": False})  # fmt: skip
-        infer_meta(m.gm, [*created, out])
+        infer_meta(m.gm, [out])
         copy_meta(m.anchor, out)
         return out
 
