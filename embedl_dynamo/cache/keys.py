@@ -10,12 +10,14 @@ content and a stale entry is never served.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from embedl_dynamo.graph.rest_precision import rest_precision
 
 __all__ = [
     "content_key",
+    "digests_reused",
     "fingerprint_graph",
     "is_content_key",
     "jsonable",
@@ -92,24 +95,89 @@ def _digest(tensor: torch.Tensor) -> bytes:
     return hashlib.sha256(tensor_bytes(tensor)).digest()
 
 
+# the memory a tensor views -> (that tensor, its version, its digest), within digests_reused()
+_REUSED: contextvars.ContextVar[dict[tuple, tuple[torch.Tensor, int, bytes]] | None] = (
+    contextvars.ContextVar("embedl_reused_digests", default=None)
+)
+
+
+@contextlib.contextmanager
+def digests_reused() -> Iterator[None]:
+    """Within the block, the bytes a tensor views are hashed once.
+
+    A compile keys a graph before its rewrites and its ONNX export after them, and the two
+    share most weights (a decoder's 2 GB hashed twice per graph), though often as other tensor
+    objects (a frozen constant, then a module's parameter on the same memory). A digest is
+    reused for the same memory (storage, offset, sizes, strides, dtype) while the tensor first
+    hashed is unchanged: it is held, so its memory cannot be freed and reused, and its version
+    counter, which an in-place op bumps, is the one it was hashed at (and the other tensor's
+    too: a parameter made of a tensor shares its counter). A tensor without one (an inference
+    tensor) is hashed each time. Only for a block in which nothing writes a tensor's
+    memory behind PyTorch's back (through numpy or ``.data``): a compile, which never writes
+    the model's weights, not the user's code between two compiles.
+    """
+    token = _REUSED.set({})
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter
+        return None
+
+
+def _memory_of(tensor: torch.Tensor) -> tuple | None:
+    if tensor.device.type == "meta" or tensor.is_quantized or _version_of(tensor) is None:
+        return None
+    address = tensor.untyped_storage().data_ptr()
+    return (tensor.device, address, tensor.storage_offset(), tuple(tensor.shape),
+            tuple(tensor.stride()), tensor.dtype)  # fmt: skip
+
+
+def _reused_digests(tensors: list[torch.Tensor]) -> dict[int, bytes]:
+    """``id -> digest`` of the tensors whose memory was hashed within :func:`digests_reused`."""
+    memo = _REUSED.get()
+    if memo is None:
+        return {}
+    found = {}
+    for tensor in tensors:
+        held = memo.get(_memory_of(tensor))
+        if held is not None and _version_of(held[0]) == held[1] == _version_of(tensor):
+            found[id(tensor)] = held[2]
+    return found
+
+
+def _remember(tensor: torch.Tensor, digest: bytes) -> None:
+    memo, memory = _REUSED.get(), _memory_of(tensor)
+    if memo is not None and memory is not None:
+        memo[memory] = (tensor, _version_of(tensor), digest)
+
+
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Add each tensor's name, dtype, shape and the sha256 of its bytes to ``h``, in order.
 
     Tensors over 1 MiB are hashed on threads, several at a time (``hashlib`` releases the GIL,
-    so a large model's weights hash on several cores at once).
+    so a large model's weights hash on several cores at once); within :func:`digests_reused`
+    a tensor hashed before is not hashed again.
     """
-    big = [t for _, t in tensors if t.numel() * t.element_size() >= _PARALLEL_BYTES]
-    digests: dict[int, bytes] = {}
+    digests = _reused_digests([t for _, t in tensors])
+    big = [t for _, t in tensors
+           if id(t) not in digests and t.numel() * t.element_size() >= _PARALLEL_BYTES]  # fmt: skip
     if len(big) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-            digests = {id(t): d for t, d in zip(big, pool.map(_digest, big))}
+            digests.update((id(t), d) for t, d in zip(big, pool.map(_digest, big)))
     for name, tensor in tensors:
         if not tensor.numel():
             h.update(f"{name}|{_header(tensor)}|empty\n".encode())
             continue
         digest = digests.get(id(tensor)) or _digest(tensor)
+        _remember(tensor, digest)
         h.update(f"{name}|{_header(tensor)}|".encode() + digest)
 
 

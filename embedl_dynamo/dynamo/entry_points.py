@@ -23,6 +23,7 @@ from typing import Any
 from torch import fx
 
 from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
+from embedl_dynamo.cache.keys import digests_reused
 from embedl_dynamo.dynamo.compile import compile_subgraph
 from embedl_dynamo.errors import EmbedlDynamoError, error_line
 from embedl_dynamo.runtimes.registry import runtime_settings
@@ -65,7 +66,8 @@ def _compile(
     settings = runtime_settings(options)
     target = backend or get_backend()
     try:
-        return compile_subgraph(gm, example_inputs, target, settings)
+        with digests_reused():  # the graph's weights are keyed before and after its rewrites
+            return compile_subgraph(gm, example_inputs, target, settings)
     except EmbedlDynamoError:
         raise  # deliberate: it names the problem and the fix (bad data, a forced runtime)
     except Exception as exc:

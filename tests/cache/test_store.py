@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.cache import keys
 from embedl_dynamo.cache.files import atomic_write_text, default_cache_dir
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable
+from embedl_dynamo.cache.keys import content_key, digests_reused, fingerprint_graph, jsonable
 from embedl_dynamo.cache.store import ArtifactCache
 from tests.models import ResNetLike
 
@@ -89,6 +90,55 @@ def test_fingerprint_covers_every_byte_of_threaded_weights():
         model.a.weight.copy_(b)
         model.b.weight.copy_(a)
     assert fingerprint_graph(fx.symbolic_trace(model)) not in (first, changed)
+
+
+def _counted_digests(monkeypatch) -> list[int]:
+    """The ``data_ptr`` of every tensor whose bytes are hashed from now on."""
+    hashed, real = [], keys._digest
+
+    def digest(tensor):
+        hashed.append(tensor.data_ptr())
+        return real(tensor)
+
+    monkeypatch.setattr(keys, "_digest", digest)
+    return hashed
+
+
+def test_within_a_compile_a_weight_is_hashed_once_and_keys_are_unchanged(monkeypatch):
+    model = _TwoBig().eval()
+    expected = fingerprint_graph(fx.symbolic_trace(model))
+    hashed = _counted_digests(monkeypatch)
+    with digests_reused():
+        first = fingerprint_graph(fx.symbolic_trace(model))
+        count = len(hashed)
+        again = fingerprint_graph(fx.symbolic_trace(model))  # the same tensors: no hashing
+    assert first == again == expected and len(hashed) == count == 6  # 3 weights, 3 biases
+    fingerprint_graph(fx.symbolic_trace(model))  # outside the block: every weight again
+    assert len(hashed) == 2 * count
+
+
+def test_a_weight_written_in_place_within_the_block_is_hashed_again(monkeypatch):
+    model = _TwoBig().eval()
+    hashed = _counted_digests(monkeypatch)
+    with digests_reused():
+        first = fingerprint_graph(fx.symbolic_trace(model))
+        with torch.no_grad():
+            model.b.weight[-1, -1] += 1e-6  # bumps the version counter
+        changed = fingerprint_graph(fx.symbolic_trace(model))
+    assert changed != first
+    assert hashed.count(model.b.weight.data_ptr()) == 2
+    assert hashed.count(model.a.weight.data_ptr()) == 1
+    assert changed == fingerprint_graph(fx.symbolic_trace(model))  # as keyed from scratch
+
+
+def test_an_inference_tensor_has_no_version_and_is_hashed_each_time(monkeypatch):
+    with torch.inference_mode():
+        model = _TwoBig().eval()  # its weights are inference tensors
+    hashed = _counted_digests(monkeypatch)
+    with digests_reused():
+        first = fingerprint_graph(fx.symbolic_trace(model))
+        assert fingerprint_graph(fx.symbolic_trace(model)) == first
+    assert len(hashed) == 12
 
 
 def test_default_cache_dir_env(monkeypatch, tmp_path):

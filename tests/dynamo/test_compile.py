@@ -443,3 +443,35 @@ def test_only_a_runtime_that_builds_from_memory_keeps_the_export_in_memory(
     monkeypatch.setattr(UnwrittenOnnx, "make_contiguous", lambda self: calls.append(real(self)))
     _compile_resnet_on(runtime, tmp_path)
     assert len(calls) == kept
+
+
+class _BigLinears(nn.Module):
+    """Two weights over 1 MiB, which a compile keys before its rewrites and again in its export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(600, 600), nn.Linear(600, 600)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_a_compile_hashes_each_weight_once(monkeypatch):
+    from embedl_dynamo.cache import keys
+
+    hashed, real = [], keys._digest
+
+    def digest(tensor):
+        hashed.append(tensor.data_ptr())
+        return real(tensor)
+
+    monkeypatch.setattr(keys, "_digest", digest)
+    model = _BigLinears().eval()
+    x = torch.randn(4, 600)
+    compiled = torch.compile(
+        model, backend="embedl_onnxruntime", options={"runtime": "onnxruntime"}
+    )
+    with torch.inference_mode():
+        assert_close_to_scale(compiled(x), model(x))
+    weights = [model.a.weight.data_ptr(), model.b.weight.data_ptr()]
+    assert [hashed.count(w) for w in weights] == [1, 1]  # keyed twice, hashed once
