@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 __all__ = ["BATCH", "DynamicAxes", "batch_axes", "dynamic_axes"]
 
@@ -57,9 +58,16 @@ def _fake(node: fx.Node) -> Any:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
+def _symbolic(size: Any) -> bool:
+    """Whether ``size`` can change: a ``SymInt`` that Dynamo did not specialise to a constant
+    (``dynamic=True`` makes every size symbolic, and a ``view`` to a model's fixed head count
+    guards it back to that number)."""
+    return isinstance(size, torch.SymInt) and not is_concrete_int(size)
+
+
 def _name(size: Any, names: dict[str, str]) -> str | None:
-    """The axis name of a symbolic ``size`` (None when it is a plain int)."""
-    if not isinstance(size, torch.SymInt):
+    """The axis name of a symbolic ``size`` (None when it is a plain or specialised int)."""
+    if not _symbolic(size):
         return None
     text = str(size)
     if text not in names:
@@ -88,13 +96,13 @@ def dynamic_axes(
         index = next(i for i, t in enumerate(example_inputs) if t is first)  # not ==
         fake = _fake(placeholders[user_inputs[index]])
         size = fake.shape[0] if fake is not None and fake.dim() > 0 else None
-        if isinstance(size, torch.SymInt):
+        if _symbolic(size):
             names[str(size)] = BATCH
     inputs = []
     symbolic = False
     for index, tensor in zip(user_inputs, example_inputs):
         fake = _fake(placeholders[index])
-        symbolic |= any(isinstance(s, torch.SymInt) for s in getattr(fake, "shape", ()))
+        symbolic |= any(map(_symbolic, getattr(fake, "shape", ())))
         axes: dict[int, str] = {}
         shape = getattr(fake, "shape", ())  # an int input (a 0-d tensor) has none
         for axis, size in enumerate(shape):
@@ -119,7 +127,7 @@ def dynamic_axes(
         fake = _fake(value) if isinstance(value, fx.Node) else None
         axes = {}
         for axis, size in enumerate(fake.shape if isinstance(fake, torch.Tensor) else ()):
-            if isinstance(size, torch.SymInt):
+            if _symbolic(size):
                 text = str(size)
                 axes[axis] = names.get(text) or f"output{position}_dim{axis}"
             elif (

@@ -339,9 +339,12 @@ def _packed_int4(name: str, values: np.ndarray, kind: int) -> Any:
     if flat.size % 2:
         flat = np.concatenate([flat, np.zeros(1, np.uint8)])
     # each pair of bytes read as one little-endian uint16 (first value in its low byte): no
-    # strided access to the pairs, no temporary wider than the pairs themselves
+    # strided access to the pairs; the byte-wide results are combined in place
     pairs = flat.view("<u2")
-    packed = ((pairs & 0x0F) | ((pairs >> 4) & 0xF0)).astype(np.uint8)
+    packed = (pairs & 0x0F).astype(np.uint8)
+    high = (pairs >> 8).astype(np.uint8)
+    high <<= 4
+    packed |= high
     proto = TensorProto(name=name, data_type=kind, dims=list(values.shape))
     proto.raw_data = packed.tobytes()
     return proto

@@ -260,3 +260,17 @@ def test_a_compiled_graph_runs_its_large_integer_weights_from_memory(tmp_path):
     assert cosine > 0.999
     embedl_dynamo.wait_for_cache_writes()
     assert list(tmp_path.rglob("*.onnx"))  # the file was written too
+
+
+@pytest.mark.parametrize("count", [16, 15])
+def test_int4_values_pack_two_per_byte_the_first_in_the_low_nibble(count):
+    from onnx import TensorProto
+
+    from embedl_dynamo.onnx.weight_only import _packed_int4
+
+    values = (np.arange(count) % 16 - 8).astype(np.int8)  # -8..7: every signed 4-bit code
+    proto = _packed_int4("q", values, TensorProto.INT4)
+    nibbles = [int(v) & 0x0F for v in values] + [0] * (count % 2)
+    expected = bytes(lo | hi << 4 for lo, hi in zip(nibbles[::2], nibbles[1::2]))
+    assert proto.raw_data == expected and list(proto.dims) == [count]
+    np.testing.assert_array_equal(numpy_helper.to_array(proto), values)
