@@ -128,9 +128,27 @@ class _Broken(torch.nn.Module):
         return self.b(x)
 
 
+def test_recompiles_of_one_callable_stay_in_its_report_from_any_call_site() -> None:
+    """A later call that compiles again (here a new batch size, from a deeper call site) adds
+    to its callable's report. The record used to follow the call's frame object: a later
+    call's recompile joined the report only when its frame happened to reuse the first one's
+    address (``tests/graph/test_scalar_inputs.py`` failed about once in five suite runs)."""
+    options = {"min_subgraph_size": 1}
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
+
+    def nested(depth: int, x: torch.Tensor) -> torch.Tensor:
+        return compiled(x) if depth == 0 else nested(depth - 1, x)
+
+    with torch.no_grad():
+        compiled(torch.randn(2, 8))
+        nested(5, torch.randn(3, 8))  # a new batch size: Dynamo compiles again
+    assert [s.index for s in embedl_dynamo.last_report()] == [0, 1]
+
+
 def test_the_last_report_holds_the_last_compile_only() -> None:
-    """A compile is a compiled callable's first call through all its subgraphs; the next
-    compiled callable's first call starts a new report, its subgraphs numbered from 0."""
+    """A compiled callable's report holds its first call's subgraphs; the next compiled
+    callable's first call starts a new report, its subgraphs numbered from 0."""
     options = {"min_subgraph_size": 1}
     with torch.no_grad():
         first = torch.compile(_Broken().eval(), backend="embedl_onnxruntime", options=options)

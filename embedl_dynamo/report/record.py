@@ -5,8 +5,8 @@ ran it, the rows of its transformation plan (``print(report.plan)`` lists every 
 or skipped, and why), whether the artifact came from the cache, and why it stayed in PyTorch if
 it did. A report holds names and numbers only: it keeps no graph, module or weight alive.
 
-* :func:`last_report` returns the subgraphs of the last compile (the first call of a
-  ``torch.compile``'d callable, through all its subgraphs), oldest first;
+* :func:`last_report` returns the subgraphs of the last ``torch.compile``'d callable that
+  compiled (its first call through all its subgraphs, and its recompiles), oldest first;
 * :func:`clear_reports` empties the record;
 * :func:`explain` compiles a model on example inputs with a fresh record and returns its report.
 """
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -31,15 +32,15 @@ _DYNAMO_ENTRY = ("compile_wrapper", os.path.join("_dynamo", "eval_frame.py"))
 
 _lock = threading.Lock()
 _record: list[SubgraphReport] = []
-_compile: tuple[int, int] | None = None  # which compile the record holds (see _compile_key)
+_compile: tuple[Any, int] | None = None  # whose compiles the record holds (see _compile_key)
 
 
-def _compile_key() -> tuple[int, int] | None:
-    """Which compile the calling backend works for: the outermost call into a ``torch.compile``'d
-    callable on this thread's stack (Dynamo's ``compile_wrapper``), as ids of that frame and of
-    the callable it compiles. Every subgraph of one call (graph breaks included) shares it; a
-    call of another compiled callable, or a later call that compiles again, has another. None
-    when no such frame is on the stack (then the record goes on as it is)."""
+def _compile_key() -> Any | None:
+    """Which compiled callable the calling backend works for: the function that the outermost
+    ``torch.compile``'d call on this thread's stack (Dynamo's ``compile_wrapper``) compiles.
+    Every subgraph of its first call (graph breaks included) and of its recompiles on later
+    calls (a new shape, a size made dynamic) shares it; another compiled callable has another.
+    None when no such frame is on the stack (then the record goes on as it is)."""
     frame, outermost = sys._getframe(1), None
     while frame is not None:
         code = frame.f_code
@@ -48,25 +49,41 @@ def _compile_key() -> tuple[int, int] | None:
         frame = frame.f_back
     if outermost is None:
         return None
-    return id(outermost), id(outermost.f_locals.get("fn"))
+    return outermost.f_locals.get("fn", outermost)
+
+
+def _held(key: Any) -> tuple[Any, int]:
+    """``key`` held without keeping it alive: a weak reference where it takes one (so a later
+    callable at the same address is another compile), and its ``id``."""
+    try:
+        return weakref.ref(key), id(key)
+    except TypeError:
+        return None, id(key)
+
+
+def _is_current(key: Any) -> bool:
+    if _compile is None:
+        return False
+    ref, identity = _compile
+    return ref() is key if ref is not None else id(key) == identity
 
 
 def next_index() -> int:
     """The index the next recorded subgraph gets: its order within its compile."""
     key = _compile_key()
     with _lock:
-        return 0 if key is not None and key != _compile else len(_record)
+        return 0 if key is not None and not _is_current(key) else len(_record)
 
 
 def record(report: SubgraphReport) -> None:
-    """Append a subgraph report to the record of its compile, which replaces the record of an
-    earlier compile (keeps the newest :data:`_MAX_KEPT`)."""
+    """Append a subgraph report to the record of its compiled callable, which replaces the
+    record of another one (keeps the newest :data:`_MAX_KEPT`)."""
     global _compile
     key = _compile_key()
     with _lock:
-        if key is not None and key != _compile:
+        if key is not None and not _is_current(key):
             _record.clear()
-            _compile = key
+            _compile = _held(key)
         _record.append(report)
         del _record[:-_MAX_KEPT]
 
@@ -80,9 +97,10 @@ def clear_reports() -> None:
 
 
 def last_report() -> CompileReport:
-    """The subgraphs of the last compile: the first call of a ``torch.compile``'d callable
-    (every subgraph it compiled, graph breaks included), or a later call that compiled again.
-    A compile of another callable starts a new report; so does :func:`clear_reports`."""
+    """The subgraphs of the last ``torch.compile``'d callable that compiled: those of its first
+    call (graph breaks included) and of its later calls that compiled again (a new shape, a
+    size made dynamic). A compile of another callable starts a new report; so does
+    :func:`clear_reports`."""
     with _lock:
         return CompileReport(list(_record))
 
