@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["WeightOnlySpec", "dequantize_weight", "quantize_weight"]
+__all__ = ["WeightOnlySpec", "dequantize_weight", "dequantize_weight_t", "quantize_weight"]
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,17 @@ def dequantize_weight(
     if zero is not None:
         codes.sub_(zero.float()[..., None])
     return codes.mul_(scale[..., None]).reshape(n, k)
+
+
+def dequantize_weight_t(
+    q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None
+) -> torch.Tensor:
+    """``W'.T``, float32 ``[K, N]`` and contiguous: the same numbers as
+    ``dequantize_weight(q, scale, zero).t().contiguous()``, with the integer codes transposed
+    (a quarter of the bytes to move) rather than the float weight."""
+    n, k = q.shape
+    groups = scale.shape[1]
+    codes = q.t().contiguous().float().reshape(groups, k // groups, n)
+    if zero is not None:
+        codes.sub_(zero.t().float()[:, None, :])
+    return codes.mul_(scale.t()[:, None, :]).reshape(k, n)

@@ -48,6 +48,7 @@ from embedl_dynamo.patterns.fused_modules import FusedLinear
 from embedl_dynamo.quant.weight_codes import (
     WeightOnlySpec,
     dequantize_weight,
+    dequantize_weight_t,
     quantize_weight,
 )
 
@@ -143,12 +144,9 @@ class WeightOnlyLinear(nn.Module):
 
 @contextlib.contextmanager
 def dense_weights(gm: nn.Module) -> Iterator[list[WeightOnlyLinear]]:
-    """Give every :class:`WeightOnlyLinear` of ``gm`` its ``weight_t`` buffer (``W'.T``, a
-    transposed view of the dequantized weight) while the block runs, for an ONNX exporter to
-    write as a ``MatMul`` constant; the buffers are removed on exit, so the float weights live
-    only as long as the export. The exporter's constant is replaced by the layer's codes
-    (:mod:`embedl_dynamo.onnx.weight_only`), so it is never written and need not be
-    contiguous.
+    """Give every :class:`WeightOnlyLinear` of ``gm`` its ``weight_t`` buffer (``W'.T``,
+    contiguous) while the block runs, for an ONNX exporter to write as a ``MatMul`` constant;
+    the buffers are removed on exit, so the float weights live only as long as the export.
 
     Yields:
         The weight-only layers of ``gm`` (none: an ordinary graph, nothing added).
@@ -156,8 +154,8 @@ def dense_weights(gm: nn.Module) -> Iterator[list[WeightOnlyLinear]]:
     layers = [m for m in gm.modules() if isinstance(m, WeightOnlyLinear)]
     added = [m for m in layers if m._buffers.get("weight_t") is None]
     for layer in added:
-        weight = dequantize_weight(layer.codes, layer.scale, layer.zero_point)
-        layer.register_buffer("weight_t", weight.to(layer.dtype).t())
+        weight_t = dequantize_weight_t(layer.codes, layer.scale, layer.zero_point)
+        layer.register_buffer("weight_t", weight_t.to(layer.dtype))
     try:
         yield layers
     finally:

@@ -13,6 +13,7 @@ from embedl_dynamo.quant import weight_only
 from embedl_dynamo.quant.weight_codes import (
     WeightOnlySpec,
     dequantize_weight,
+    dequantize_weight_t,
     quantize_weight,
 )
 from embedl_dynamo.quant.weight_only import (
@@ -127,6 +128,17 @@ def test_dequantised_weight_is_within_one_step_of_float(bits, symmetric):
     assert error.max() > 0  # it did quantize
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_the_transposed_dequantisation_gives_the_same_numbers(bits, symmetric):
+    """The exporter's ``W'.T`` is dequantized from transposed codes: bit for bit the same."""
+    torch.manual_seed(0)
+    q, scale, zero = quantize_weight(torch.randn(48, 256), WeightOnlySpec(bits, 64, symmetric))
+    weight_t = dequantize_weight_t(q, scale, zero)
+    assert weight_t.is_contiguous() and weight_t.shape == (256, 48)
+    assert torch.equal(weight_t, dequantize_weight(q, scale, zero).t())
+
+
 def test_budget_keeps_int4_layers_at_8_bits_and_reports_them(block):
     _, gm = block
     spec = WeightOnlySpec(4, group_size=32)
@@ -230,7 +242,7 @@ def test_a_layer_keeps_integer_weights_only_and_a_float_one_while_exported(block
     with dense_weights(quantized) as layers:
         assert layer in layers
         torch.testing.assert_close(layer.weight_t, dense, rtol=0, atol=0)
-        assert layer.weight_t.t().is_contiguous()  # a view of W': no float weight transposed
+        assert layer.weight_t.is_contiguous()
         with torch.no_grad():
             held = quantized(_ids())
     assert "weight_t" not in dict(layer.named_buffers())
