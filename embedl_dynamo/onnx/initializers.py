@@ -247,6 +247,7 @@ class UnwrittenOnnx:
         self.copied: set[str] = set(weights)  # which weights are our own copies (all, unknown)
         # name -> W of the weights ONNX Runtime reads as FusedMatMul(transB=1) from W itself
         self.transposed: dict[str, torch.Tensor] = {}
+        self.versions = {name: _version_of(t) for name, t in weights.items()}
 
     def make_contiguous(self) -> None:
         """Copy the weights that are views (the exporter's folded transposes) into contiguous
@@ -264,6 +265,7 @@ class UnwrittenOnnx:
             name: t.detach() if name in self.transposed else t.detach().contiguous()
             for name, t in self.weights.items()
         }
+        self.versions = {name: _version_of(t) for name, t in self.weights.items()}
 
     def ort_source(self) -> tuple[bytes, OrtInitializers] | None:
         """The serialised model with every weight marked as external data, and its arrays.
@@ -338,6 +340,18 @@ class UnwrittenOnnx:
                     raise RuntimeError(f"initializer {head!r}: {data.nbytes} bytes, not {nbytes}")
                 f.write(head)
                 f.write(data)
+        self.check_unchanged()
+
+    def check_unchanged(self) -> None:
+        """Raise if a weight was written in place (its version counter moved) since the export:
+        the file is written from the tensors' memory after the compile returns, and would not
+        hold the numbers its content key was computed from; the cache then stores nothing."""
+        moved = [n for n, t in self.weights.items() if _version_of(t) != self.versions.get(n)]
+        if moved:
+            raise RuntimeError(
+                f"weight {moved[0]!r} (and {len(moved) - 1} more) was modified in place while "
+                "its ONNX file was being written; the file is not cached"
+            )
 
     def write_with_data_file(self, path: Path) -> None:
         """Write every weight to :func:`~.external_data.data_path` (``model.onnx.data``), each
@@ -367,6 +381,7 @@ class UnwrittenOnnx:
         model.graph.initializer.extend(
             tensor_proto(name, t) for name, t in self.weights.items() if not t.numel()
         )
+        self.check_unchanged()
         with open_hashed(path) as f:
             f.write(model.SerializeToString())
 
@@ -379,6 +394,13 @@ class UnwrittenOnnx:
             head = _header(name, tensor).SerializeToString() + _field(_RAW_DATA, nbytes)
             entries.append((_field(_INITIALIZER, len(head) + nbytes) + head, tensor, nbytes))
         return sum(len(head) + nbytes for head, _, nbytes in entries), entries
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # an inference tensor keeps no version counter: not checked
+        return None
 
 
 def _external_header(name: str, tensor: torch.Tensor, location: str, offset: int) -> Any:

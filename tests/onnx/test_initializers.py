@@ -421,3 +421,19 @@ def test_a_matmul_b_weight_below_the_size_floor_is_copied_and_one_over_it_is_rea
     assert read_transposed(model, {"w"}) == 1
     assert model.graph.node[0].op_type == "FusedMatMul"
     assert any(o.domain == "com.microsoft" for o in model.opset_import)
+
+
+@pytest.mark.parametrize("weight", ["head", "table"])
+def test_a_weight_modified_in_place_before_the_file_is_written_fails_the_write(tmp_path, weight):
+    """The file is written from the model's memory after the compile returns: a weight written
+    in place meanwhile (an optimizer step, ``add_`` under ``no_grad``) would give a file that
+    does not hold the numbers its content key was computed from. Its version counter moved,
+    so the write fails and the cache stores nothing."""
+    model, _, unwritten = _embed_source(tmp_path)
+    with torch.no_grad():
+        getattr(model, weight).weight.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified in place while its ONNX file"):
+        unwritten.write(tmp_path / "m.onnx")
+    _, _, untouched = _embed_source(tmp_path)
+    untouched.write(tmp_path / "ok.onnx")  # nothing modified: written
+    assert onnx.load(str(tmp_path / "ok.onnx")).graph.initializer
