@@ -38,6 +38,7 @@ __all__ = [
     "module_attributes",
     "sha256_file",
     "tensor_bytes",
+    "version_of",
 ]
 
 
@@ -123,15 +124,17 @@ def digests_reused() -> Iterator[None]:
         _REUSED.reset(token)
 
 
-def _version_of(tensor: torch.Tensor) -> int | None:
+def version_of(tensor: torch.Tensor) -> int | None:
+    """``tensor``'s version counter, which every in-place op bumps (None: an inference tensor,
+    which keeps none)."""
     try:
         return tensor._version
-    except RuntimeError:  # an inference tensor keeps no version counter
+    except RuntimeError:
         return None
 
 
 def _memory_of(tensor: torch.Tensor) -> tuple | None:
-    if tensor.device.type == "meta" or tensor.is_quantized or _version_of(tensor) is None:
+    if tensor.device.type == "meta" or tensor.is_quantized or version_of(tensor) is None:
         return None
     address = tensor.untyped_storage().data_ptr()
     return (tensor.device, address, tensor.storage_offset(), tuple(tensor.shape),
@@ -146,7 +149,7 @@ def _reused_digests(tensors: list[torch.Tensor]) -> dict[int, bytes]:
     found = {}
     for tensor in tensors:
         held = memo.get(_memory_of(tensor))
-        if held is not None and _version_of(held[0]) == held[1] == _version_of(tensor):
+        if held is not None and version_of(held[0]) == held[1] == version_of(tensor):
             found[id(tensor)] = held[2]
     return found
 
@@ -154,7 +157,7 @@ def _reused_digests(tensors: list[torch.Tensor]) -> dict[int, bytes]:
 def _remember(tensor: torch.Tensor, digest: bytes) -> None:
     memo, memory = _REUSED.get(), _memory_of(tensor)
     if memo is not None and memory is not None:
-        memo[memory] = (tensor, _version_of(tensor), digest)
+        memo[memory] = (tensor, version_of(tensor), digest)
 
 
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:

@@ -39,14 +39,16 @@ from torch import fx, nn
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, rest_precision
+from embedl_dynamo.onnx.exporter_hooks import (
+    capture_initializers,
+    shape_inference_without_weights,
+)
 from embedl_dynamo.onnx.fp8_weights import fp8_opset
 from embedl_dynamo.onnx.graph_inputs import restore_dropped_inputs
 from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
-    capture_initializers,
     graph_weights,
     save_quantized,
-    shape_inference_without_weights,
     unwritten_float_model,
 )
 from embedl_dynamo.onnx.int8_weights import store_weights_as_int8

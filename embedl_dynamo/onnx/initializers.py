@@ -5,7 +5,7 @@ the file is then written, read back and checked; for a large model these copies 
 read are a large share of a cold compile. Exported with ``export_params=False`` the
 graph is the same (constant folding, BatchNorm folding and initializer de-duplication run on
 the parameters either way; ``export_params`` only decides whether ``_export_onnx`` writes them),
-but every weight is left as a graph input with no value. :func:`capture_initializers` records the
+but every weight is left as a graph input with no value. :func:`~.exporter_hooks.capture_initializers` records the
 exporter's final name -> tensor map as it computes it (the return value of its
 de-duplication pass, the last pass before serialisation), and :func:`attach_initializers` turns
 those inputs back into initializers with one copy per tensor. The result equals the
@@ -16,23 +16,20 @@ guessed: :func:`attach_initializers` returns False and the caller exports with
 ``export_params=True`` as before.
 
 The exporter's whole-graph shape inference is given only the parameters whose values can
-decide a shape (:func:`shape_inference_without_weights`): given all of them, it builds
+decide a shape (:func:`~.exporter_hooks.shape_inference_without_weights`): given all of them, it builds
 single-node ONNX models that carry every weight as a constant, to learn shapes the weights'
 types already state. The exported graph is the same (tested).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from embedl_dynamo.cache.hashed_file import open_hashed
-from embedl_dynamo.cache.keys import tensor_bytes
+from embedl_dynamo.cache.keys import tensor_bytes, version_of
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.external_data import data_path, save_model_file
 from embedl_dynamo.onnx.fp8_weights import fold_fp8_weights
@@ -41,25 +38,17 @@ from embedl_dynamo.onnx.transposed_weights import read_transposed, transposed_we
 
 __all__ = [
     "attach_initializers",
-    "capture_initializers",
     "graph_weights",
     "OrtInitializers",
     "save_quantized",
     "SHARED_LOCATION",
     "SHARED_MIN_BYTES",
-    "shape_inference_without_weights",
     "tensor_proto",
     "UnwrittenOnnx",
     "unwritten_float_model",
 ]
 
 _ALIGN = 4096  # each weight in a data file starts at a multiple of this (mappable as is)
-_PASS = "_jit_pass_onnx_deduplicate_initializers"
-_SHAPE_PASS = "_jit_pass_onnx_graph_shape_type_inference"
-# ONNX shape inference reads values only from the inputs that are shapes, indices, axes or
-# scales (Reshape, Expand, Slice, Tile, Resize...): integer tensors, or a few floats
-SHAPE_VALUE_MAX_ELEMENTS = 64
-_LOCK = threading.RLock()  # the exporter's state (and these hooks) is process-wide
 # the external-data location of the weights ONNX Runtime is handed by reference (an empty file of
 # this name stands in for them: ONNX Runtime checks it exists, and reads nothing from it)
 SHARED_LOCATION = "embedl-shared-initializers"
@@ -81,65 +70,6 @@ def _onnx_types() -> dict[torch.dtype, int]:
         torch.int64: TensorProto.INT64,
         torch.bool: TensorProto.BOOL,
     }
-
-
-@contextlib.contextmanager
-def capture_initializers() -> Iterator[dict[str, torch.Tensor]]:
-    """Within the block, record every initializer the TorchScript exporter settles on.
-
-    Yields:
-        A dict filled, once ``torch.onnx.export`` returns, with the exporter's final
-        initializer names and tensors (empty if this torch has no such pass).
-    """
-    captured: dict[str, torch.Tensor] = {}
-    original = getattr(torch._C, _PASS, None)
-    if original is None:
-        yield captured
-        return
-
-    def record(graph: Any, params: dict[str, Any], *rest: Any) -> dict[str, Any]:
-        result = original(graph, params, *rest)
-        captured.clear()
-        captured.update(result)
-        return result
-
-    with _LOCK:
-        setattr(torch._C, _PASS, record)
-        try:
-            yield captured
-        finally:
-            setattr(torch._C, _PASS, original)
-
-
-def _may_decide_a_shape(value: Any) -> bool:
-    if not isinstance(value, torch.Tensor):
-        return True
-    return not value.is_floating_point() or value.numel() <= SHAPE_VALUE_MAX_ELEMENTS
-
-
-@contextlib.contextmanager
-def shape_inference_without_weights() -> Iterator[None]:
-    """Within the block, the exporter's shape inference sees no floating-point weight values.
-
-    Its parameters dict is filtered to integer tensors and floats of at most
-    :data:`SHAPE_VALUE_MAX_ELEMENTS` elements; a weight stays a typed graph value with its
-    full shape, so every inferred type and shape is unchanged.
-    """
-    original = getattr(torch._C, _SHAPE_PASS, None)
-    if original is None:
-        yield
-        return
-
-    def infer(graph: Any, params: dict[str, Any], *rest: Any) -> Any:
-        small = {name: v for name, v in params.items() if _may_decide_a_shape(v)}
-        return original(graph, small, *rest)
-
-    with _LOCK:
-        setattr(torch._C, _SHAPE_PASS, infer)
-        try:
-            yield
-        finally:
-            setattr(torch._C, _SHAPE_PASS, original)
 
 
 def tensor_proto(name: str, tensor: torch.Tensor) -> Any:
@@ -247,7 +177,7 @@ class UnwrittenOnnx:
         self.copied: set[str] = set(weights)  # which weights are our own copies (all, unknown)
         # name -> W of the weights ONNX Runtime reads as FusedMatMul(transB=1) from W itself
         self.transposed: dict[str, torch.Tensor] = {}
-        self.versions = {name: _version_of(t) for name, t in weights.items()}
+        self.versions = {name: version_of(t) for name, t in weights.items()}
 
     def make_contiguous(self) -> None:
         """Copy the weights that are views (the exporter's folded transposes) into contiguous
@@ -265,7 +195,7 @@ class UnwrittenOnnx:
             name: t.detach() if name in self.transposed else t.detach().contiguous()
             for name, t in self.weights.items()
         }
-        self.versions = {name: _version_of(t) for name, t in self.weights.items()}
+        self.versions = {name: version_of(t) for name, t in self.weights.items()}
 
     def ort_source(self) -> tuple[bytes, OrtInitializers] | None:
         """The serialised model with every weight marked as external data, and its arrays.
@@ -346,7 +276,7 @@ class UnwrittenOnnx:
         """Raise if a weight was written in place (its version counter moved) since the export:
         the file is written from the tensors' memory after the compile returns, and would not
         hold the numbers its content key was computed from; the cache then stores nothing."""
-        moved = [n for n, t in self.weights.items() if _version_of(t) != self.versions.get(n)]
+        moved = [n for n, t in self.weights.items() if version_of(t) != self.versions.get(n)]
         if moved:
             raise RuntimeError(
                 f"weight {moved[0]!r} (and {len(moved) - 1} more) was modified in place while "
@@ -394,13 +324,6 @@ class UnwrittenOnnx:
             head = _header(name, tensor).SerializeToString() + _field(_RAW_DATA, nbytes)
             entries.append((_field(_INITIALIZER, len(head) + nbytes) + head, tensor, nbytes))
         return sum(len(head) + nbytes for head, _, nbytes in entries), entries
-
-
-def _version_of(tensor: torch.Tensor) -> int | None:
-    try:
-        return tensor._version
-    except RuntimeError:  # an inference tensor keeps no version counter: not checked
-        return None
 
 
 def _external_header(name: str, tensor: torch.Tensor, location: str, offset: int) -> Any:

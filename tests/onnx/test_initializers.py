@@ -22,8 +22,8 @@ from torch import fx, nn
 import embedl_dynamo
 from embedl_dynamo.onnx import export as onnx_export
 from embedl_dynamo.onnx.export import export_onnx
+from embedl_dynamo.onnx.exporter_hooks import SHAPE_VALUE_MAX_ELEMENTS
 from embedl_dynamo.onnx.initializers import (
-    SHAPE_VALUE_MAX_ELEMENTS,
     attach_initializers,
     graph_weights,
     tensor_proto,
