@@ -106,16 +106,16 @@ _REUSED: contextvars.ContextVar[dict[tuple, tuple[torch.Tensor, int, bytes]] | N
 def digests_reused() -> Iterator[None]:
     """Within the block, the bytes a tensor views are hashed once.
 
-    A compile keys a graph before its rewrites and its ONNX export after them, and the two
-    share most weights (a decoder's 2 GB hashed twice per graph), though often as other tensor
+    A compile keys a graph before its rewrites and its ONNX export after them, and the two share
+    most weights (a decoder's weights were hashed twice per graph), though often as other tensor
     objects (a frozen constant, then a module's parameter on the same memory). A digest is
     reused for the same memory (storage, offset, sizes, strides, dtype) while the tensor first
     hashed is unchanged: it is held, so its memory cannot be freed and reused, and its version
     counter, which an in-place op bumps, is the one it was hashed at (and the other tensor's
     too: a parameter made of a tensor shares its counter). A tensor without one (an inference
-    tensor) is hashed each time. Only for a block in which nothing writes a tensor's
-    memory behind PyTorch's back (through numpy or ``.data``): a compile, which never writes
-    the model's weights, not the user's code between two compiles.
+    tensor) is hashed each time. Only for a block in which nothing writes a tensor's memory
+    behind PyTorch's back (through numpy or ``.data``): a compile, which never writes the
+    model's weights, not the user's code between two compiles.
     """
     token = _REUSED.set({})
     try:

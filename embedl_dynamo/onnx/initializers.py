@@ -5,9 +5,10 @@ the file is then written, read back and checked; for a large model these copies 
 read are a large share of a cold compile. Exported with ``export_params=False`` the
 graph is the same (constant folding, BatchNorm folding and initializer de-duplication run on
 the parameters either way; ``export_params`` only decides whether ``_export_onnx`` writes them),
-but every weight is left as a graph input with no value. :func:`~.exporter_hooks.capture_initializers` records the
-exporter's final name -> tensor map as it computes it (the return value of its
-de-duplication pass, the last pass before serialisation), and :func:`attach_initializers` turns
+but every weight is left as a graph input with no value.
+:func:`~.exporter_hooks.capture_initializers` records the exporter's final name -> tensor map as
+it computes it (the return value of its de-duplication pass, the last pass before
+serialisation), and :func:`attach_initializers` turns
 those inputs back into initializers with one copy per tensor. The result equals the
 ``export_params=True`` file node for node and byte for byte in every weight (tested).
 
@@ -16,9 +17,9 @@ guessed: :func:`attach_initializers` returns False and the caller exports with
 ``export_params=True`` as before.
 
 The exporter's whole-graph shape inference is given only the parameters whose values can
-decide a shape (:func:`~.exporter_hooks.shape_inference_without_weights`): given all of them, it builds
-single-node ONNX models that carry every weight as a constant, to learn shapes the weights'
-types already state. The exported graph is the same (tested).
+decide a shape (:func:`~.exporter_hooks.shape_inference_without_weights`): given all of them,
+it builds single-node ONNX models that carry every weight as a constant, to learn shapes the
+weights' types already state. The exported graph is the same (tested).
 """
 
 from __future__ import annotations
