@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import json
 import math
@@ -36,6 +37,7 @@ __all__ = [
     "jsonable",
     "library_versions",
     "module_attributes",
+    "source_digest",
     "sha256_file",
     "tensor_bytes",
     "version_of",
@@ -51,6 +53,27 @@ def _version(module: str) -> str | None:
         return None
 
 
+def source_digest(root: Path | None = None) -> str:
+    """A digest of a package's Python sources (this package's when ``root`` is None).
+
+    Part of :func:`library_versions`: the version number alone stays the same while an
+    editable install's code changes, and an artifact the old code built would be served.
+    Compilers key their caches so too (Inductor hashes its own sources).
+    """
+    if root is None:
+        return _own_source_digest()
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _own_source_digest() -> str:
+    return source_digest(Path(__file__).resolve().parents[1])
+
+
 def library_versions(runtimes: Iterable[Any] = ()) -> dict[str, str | None]:
     """Versions that change built artifacts and measured decisions.
 
@@ -60,12 +83,14 @@ def library_versions(runtimes: Iterable[Any] = ()) -> dict[str, str | None]:
             upgrade of any of them measures or builds again.
 
     Returns:
-        torch, onnx and embedl-dynamo's versions, then one entry per runtime.
+        torch, onnx and embedl-dynamo's versions and the digest of embedl_dynamo's sources
+        (:func:`source_digest`), then one entry per runtime.
     """
     versions = {
         "torch": torch.__version__,
         "onnx": _version("onnx"),
         "embedl_dynamo": _version("embedl-dynamo"),
+        "embedl_dynamo_sources": source_digest(),
     }
     for runtime in runtimes:
         versions[f"runtime:{runtime.name}"] = runtime.version()

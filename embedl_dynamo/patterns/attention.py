@@ -30,6 +30,11 @@ import torch.nn.functional as F
 from torch import fx
 
 from embedl_dynamo.graph.attention_forms import split_heads
+from embedl_dynamo.patterns.attention_export import (
+    attention_for_export,
+    attention_probs,
+    mask_in_dtype_of,
+)
 from embedl_dynamo.patterns.fused_modules import frozen_parameter
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.pattern import Pattern
@@ -38,9 +43,6 @@ from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 __all__ = [
     "ATTENTION_FUSION_PATTERNS",
     "AttentionProbs",
-    "attention_for_export",
-    "attention_probs",
-    "mask_in_dtype_of",
     "FusedAttention",
     "FusedLayerNorm",
     "FusedQKVProjection",
@@ -117,67 +119,6 @@ class FusedQKVProjection(FusedModule):
         return f"{self.weight.shape[1]}->{'+'.join(map(str, self.sizes))}, heads={self.num_heads}"
 
 
-def attention_probs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    scale: float | None,
-) -> torch.Tensor:
-    """``softmax(q k^T * scale + mask)`` op by op: the MatMul reads q and k^T, the scale
-    follows it (see :func:`attention_for_export`). As in ``scaled_dot_product_attention``, a
-    boolean mask's fully masked rows give zeros and an additive mask is added as it is."""
-    factor = scale if scale is not None else float(q.shape[-1]) ** -0.5
-    scores = torch.matmul(q, k.transpose(-2, -1)) * factor
-    low = torch.finfo(scores.dtype).min
-    if is_causal:
-        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~keep, low)
-    if attn_mask is None:
-        return torch.softmax(scores, dim=-1)
-    if attn_mask.dtype != torch.bool:
-        return torch.softmax(scores + attn_mask, dim=-1)
-    probs = torch.softmax(scores.masked_fill(~attn_mask, low), dim=-1)
-    # a query whose every key is masked gets zeros, as scaled_dot_product_attention gives
-    return probs * attn_mask.any(dim=-1, keepdim=True).to(probs.dtype)
-
-
-def attention_for_export(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    scale: float | None,
-    groups: int = 1,
-) -> torch.Tensor:
-    """``softmax(q k^T * scale + mask) v`` written out op by op, as the ONNX file carries it.
-
-    The exporter's own ``scaled_dot_product_attention`` multiplies q and k by ``sqrt(scale)``
-    each before their MatMul, so a DequantizeLinear of q or k never reaches the MatMul:
-    TensorRT cannot fuse an INT8 ``q k^T`` (NVIDIA ModelOpt places Q/DQ right before it), and
-    OpenVINO keeps a FakeQuantize per head unfused. Here the MatMul reads q and k^T directly and
-    the scale follows it (``MatMul -> Mul -> Add -> Softmax -> MatMul``, the form ONNX Runtime's
-    and OpenVINO's attention fusions match). Boolean masks become the dtype's lowest finite
-    value where False, so no row turns to NaN.
-
-    ``groups > 1``: grouped-query attention without repeating K and V. Query head ``h`` of
-    ``(N, Hq, L, D)`` attends with key/value head ``h // groups`` of ``(N, Hq / groups, S, D)``:
-    the query heads are grouped, ``(N, Hkv, groups, L, D)``, and K and V get a broadcast axis,
-    ``(N, Hkv, 1, S, D)``, so each MatMul reads a key/value head once for its whole group
-    instead of a copy per query head (``repeat_interleave``: a ``Tile`` of the cache on every
-    decode step). A mask of one head broadcasts over the group.
-    """
-    if groups == 1:
-        return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
-    heads, depth = q.shape[1], q.shape[-1]
-    # the length as -1: one size read from the graph (the batch) instead of two
-    grouped = q.reshape(q.shape[0], heads // groups, groups, -1, depth)
-    mask = attn_mask.unsqueeze(-3) if attn_mask is not None else None
-    out = attention_for_export(grouped, k.unsqueeze(-3), v.unsqueeze(-3), mask, is_causal, scale)
-    return out.reshape(q.shape[0], heads, -1, v.shape[-1])
-
-
 class FusedAttention(FusedModule):
     """``softmax(q k^T * scale + mask) v`` on ``(N, H, L, D)`` heads: one kernel.
 
@@ -193,6 +134,8 @@ class FusedAttention(FusedModule):
     take heads as an attribute (ONNX Runtime's MultiHeadAttention); the math does not use it.
     ``groups > 1``: grouped-query attention, k and v with ``num_heads / groups`` heads, each
     read by ``groups`` query heads (:func:`attention_for_export`); the mask is one head.
+    ``head_sizes``: the query/key and the value head size, where the fusion knew them as
+    numbers; with ``num_heads``, the export regroups the heads by constant shapes.
     """
 
     qdq = QDQ(inputs={"0": Role.ACTIVATION, "1": Role.ACTIVATION, "2": Role.ACTIVATION})
@@ -203,10 +146,11 @@ class FusedAttention(FusedModule):
         scale: float | None = None,
         num_heads: int | None = None,
         groups: int = 1,
+        head_sizes: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.is_causal, self.scale = is_causal, scale
-        self.num_heads, self.groups = num_heads, groups
+        self.num_heads, self.groups, self.head_sizes = num_heads, groups, head_sizes
 
     def forward(
         self,
@@ -217,7 +161,9 @@ class FusedAttention(FusedModule):
     ) -> torch.Tensor:
         attn_mask = mask_in_dtype_of(q, attn_mask)
         if torch.onnx.is_in_onnx_export():
-            args = (attn_mask, self.is_causal, self.scale, self.groups)
+            known = self.num_heads is not None and self.head_sizes is not None
+            heads = (self.num_heads, *self.head_sizes) if known else None
+            args = (attn_mask, self.is_causal, self.scale, self.groups, heads)
             return attention_for_export(q, k, v, *args)
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale,
@@ -227,14 +173,6 @@ class FusedAttention(FusedModule):
     def extra_repr(self) -> str:
         grouped = f", groups={self.groups}" if self.groups > 1 else ""
         return f"is_causal={self.is_causal}, scale={self.scale}{grouped}"
-
-
-def mask_in_dtype_of(q: torch.Tensor, attn_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """An additive float mask in q's dtype, clamped to its range first (a float32 -3.4e38
-    "minus infinity" would overflow fp16 to -inf and turn fully masked rows into NaN)."""
-    if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != q.dtype:
-        attn_mask = attn_mask.clamp(min=torch.finfo(q.dtype).min).to(q.dtype)
-    return attn_mask
 
 
 class AttentionProbs(FusedModule):

@@ -125,9 +125,11 @@ class GroupedQueryAttention(Pattern):
         return m.ok()
 
     def replace(self, m: Match) -> fx.Node:
-        kw = m["sdpa"].kwargs
+        kw, sizes = m["sdpa"].kwargs, (m.shape("q")[-1], m.shape("v")[-1])
+        static = all(isinstance(size, int) for size in sizes)
         module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"],
-                                num_heads=m.shape("q")[1], groups=m["groups"])  # fmt: skip
+                                num_heads=m.shape("q")[1], groups=m["groups"],
+                                head_sizes=sizes if static else None)  # fmt: skip
         mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
         return m.call_module(module, m["q"], m["k"], m["v"], *mask)
 

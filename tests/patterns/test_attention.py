@@ -474,7 +474,7 @@ def _masks(n, h, length):
 @pytest.mark.parametrize("kind", ["none", "bool", "float", "causal"])
 @pytest.mark.parametrize("scale", [None, 0.3])
 def test_the_export_form_computes_what_sdpa_computes(kind, scale) -> None:
-    from embedl_dynamo.patterns.attention import attention_for_export
+    from embedl_dynamo.patterns.attention_export import attention_for_export
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 7, 16) for _ in range(3))

@@ -93,7 +93,7 @@ def test_grouped_attention_is_fused_over_the_kv_heads_themselves(tmp_path):
     applied = [e.pattern.name for e in result.plan.entries if e.apply]
     assert applied.count("grouped_query_attention") == 1, result.plan
     (fused,) = [m for m in result.model.modules() if isinstance(m, FusedAttention)]
-    assert (fused.groups, fused.num_heads) == (3, 6)
+    assert (fused.groups, fused.num_heads, fused.head_sizes) == (3, 6, (8, 8))
     torch.testing.assert_close(result.model(*args), model(*args), rtol=0, atol=1e-6)
     path = export_onnx(result.model, list(args), tmp_path / "gqa.onnx")
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
@@ -102,7 +102,7 @@ def test_grouped_attention_is_fused_over_the_kv_heads_themselves(tmp_path):
 
 @pytest.mark.parametrize("mask", ["none", "causal", "float", "bool"])
 def test_the_grouped_export_form_is_grouped_query_attention(mask):
-    from embedl_dynamo.patterns.attention import attention_for_export
+    from embedl_dynamo.patterns.attention_export import attention_for_export
 
     q, k, v = _qkv()
     keep = torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(3)) > 0.3
@@ -124,3 +124,67 @@ def test_a_mask_per_head_keeps_the_repeated_kv_and_says_why():
     (grouped,) = [e for e in entries if e.pattern.name == "grouped_query_attention"]
     assert not grouped.apply and grouped.reason.startswith("the mask is not one head")
     assert [e.apply for e in entries if e.pattern.name == "scaled_dot_product_attention"] == [True]
+
+
+def _constant_inputs(graph, node):
+    """The values of ``node``'s inputs that are initializers or Constant nodes."""
+    from onnx import numpy_helper
+
+    values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    for constant in (n for n in graph.node if n.op_type == "Constant"):
+        values[constant.output[0]] = numpy_helper.to_array(constant.attribute[0].t)
+    return [values[name].tolist() for name in node.input if name in values]
+
+
+def test_the_grouped_export_regroups_heads_with_constant_shapes(tmp_path):
+    """Each regrouping of the query heads is one Reshape whose shape is a constant (0 keeps the
+    batch, -1 is the length): no shape arithmetic runs on a call, and other batches and
+    lengths give SDPA's numbers."""
+    from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+    from embedl_dynamo.onnx.export import export_onnx
+
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    args = _qkv()
+    model = _Attention(gqa=True)
+    result = embedl_dynamo.transform(model, args, _onnxruntime_patterns())
+    dynamic = {0: "batch", 2: "length"}
+    axes = DynamicAxes(inputs=(dynamic, dynamic, dynamic), outputs=(dynamic,))
+    path = export_onnx(result.model, list(args), tmp_path / "gqa.onnx", dynamic_axes=axes)
+    graph = onnx.load(str(path)).graph
+    assert "Div" not in [n.op_type for n in graph.node]  # no heads // groups in the graph
+    reshapes = [n for n in graph.node if n.op_type == "Reshape"]
+    assert [_constant_inputs(graph, n) for n in reshapes] == [[[0, 2, 3, -1, 8]], [[0, 6, -1, 8]]]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    torch.manual_seed(1)
+    q, k, v = torch.randn(3, 6, 7, 8), torch.randn(3, 2, 7, 8), torch.randn(3, 2, 7, 8)
+    feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (q, k, v))}
+    (got,) = session.run(None, feeds)
+    torch.testing.assert_close(torch.from_numpy(got), model(q, k, v), rtol=0, atol=1e-5)
+
+
+class _GroupByDynamicWidth(nn.Module):
+    def forward(self, x):
+        from embedl_dynamo.patterns.attention_export import reshape_keeping_batch
+
+        return reshape_keeping_batch(x * 2, ((0, 1, 2), 2, -1))
+
+
+def test_a_regrouping_that_reads_a_dynamic_size_computes_its_shape_in_the_graph(tmp_path):
+    """Where a size the shape reads is dynamic in the export, it is read from ``Shape`` (a
+    constant would hold the example's size)."""
+    from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+    from embedl_dynamo.onnx.export import export_onnx
+
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    model = _GroupByDynamicWidth()
+    gm = torch.fx.symbolic_trace(model)
+    axes = DynamicAxes(inputs=({0: "batch", 1: "width"},), outputs=({0: "batch", 1: "half"},))
+    path = export_onnx(gm, [torch.randn(2, 4, 3, 5)], tmp_path / "g.onnx", dynamic_axes=axes)
+    assert "Shape" in [n.op_type for n in onnx.load(str(path)).graph.node]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 6, 3, 5)
+    (got,) = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), (x * 2).reshape(3, 3, 2, 15))
+    assert torch.equal(model(x), (x * 2).reshape(3, 3, 2, 15))
