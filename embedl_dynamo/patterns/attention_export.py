@@ -31,8 +31,7 @@ class _ReshapeKeepingBatch(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, tail: Sequence[Size], *others: torch.Tensor) -> Any:
-        shapes = [t.shape for t in (x, *others)]
-        return x.reshape(x.shape[0], *(_resolve(size, shapes) for size in tail))
+        return _reshaped(x, tail, others)
 
     @staticmethod
     def symbolic(g: Any, x: Any, tail: Sequence[Size], *others: Any) -> Any:
@@ -45,6 +44,11 @@ class _ReshapeKeepingBatch(torch.autograd.Function):
             shape = g.op("Constant", value_t=torch.tensor([0, *static], dtype=torch.int64))
             return g.op("Reshape", x, shape)
         return _dynamic_reshape(g, x, tail, others)
+
+
+def _reshaped(x: torch.Tensor, tail: Sequence[Size], others: Sequence[torch.Tensor]) -> Any:
+    shapes = [t.shape for t in (x, *others)]
+    return x.reshape(x.shape[0], *(_resolve(size, shapes) for size in tail))
 
 
 def _resolve(size: Size, shapes: Sequence[Sequence[Any]]) -> Any:
@@ -85,8 +89,7 @@ def reshape_keeping_batch(
     """
     if torch.onnx.is_in_onnx_export():
         return _ReshapeKeepingBatch.apply(x, tuple(tail), *others)
-    shapes = [t.shape for t in (x, *others)]
-    return x.reshape(x.shape[0], *(_resolve(size, shapes) for size in tail))
+    return _reshaped(x, tail, others)
 
 
 def attention_probs(
