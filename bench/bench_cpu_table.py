@@ -38,7 +38,7 @@ Usage::
 
     pip install -c constraints.txt -e ".[bench]" nncf
     python bench/bench_cpu_table.py [--models resnet50,bert_base] [--batch 1,8] [--rounds 12]
-        [--skip inductor] [--json table.json]
+        [--skip inductor] [--json table.json] [--dict-tag-guards]
     python bench/bench_cpu_table.py --smoke      # a tiny CNN, batch 1, 2 rounds: seconds
 """
 
@@ -377,7 +377,13 @@ def main() -> None:
         help="our accuracy_budget (cosine to float; the library's default when left out): "
         "random-weight CNNs on 4 random calibration batches reach only about the peers' cosines",
     )  # fmt: skip
+    parser.add_argument(
+        "--dict-tag-guards", action="store_true",
+        help="set torch._dynamo.config.use_recursive_dict_tags_for_guards (every torch.compile "
+        "variant): Dynamo then skips the guards of a module tree whose dicts did not change",
+    )  # fmt: skip
     args = parser.parse_args()
+    torch._dynamo.config.use_recursive_dict_tags_for_guards = args.dict_tag_guards
     if args.smoke:
         args.models, args.batch, args.rounds = "tiny_cnn", "1", 2
     skip = set(filter(None, args.skip.split(",")))
