@@ -5,10 +5,13 @@ up, down: hidden 896, intermediate 4864, two key/value heads of 128), each writt
 file writes a weight-only linear (integer codes -> ``DequantizeLinear`` -> ``MatMul``; int4
 blocked along K by 128 at opset 21, int8 per output channel), with weights of their own
 (colder than any cache), run on one ``[1, 1, 896]`` token by ONNX Runtime (``MatMulNBits``, our
-session options) and OpenVINO (compressed ``FullyConnected``), interleaved in rounds. Prints
-each round's median ms per chain and the weight bytes streamed per second.
+session options) and OpenVINO (compressed ``FullyConnected``), interleaved in rounds. With
+``--merged`` the linears that read one input are one weight each, as our files store them
+(:mod:`embedl_dynamo.quant.weight_only_merge`): q|k|v ``[896, 1152]`` and gate|up ``[896,
+9728]``, four matmuls a layer instead of seven. Prints each round's median ms per chain and the
+weight bytes streamed per second.
 
-Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5]``
+Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5] [--merged]``
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def _weight(name: str, k: int, n: int, bits: int, rng: np.random.Generator) -> l
     return [q, numpy_helper.from_array(scale, name + "_s"), z]
 
 
-def chain_model(layers: int, bits: int, path: Path) -> None:
-    """Write the chain of ``layers`` decoder layers' weight-only linears to ``path``."""
+def chain_model(layers: int, bits: int, path: Path, merged: bool = False) -> None:
+    """Write the chain of ``layers`` decoder layers' weight-only linears to ``path``; with
+    ``merged``, siblings of one input as one weight (q|k|v, gate|up)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -63,16 +67,33 @@ def chain_model(layers: int, bits: int, path: Path) -> None:
         nodes.append(helper.make_node("MatMul", [x, name + "_w"], [name]))
         return name
 
+    def split(x: str, sizes: list[int], name: str) -> list[str]:
+        initializers.append(
+            helper.make_tensor(name + "_sizes", TensorProto.INT64, [len(sizes)], sizes)
+        )
+        outputs = [f"{name}.{j}" for j in range(len(sizes))]
+        nodes.append(helper.make_node("Split", [x, name + "_sizes"], outputs, axis=-1))
+        return outputs
+
     x = "x"
     for i in range(layers):
-        q = linear(x, HIDDEN, HIDDEN, f"l{i}.q")
-        linear(x, HIDDEN, KV, f"l{i}.k")
-        linear(x, HIDDEN, KV, f"l{i}.v")
+        if merged:
+            q = split(
+                linear(x, HIDDEN, HIDDEN + 2 * KV, f"l{i}.qkv"), [HIDDEN, KV, KV], f"l{i}.qkv_s"
+            )[0]
+        else:
+            q = linear(x, HIDDEN, HIDDEN, f"l{i}.q")
+            linear(x, HIDDEN, KV, f"l{i}.k")
+            linear(x, HIDDEN, KV, f"l{i}.v")
         o = linear(q, HIDDEN, HIDDEN, f"l{i}.o")
-        gate, up = (
-            linear(o, HIDDEN, INTERMEDIATE, f"l{i}.gate"),
-            linear(o, HIDDEN, INTERMEDIATE, f"l{i}.up"),
-        )
+        if merged:
+            both = linear(o, HIDDEN, 2 * INTERMEDIATE, f"l{i}.gate_up")
+            gate, up = split(both, [INTERMEDIATE, INTERMEDIATE], f"l{i}.gate_up_s")
+        else:
+            gate, up = (
+                linear(o, HIDDEN, INTERMEDIATE, f"l{i}.gate"),
+                linear(o, HIDDEN, INTERMEDIATE, f"l{i}.up"),
+            )
         nodes.append(helper.make_node("Mul", [gate, up], [f"l{i}.mlp"]))
         x = linear(f"l{i}.mlp", INTERMEDIATE, HIDDEN, f"l{i}.down")
     token = [1, 1, HIDDEN]
@@ -104,12 +125,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--bits", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--merged", action="store_true", help="q|k|v and gate|up as one weight each"
+    )
     args = parser.parse_args()
     linear_weights = HIDDEN * (2 * HIDDEN + 2 * KV + 3 * INTERMEDIATE) * args.layers
     with tempfile.TemporaryDirectory(prefix="embedl-wo-kernels-") as folder:
         for bits in args.bits:
             path = Path(folder) / f"chain{bits}.onnx"
-            chain_model(args.layers, bits, path)
+            chain_model(args.layers, bits, path, args.merged)
             runs, times = runners(path), {}
             for _ in range(args.rounds):
                 for name, run in runs.items():
