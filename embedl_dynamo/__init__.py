@@ -30,6 +30,7 @@ from embedl_dynamo.errors import (
     NonFiniteError,
     NotACacheError,
     OutputMismatchError,
+    ReadOnlyCacheError,
     RuntimeUnavailableError,
     VerificationError,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "NonFiniteError",
     "NotACacheError",
     "OutputMismatchError",
+    "ReadOnlyCacheError",
     "RuntimeUnavailableError",
     "VerificationError",
     "QDQ",

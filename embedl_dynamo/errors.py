@@ -19,6 +19,7 @@ __all__ = [
     "NonFiniteError",
     "NotACacheError",
     "OutputMismatchError",
+    "ReadOnlyCacheError",
     "RuntimeUnavailableError",
     "VerificationError",
     "error_line",
@@ -31,6 +32,10 @@ class EmbedlDynamoError(Exception):
 
 class CorruptEntryError(EmbedlDynamoError, RuntimeError):
     """A cache entry's bytes do not match its sidecar; the entry has been removed."""
+
+
+class ReadOnlyCacheError(EmbedlDynamoError, PermissionError):
+    """A write to a cache that is only read (shipped to replicas, mounted read-only)."""
 
 
 class NotACacheError(EmbedlDynamoError, ValueError):

@@ -16,6 +16,7 @@ from typing import TypeVar
 __all__ = [
     "CACHE_MARKER",
     "ENV_CACHE_DIR",
+    "ENV_CACHE_READ_ONLY",
     "atomic_write_bytes",
     "atomic_write_text",
     "build_without_cache",
@@ -24,6 +25,7 @@ __all__ = [
     "file_mode",
     "is_cache_root",
     "mark_cache_root",
+    "read_only_reason",
     "remove_tree",
     "run_in_background",
     "wait_for_cache_writes",
@@ -186,3 +188,31 @@ def build_without_cache(name: str, start: Callable[[Path], Callable[[], None] | 
     if not target.exists():
         raise RuntimeError(f"cache builder for {name} did not write {target}")
     return target
+
+
+ENV_CACHE_READ_ONLY = "EMBEDL_DYNAMO_CACHE_READ_ONLY"
+
+
+def read_only_reason(root: Path) -> str | None:
+    """Why the cache at ``root`` must only be read (None: it may be written).
+
+    A cache shipped to replicas (baked into an image, a volume mounted read-only) is used as
+    it is: ``$EMBEDL_DYNAMO_CACHE_READ_ONLY=1`` says so explicitly (a process running as root
+    can write where permissions say it cannot), and a read-only filesystem or a root this
+    process may not write is detected.
+    """
+    flag = os.environ.get(ENV_CACHE_READ_ONLY, "").strip().lower()
+    if flag not in ("", "0", "false", "no", "1", "true", "yes"):
+        raise ValueError(
+            f"invalid {ENV_CACHE_READ_ONLY}={flag!r}; expected 1/true/yes or 0/false/no"
+        )
+    if flag in ("1", "true", "yes"):
+        return f"${ENV_CACHE_READ_ONLY}={flag}"
+    if not root.is_dir():
+        return None  # created on the first write
+    with contextlib.suppress(OSError):
+        if os.statvfs(root).f_flag & os.ST_RDONLY:
+            return "a read-only filesystem"
+    if not os.access(root, os.W_OK):
+        return "not writable by this process"
+    return None

@@ -23,7 +23,10 @@ Safety rules, all enforced here:
 * the lock file is removed by its holder before release, so locks do not pile up;
 * the whole root is kept within a size budget, least recently used entries evicted first
   (:mod:`embedl_dynamo.cache.budget`: 5 GB unless ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` says otherwise);
-* only bytes and JSON are stored: no pickle.
+* only bytes and JSON are stored: no pickle;
+* a cache that must only be read (:func:`~embedl_dynamo.cache.files.read_only_reason`: shipped
+  to replicas, mounted read-only) is never written: no use time, no removal of a bad entry
+  (it is ignored), and what it lacks is built in a temporary directory of this process.
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ from embedl_dynamo.cache.files import (
     default_cache_dir,
     exclusive_lock,
     mark_cache_root,
+    read_only_reason,
     remove_tree,
     run_in_background,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
-from embedl_dynamo.errors import CorruptEntryError
+from embedl_dynamo.errors import CorruptEntryError, ReadOnlyCacheError
 
 T = TypeVar("T")
 
@@ -66,6 +70,7 @@ logger = logging.getLogger(__name__)
 _SUFFIX = re.compile(r"^(\.[A-Za-z0-9_]{1,16}){0,3}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (warn once each)
+_WARNED_READ_ONLY: set[str] = set()  # read-only roots already reported lacking an entry
 
 
 class ArtifactCache:
@@ -88,6 +93,14 @@ class ArtifactCache:
         self.namespace = namespace
         self.dir = (self.root / namespace).resolve()
         self._unusable: str | None = None  # why the directory cannot be written, once found
+        self._read_only: tuple[str | None] | None = None  # (reason,) once asked
+
+    @property
+    def read_only(self) -> str | None:
+        """Why this cache is only read (None: it is written too); asked once per instance."""
+        if self._read_only is None:
+            self._read_only = (read_only_reason(self.root),)
+        return self._read_only[0]
 
     def __repr__(self) -> str:
         return f"ArtifactCache({str(self.root)!r}, {self.namespace!r})"
@@ -115,6 +128,8 @@ class ArtifactCache:
         return path.with_name(path.name + ".meta.json")
 
     def _remove(self, path: Path) -> None:
+        if self.read_only:
+            return  # a shipped cache is never changed: the entry is ignored, not removed
         for p in (path, companion_path(path), self._meta_path(path)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
@@ -137,9 +152,18 @@ class ArtifactCache:
         problem = problem or self._hash_problem(path, sha256)
         if problem is None:
             return self._used(path)
-        logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding", path, problem)
-        self._remove(path)
+        self._report_corrupt(path, problem)
         return None
+
+    def _report_corrupt(self, path: Path, problem: str) -> None:
+        """Warn of a corrupt entry and remove it (in a read-only cache: ignore it)."""
+        if self.read_only:
+            logger.warning("cache entry %s is corrupt (%s); ignoring it (read-only cache: %s)",
+                           path, problem, self.read_only)  # fmt: skip
+        else:
+            logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding",
+                           path, problem)  # fmt: skip
+        self._remove(path)
 
     def get_verifying(self, key: str, suffix: str = "") -> tuple[Path, Callable[[], None]] | None:
         """Like :meth:`get`, but the sha256 is computed on a helper thread while the caller
@@ -157,9 +181,7 @@ class ArtifactCache:
         path, meta_path = found
         problem, sha256 = self._verify(path, meta_path)
         if problem is not None:
-            logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding",
-                           path, problem)  # fmt: skip
-            self._remove(path)
+            self._report_corrupt(path, problem)
             return None
         hashing = run_in_background(lambda: self._hash_problem(path, sha256), "embedl-verify")
 
@@ -179,20 +201,18 @@ class ArtifactCache:
             return None
         links = [p for p in (path.parent, path, companion_path(path), meta_path) if p.is_symlink()]
         if links:
-            logger.warning(
-                "cache entry %s is a symbolic link; removing it and rebuilding", links[0]
-            )
-            for link in links:
+            logger.warning("cache entry %s is a symbolic link; not following it", links[0])
+            for link in links if not self.read_only else ():
                 link.unlink()
             return None
         if not path.exists():  # absent, or a sidecar whose file is being stored right now
             return None
         return path, meta_path
 
-    @staticmethod
-    def _used(path: Path) -> Path:
-        with contextlib.suppress(OSError):
-            os.utime(path)  # its last use, for least-recently-used eviction
+    def _used(self, path: Path) -> Path:
+        if not self.read_only:
+            with contextlib.suppress(OSError):
+                os.utime(path)  # its last use, for least-recently-used eviction
         return path
 
     def get_json(self, key: str, read: Callable[[Any], T], what: str, then: str) -> T | None:
@@ -262,7 +282,14 @@ class ArtifactCache:
                 :func:`~embedl_dynamo.cache.hashed_file.open_hashed` is not read again to hash.
             suffix: the file extension.
             meta: JSON-serialisable metadata kept in the sidecar.
+
+        Raises:
+            ReadOnlyCacheError: the cache is only read (:attr:`read_only`).
         """
+        if self.read_only:
+            raise ReadOnlyCacheError(
+                f"cache {self.root} is read-only ({self.read_only}); {key[:16]} not stored"
+            )
         path = self.path(key, suffix)
         path.parent.mkdir(parents=True, exist_ok=True)
         mark_cache_root(self.root)
@@ -320,6 +347,21 @@ class ArtifactCache:
         self._unusable = reason
         return build_without_cache(f"{key}{suffix}", start)
 
+    def _build_read_only(
+        self, key: str, start: Callable[[Path], Callable[[], None] | None], suffix: str
+    ) -> Path:
+        """Build what a read-only cache lacks in a temporary directory (one warning a root:
+        a replica that builds was shipped an incomplete cache)."""
+        if str(self.root) not in _WARNED_READ_ONLY:
+            _WARNED_READ_ONLY.add(str(self.root))
+            logger.warning(
+                "read-only cache %s (%s) lacks %s %s; building it without storing it. Build "
+                "the cache for this model, inputs and settings where it is written (`embedl-"
+                "dynamo deploy`), then ship it.",
+                self.root, self.read_only, self.namespace, key[:16],
+            )  # fmt: skip
+        return build_without_cache(f"{key}{suffix}", start)
+
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive per-key file lock (blocks while another process holds it)."""
         return exclusive_lock(self.path(key, ".lock"))
@@ -348,6 +390,8 @@ class ArtifactCache:
         found = self.get(key, suffix)
         if found is not None:
             return found, False, None
+        if self.read_only:
+            return self._build_read_only(key, start, suffix), True, None
         try:
             self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

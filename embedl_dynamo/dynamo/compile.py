@@ -31,6 +31,7 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.cache.keys import jsonable
 from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
     watch_calibrated_ranges,
@@ -38,7 +39,12 @@ from embedl_dynamo.dynamo.compiled_call import (
 )
 from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
-from embedl_dynamo.dynamo.warm_start import source_key, warm_start
+from embedl_dynamo.dynamo.warm_start import (
+    calibration_identity,
+    decided_here,
+    source_key,
+    warm_start,
+)
 from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
@@ -50,7 +56,7 @@ from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.registry import AUTO
+from embedl_dynamo.runtimes.registry import AUTO, runtime_classes
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.int8_speed import compare_with_float
@@ -128,9 +134,8 @@ def compile_subgraph(
                              example_inputs, compile_subgraph, split.scalars, ints,
                              frozen.specialized, frozen.written, frozen.returned)  # fmt: skip
 
-    alias_key = None
-    if not settings.precision.lower and job.runtime_cls.cpu_target is not None:
-        alias_key = source_key(graph, job.inputs, job.axes, job.backend, settings)
+    alias_key = _alias_key(job, graph)
+    if alias_key is not None:
         infer = _warm_start(job, graph, alias_key)
         if infer is not None:
             return wrap(infer)
@@ -139,12 +144,26 @@ def compile_subgraph(
     result = _transform(job, graph)
     if result is None:
         return job.stay_eager("eager", job.report.reason, gm.forward)
-    infer = _build_stage(job, result)
-    _finish(job, result, alias_key)
+    infer = _build_stage(job, result, alias_key)
+    _finish(job, alias_key)
     del result  # its graphs are reference cycles holding integer or half weights (an LLM's):
     if sum(t.nbytes for t in graph.buffers()) > _COLLECT_BYTES:  # free them before the next
         gc.collect()
     return wrap(infer)
+
+
+def _alias_key(job: SubgraphJob, frozen: fx.GraphModule) -> str | None:
+    """The subgraph's key before any rewrite, under which a warm start finds what it compiled
+    to (None: no warm start, for a runtime that keeps no ONNX artifact, or calibration data
+    that cannot be fingerprinted)."""
+    if job.runtime_cls.cpu_target is None:
+        return None
+    calibration = calibration_identity(job.settings, frozen)
+    if calibration is None:
+        logger.info("subgraph %d: no warm start (calibration_data cannot be fingerprinted)",
+                    job.report.index)  # fmt: skip
+        return None
+    return source_key(frozen, job.inputs, job.axes, job.backend, job.settings, calibration)
 
 
 def _warm_start(
@@ -153,15 +172,16 @@ def _warm_start(
     """The runtime's infer from the warm cache (the report recorded), or None."""
     runtimes = job.timed or [job.runtime_cls]
     report = job.report
-    infer = warm_start(
-        alias_key, frozen, job.inputs, job.axes, job.backend, job.settings, report, runtimes
-    )
-    if infer is not None:
-        report.status = "compiled"
-        report.compile_s = time.perf_counter() - job.start
-        record(report)
-        logger.info("%s", report)
-    return infer
+    loaded = warm_start(alias_key, frozen, job.inputs, job.axes, job.settings, report, runtimes)
+    if loaded is None:
+        return None
+    report.status = "compiled"
+    report.compile_s = time.perf_counter() - job.start
+    record(report)
+    logger.info("%s", report)
+    if loaded.input_bounds:
+        return watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
+    return loaded.infer
 
 
 def _fit_calibration(job: SubgraphJob, frozen: fx.GraphModule) -> Settings:
@@ -217,24 +237,29 @@ def _transform(job: SubgraphJob, frozen: fx.GraphModule) -> PipelineResult | Non
     return result
 
 
-def _build_stage(job: SubgraphJob, result: PipelineResult) -> Callable[..., Any] | None:
+def _build_stage(
+    job: SubgraphJob, result: PipelineResult, alias_key: str | None
+) -> Callable[..., Any] | None:
     """The runtime's infer for the pipeline's model (lazily, after calibration, for INT8
-    without data), or None when the original graph runs."""
+    without data, which then stores its warm-start alias), or None when the original graph
+    runs."""
     if _lazy_int8(job.settings):
+
+        def build_calibrated(quantized: fx.GraphModule) -> Callable[..., Any] | None:
+            infer = _build(job, result, quantized, float_model=result.model)
+            _remember(job, alias_key)
+            return infer
+
         return calibrate_then_build(
-            result.model,
-            job.inputs,
-            job.backend.quantizer,
-            job.settings,
-            lambda quantized: _build(job, result, quantized, float_model=result.model),
+            result.model, job.inputs, job.backend.quantizer, job.settings, build_calibrated
         )
     if result.model is not result.float_model:
         infer = _build(job, result, result.model, float_model=result.float_model)
         runs_lower = infer is not None and job.report.runtime != "eager"
         if runs_lower and "rejected, fp32 runs" not in job.report.reason:
-            bounds = calibrated_input_bounds(result.model)
-            if bounds:
-                return watch_calibrated_ranges(infer, bounds, job.report.index)
+            job.input_bounds = calibrated_input_bounds(result.model)
+            if job.input_bounds:
+                return watch_calibrated_ranges(infer, job.input_bounds, job.report.index)
         return infer
     return _build(job, result, result.model)
 
@@ -348,19 +373,44 @@ def _runtime_failed(job: SubgraphJob, label: str, exc: Exception) -> None:
     report.reason = f"{label} failed: {error_line(exc)}"
 
 
-def _finish(job: SubgraphJob, result: PipelineResult, alias_key: str | None) -> None:
-    """Record the report and, for a warm start next time, the artifact's alias."""
+def _finish(job: SubgraphJob, alias_key: str | None) -> None:
+    """Record the report and, for a warm start next time, the artifact's alias (lazy INT8
+    stores it once calibrated and built)."""
     report = job.report
     report.status = report.status or "compiled"
     report.compile_s = time.perf_counter() - job.start
     record(report)
     logger.info("%s", report)
-    if alias_key is not None and report.status == "compiled" and report.runtime_info.get("key"):
-        summary = {k: v for k, v in result.report.items() if isinstance(v, (int, float, str))}
-        summary["applied_by_pattern"] = result.report.get("applied_by_pattern", {})
-        alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
-        alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
-        store_alias(alias_key, {**alias, "pipeline": summary}, job.settings)
+    if not _lazy_int8(job.settings):
+        _remember(job, alias_key)
+
+
+def _remember(job: SubgraphJob, alias_key: str | None) -> None:
+    """Store the alias a warm start loads: the artifact, its runtime, the report's plan rows,
+    pipeline summary and reason, the INT8 input bounds, and where it was decided."""
+    report = job.report
+    built = report.status == "compiled" and report.runtime_info.get("key")
+    runtime_cls = runtime_classes().get(report.runtime)
+    if alias_key is None or not built or runtime_cls is None:
+        return
+    alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
+    alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
+    alias["pipeline"] = _storable(report.pipeline)
+    alias["reason"] = report.reason
+    alias["input_bounds"] = {str(k): v for k, v in job.input_bounds.items()}
+    alias["decided"] = decided_here(runtime_cls)
+    store_alias(alias_key, alias, job.settings)
+
+
+def _storable(pipeline: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline report's entries that are plain JSON (what a warm start's report shows)."""
+    kept = {}
+    for name, value in pipeline.items():
+        try:
+            kept[name] = jsonable(value)
+        except TypeError:
+            continue
+    return kept
 
 
 def _judged_already(runtime: Runtime, judged: dict[str, str] | None) -> bool:

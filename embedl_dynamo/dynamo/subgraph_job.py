@@ -50,6 +50,8 @@ class SubgraphJob:
     axes: DynamicAxes | None = None
     original: fx.GraphModule | None = None  # the frozen graph before any rewrite: the reference
     on_cuda: bool = False  # the graph's tensors are on a CUDA device
+    # graph input position -> the largest magnitude INT8 calibration saw there (watched)
+    input_bounds: dict[int, float] = dataclasses.field(default_factory=dict)
 
     def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Record that the subgraph runs in PyTorch (``fn``) and why."""

@@ -1,10 +1,18 @@
 """A warm start: a subgraph compiled before loads its artifact without running the pipeline.
 
-A float subgraph is keyed *before* transformation (:func:`source_key`: its graph, weights,
-inputs, the target's patterns, the settings and this package's code); after its first compile
-an alias maps that key to the ONNX artifact and the runtime it ran on. The next compile of the
-same subgraph, in any process, loads that artifact (:func:`warm_start`), checks it against the
-frozen graph on the example inputs, and reports the plan rows stored with the alias.
+Every precision takes it. A subgraph is keyed *before* transformation (:func:`source_key`: its
+graph, weights, inputs, the target's patterns, the settings, the calibration data and this
+package's code); after its first compile an alias maps that key to the ONNX artifact, the
+runtime it ran on and what the build decided and measured (plan rows, per-layer precisions,
+the INT8 ranges its inputs were calibrated to, the CPU and library versions it was decided
+with). The next compile of the same subgraph, in any process and on any machine that has the
+cache, loads that artifact (:func:`warm_start`) and runs no pipeline stage: no calibration, no
+per-layer race, no export and no timing. A decision made on another CPU or with other runtime
+versions is used as built, and the report says where it was made (``decided on <cpu>``).
+
+A float artifact is checked against the frozen graph on the example inputs, as at its build; a
+lower-precision one was held to ``accuracy_budget`` when it was built (the report keeps that
+verdict) and is checked to give finite outputs here.
 """
 
 from __future__ import annotations
@@ -22,17 +30,32 @@ from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
+from embedl_dynamo.quant.calibrate import data_fingerprint
 from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.judge import judge_artifact
+from embedl_dynamo.tuning.judge import check_finite, judge_artifact
+from embedl_dynamo.tuning.runtime_choice import cpu_name
 
-__all__ = ["source_key", "warm_start"]
+__all__ = ["WarmStart", "calibration_identity", "decided_here", "source_key", "warm_start"]
 
 logger = logging.getLogger(__name__)
+
+
+def calibration_identity(settings: Settings, frozen: fx.GraphModule) -> str | None:
+    """What the subgraph is calibrated on, as a key part: ``"none"`` for a precision that does
+    not calibrate, ``"first-calls"`` for INT8 that calibrates on its first real calls (the
+    warm start then reuses the ranges of the process that built it), else the fingerprint of
+    ``calibration_data`` (a ``forward_loop`` by what it feeds ``frozen``). None: the data
+    cannot be fingerprinted, so the subgraph has no warm start."""
+    if not settings.precision.calibrates:
+        return "none"
+    data = settings.calibration_data
+    if data is None:
+        return "first-calls"
+    return data_fingerprint(data, model=frozen)
 
 
 def source_key(
@@ -41,8 +64,11 @@ def source_key(
     axes: DynamicAxes,
     backend: Backend,
     settings: Settings,
+    calibration: str = "none",
 ) -> str:
-    """Key of a subgraph *before* transformation: graph, weights, inputs, patterns, code."""
+    """Key of a subgraph *before* transformation: graph, weights, inputs, patterns, settings,
+    calibration data and code. Not the CPU or the runtimes' versions: a cache built on one
+    machine starts the same model on another (the alias records where it was decided)."""
     return content_key(
         "subgraph",
         fingerprint_graph(frozen),
@@ -50,9 +76,28 @@ def source_key(
         axes.to_json(),
         backend.to_dict(),
         settings.key_dict(),
+        {"calibration": calibration},
         code_fingerprint(),
-        library_versions(runtime_classes().values()),
+        library_versions(),
     )
+
+
+def decided_here(runtime: type[Runtime]) -> dict[str, Any]:
+    """Where a build's decisions were made: this CPU and the runtime's library versions."""
+    return {"cpu": cpu_name(), "versions": library_versions([runtime])}
+
+
+class WarmStart:
+    """What :func:`warm_start` loaded: the callable, and the INT8 input bounds to watch.
+
+    Attributes:
+        infer: the runtime's served callable.
+        input_bounds: graph input position -> the largest magnitude calibration saw there.
+    """
+
+    def __init__(self, infer: Callable[..., Any], input_bounds: dict[int, float]) -> None:
+        self.infer = infer
+        self.input_bounds = input_bounds
 
 
 def warm_start(
@@ -60,16 +105,14 @@ def warm_start(
     frozen: fx.GraphModule,
     inputs: list[torch.Tensor],
     axes: DynamicAxes,
-    backend: Backend,
     settings: Settings,
     report: SubgraphReport,
     runtimes: Sequence[type[Runtime]],
-) -> Callable[..., Any] | None:
+) -> WarmStart | None:
     """With a warm cache, load the artifact this subgraph compiled to before, skipping the
-    pipeline, on the runtime it ran on (one of ``runtimes``); ``report.plan`` gets the plan rows
-    the alias stored (no graph is kept for it).
+    pipeline, on the runtime it ran on (one of ``runtimes``); the report gets the plan rows and
+    pipeline summary the alias stored (no graph is kept for it) and ``loaded``.
 
-    The artifact is checked against the frozen (untransformed) graph on the example inputs.
     Returns None when there is nothing usable in the cache.
     """
     try:
@@ -81,13 +124,13 @@ def warm_start(
         return None
     by_name = {cls.name: cls for cls in runtimes}
     runtime_cls = by_name.get(str(alias.get("runtime", OnnxRuntime.name)))
-    if runtime_cls is None:
-        return None  # it ran on a runtime not wanted now
+    if runtime_cls is None or not runtime_cls.is_available():
+        return None  # it ran on a runtime not wanted, or not installed, here
     runtime = runtime_cls(settings, axes)
     if not runtime.use_cached(alias["onnx_key"]):
         return None
     try:
-        runtime.build(frozen, inputs, judge_artifact)
+        runtime.build(frozen, inputs, _judge_loaded if settings.precision.lower else judge_artifact)
     except Exception as exc:
         logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
                        report.index, error_line(exc))  # fmt: skip
@@ -97,4 +140,34 @@ def warm_start(
     report.runtime_info = dict(runtime.build_info)
     report.pipeline = dict(alias.get("pipeline") or {})
     report.plan = PlanSnapshot.from_dicts(alias.get("plan") or [])  # rows, never the graph
-    return runtime.serve()
+    report.reason = str(alias.get("reason") or report.reason)
+    report.loaded = _where_decided(alias.get("decided"), runtime_cls)
+    bounds = {int(k): float(v) for k, v in (alias.get("input_bounds") or {}).items()}
+    return WarmStart(runtime.serve(), bounds)
+
+
+def _judge_loaded(
+    gm: fx.GraphModule,
+    reference: Callable[[], Sequence[torch.Tensor]],
+    actual: Sequence[torch.Tensor],
+    what: str,
+    rtol: float,
+) -> None:
+    """A loaded lower-precision artifact: judged against the budget when it was built; here
+    its outputs must be finite (a NaN means the file is not what was judged)."""
+    check_finite(actual, f"loaded {what}")
+
+
+def _where_decided(decided: Any, runtime_cls: type[Runtime]) -> str:
+    """``"here"``, or where the loaded build's decisions were made when that differs."""
+    if not isinstance(decided, dict):
+        return "loaded (decided where the cache was built)"
+    here = decided_here(runtime_cls)
+    parts = []
+    if decided.get("cpu") != here["cpu"]:
+        parts.append(f"on {decided.get('cpu')}")
+    theirs = decided.get("versions") or {}
+    changed = sorted(k for k, v in here["versions"].items() if k in theirs and theirs[k] != v)
+    if changed:
+        parts.append("with " + ", ".join(f"{k} {theirs[k]}" for k in changed))
+    return "loaded" if not parts else "loaded (decided " + " ".join(parts) + ")"

@@ -22,6 +22,10 @@ class SubgraphReport:
         status: ``compiled``, ``eager`` (fell back or too small) or ``training`` (not frozen).
         reason: why it runs eager, naming the op when known.
         cached: the artifact came from the cache (nothing built).
+        loaded: set on a warm start, where the subgraph ran no pipeline stage and loaded what
+            an earlier build stored: ``"loaded"``, or ``"loaded (decided on <cpu> ...)"`` when
+            that build's decisions were made on another CPU or with other runtime versions;
+            empty when this process built it.
         plan: the plan's rows, a graph-free :class:`~.plan_rows.PlanSnapshot` (``print`` shows
             the plan table; None when not transformed). Setting it to a
             :class:`~embedl_dynamo.rewrite.plan.TransformationPlan` keeps only its rows, so a
@@ -41,6 +45,7 @@ class SubgraphReport:
     pipeline: dict[str, Any] = field(default_factory=dict)
     runtime_info: dict[str, Any] = field(default_factory=dict)
     compile_s: float = 0.0
+    loaded: str = ""
     _plan: PlanSnapshot | None = field(default=None, repr=False)
 
     @property
@@ -56,7 +61,12 @@ class SubgraphReport:
         applied = self.pipeline.get("applied_count", 0)
         line = (
             f"subgraph {self.index}: {self.status} on {self.runtime} (backend {self.backend}, "
-            f"{self.ops} ops, {applied} rewrites{', cached' if self.cached else ''}, "
+            f"{self.ops} ops, {applied} rewrites{self._origin()}, "
             f"{self.compile_s:.2f} s)"
         )
         return f"{line}: {self.reason}" if self.reason else line
+
+    def _origin(self) -> str:
+        if self.loaded:
+            return f", {self.loaded}"
+        return ", cached" if self.cached else ""
