@@ -11,13 +11,14 @@ content and a stale entry is never served.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import hashlib
 import json
 import math
 import os
 import re
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -121,32 +122,16 @@ def _digest(tensor: torch.Tensor) -> bytes:
     return hashlib.sha256(tensor_bytes(tensor)).digest()
 
 
-# the memory a tensor views -> (that tensor, its version, its digest), within digests_reused()
-_REUSED: contextvars.ContextVar[dict[tuple, tuple[torch.Tensor, int, bytes]] | None] = (
-    contextvars.ContextVar("embedl_reused_digests", default=None)
-)
+# the memory a tensor views -> (a weak reference to it, its version, its word sum, its digest)
+_REUSED: dict[tuple, tuple[weakref.ref, int, int, bytes]] = {}
+_REUSED_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
 def digests_reused() -> Iterator[None]:
-    """Within the block, the bytes a tensor views are hashed once.
-
-    A compile keys a graph before its rewrites and its ONNX export after them, and the two share
-    most weights (a decoder's weights were hashed twice per graph), though often as other tensor
-    objects (a frozen constant, then a module's parameter on the same memory). A digest is
-    reused for the same memory (storage, offset, sizes, strides, dtype) while the tensor first
-    hashed is unchanged: it is held, so its memory cannot be freed and reused, and its version
-    counter, which an in-place op bumps, is the one it was hashed at (and the other tensor's
-    too: a parameter made of a tensor shares its counter). A tensor without one (an inference
-    tensor) is hashed each time. Only for a block in which nothing writes a tensor's memory
-    behind PyTorch's back (through numpy or ``.data``): a compile, which never writes the
-    model's weights, not the user's code between two compiles.
-    """
-    token = _REUSED.set({})
-    try:
-        yield
-    finally:
-        _REUSED.reset(token)
+    """Kept for callers that mark a compile: digests are reused process-wide (see
+    :func:`_reused_digests`), within this block or not."""
+    yield
 
 
 def version_of(tensor: torch.Tensor) -> int | None:
@@ -159,40 +144,74 @@ def version_of(tensor: torch.Tensor) -> int | None:
 
 
 def _memory_of(tensor: torch.Tensor) -> tuple | None:
-    if tensor.device.type == "meta" or tensor.is_quantized or version_of(tensor) is None:
+    if tensor.device.type != "cpu" or tensor.is_quantized or not tensor.is_contiguous():
+        return None
+    if version_of(tensor) is None:
         return None
     address = tensor.untyped_storage().data_ptr()
     return (tensor.device, address, tensor.storage_offset(), tuple(tensor.shape),
             tuple(tensor.stride()), tensor.dtype)  # fmt: skip
 
 
+def _word_sum(tensor: torch.Tensor) -> int:
+    """The wrapping sum of the tensor's bytes read as 64-bit words (the tail as bytes): read at
+    memory speed on PyTorch's threads, where sha256 runs at a tenth of it."""
+    data = tensor.detach().reshape(-1).view(torch.uint8)
+    whole = data.numel() // 8 * 8
+    total = int(data[:whole].view(torch.int64).sum()) if whole else 0
+    return total + int(data[whole:].sum()) if whole < data.numel() else total
+
+
 def _reused_digests(tensors: list[torch.Tensor]) -> dict[int, bytes]:
-    """``id -> digest`` of the tensors whose memory was hashed within :func:`digests_reused`."""
-    memo = _REUSED.get()
-    if memo is None:
-        return {}
+    """``id -> digest`` of the tensors whose bytes this process hashed before and that still
+    hold them.
+
+    A model is keyed before its rewrites and at its export, and each of a decoder's graphs
+    (prefill, decode step, the dynamic recompile) keys the same weights again. A digest is
+    reused for the same memory (storage, offset, sizes, strides, dtype) while the tensor first
+    hashed there is alive (a weak reference: its memory cannot have been freed and reused), its
+    version counter, which an in-place op bumps, is the one it was hashed at, and the sum of its
+    64-bit words is unchanged: a write behind PyTorch's back (``p.data.copy_(w)``,
+    ``p.data.mul_(2)``, numpy), which leaves the version as it was, changes the sum (only a
+    write that keeps every word's sum, such as swapping two words, would not). A tensor without
+    a version counter (an inference tensor) is hashed each time.
+    """
     found = {}
     for tensor in tensors:
-        held = memo.get(_memory_of(tensor))
-        if held is not None and version_of(held[0]) == held[1] == version_of(tensor):
-            found[id(tensor)] = held[2]
+        memory = _memory_of(tensor)
+        with _REUSED_LOCK:
+            held = _REUSED.get(memory) if memory is not None else None
+        if held is None or held[0]() is None or held[1] != version_of(tensor):
+            continue
+        if version_of(held[0]()) == held[1] and _word_sum(tensor) == held[2]:
+            found[id(tensor)] = held[3]
     return found
 
 
 def _remember(tensor: torch.Tensor, digest: bytes) -> None:
-    memo, memory = _REUSED.get(), _memory_of(tensor)
-    if memo is not None and memory is not None:
-        memo[memory] = (tensor, version_of(tensor), digest)
+    memory = _memory_of(tensor)
+    if memory is None:
+        return
+
+    def forget(_ref: weakref.ref) -> None:
+        with _REUSED_LOCK:
+            if memory in _REUSED and _REUSED[memory][0] is _ref:
+                del _REUSED[memory]
+
+    entry = (weakref.ref(tensor, forget), version_of(tensor), _word_sum(tensor), digest)
+    with _REUSED_LOCK:
+        _REUSED[memory] = entry
 
 
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Add each tensor's name, dtype, shape and the sha256 of its bytes to ``h``, in order.
 
     Tensors over 1 MiB are hashed on threads, several at a time (``hashlib`` releases the GIL,
-    so a large model's weights hash on several cores at once); within :func:`digests_reused`
-    a tensor hashed before is not hashed again.
+    so a large model's weights hash on several cores at once); a tensor this process hashed
+    before and that still holds those bytes is not hashed again (:func:`_reused_digests`).
     """
     digests = _reused_digests([t for _, t in tensors])
+    reused = set(digests)
     big = [t for _, t in tensors
            if id(t) not in digests and t.numel() * t.element_size() >= _PARALLEL_BYTES]  # fmt: skip
     if len(big) > 1:
@@ -204,8 +223,10 @@ def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
         if not tensor.numel():
             h.update(f"{name}|{_header(tensor)}|empty\n".encode())
             continue
-        digest = digests.get(id(tensor)) or _digest(tensor)
-        _remember(tensor, digest)
+        digest = digests.get(id(tensor))
+        if digest is None or id(tensor) not in reused:
+            digest = digest or _digest(tensor)
+            _remember(tensor, digest)
         h.update(f"{name}|{_header(tensor)}|".encode() + digest)
 
 

@@ -104,17 +104,38 @@ def _counted_digests(monkeypatch) -> list[int]:
     return hashed
 
 
-def test_within_a_compile_a_weight_is_hashed_once_and_keys_are_unchanged(monkeypatch):
+def test_a_weight_is_hashed_once_per_process_and_keys_are_unchanged(monkeypatch):
     model = _TwoBig().eval()
-    expected = fingerprint_graph(fx.symbolic_trace(model))
     hashed = _counted_digests(monkeypatch)
+    first = fingerprint_graph(fx.symbolic_trace(model))
+    count = len(hashed)
     with digests_reused():
-        first = fingerprint_graph(fx.symbolic_trace(model))
-        count = len(hashed)
         again = fingerprint_graph(fx.symbolic_trace(model))  # the same tensors: no hashing
-    assert first == again == expected and len(hashed) == count == 6  # 3 weights, 3 biases
-    fingerprint_graph(fx.symbolic_trace(model))  # outside the block: every weight again
-    assert len(hashed) == 2 * count
+    later = fingerprint_graph(fx.symbolic_trace(model))  # a later compile: still none
+    assert first == again == later and len(hashed) == count == 6  # 3 weights, 3 biases
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        lambda w: w.data.mul_(2),
+        lambda w: w.data.copy_(torch.randn_like(w)),
+        lambda w: w.data.view(-1)[7].add_(1),  # one element
+        lambda w: w.detach().numpy().__setitem__((0, 0), 3.0),  # through numpy
+    ],
+    ids=["data.mul_", "data.copy_", "one element", "numpy"],
+)
+def test_a_write_that_keeps_the_version_counter_is_still_hashed_again(monkeypatch, write):
+    model = _TwoBig().eval()
+    hashed = _counted_digests(monkeypatch)
+    first = fingerprint_graph(fx.symbolic_trace(model))
+    version = model.b.weight._version
+    write(model.b.weight)
+    assert model.b.weight._version == version  # invisible to the version counter
+    changed = fingerprint_graph(fx.symbolic_trace(model))
+    assert changed != first
+    assert hashed.count(model.b.weight.data_ptr()) == 2
+    assert hashed.count(model.a.weight.data_ptr()) == 1
 
 
 def test_a_weight_written_in_place_within_the_block_is_hashed_again(monkeypatch):
