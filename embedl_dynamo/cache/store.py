@@ -48,7 +48,6 @@ from embedl_dynamo.cache.companion import companion_path, companion_problem, mov
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
-    build_without_cache,
     default_cache_dir,
     exclusive_lock,
     mark_cache_root,
@@ -59,6 +58,7 @@ from embedl_dynamo.cache.files import (
 )
 from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
+from embedl_dynamo.cache.scratch_builds import build_for_read_only, build_for_unusable
 from embedl_dynamo.errors import CorruptEntryError, ReadOnlyCacheError
 
 T = TypeVar("T")
@@ -69,8 +69,6 @@ logger = logging.getLogger(__name__)
 
 _SUFFIX = re.compile(r"^(\.[A-Za-z0-9_]{1,16}){0,3}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
-_WARNED_UNUSABLE: set[str] = set()  # cache roots already reported unusable (warn once each)
-_WARNED_READ_ONLY: set[str] = set()  # read-only roots already reported lacking an entry
 
 
 class ArtifactCache:
@@ -93,14 +91,7 @@ class ArtifactCache:
         self.namespace = namespace
         self.dir = (self.root / namespace).resolve()
         self._unusable: str | None = None  # why the directory cannot be written, once found
-        self._read_only: tuple[str | None] | None = None  # (reason,) once asked
-
-    @property
-    def read_only(self) -> str | None:
-        """Why this cache is only read (None: it is written too); asked once per instance."""
-        if self._read_only is None:
-            self._read_only = (read_only_reason(self.root),)
-        return self._read_only[0]
+        self.read_only = read_only_reason(self.root)  # why it is only read (None: written)
 
     def __repr__(self) -> str:
         return f"ArtifactCache({str(self.root)!r}, {self.namespace!r})"
@@ -157,12 +148,8 @@ class ArtifactCache:
 
     def _report_corrupt(self, path: Path, problem: str) -> None:
         """Warn of a corrupt entry and remove it (in a read-only cache: ignore it)."""
-        if self.read_only:
-            logger.warning("cache entry %s is corrupt (%s); ignoring it (read-only cache: %s)",
-                           path, problem, self.read_only)  # fmt: skip
-        else:
-            logger.warning("cache entry %s is corrupt (%s); removing it and rebuilding",
-                           path, problem)  # fmt: skip
+        then = "ignoring it (read-only cache)" if self.read_only else "removing it and rebuilding"
+        logger.warning("cache entry %s is corrupt (%s); %s", path, problem, then)
         self._remove(path)
 
     def get_verifying(self, key: str, suffix: str = "") -> tuple[Path, Callable[[], None]] | None:
@@ -328,40 +315,6 @@ class ArtifactCache:
         evict_to_budget(self.root, max_cache_bytes(), keep=path)
         return path
 
-    def _build_uncached(
-        self,
-        key: str,
-        start: Callable[[Path], Callable[[], None] | None],
-        suffix: str,
-        exc: OSError,
-    ) -> Path:
-        """Build into a private temporary directory: the cache directory cannot be written."""
-        reason = f"{type(exc).__name__}: {exc.strerror or exc}"
-        if str(self.root) not in _WARNED_UNUSABLE:
-            _WARNED_UNUSABLE.add(str(self.root))
-            logger.warning(
-                "cache directory %s is unusable (%s); compiling without a cache. Set "
-                "EMBEDL_DYNAMO_CACHE_DIR or options={'cache_dir': ...} to a writable directory.",
-                self.root, reason,
-            )  # fmt: skip
-        self._unusable = reason
-        return build_without_cache(f"{key}{suffix}", start)
-
-    def _build_read_only(
-        self, key: str, start: Callable[[Path], Callable[[], None] | None], suffix: str
-    ) -> Path:
-        """Build what a read-only cache lacks in a temporary directory (one warning a root:
-        a replica that builds was shipped an incomplete cache)."""
-        if str(self.root) not in _WARNED_READ_ONLY:
-            _WARNED_READ_ONLY.add(str(self.root))
-            logger.warning(
-                "read-only cache %s (%s) lacks %s %s; building it without storing it. Build "
-                "the cache for this model, inputs and settings where it is written (`embedl-"
-                "dynamo deploy`), then ship it.",
-                self.root, self.read_only, self.namespace, key[:16],
-            )  # fmt: skip
-        return build_without_cache(f"{key}{suffix}", start)
-
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive per-key file lock (blocks while another process holds it)."""
         return exclusive_lock(self.path(key, ".lock"))
@@ -391,11 +344,18 @@ class ArtifactCache:
         if found is not None:
             return found, False, None
         if self.read_only:
-            return self._build_read_only(key, start, suffix), True, None
+            path = build_for_read_only(self.root, self.read_only, f"{self.namespace} {key[:16]}",
+                                       f"{key}{suffix}", start)  # fmt: skip
+            return path, True, None
         try:
             self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            return self._build_uncached(key, start, suffix, exc), True, None
+            self._unusable = f"{type(exc).__name__}: {exc.strerror or exc}"
+            return (
+                build_for_unusable(self.root, self._unusable, f"{key}{suffix}", start),
+                True,
+                None,
+            )
         held = contextlib.ExitStack()
         try:
             held.enter_context(self.lock(key))

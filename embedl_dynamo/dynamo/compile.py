@@ -31,17 +31,15 @@ from torch import fx
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.cache.keys import jsonable
 from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
     watch_calibrated_ranges,
     wrap_compiled,
 )
-from embedl_dynamo.dynamo.subgraph_alias import store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.dynamo.warm_start import (
     calibration_identity,
-    decided_here,
+    remember_build,
     source_key,
     warm_start,
 )
@@ -56,10 +54,10 @@ from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
-from embedl_dynamo.runtimes.registry import AUTO, runtime_classes
+from embedl_dynamo.runtimes.registry import AUTO
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.half_form import choose_half_form
-from embedl_dynamo.tuning.int8_speed import compare_with_float
+from embedl_dynamo.tuning.int8_speed import Int8Speed, compare_with_float, warn_if_slower
 from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
@@ -179,6 +177,9 @@ def _warm_start(
     report.compile_s = time.perf_counter() - job.start
     record(report)
     logger.info("%s", report)
+    speed = report.pipeline.get("int8_speed")
+    if isinstance(speed, dict):  # a slower INT8 is said on every start, as at its build
+        warn_if_slower(Int8Speed.from_dict(speed), report.index)
     if loaded.input_bounds:
         return watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
     return loaded.infer
@@ -247,7 +248,7 @@ def _build_stage(
 
         def build_calibrated(quantized: fx.GraphModule) -> Callable[..., Any] | None:
             infer = _build(job, result, quantized, float_model=result.model)
-            _remember(job, alias_key)
+            remember_build(job, alias_key)
             return infer
 
         return calibrate_then_build(
@@ -382,35 +383,7 @@ def _finish(job: SubgraphJob, alias_key: str | None) -> None:
     record(report)
     logger.info("%s", report)
     if not _lazy_int8(job.settings):
-        _remember(job, alias_key)
-
-
-def _remember(job: SubgraphJob, alias_key: str | None) -> None:
-    """Store the alias a warm start loads: the artifact, its runtime, the report's plan rows,
-    pipeline summary and reason, the INT8 input bounds, and where it was decided."""
-    report = job.report
-    built = report.status == "compiled" and report.runtime_info.get("key")
-    runtime_cls = runtime_classes().get(report.runtime)
-    if alias_key is None or not built or runtime_cls is None:
-        return
-    alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
-    alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
-    alias["pipeline"] = _storable(report.pipeline)
-    alias["reason"] = report.reason
-    alias["input_bounds"] = {str(k): v for k, v in job.input_bounds.items()}
-    alias["decided"] = decided_here(runtime_cls)
-    store_alias(alias_key, alias, job.settings)
-
-
-def _storable(pipeline: dict[str, Any]) -> dict[str, Any]:
-    """The pipeline report's entries that are plain JSON (what a warm start's report shows)."""
-    kept = {}
-    for name, value in pipeline.items():
-        try:
-            kept[name] = jsonable(value)
-        except TypeError:
-            continue
-    return kept
+        remember_build(job, alias_key)
 
 
 def _judged_already(runtime: Runtime, judged: dict[str, str] | None) -> bool:

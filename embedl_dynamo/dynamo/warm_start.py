@@ -25,8 +25,9 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
-from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias
+from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable, library_versions
+from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
+from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
@@ -35,11 +36,19 @@ from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import check_finite, judge_artifact
 from embedl_dynamo.tuning.runtime_choice import cpu_name
 
-__all__ = ["WarmStart", "calibration_identity", "decided_here", "source_key", "warm_start"]
+__all__ = [
+    "WarmStart",
+    "calibration_identity",
+    "decided_here",
+    "remember_build",
+    "source_key",
+    "warm_start",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +180,31 @@ def _where_decided(decided: Any, runtime_cls: type[Runtime]) -> str:
     if changed:
         parts.append("with " + ", ".join(f"{k} {theirs[k]}" for k in changed))
     return "loaded" if not parts else "loaded (decided " + " ".join(parts) + ")"
+
+
+def remember_build(job: SubgraphJob, alias_key: str | None) -> None:
+    """Store the alias a warm start loads: the artifact, its runtime, the report's plan rows,
+    pipeline summary and reason, the INT8 input bounds, and where it was decided."""
+    report = job.report
+    built = report.status == "compiled" and report.runtime_info.get("key")
+    runtime_cls = runtime_classes().get(report.runtime)
+    if alias_key is None or not built or runtime_cls is None:
+        return
+    alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
+    alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
+    alias["pipeline"] = _storable(report.pipeline)
+    alias["reason"] = report.reason
+    alias["input_bounds"] = {str(k): v for k, v in job.input_bounds.items()}
+    alias["decided"] = decided_here(runtime_cls)
+    store_alias(alias_key, alias, job.settings)
+
+
+def _storable(pipeline: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline report's entries that are plain JSON (what a warm start's report shows)."""
+    kept = {}
+    for name, value in pipeline.items():
+        try:
+            kept[name] = jsonable(value)
+        except TypeError:
+            continue
+    return kept

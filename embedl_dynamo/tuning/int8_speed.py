@@ -33,7 +33,7 @@ from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning import runtime_choice
 from embedl_dynamo.tuning.judge import judge_against
 
-__all__ = ["Int8Speed", "compare_with_float"]
+__all__ = ["Int8Speed", "compare_with_float", "warn_if_slower"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,11 @@ class Int8Speed:
     def to_dict(self) -> dict[str, float | str]:
         """The record the subgraph report keeps (``pipeline["int8_speed"]``)."""
         return {"runtime": self.runtime, "int8_ms": self.int8_ms, "fp32_ms": self.fp32_ms}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, float | str]) -> Int8Speed:
+        """The speeds :meth:`to_dict` wrote."""
+        return cls(str(record["runtime"]), float(record["int8_ms"]), float(record["fp32_ms"]))
 
 
 def compare_with_float(
@@ -91,13 +96,18 @@ def compare_with_float(
         if speed is None:
             return None
         _store(cache, key, speed)
+    warn_if_slower(speed, index)
+    return speed
+
+
+def warn_if_slower(speed: Int8Speed, index: int) -> None:
+    """The one warning of a slower INT8 (at its build, and at every warm start of it)."""
     if speed.slower:
         logger.warning(
             "subgraph %d: int8 on %s measured slower than float (%.2f ms against %.2f ms); it "
             "runs as asked. precision='mixed' keeps INT8 only where it pays",
             index, speed.runtime, speed.int8_ms, speed.fp32_ms,
         )  # fmt: skip
-    return speed
 
 
 def _measure(
