@@ -1,4 +1,5 @@
-"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``cache``; each returns an exit code."""
+"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``cache``, ``deploy``; each
+returns an exit code."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from embedl_dynamo.cli.deploy_command import run_deploy
 from embedl_dynamo.cli.inputs import (
     EXIT_EXPORT,
     EXIT_OK,
@@ -261,4 +263,5 @@ COMMANDS = {
     "export": run_export,
     "bench": run_bench,
     "cache": run_cache,
+    "deploy": run_deploy,
 }

@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Sequence
 
 from embedl_dynamo.cli.commands import COMMANDS
+from embedl_dynamo.cli.deploy_command import add_deploy_parser
 from embedl_dynamo.cli.inputs import EXIT_INTERNAL, parse_shape
 from embedl_dynamo.errors import CliError, error_line
 from embedl_dynamo.precision import precision_names
@@ -73,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument("--cache-dir", help="the cache root (default: user cache)")
 
+    add_deploy_parser(sub, model_args)
+
     bench = sub.add_parser("bench", help="latency of eager vs compiled float vs INT8")
     model_args(bench)
     bench.add_argument(
@@ -100,6 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage error
         return int(exc.code or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # a command may run it again
     if args.debug:
         logging.basicConfig(level=logging.DEBUG, format="%(levelname)s %(name)s: %(message)s")
     try:
