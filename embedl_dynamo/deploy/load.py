@@ -19,6 +19,7 @@ versions), and the files are checked against the sha256 it recorded
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from collections.abc import Sequence
@@ -199,14 +200,9 @@ def load(
     state = _state(path, runtime_cls, metadata, device, num_threads)
     try:  # an ONNX file is data: hashed while the runtime reads it, the two overlapping
         loaded = runtime_cls.from_dict(state)
-    except Exception as exc:
+    except Exception:
         if check is not None:  # a changed file is the cause to report, not the runtime's error
             check.confirm()
-        if isinstance(exc, TypeError):
-            raise ValueError(
-                f"{sidecar_path(path).name}: runtime options {state['options']} are not "
-                f"options of {runtime_cls.name}: {exc}"
-            ) from exc
         raise
     try:
         if check is not None:
@@ -269,6 +265,13 @@ def _state(
     options = dict(state.get("options") or {})
     if runtime_cls is not TensorRTRuntime:  # an engine runs on the current CUDA device
         options["device"] = device
+    try:
+        inspect.signature(runtime_cls.load_artifact).bind(path, None, **options)
+    except TypeError as exc:
+        raise ValueError(
+            f"{sidecar_path(path).name} records runtime options {sorted(options)} that "
+            f"{runtime_cls.name} does not take ({exc}); export the model again"
+        ) from exc
     return {
         "runtime": runtime_cls.name,
         "num_threads": num_threads if num_threads is not None else state.get("num_threads"),

@@ -288,3 +288,13 @@ def test_a_loaded_runtime_state_round_trips_through_json(float_file) -> None:
     torch.testing.assert_close(again.infer(x)[0], runtime.infer(x)[0])
     with pytest.raises(ValueError, match=r"not a 'openvino' state with an artifact"):
         OpenVINORuntime.from_dict(state)
+
+
+def test_runtime_options_the_runtime_does_not_take_are_a_clear_error(float_file, tmp_path):
+    _, path = float_file
+    copy = shutil.copy(path, tmp_path / "opts.onnx")
+    side = json.loads(sidecar_path(path).read_text())
+    side["runtime"] = {**side["runtime"], "options": {"turbo": True}}
+    (tmp_path / "opts.json").write_text(json.dumps(side))
+    with pytest.raises(ValueError, match=r"opts.json records runtime options \['device', 'turbo'"):
+        load(copy)
