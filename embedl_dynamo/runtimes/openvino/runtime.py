@@ -14,6 +14,8 @@ type (:mod:`~embedl_dynamo.graph.rest_precision`), compiled with it as
 pooling) instead of running the typed graph's casts; which form runs is decided by timing
 both (:mod:`embedl_dynamo.tuning.half_form`).
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
+:meth:`OpenVINORuntime.load_artifact` compiles an exported ``.onnx`` file the same way
+(``embedl_dynamo.load`` for the openvino target's files), on the CPU or an OpenVINO GPU.
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
 error); this runtime is a working route from ``torch.compile`` to OpenVINO. Its layer profiler
