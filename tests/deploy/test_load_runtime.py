@@ -53,9 +53,11 @@ def openvino_files(tmp_path_factory):
         pytest.skip("openvino is not installed")
     root = tmp_path_factory.mktemp("ov")
     model, x = _mlp(), torch.randn(4, 16)
+    # verify=False: where the half-form race picks the typed bf16 graph, export's verification
+    # (on ONNX Runtime, which has no bf16 Gemm kernel) cannot run it; load() runs it on OpenVINO
     files = {
         precision: _export(model, x, root / f"{precision}.onnx", backend="openvino",
-                           precision=precision)
+                           precision=precision, verify=precision != "bf16")
         for precision in ("bf16", "int8")
     }  # fmt: skip
     return model, files
