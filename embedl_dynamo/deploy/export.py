@@ -34,7 +34,7 @@ from embedl_dynamo.backend import Backend, as_backend
 from embedl_dynamo.cache.files import (
     atomic_write_text,
 )
-from embedl_dynamo.cache.keys import jsonable
+from embedl_dynamo.cache.keys import jsonable, sha256_file
 from embedl_dynamo.deploy.engine import build_engine_file
 from embedl_dynamo.deploy.export_file import (
     ExportStages,
@@ -44,13 +44,16 @@ from embedl_dynamo.deploy.export_file import (
 )
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
+    export_runtime,
     refuse_foreign_sidecar,
+    runtime_record,
     sidecar_path,
     write_report_page,
 )
 from embedl_dynamo.deploy.verify import Verification
 from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.graph.output_tree import OUTPUT_TREE_META, OutputTree
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.base import Runtime
@@ -177,18 +180,57 @@ def export(
             gm = _capture(model, args, dynamic_batch, dynamic_shapes)
         with stages.run("pipeline"):
             result = _pipeline(gm, args, target, settings)
-        outputs = _outputs(result, args)
+        outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
         written = write_verified(
-            path, model, args, result, settings, stages, opset, verify, tolerance
+            path, eager, args, result, settings, stages, opset, verify, tolerance
         )
         _log_verification(path, written[0], settings)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:
         stages.close()
     sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
-    sidecar["engine_file"] = engine_path.name if engine_path else None
+    sidecar.update(_deployment(path, target, settings, gm, len(outputs), engine_path))
     _write_sidecar(path, sidecar, target, result, html, stages.start)
     return path
+
+
+def _deployment(
+    path: Path,
+    target: Backend,
+    settings: Settings,
+    gm: Any,
+    count: int,
+    engine_path: Path | None,
+) -> dict[str, Any]:
+    """The sidecar's entries on how the file deploys: the engine built beside it, the runtime
+    it is meant to run on (``load()`` runs it there) and the model's output structure."""
+    return {
+        "engine_file": engine_path.name if engine_path else None,
+        "engine_sha256": sha256_file(engine_path) if engine_path else None,
+        "runtime": runtime_record(export_runtime(target.name, settings.runtime), path),
+        "output_tree": _output_tree(path, gm.meta.get(OUTPUT_TREE_META), count),
+    }
+
+
+def _in_graph_order(model: nn.Module, gm: Any) -> Callable[..., Any]:
+    """``model``, returning its outputs as the file does, where capture recorded their
+    structure (in ``gm``): the graph's outputs in their order (no ``None``, numbers or
+    returned inputs), so the verification compares like with like."""
+    tree = gm.meta.get(OUTPUT_TREE_META)
+    if not isinstance(tree, OutputTree) or not tree.covers_outputs:
+        return model
+    return lambda *inputs: tree.graph_outputs(model(*inputs))
+
+
+def _output_tree(path: Path, tree: OutputTree | str | None, count: int) -> dict[str, Any] | None:
+    """The sidecar's ``output_tree``: the captured model's output structure, which ``load()``
+    rebuilds (None, with one warning, where it could not be recorded)."""
+    if isinstance(tree, OutputTree) and tree.count == count:
+        return tree.to_dict()
+    why = tree if isinstance(tree, str) else "the pipeline changed the number of outputs"
+    logger.warning("%s: load() returns the outputs as a flat tuple, not in the model's "
+                   "structure: %s", path.name, why)  # fmt: skip
+    return None
 
 
 def _engine(

@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ def _export_file(
 
 def write_verified(
     path: Path,
-    model: nn.Module,
+    model: nn.Module | Callable[..., Any],
     args: tuple[torch.Tensor, ...],
     result: PipelineResult,
     settings: Settings,
@@ -136,6 +136,8 @@ def write_verified(
     tolerance: float | None,
 ) -> tuple[Verification, int | None]:
     """Export, verify and rename the file into place (unless ``verify`` and it fails).
+
+    ``model`` is the user's model, returning its outputs in the graph's order.
 
     Returns:
         The verification and the opset written.
@@ -205,13 +207,16 @@ def build_sidecar(
         "onnx_sha256": sha256_file(path),
         **data_file_record(path),
         "engine_file": None,
+        "engine_sha256": None,
         "backend": target.to_dict(),
+        "runtime": None,  # export(): the runtime the file runs on (deploy.sidecar.runtime_record)
         "inputs": io_specs(
             input_names(len(args)), args, batch, dynamic_batch, axes and axes.inputs
         ),
         "outputs": io_specs(
             output_names(len(outputs)), outputs, batch, dynamic_batch, axes and axes.outputs
         ),
+        "output_tree": None,  # export(): the model's output structure (graph.output_tree)
         "opset": written_opset,
         "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
         "precision": settings.precision.name,

@@ -2,38 +2,40 @@
 
 :func:`load` is the other half of :func:`embedl_dynamo.export`: it takes the ``.onnx`` file (or a
 TensorRT ``.engine``/``.plan`` file) and returns an :class:`ExportedModule`, an ``nn.Module``
-that runs the artifact on the best runtime available here, so an exported model drops into code
+that runs the artifact where the export meant it to run, so an exported model drops into code
 that called the PyTorch model:
 
-* ``.onnx``: ONNX Runtime, providers TensorRT EP > CUDA EP > CPU (whichever are installed);
+* ``.onnx``: the runtime the sidecar records (``openvino`` for the openvino target, in the
+  half precision the file asks for; ``onnxruntime`` otherwise, providers TensorRT EP > CUDA EP
+  > CPU, whichever are installed), or the one ``runtime=`` names;
 * ``.engine`` / ``.plan``: TensorRT's runtime on CUDA tensors (needs ``tensorrt`` and a GPU).
 
-Inputs may have any batch size when the file was exported with a dynamic batch axis. The JSON
-sidecar, when present, is read into ``module.metadata`` (plan report, scales, versions).
+Inputs may have any batch size when the file was exported with a dynamic batch axis. Outputs
+come back in the model's own structure (dicts, nested tuples and lists, ``None``), which the
+sidecar records. The JSON sidecar is read into ``module.metadata`` (plan report, scales,
+versions), and the files are checked against the sha256 it recorded
+(:mod:`~embedl_dynamo.deploy.integrity`).
 """
 
 from __future__ import annotations
 
-import json
+import inspect
 import logging
 import os
 from collections.abc import Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from embedl_dynamo.cache.files import run_in_background
-from embedl_dynamo.cache.keys import sha256_file
-from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, providers_for
-from embedl_dynamo.deploy.sidecar import sidecar_path
+from embedl_dynamo.deploy.integrity import ArtifactCheck
+from embedl_dynamo.deploy.sidecar import read_sidecar, recorded_runtime, sidecar_path
+from embedl_dynamo.graph.output_tree import OutputTree
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from embedl_dynamo.runtimes.registry import runtime_for_file
+from embedl_dynamo.runtimes.registry import AUTO, runtime_classes, runtime_for_file
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
-from embedl_dynamo.settings import Settings
 
 __all__ = ["ENGINE_SUFFIXES", "ExportedModule", "load"]
 
@@ -47,10 +49,15 @@ class ExportedModule(nn.Module):
 
     Attributes:
         path: the artifact.
-        runtime: the name of the runtime running it (``onnxruntime`` or ``tensorrt``).
-        artifact_runtime: that runtime, active (:class:`~embedl_dynamo.runtimes.Runtime`).
-        providers: the ONNX Runtime providers in use (empty for TensorRT).
+        runtime: the name of the runtime running it (``onnxruntime``, ``openvino``,
+            ``tensorrt``).
+        artifact_runtime: that runtime, active (:class:`~embedl_dynamo.runtimes.Runtime`);
+            its ``to_dict()`` is the state it was loaded from, its ``build_info`` what it
+            runs (OpenVINO: ``inference_precision``).
+        providers: the ONNX Runtime providers in use (empty for other runtimes).
         input_names, output_names: the artifact's graph inputs and outputs.
+        output_tree: the model's output structure over them (None: a flat tuple, as a
+            sidecar without one, or no sidecar, gives).
         metadata: the export sidecar (empty when there is none).
     """
 
@@ -63,15 +70,18 @@ class ExportedModule(nn.Module):
         self.output_names = runtime.output_names
         self.providers = runtime.providers if isinstance(runtime, OnnxRuntime) else []
         self.metadata = metadata
+        self.output_tree = _output_tree(path, metadata, len(self.output_names))
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the artifact.
 
         Args:
             inputs: one tensor per graph input, in order.
 
         Returns:
-            A tensor for a single-output model, else a tuple, on the inputs' device.
+            What the model returned, in its structure (:attr:`output_tree`), on the inputs'
+            device; without a recorded structure, a tensor for a single-output model, else a
+            tuple.
         """
         if len(inputs) != len(self.input_names):
             raise ValueError(
@@ -83,6 +93,8 @@ class ExportedModule(nn.Module):
                 raise TypeError(f"input {i} is a {type(t).__name__}; pass torch tensors")
         self._check_static_axes(inputs)
         outputs = self.artifact_runtime.infer(*inputs)
+        if self.output_tree is not None:
+            return self.output_tree.rebuild(outputs, inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _check_static_axes(self, inputs: Sequence[torch.Tensor]) -> None:
@@ -107,22 +119,22 @@ class ExportedModule(nn.Module):
         return f"path={str(self.path)!r}, runtime={self.runtime!r}, providers={self.providers}"
 
 
-def _metadata(path: Path) -> dict[str, Any]:
-    side = sidecar_path(path)
-    if not side.is_file():
-        return {}
+def _output_tree(path: Path, metadata: dict[str, Any], count: int) -> OutputTree | None:
+    """The sidecar's output structure, where it fits the file's ``count`` outputs."""
+    data = metadata.get("output_tree")
+    if data is None:
+        return None
     try:
-        data = json.loads(side.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        logger.warning("ignoring unreadable sidecar %s: %s", side, exc)
-        return {}
-    if not isinstance(data, dict):
-        logger.warning(
-            "ignoring sidecar %s: it holds a JSON %s, not the object export writes",
-            side, type(data).__name__,
-        )  # fmt: skip
-        return {}
-    return data
+        tree = OutputTree.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        logger.warning("%s: ignoring the sidecar's output_tree (%s); outputs come back as a "
+                       "flat tuple", path.name, exc)  # fmt: skip
+        return None
+    if tree.count != count:
+        logger.warning("%s: the sidecar's output_tree is for %d outputs, the file has %d; "
+                       "outputs come back as a flat tuple", path.name, tree.count, count)  # fmt: skip
+        return None
+    return tree
 
 
 def load(
@@ -130,92 +142,139 @@ def load(
     device: str = "auto",
     num_threads: int | None = None,
     check_sha256: bool = True,
+    runtime: str = AUTO,
 ) -> ExportedModule:
     """Load an artifact written by :func:`embedl_dynamo.export`.
 
-    The file's suffix picks the runtime (:func:`~embedl_dynamo.runtimes.runtime_for_file`),
-    which loads it through its public :meth:`~embedl_dynamo.runtimes.Runtime.load_artifact`.
+    The runtime is the one the export recorded in the sidecar (``openvino`` for the openvino
+    target, else ``onnxruntime``; a TensorRT engine: ``tensorrt``), rebuilt from the sidecar's
+    state through :meth:`Runtime.from_dict <embedl_dynamo.runtimes.Runtime.from_dict>`, which
+    loads the file with the runtime's :meth:`~embedl_dynamo.runtimes.Runtime.load_artifact`.
 
     Args:
         path: an ``.onnx`` file, or a TensorRT engine (``.engine``/``.plan``/``.trt``).
-        device: ``auto`` (a GPU provider when installed, else CPU), ``CPU`` or ``CUDA``.
-        num_threads: ONNX Runtime intra-op threads (its default when None).
-        check_sha256: refuse a file whose bytes differ from the ``onnx_sha256`` its sidecar
-            recorded at export, or whose data file (``model.onnx.data``) differs from its
-            ``onnx_data_sha256`` (changed weights load silently otherwise).
+        device: ``auto`` (ONNX Runtime: a GPU provider when installed, else the CPU; OpenVINO:
+            the CPU), ``CPU``, ``CUDA`` or ``CUDA:<index>`` (ONNX Runtime), ``GPU`` (OpenVINO,
+            where it has one). A TensorRT engine runs on the current CUDA device.
+        num_threads: the runtime's intra-op threads (its default when None).
+        check_sha256: refuse a file whose bytes differ from the sha256 its sidecar recorded
+            at export, whatever the files are called now (:mod:`~embedl_dynamo.deploy.integrity`).
+        runtime: ``auto`` (what the sidecar recorded; ONNX Runtime, with one warning, where
+            that runtime is not installed or there is no sidecar), or a runtime that loads
+            the file (``onnxruntime``, ``openvino``; ``tensorrt`` for an engine).
 
     Returns:
         An :class:`ExportedModule` in eval mode.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an unknown suffix or device, or a file that no longer matches its sidecar.
-        RuntimeError: an engine file where TensorRT is not available.
+        ValueError: an unknown suffix, runtime or device, or a file that no longer matches
+            its sidecar.
+        RuntimeError: an engine file where TensorRT is not available, or a runtime asked for
+            by name that is not installed here.
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
             f"no artifact at {str(path)!r}; export one with embedl_dynamo.export"
         )
-    runtime_cls = runtime_for_file(path)
-    metadata = _metadata(path)
-    recorded = _recorded_digests(path, metadata) if check_sha256 else {}
-    digests: dict[Path, Future[str | None]] = {}
+    default = runtime_for_file(path)
+    metadata, unverified = read_sidecar(path)
+    runtime_cls = _runtime_class(path, runtime, default, metadata)
+    check = ArtifactCheck(path, metadata) if check_sha256 else None
+    if check is not None and not check.verifies:
+        unverified = unverified or f"its sidecar {sidecar_path(path).name} records no sha256 of it"
+    if unverified is not None:
+        log = logger.warning if check is not None else logger.info
+        log("%s: %s; its content is not verified and it runs on %s", path.name, unverified,
+            runtime_cls.name)  # fmt: skip
     if runtime_cls is TensorRTRuntime:  # an engine is checked before TensorRT reads it
-        for file, sha256 in recorded.items():
-            _check_digest(path, file, _sha256_or_none(file), sha256)
-    else:  # an ONNX file is data: hashed while ONNX Runtime reads it, the two overlapping
-        for file in recorded:
-            digests[file] = run_in_background(
-                lambda file=file: _sha256_or_none(file), "embedl-load-sha256"
-            )
-    settings = Settings(num_threads=num_threads)
-    if runtime_cls is TensorRTRuntime:
+        if check is not None:
+            check.confirm()
         missing = TensorRTRuntime.missing()
         if missing is not None:
             raise RuntimeError(
                 f"{path.name} is a TensorRT engine, which needs TensorRT and a CUDA GPU, but "
                 f"{missing}. Load the .onnx file instead."
             )
-        runtime: Runtime = TensorRTRuntime.load_artifact(path, settings)
-    else:
-        if device == "auto":
-            device = "CUDA" if EmbedlOnnxBackend.supports_device("CUDA") else "CPU"
-        elif device.upper().split(":")[0] not in ("CPU", "CUDA"):
-            raise ValueError(f"invalid device={device!r}; valid values: auto, CPU, CUDA")
-        runtime = OnnxRuntime.load_artifact(path, settings, providers=providers_for(device.upper()))
-        try:
-            for file, digest in digests.items():
-                _check_digest(path, file, digest.result(), recorded[file])
-        except ValueError:
-            runtime.deactivate()
-            raise
-        logger.info("loaded %s on onnxruntime with %s", path, runtime.providers)
-    return ExportedModule(path, runtime, metadata).eval()
-
-
-def _recorded_digests(path: Path, metadata: dict[str, Any]) -> dict[Path, str]:
-    """file -> the sha256 the sidecar recorded: the model's, and its data file's if it has one."""
-    if metadata.get("onnx_file") != path.name or not metadata.get("onnx_sha256"):
-        return {}
-    recorded = {path: metadata["onnx_sha256"]}
-    data_file, data_sha256 = metadata.get("onnx_data_file"), metadata.get("onnx_data_sha256")
-    if data_file and data_sha256 and Path(data_file).name == data_file:
-        recorded[path.with_name(data_file)] = data_sha256
-    return recorded
-
-
-def _sha256_or_none(file: Path) -> str | None:
+    state = _state(path, runtime_cls, metadata, device, num_threads)
+    try:  # an ONNX file is data: hashed while the runtime reads it, the two overlapping
+        loaded = runtime_cls.from_dict(state)
+    except Exception:
+        if check is not None:  # a changed file is the cause to report, not the runtime's error
+            check.confirm()
+        raise
     try:
-        return sha256_file(file)
-    except FileNotFoundError:
-        return None
+        if check is not None:
+            check.confirm()
+    except ValueError:
+        loaded.deactivate()
+        raise
+    logger.info("loaded %s on %s (%s)", path, loaded.name, loaded.describe())
+    return ExportedModule(path, loaded, metadata).eval()
 
 
-def _check_digest(path: Path, file: Path, digest: str | None, recorded: str) -> None:
-    if digest != recorded:
+def _runtime_class(
+    path: Path, runtime: str, default: type[Runtime], metadata: dict[str, Any]
+) -> type[Runtime]:
+    """The runtime that runs ``path``: the one asked for, else the one its sidecar recorded
+    (``default``, the suffix's, where it is not installed: with one warning)."""
+    suffix = path.suffix.lower()
+    classes = runtime_classes()
+    loaders = {name: cls for name, cls in classes.items() if suffix in cls.artifact_suffixes}
+    if runtime != AUTO:
+        if runtime not in loaders:
+            why = (
+                "no such runtime" if runtime not in classes else f"it does not load {suffix} files"
+            )
+            raise ValueError(
+                f"invalid runtime={runtime!r} for {path.name} ({why}); valid values: "
+                f"{', '.join((AUTO, *loaders))}"
+            )
+        return loaders[runtime]
+    recorded = recorded_runtime(metadata)
+    if recorded is None or recorded == default.name:
+        return default
+    if recorded in classes and recorded not in loaders:
+        return default  # the record is the .onnx file's, and this is the engine built from it
+    cls = loaders.get(recorded)
+    missing = cls.missing() if cls is not None else f"no runtime {recorded!r} is registered here"
+    if missing is None:
+        return cls
+    logger.warning(
+        "%s was exported to run on %s, which is unavailable here (%s): it runs on %s instead; "
+        "pass runtime=%r to choose it without this warning",
+        path.name, recorded, missing, default.name, default.name,
+    )  # fmt: skip
+    return default
+
+
+def _state(
+    path: Path,
+    runtime_cls: type[Runtime],
+    metadata: dict[str, Any],
+    device: str,
+    num_threads: int | None,
+) -> dict[str, Any]:
+    """The runtime's state (:meth:`Runtime.to_dict`) that loads ``path``: the sidecar's where
+    it records this runtime, with the file given, the device and the threads asked for."""
+    record = metadata.get("runtime")
+    state = dict(record) if isinstance(record, dict) else {}
+    if state.get("runtime") != runtime_cls.name:
+        state = {}
+    options = dict(state.get("options") or {})
+    if runtime_cls is not TensorRTRuntime:  # an engine runs on the current CUDA device
+        options["device"] = device
+    try:
+        inspect.signature(runtime_cls.load_artifact).bind(path, None, **options)
+    except TypeError as exc:
         raise ValueError(
-            f"{file.name} does not match the sha256 its sidecar {sidecar_path(path).name} "
-            "recorded at export: it was changed since. Export it again, or pass "
-            "check_sha256=False to load it anyway."
-        )
+            f"{sidecar_path(path).name} records runtime options {sorted(options)} that "
+            f"{runtime_cls.name} does not take ({exc}); export the model again"
+        ) from exc
+    return {
+        "runtime": runtime_cls.name,
+        "num_threads": num_threads if num_threads is not None else state.get("num_threads"),
+        "options": options,
+        "artifacts": {"model": path},
+    }

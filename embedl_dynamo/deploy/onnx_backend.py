@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
+from onnx.backend.base import Backend, BackendRep, namedtupledict
 
 from embedl_dynamo.deploy.onnx_opsets import (
     fit_to_onnxruntime,
@@ -37,7 +37,7 @@ from embedl_dynamo.deploy.onnx_opsets import (
     names_missing_kernel,
     ort_max_opset,
 )
-from embedl_dynamo.runtimes.onnxruntime.session import create_session, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.session import create_session, device_providers
 
 __all__ = [
     "SESSION_OPTIONS",
@@ -69,8 +69,6 @@ SESSION_OPTIONS = frozenset(
         "use_deterministic_compute",
     }
 )
-
-_GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
 
 # ONNX element types whose numpy form is an ml_dtypes type, by onnxruntime's type string
 _BYTE_FED_TYPES = {
@@ -119,29 +117,24 @@ def _from_ort_value(value: Any, type_string: str) -> np.ndarray:
     return numpy_helper.to_array(tensor)
 
 
-def providers_for(device: str = "CPU") -> list[str]:
-    """ONNX Runtime execution providers for ``device``, best first, among those installed here.
+def providers_for(device: str = "CPU") -> list[str | tuple[str, dict[str, Any]]]:
+    """ONNX Runtime execution providers for ``device``, best first, among those installed here
+    (the ``onnxruntime`` runtime's :func:`~embedl_dynamo.runtimes.onnxruntime.session.device_providers`).
 
     Args:
-        device: ``"CPU"`` or ``"CUDA"`` (optionally ``"CUDA:1"``).
+        device: ``"CPU"`` or ``"CUDA"`` (optionally ``"CUDA:1"``: the GPU providers get that
+            index as their ``device_id`` option).
 
     Returns:
-        Provider names; CPU always comes last as the fallback.
+        Provider names, or ``(name, {"device_id": index})``; CPU always comes last as the
+        fallback.
 
     Raises:
         ValueError: the device is unknown or not available here (the message says why).
     """
-    kind = Device(device).type
-    preferred = ort_providers()  # the onnxruntime runtime's order: TensorRT EP > CUDA EP > CPU
-    if kind == DeviceType.CPU:
-        return ["CPUExecutionProvider"]
-    gpu = [p for p in preferred if p in _GPU_PROVIDERS]
-    if not gpu:
-        raise ValueError(
-            f"device {device!r} needs onnxruntime's CUDA or TensorRT execution provider, but this "
-            f"onnxruntime has only {preferred}; install onnxruntime-gpu or use device='CPU'"
-        )
-    return [*gpu, "CPUExecutionProvider"]
+    if device.strip().lower() == "auto":
+        raise ValueError(f"invalid device={device!r}; valid values: CPU, CUDA, CUDA:<index>")
+    return device_providers(device)
 
 
 def _session_options(kwargs: dict[str, Any]) -> Any:

@@ -1,10 +1,13 @@
 """The JSON sidecar written next to an exported file (``model.onnx`` -> ``model.json``).
 
 It holds the plan report, the precision of every layer and why, the quantization scales, the
-input and output specs, the verification result, the settings and the library versions;
-``load()`` reads it back and checks the file's sha256 against it, and its data file's
-(``model.onnx.data``, for a model whose weights are stored beside it). On request the report page
-(``model.html``) is written beside it.
+input and output specs, the output structure (:class:`~embedl_dynamo.graph.output_tree.OutputTree`),
+the runtime the file is meant to run on (in the form of
+:meth:`Runtime.to_dict <embedl_dynamo.runtimes.base.Runtime.to_dict>`), the verification
+result, the settings and the library versions; ``load()`` reads it back (:func:`read_sidecar`)
+and checks the file's sha256 against it, and its data file's (``model.onnx.data``, for a model
+whose weights are stored beside it). On request the report page (``model.html``) is written
+beside it.
 """
 
 from __future__ import annotations
@@ -24,12 +27,18 @@ from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.report.compile_report import CompileReport
 from embedl_dynamo.report.html import render_html
 from embedl_dynamo.report.subgraph import SubgraphReport
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.registry import AUTO, runtime_classes
 
 __all__ = [
     "SIDECAR_FORMAT",
     "data_file_record",
+    "export_runtime",
     "io_specs",
+    "read_sidecar",
+    "recorded_runtime",
     "refuse_foreign_sidecar",
+    "runtime_record",
     "sidecar_path",
     "write_report_page",
 ]
@@ -49,6 +58,66 @@ def data_file_record(path: Path) -> dict[str, str | None]:
     if not data.is_file():
         return {"onnx_data_file": None, "onnx_data_sha256": None}
     return {"onnx_data_file": data.name, "onnx_data_sha256": sha256_file(data)}
+
+
+def read_sidecar(path: Path) -> tuple[dict[str, Any], str | None]:
+    """The sidecar of the exported file ``path``, and why nothing can be verified against it.
+
+    Returns:
+        ``(sidecar, None)`` for a sidecar export wrote; ``({}, reason)`` where there is none,
+        it cannot be read, or it is not ours (a ``model.json`` of another tool).
+    """
+    side = sidecar_path(path)
+    if not side.is_file():
+        return {}, f"it has no sidecar {side.name} beside it"
+    try:
+        data = json.loads(side.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return {}, f"ignoring unreadable sidecar {side}: {exc}"
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        return {}, f"ignoring sidecar {side}: it holds a JSON {kind}, not the object export writes"
+    if data.get("format") != SIDECAR_FORMAT:
+        return {}, (
+            f'ignoring {side}: it is not an embedl_dynamo export sidecar (no "format": '
+            f'"{SIDECAR_FORMAT}")'
+        )
+    return data, None
+
+
+def export_runtime(target_name: str, forced: str = AUTO) -> str:
+    """The runtime an export's ``.onnx`` file is meant to run on: ``forced`` (the export's
+    ``runtime`` setting) where that runtime loads ``.onnx`` files, else the CPU runtime whose
+    placement the target is (``openvino`` for the openvino target), else ``onnxruntime``
+    (TensorRT EP > CUDA EP > CPU: the tensorrt target's file)."""
+    classes = runtime_classes()
+    if forced in classes and ".onnx" in classes[forced].artifact_suffixes:
+        return forced
+    for name, cls in classes.items():
+        target = cls.cpu_target
+        if target is not None and target.name == target_name and ".onnx" in cls.artifact_suffixes:
+            return name
+    return OnnxRuntime.name
+
+
+def runtime_record(name: str, path: Path) -> dict[str, Any]:
+    """The sidecar's ``runtime``: :meth:`Runtime.to_dict
+    <embedl_dynamo.runtimes.base.Runtime.to_dict>`'s state for runtime ``name`` running
+    ``path`` (its file name; ``load()`` runs the file it is given), no threads and no options:
+    those are the loader's (``load(num_threads=..., device=...)``)."""
+    return {"runtime": name, "num_threads": None, "options": {}, "artifacts": {"model": path.name}}
+
+
+def recorded_runtime(sidecar: dict[str, Any]) -> str | None:
+    """The runtime a sidecar says its file runs on (an older sidecar without ``runtime``:
+    its target's, :func:`export_runtime`); None for no sidecar."""
+    record = sidecar.get("runtime")
+    if isinstance(record, dict) and isinstance(record.get("runtime"), str):
+        return record["runtime"]
+    backend = sidecar.get("backend")
+    if isinstance(backend, dict) and isinstance(backend.get("name"), str):
+        return export_runtime(backend["name"])
+    return None
 
 
 def refuse_foreign_sidecar(side: Path) -> None:

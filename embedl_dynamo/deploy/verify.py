@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from embedl_dynamo.errors import ExportError, OutputMismatchError, VerificationError, error_line
 from embedl_dynamo.precision import Precision
@@ -149,7 +148,7 @@ def verify_onnx(
     path: Path,
     args: tuple[torch.Tensor, ...],
     reference: Callable[..., Any],
-    float_model: nn.Module,
+    float_model: Callable[..., Any],
     precision: Precision,
     dynamic_batch: bool,
     tolerance: float | None,

@@ -20,6 +20,7 @@ from torch import fx, nn
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze
+from embedl_dynamo.graph.output_tree import OUTPUT_TREE_META, OutputTree
 
 __all__ = ["DYNAMIC_AXES_META", "capture"]
 
@@ -48,7 +49,9 @@ def capture(
 
     Returns:
         A GraphModule taking the tensor inputs of ``args`` (in order) and returning what the
-        Dynamo graph returns (a tuple).
+        Dynamo graph returns (a tuple); its ``meta[OUTPUT_TREE_META]`` is the model's output
+        structure over those outputs (:class:`~embedl_dynamo.graph.output_tree.OutputTree`),
+        or why it could not be recorded.
 
     Raises:
         RuntimeError: Dynamo cannot capture the model as one graph (a graph break); the message
@@ -147,6 +150,7 @@ def _capture(
     axes, the graph's dynamic axes are kept in its meta, the declared ones by their names."""
     captured: list[tuple[FrozenGraph, list[Any]]] = []
     refused: list[str] = []  # in-place ops that cannot be made functional, and why
+    returned: list[Any] = []  # the graph's outputs on the call, for the output structure
 
     def _record(gm: fx.GraphModule, example_inputs: list[Any], **_: Any):
         # freeze now: Dynamo drops the placeholders' source metadata once compilation ends
@@ -161,12 +165,18 @@ def _capture(
             named = tuple({**found, **mine} for found, mine in zip(axes.inputs, declared))
             frozen.gm.meta[DYNAMIC_AXES_META] = DynamicAxes(named, axes.outputs)
         captured.append((frozen, list(example_inputs)))
-        return gm.forward
+
+        def run(*inputs: Any) -> Any:
+            out = gm.forward(*inputs)
+            returned.append(out)
+            return out
+
+        return run
 
     compiled = torch.compile(_fresh_entry(model), backend=_record, fullgraph=True, dynamic=dynamic)
     try:
         with torch.no_grad():
-            compiled(*args)
+            result = compiled(*args)
     except Exception as exc:
         try:  # is it the inputs, not the capture? then say so, not "remove the graph break"
             with torch.no_grad():
@@ -192,7 +202,20 @@ def _capture(
     user = [inputs[i] for i in frozen.user_inputs]
     if any(not isinstance(v, torch.Tensor) for v in user):
         raise RuntimeError("the captured graph takes non-tensor inputs; pass tensors only")
+    frozen.gm.meta[OUTPUT_TREE_META] = _output_tree(result, returned, args)
     return frozen.gm
+
+
+def _output_tree(result: Any, returned: list[Any], args: Sequence[Any]) -> OutputTree | str:
+    """The structure of the model's ``result`` over the graph's outputs on that call, or why
+    it cannot be recorded."""
+    outputs = returned[-1] if returned else ()
+    outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    try:
+        return OutputTree.of(result, outputs, args)
+    except ValueError as exc:
+        logger.debug("output structure not recorded: %s", exc)
+        return str(exc)
 
 
 def _fresh_entry(model: nn.Module) -> Callable[..., Any]:

@@ -6,7 +6,8 @@
   model with state sees exactly one call per sample. After ``build`` the runtime is active.
 * :meth:`Runtime.activate` / :meth:`Runtime.deactivate` acquire and release what inference
   needs (a session, an execution context); a deactivated runtime refuses :meth:`Runtime.infer`.
-* :meth:`Runtime.key` is its cache key and :meth:`Runtime.describe` one line for reports.
+* :meth:`Runtime.key` is its cache key and :meth:`Runtime.describe` one line for reports;
+  :meth:`Runtime.to_dict` / :meth:`Runtime.from_dict` a loaded runtime's state (``load()``).
 
 A runtime class also declares its facts, so no table elsewhere tests its name: :attr:`~Runtime.name`,
 :attr:`~Runtime.artifact_suffixes`, :attr:`~Runtime.cuda_only`, :meth:`~Runtime.cuda_missing`,
@@ -361,6 +362,23 @@ class Runtime(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.describe()}>"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state :meth:`from_dict` loads this runtime from: name, threads, the ``options``
+        :meth:`load_artifact` recorded and the artifact ``Path`` (AITune's ``to_dict``)."""
+        info = self.build_info
+        artifacts = {"model": Path(info["artifact"])} if info.get("artifact") else {}
+        return {"runtime": self.name, "num_threads": self.settings.num_threads,
+                "options": dict(info.get("options") or {}), "artifacts": artifacts}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> Runtime:
+        """A loaded, active runtime from :meth:`to_dict`'s state (ValueError: not its own)."""
+        artifact = (state.get("artifacts") or {}).get("model")
+        if state.get("runtime") != cls.name or not artifact:
+            raise ValueError(f"not a {cls.name!r} state with an artifact: {dict(state)}")
+        settings = Settings(num_threads=state.get("num_threads"))
+        return cls.load_artifact(Path(artifact), settings, **dict(state.get("options") or {}))
 
 
 class Served:

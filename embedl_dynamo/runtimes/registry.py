@@ -257,7 +257,8 @@ def runtime_candidates(
 
 
 def runtime_for_file(path: Path) -> type[Runtime]:
-    """The runtime class that loads an artifact with ``path``'s suffix.
+    """The runtime class that loads an artifact with ``path``'s suffix by default: the first
+    registered that takes it (``onnxruntime`` for ``.onnx``, which ``openvino`` loads too).
 
     Raises:
         ValueError: no runtime takes that suffix (the message lists the known ones).

@@ -37,7 +37,12 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.onnxruntime.session import CPU_PROVIDER, create_session, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.session import (
+    CPU_PROVIDER,
+    create_session,
+    device_providers,
+    ort_providers,
+)
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -99,13 +104,37 @@ class OnnxRuntime(OnnxArtifactRuntime):
         path: Path,
         settings: Settings | None = None,
         *,
-        providers: Sequence[str] | None = None,
+        providers: Sequence[str | Sequence[Any]] | None = None,
+        device: str | None = None,
     ) -> OnnxRuntime:
-        """An active session over an ``.onnx`` file (``providers``: :func:`ort_providers`)."""
+        """An active session over an ``.onnx`` file.
+
+        Args:
+            path: the ``.onnx`` file.
+            settings: the settings (``num_threads``).
+            providers: execution providers, best first, each a name or ``(name, provider
+                options)`` (``("CUDAExecutionProvider", {"device_id": 1})``; a JSON state's
+                ``[name, options]`` too); :func:`ort_providers` when None.
+            device: the device instead (``auto``, ``CPU``, ``CUDA``, ``CUDA:1``): its
+                providers are :func:`device_providers`'s.
+
+        Raises:
+            ValueError: both ``providers`` and ``device``, or a device not available here.
+        """
         cls.require()
+        if providers is not None and device is not None:
+            raise ValueError("give providers or device, not both")
+        if device is not None:
+            providers, options = device_providers(device), {"device": device}
+        chosen = [
+            p if isinstance(p, str) else (str(p[0]), dict(p[1]))
+            for p in (providers or ort_providers())
+        ]
+        if device is None:
+            options = {"providers": chosen}
         runtime = cls(settings)
         runtime._artifact = OnnxArtifact.of_file(path)
-        runtime.mark_loaded(Path(path), providers=list(providers or ort_providers()))
+        runtime.mark_loaded(Path(path), options=options, providers=chosen)
         return runtime
 
     @property

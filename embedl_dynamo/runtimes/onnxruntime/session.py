@@ -14,10 +14,11 @@ from typing import Any
 from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
 from embedl_dynamo.onnx.initializers import SHARED_LOCATION
 
-__all__ = ["CPU_PROVIDER", "create_session", "ort_providers"]
+__all__ = ["CPU_PROVIDER", "GPU_PROVIDERS", "create_session", "device_providers", "ort_providers"]
 
 CPU_PROVIDER = "CPUExecutionProvider"
-_PREFERRED = ("TensorrtExecutionProvider", "CUDAExecutionProvider", CPU_PROVIDER)
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+_PREFERRED = (*GPU_PROVIDERS, CPU_PROVIDER)
 _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
@@ -64,9 +65,39 @@ def ort_providers() -> list[str]:
     return chosen or [CPU_PROVIDER]
 
 
+def device_providers(device: str) -> list[str | tuple[str, dict[str, Any]]]:
+    """The execution providers that run a session on ``device``, best first.
+
+    Args:
+        device: ``auto`` (the GPU providers installed here, else the CPU), ``CPU``, ``CUDA``
+            or ``CUDA:<index>`` (any case); with an index, the GPU providers get it as their
+            ``device_id`` option (without one, ONNX Runtime's default: GPU 0).
+
+    Returns:
+        Provider names, or ``(name, {"device_id": index})``; the CPU provider always last.
+
+    Raises:
+        ValueError: an unknown device, or a GPU where this onnxruntime has no GPU provider.
+    """
+    kind, _, index = device.strip().upper().partition(":")
+    if kind not in ("AUTO", "CPU", "CUDA") or (index and (kind != "CUDA" or not index.isdigit())):
+        raise ValueError(f"invalid device={device!r}; valid values: auto, CPU, CUDA, CUDA:<index>")
+    gpu = [p for p in ort_providers() if p in GPU_PROVIDERS]
+    if kind == "CPU" or (kind == "AUTO" and not gpu):
+        return [CPU_PROVIDER]
+    if not gpu:
+        raise ValueError(
+            f"device {device!r} needs onnxruntime's CUDA or TensorRT execution provider, but this "
+            f"onnxruntime has only {ort_providers()}; install onnxruntime-gpu or use device='CPU'"
+        )
+    if not index:
+        return [*gpu, CPU_PROVIDER]
+    return [*((p, {"device_id": int(index)}) for p in gpu), CPU_PROVIDER]
+
+
 def create_session(
     model: str | os.PathLike[str] | bytes,
-    providers: Sequence[str] | None = None,
+    providers: Sequence[str | tuple[str, dict[str, Any]]] | None = None,
     *,
     num_threads: int | None = None,
     options: Any = None,
@@ -76,7 +107,8 @@ def create_session(
 
     Args:
         model: an ``.onnx`` path or serialized model bytes.
-        providers: execution providers, best first; :func:`ort_providers` when None.
+        providers: execution providers, best first, each a name or ``(name, provider
+            options)`` (:func:`device_providers`); :func:`ort_providers` when None.
         num_threads: intra-op threads (ONNX Runtime's default when None).
         options: an ``onnxruntime.SessionOptions`` to start from; when None, full graph
             optimisation (``ORT_ENABLE_ALL``) and warnings-and-above logging only.

@@ -54,8 +54,10 @@ def compile_openvino(
     info: dict[str, Any] | None = None,
     hint: str | None = None,
     shapes: Sequence[Sequence[int]] | None = None,
+    device: str = "CPU",
 ) -> Any:
-    """An ``openvino.CompiledModel`` of the ONNX file ``path`` on the CPU: the one place this
+    """An ``openvino.CompiledModel`` of the ONNX file ``path`` on ``device`` (by default the
+    CPU, where this package's OpenVINO decisions are made): the one place this
     package compiles them (lowered by :mod:`.openvino_lowering`, in the precision
     :func:`inference_precision` reads from the file).
 
@@ -70,6 +72,7 @@ def compile_openvino(
             :func:`half_hint`) instead of the one the file's types ask for.
         shapes: compile for exactly these input shapes (the CPU plugin then picks its kernels
             and memory plan once); the file's dynamic axes when None.
+        device: the OpenVINO device (``CPU``; ``GPU`` where OpenVINO has one).
 
     Raises:
         RuntimeError: OpenVINO cannot compile it, or ``hint`` is a type this CPU does not
@@ -78,7 +81,7 @@ def compile_openvino(
     import openvino as ov
 
     core = ov.Core()
-    capabilities = core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    capabilities = core.get_property(device, "OPTIMIZATION_CAPABILITIES")
     if hint is not None and _HALF_CAPABILITY.get(hint, hint.upper()) not in capabilities:
         raise RuntimeError(
             f"this CPU does not compute in {hint} (OpenVINO's OPTIMIZATION_CAPABILITIES: "
@@ -94,7 +97,7 @@ def compile_openvino(
         precision = hint or inference_precision(model, capabilities)
         note = _half_not_computed(model, capabilities, precision)
         properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision, **(config or {})}
-        if num_threads is not None:
+        if num_threads is not None and device == "CPU":  # a CPU plugin property
             properties["INFERENCE_NUM_THREADS"] = num_threads
         lowered = lower_for_openvino(model)
         if info is not None:
@@ -103,7 +106,7 @@ def compile_openvino(
                 info["half_precision_note"] = note
             if lowered:
                 info["openvino_lowering"] = lowered
-        return core.compile_model(model, "CPU", properties)
+        return core.compile_model(model, device, properties)
     except RuntimeError as exc:
         raise RuntimeError(
             f"OpenVINO cannot compile {Path(path).name}: {openvino_cause(exc)}"

@@ -14,6 +14,8 @@ type (:mod:`~embedl_dynamo.graph.rest_precision`), compiled with it as
 pooling) instead of running the typed graph's casts; which form runs is decided by timing
 both (:mod:`embedl_dynamo.tuning.half_form`).
 ``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
+:meth:`OpenVINORuntime.load_artifact` compiles an exported ``.onnx`` file the same way
+(``embedl_dynamo.load`` for the openvino target's files), on the CPU or an OpenVINO GPU.
 
 OpenVINO's own ``torch.compile(backend="openvino")`` fails on torch 2.13 (a Dynamo guard
 error); this runtime is a working route from ``torch.compile`` to OpenVINO. Its layer profiler
@@ -45,6 +47,7 @@ from torch import fx
 
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import (
     PROFILE_WARMUP_RUNS,
     LayerProfiler,
@@ -84,6 +87,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
     """OpenVINO ``CompiledModel`` over the cached ONNX artifact, on the CPU."""
 
     name = "openvino"
+    artifact_suffixes = (".onnx",)
     auto_rank = 20
     cpu_target = OPENVINO
 
@@ -95,6 +99,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         self._request: Any = None
         self._static_shapes: list[tuple[int, ...]] | None = None
         self._dynamic: tuple[Any, Any] | None = None  # (compiled, request) for other sizes
+        self._device, self._hint = "CPU", None  # a loaded file's (load_artifact)
 
     @classmethod
     def missing(cls) -> str | None:
@@ -115,6 +120,45 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         """``bf16`` on a CPU OpenVINO computes it on (AVX512_BF16 or AMX), where the CPU
         plugin runs matrix work about twice as fast as in f32; else None."""
         return "bf16" if "BF16" in cpu_capabilities() else None
+
+    @classmethod
+    def load_artifact(
+        cls,
+        path: Path,
+        settings: Settings | None = None,
+        *,
+        device: str = "CPU",
+        hint: str | None = None,
+    ) -> OpenVINORuntime:
+        """A compiled model over an ``.onnx`` file, in the precision the file asks for
+        (:func:`~.compile.compile_openvino`: its half type, or the ``embedl_dynamo.rest_precision``
+        metadata as ``INFERENCE_PRECISION_HINT``, where the device computes in it).
+
+        Args:
+            path: the ``.onnx`` file.
+            settings: the settings (``num_threads``).
+            device: an OpenVINO device here (``CPU``, ``GPU``, ``GPU.1``; ``auto``: the CPU).
+            hint: an ``INFERENCE_PRECISION_HINT`` (``bf16``, ``f16``, ``f32``) instead of the
+                file's.
+
+        Raises:
+            ValueError: OpenVINO has no such device here (the message lists the ones it has).
+        """
+        cls.require()
+        import openvino as ov
+
+        device = "CPU" if device.strip().lower() == "auto" else device.strip().upper()
+        available = ov.Core().available_devices
+        if device not in available:
+            raise ValueError(
+                f"OpenVINO has no device {device!r} here (its devices: {', '.join(available)}); "
+                "use device='CPU', or runtime='onnxruntime' for a CUDA GPU"
+            )
+        runtime = cls(settings)
+        runtime._artifact = OnnxArtifact.of_file(path)
+        runtime._device, runtime._hint = device, hint
+        runtime.mark_loaded(Path(path), options={"device": device, "hint": hint}, device=device)
+        return runtime
 
     @property
     def input_names(self) -> list[str]:
@@ -144,7 +188,12 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # from memory would copy them
         path = self._artifact.path
         self._compiled = compile_openvino(
-            path, self.settings.num_threads, info=self.build_info, shapes=self._static_shapes
+            path,
+            self.settings.num_threads,
+            info=self.build_info,
+            hint=self._hint,
+            shapes=self._static_shapes,
+            device=self._device,
         )
         self._request = self._compiled.create_infer_request()
         self.build_info.update(_integer_layers(self.layer_precisions()))
@@ -201,7 +250,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         if self._static_shapes is None or [tuple(t.shape) for t in args] == self._static_shapes:
             return self._compiled, self._request
         if self._dynamic is None:
-            compiled = compile_openvino(self._artifact.path, self.settings.num_threads)
+            compiled = compile_openvino(
+                self._artifact.path, self.settings.num_threads, hint=self._hint, device=self._device
+            )
             self._dynamic = (compiled, compiled.create_infer_request())
         return self._dynamic
 
