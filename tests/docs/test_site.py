@@ -1,10 +1,11 @@
 """The documentation's structure: the README stays a front door, the API page lists every
-public name, and CI's script runs the README's set-up."""
+public name, CI's script runs the README's set-up, and the README's links resolve."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 
 import embedl_dynamo
 from tests.docs.blocks import REPO
@@ -45,3 +46,28 @@ def test_ci_runs_the_readme_set_up_and_test_commands():
     # CI may add options at the end (pytest's -p no:cacheprovider), nothing else
     missing = [" ".join(c) for c in readme if not any(c == d[: len(c)] for d in ci)]
     assert not missing, f".ci/run does not run the README's {missing}"
+
+
+def _slug(heading: str) -> str:
+    """The anchor Python-Markdown's toc gives a heading (its default slugify)."""
+    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def test_readme_links_resolve():
+    """mkdocs checks the site's links; the README is outside it, so its links are checked here."""
+    text = README.read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+://", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = REPO / path
+        if not file.exists():
+            broken.append(target)
+        elif anchor:
+            headings = re.findall(r"^#+\s+(.+?)\s*$", file.read_text(encoding="utf-8"), re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"README.md links to missing files or anchors: {broken}"
