@@ -163,9 +163,7 @@ def prepare_qat(
 ) -> fx.GraphModule:
     """A trainable fake-quant copy of ``model`` (``model`` itself is not modified).
 
-    Args:
-        model, args, config, forward_loop, calibration_data, backend, observer: as for
-            :func:`quantize`.
+    The arguments are those of :func:`quantize`.
 
     Returns:
         A GraphModule in train mode whose float weights (the originals behind the weight

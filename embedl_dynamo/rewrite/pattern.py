@@ -34,7 +34,7 @@ onnxscript rewriter's rules::
 
 :class:`~embedl_dynamo.patterns.fused_modules.FusedConv` and
 :func:`~embedl_dynamo.patterns.fused_modules.fold_batch_norm` are the pattern library's; the
-README's "Writing a pattern" has the example with its imports.
+docs/architecture/patterns.md has the example with its imports (run by the docs tests).
 
 ``target`` is traced once and canonicalised like every graph, so any spelling of the same op
 matches. Literal arguments in ``target`` (strides, ``training=False``) are wildcards: ``check``

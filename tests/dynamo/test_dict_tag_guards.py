@@ -1,5 +1,5 @@
 """Our compiled calls under PyTorch's dict-tag guard fast path
-(``torch._dynamo.config.use_recursive_dict_tags_for_guards``), which the README recommends
+(``torch._dynamo.config.use_recursive_dict_tags_for_guards``), which the docs recommend
 against the per-call cost of guards: a module tree whose dicts did not change skips its guards,
 so every change a user makes after compiling must still reach the compiled call."""
 

@@ -50,7 +50,7 @@ def _spinning_config() -> dict[str, str]:
     (a decoder's ``generate()`` is slower per token), so by default ours sleep. Where the
     process set ``OMP_WAIT_POLICY=PASSIVE``, PyTorch's workers sleep at once, and ours spin
     within a run (quicker hand-offs between its thousands of small ops) and stop when it
-    returns (``session.force_spinning_stop``); the README gives the measurements.
+    returns (``session.force_spinning_stop``); docs/benchmarks/llm-decode.md gives the measurements.
     """
     passive = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
     return _SPINNING_IN_RUNS if passive else _NO_SPINNING
