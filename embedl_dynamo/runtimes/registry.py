@@ -268,7 +268,11 @@ def runtime_for_file(path: Path) -> type[Runtime]:
     for cls in classes:
         if suffix in cls.artifact_suffixes:
             return cls
-    known = [f"{s} ({cls.name})" for cls in classes for s in cls.artifact_suffixes]
+    takers: dict[str, list[str]] = {}
+    for cls in classes:
+        for known_suffix in cls.artifact_suffixes:
+            takers.setdefault(known_suffix, []).append(cls.name)
+    known = [f"{s} ({', '.join(names)})" for s, names in takers.items()]
     raise ValueError(
         f"cannot load {Path(path).name}: expected .onnx or a TensorRT engine; known suffixes: "
         f"{', '.join(known)}"
