@@ -118,6 +118,45 @@ def test_verification_mismatch_is_an_error_unless_verify_false(
     assert check["passed"] is False and check["max_abs_diff"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_verification_compares_dtypes_not_only_values(tmp_path, monkeypatch, caplog) -> None:
+    """Regression (issue 39 item 2): a file returning float64 where PyTorch gives float32 (or
+    int32 for int64) passed, since only values were compared."""
+    real = verify_module.run_onnx
+    monkeypatch.setattr(
+        verify_module,
+        "run_onnx",
+        lambda path, args: [o.astype(np.float64) for o in real(path, args)],
+    )
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opts = {"cache_dir": tmp_path / "cache"}
+    with pytest.raises(VerificationError, match="dtype float64, PyTorch gives float32"):
+        export(model, x, tmp_path / "bad.onnx", options=opts)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.deploy.export"):
+        path = export(model, x, tmp_path / "kept.onnx", options=opts, verify=False)
+    assert "dtype float64" in caplog.text and "kept because verify=False" in caplog.text
+    assert json.loads(sidecar_path(path).read_text())["verification"]["passed"] is False
+
+
+class _Positions(nn.Module):
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        return (mask * 2).cumsum(-1) - 1
+
+
+def test_an_int32_cumsum_exports_pytorchs_int64(tmp_path) -> None:
+    """Regression (issue 39 item 2): the file returned int32 where the sidecar and PyTorch say
+    int64."""
+    mask = torch.full((2, 5), 2**29, dtype=torch.int32)
+    path = export(
+        _Positions().eval(), mask, tmp_path / "pos.onnx", options={"cache_dir": tmp_path / "c"}
+    )
+    declared = onnx.load(str(path)).graph.output[0].type.tensor_type.elem_type
+    assert declared == onnx.TensorProto.INT64
+    assert json.loads(sidecar_path(path).read_text())["outputs"][0]["dtype"] == "int64"
+    (got,) = verify_module.run_onnx(path, (mask,))
+    assert torch.equal(torch.from_numpy(got), _Positions()(mask))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
