@@ -19,7 +19,7 @@ Safety rules, all enforced here:
   removed and rebuilt, never trusted;
 * keys must be lowercase hex and suffixes plain extensions, so no path escapes the cache root;
 * a per-key ``fcntl.flock`` lock makes concurrent processes that build the same key wait for
-  one builder and then read its result instead of racing;
+  one builder (at most ``$EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT`` s, then build without the cache);
 * the lock file is removed by its holder before release, so locks do not pile up;
 * the whole root is kept within a size budget, least recently used entries evicted first
   (:mod:`embedl_dynamo.cache.budget`: 5 GB unless ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` says otherwise);
@@ -48,6 +48,7 @@ from embedl_dynamo.cache.files import (
     build_without_cache,
     default_cache_dir,
     exclusive_lock,
+    lock_timeout,
     mark_cache_root,
     remove_tree,
     run_in_background,
@@ -55,7 +56,7 @@ from embedl_dynamo.cache.files import (
 )
 from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
-from embedl_dynamo.errors import CorruptEntryError
+from embedl_dynamo.errors import CacheLockTimeoutError, CorruptEntryError
 
 T = TypeVar("T")
 
@@ -321,8 +322,8 @@ class ArtifactCache:
         return build_without_cache(f"{key}{suffix}", start)
 
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        """Hold an exclusive per-key file lock (blocks while another process holds it)."""
-        return exclusive_lock(self.path(key, ".lock"))
+        """Hold an exclusive per-key file lock (:func:`exclusive_lock`, :func:`lock_timeout`)."""
+        return exclusive_lock(self.path(key, ".lock"), lock_timeout())
 
     def get_or_start(
         self,
@@ -355,6 +356,10 @@ class ArtifactCache:
         held = contextlib.ExitStack()
         try:
             held.enter_context(self.lock(key))
+        except CacheLockTimeoutError as exc:
+            logger.warning("%s; building without the cache", exc)
+            return build_without_cache(f"{key}{suffix}", start), True, None
+        try:
             found = self.get(key, suffix)  # another process may have built it meanwhile
             if found is not None:
                 held.close()
