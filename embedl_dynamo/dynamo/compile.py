@@ -221,13 +221,21 @@ def _build_stage(job: SubgraphJob, result: PipelineResult) -> Callable[..., Any]
     """The runtime's infer for the pipeline's model (lazily, after calibration, for INT8
     without data), or None when the original graph runs."""
     if _lazy_int8(job.settings):
-        return calibrate_then_build(
-            result.model,
-            job.inputs,
-            job.backend.quantizer,
-            job.settings,
-            lambda quantized: _build(job, result, quantized, float_model=result.model),
+        job.report.reason = (
+            f"{job.settings.precision} calibrates on the first {job.settings.calibration_steps} "
+            "calls, which run in PyTorch; pass calibration_data to quantize when compiling"
         )
+
+        def build(quantized: fx.GraphModule) -> Callable[..., Any] | None:
+            job.report.reason = ""  # calibrated: what the build says from here on
+            job.report.pipeline = dict(job.report.pipeline, precision=job.settings.precision.name,
+                                       quantized=True, quantization=lazy.report)  # fmt: skip
+            return _build(job, result, quantized, float_model=result.model)
+
+        lazy = calibrate_then_build(
+            result.model, job.inputs, job.backend.quantizer, job.settings, build
+        )
+        return lazy
     if result.model is not result.float_model:
         infer = _build(job, result, result.model, float_model=result.float_model)
         runs_lower = infer is not None and job.report.runtime != "eager"
