@@ -360,4 +360,24 @@ def _export(
             path, name, time.perf_counter() - start, folded,
         )  # fmt: skip
         return unwritten
-    raise ExportError("ONNX export failed: " + "; ".join(errors))
+    raise ExportError("ONNX export failed: " + "; ".join(errors) + _fast_path_hint(gm))
+
+
+# PyTorch's fused inference fast paths: no exporter takes them; the patterns decompose the
+# unmasked forms, and without the fast path PyTorch records the layer's plain ops
+_FAST_PATH_OPS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
+def _fast_path_hint(gm: fx.GraphModule) -> str:
+    """How to export a graph that holds a fast-path op (a masked ``nn.TransformerEncoder``
+    layer in eval mode), or ``""``."""
+    names = {getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes}
+    found = [name for name in _FAST_PATH_OPS if name in names]
+    if not found:
+        return ""
+    return (
+        f". {found[0]} is PyTorch's fused inference fast path of nn.TransformerEncoderLayer/"
+        "nn.MultiheadAttention (used in eval mode); call "
+        "torch.backends.mha.set_fastpath_enabled(False) before compiling or exporting, and the "
+        "layer is recorded as plain ops that export"
+    )
