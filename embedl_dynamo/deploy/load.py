@@ -27,6 +27,7 @@ from torch import nn
 
 from embedl_dynamo.cache.files import run_in_background
 from embedl_dynamo.cache.keys import sha256_file
+from embedl_dynamo.deploy.input_check import check_inputs
 from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, providers_for
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.runtimes.base import Runtime
@@ -81,6 +82,7 @@ class ExportedModule(nn.Module):
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {i} is a {type(t).__name__}; pass torch tensors")
+        check_inputs(self.path.name, self.metadata, inputs)  # dtypes, static axes
         self._check_static_axes(inputs)
         outputs = self.artifact_runtime.infer(*inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
