@@ -19,7 +19,7 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, library_versions
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias
-from embedl_dynamo.errors import error_line
+from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
 from embedl_dynamo.report.plan_rows import PlanSnapshot
@@ -89,8 +89,12 @@ def warm_start(
     try:
         runtime.build(frozen, inputs, judge_artifact)
     except Exception as exc:
-        logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
-                       report.index, error_line(exc))  # fmt: skip
+        # wrong answers are the entry's fault: said. A run that fails (a division by zero in
+        # these inputs) fails the compile that follows too, which says it in its one line
+        bad = isinstance(exc, (OutputMismatchError, CorruptEntryError))
+        level = logging.WARNING if bad else logging.INFO
+        logger.log(level, "cached artifact for subgraph %d unusable (%s); replacing it",
+                   report.index, error_line(exc))  # fmt: skip
         forget_alias(source_key, alias["onnx_key"], settings)
         return None
     report.runtime, report.cached = runtime.name, True

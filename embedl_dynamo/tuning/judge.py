@@ -84,8 +84,9 @@ def sample_outputs(
 ) -> list[list[torch.Tensor]]:
     """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad, IEEE float32:
     :func:`~embedl_dynamo.graph.float32.exact_float32`)."""
+    call = model.forward if isinstance(model, fx.GraphModule) else model  # see graph_outputs
     with torch.no_grad(), exact_float32():
-        return [flat_outputs(model(*batch)) for batch in sample]
+        return [flat_outputs(call(*batch)) for batch in sample]
 
 
 def cosine(expected: Sequence[Any], actual: Sequence[Any]) -> float:

@@ -37,7 +37,12 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
-from embedl_dynamo.runtimes.onnxruntime.session import CPU_PROVIDER, create_session, ort_providers
+from embedl_dynamo.runtimes.onnxruntime.session import (
+    CPU_PROVIDER,
+    create_session,
+    ort_log_severity,
+    ort_providers,
+)
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -282,7 +287,7 @@ def onnxruntime_node_times(
     with tempfile.TemporaryDirectory(prefix="embedl_ort_profile_") as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
+        options.log_severity_level = ort_log_severity()
         options.enable_profiling = True
         options.profile_file_prefix = os.path.join(tmp, "profile")
         session = create_session(
