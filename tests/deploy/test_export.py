@@ -451,6 +451,32 @@ def test_bf16_that_onnx_runtime_cannot_run_names_the_missing_kernel(tmp_path) ->
     assert not (tmp_path / "m.onnx").exists()
 
 
+class _TinyBert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 32)
+        self.ln = nn.LayerNorm(32)
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+        self.fc = nn.Linear(32, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.layer(self.ln(self.emb(ids)))[:, 0])
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_a_bf16_transformer_names_onnx_runtimes_missing_bf16_kernel(tmp_path, backend) -> None:
+    """Regression (issue 39 item 10): the message spoke of opset conversion ("No Adapter From
+    Version 18 for Split") and a size captured as a constant."""
+    torch.manual_seed(0)
+    with pytest.raises(VerificationError) as caught:
+        export(_TinyBert().eval(), torch.randint(0, 50, (2, 8)), tmp_path / "m.onnx",
+               backend=backend, precision="bf16", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    message = str(caught.value)
+    assert "no MatMul kernel for tensor(bfloat16)" in message, message
+    assert "fp16" in message and "backend='openvino'" in message
+    assert "opset" not in message and "captured as a constant" not in message
+
+
 class _Encoder(nn.Module):
     """Token ids (batch, sequence) to a pooled feature: the sequence axis can vary."""
 
