@@ -20,8 +20,10 @@ from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
 from embedl_dynamo.errors import (
+    CacheLockTimeoutError,
     CalibrationDataError,
     CliError,
+    ConfigurationError,
     CorruptEntryError,
     EmbedlDynamoError,
     EngineUnavailableError,
@@ -51,8 +53,10 @@ from embedl_dynamo.transform import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheLockTimeoutError",
     "CalibrationDataError",
     "CliError",
+    "ConfigurationError",
     "CorruptEntryError",
     "EmbedlDynamoError",
     "EngineUnavailableError",

@@ -2,15 +2,17 @@
 
 ``except EmbedlDynamoError`` catches any failure the package raises on purpose. Each class keeps
 the builtin base its callers rely on (``ExportArgumentError`` and ``CalibrationDataError`` are
-``ValueError``; ``ExportError``, ``RuntimeUnavailableError``, ``OutputMismatchError`` and
+``ValueError``, as is ``ConfigurationError``; ``ExportError``, ``RuntimeUnavailableError``, ``OutputMismatchError`` and
 ``CorruptEntryError`` are ``RuntimeError``). This module imports nothing from the package.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CacheLockTimeoutError",
     "CalibrationDataError",
     "CliError",
+    "ConfigurationError",
     "CorruptEntryError",
     "EmbedlDynamoError",
     "EngineUnavailableError",
@@ -28,6 +30,16 @@ __all__ = [
 
 class EmbedlDynamoError(Exception):
     """The base of every exception the package raises on purpose; the message names the fix."""
+
+
+class ConfigurationError(EmbedlDynamoError, ValueError):
+    """A setting (an option or an ``EMBEDL_DYNAMO_*`` environment variable) has a value the
+    package cannot use; the message names the setting, the value and the valid forms."""
+
+
+class CacheLockTimeoutError(EmbedlDynamoError, TimeoutError):
+    """Another process held a cache entry's lock longer than the lock timeout; the caller
+    builds without the cache instead of waiting on."""
 
 
 class CorruptEntryError(EmbedlDynamoError, RuntimeError):

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir
+from embedl_dynamo.cache.budget import max_cache_bytes
+from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir, lock_timeout
 from embedl_dynamo.precision import Precision, get_precision, precision_names
 
 __all__ = [
@@ -219,7 +220,8 @@ class Settings:
 
         Raises:
             ValueError: an unknown option name or an invalid value; the message lists the
-                valid names or values.
+                valid names or values (:class:`~embedl_dynamo.errors.ConfigurationError` for
+                ``EMBEDL_DYNAMO_CACHE_MAX_SIZE`` and ``EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT``).
         """
         options = dict(options or {})
         env = os.environ if env is None else env
@@ -245,6 +247,8 @@ class Settings:
             kwargs["precision"] = precision
         if env.get(ENV_CACHE_DIR):
             kwargs["cache_dir"] = Path(env[ENV_CACHE_DIR])
+        max_cache_bytes(env)  # the cache's variables, checked here: a bad value is an error
+        lock_timeout(env)  # now, not a failed cache write that sends the model to PyTorch
         if _QUANTIZE_ALIAS in options:
             options["precision"] = _alias_precision(
                 options.pop(_QUANTIZE_ALIAS), options.get("precision", "fp32")

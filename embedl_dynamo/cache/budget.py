@@ -16,12 +16,13 @@ import contextlib
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from embedl_dynamo.cache.companion import companion_path
 from embedl_dynamo.cache.files import CACHE_MARKER, is_cache_root
-from embedl_dynamo.errors import NotACacheError
+from embedl_dynamo.errors import ConfigurationError, NotACacheError
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -83,10 +84,26 @@ def parse_size(text: str) -> int | None:
     return int(float(match.group(1)) * _UNITS[unit]) or None
 
 
-def max_cache_bytes() -> int | None:
-    """The budget from ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE``, else 5 GB; None means unlimited."""
-    env = os.environ.get(ENV_CACHE_MAX_SIZE)
-    return DEFAULT_MAX_BYTES if env is None or not env.strip() else parse_size(env)
+def max_cache_bytes(env: Mapping[str, str] | None = None) -> int | None:
+    """The budget from ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` (in ``env``, ``os.environ`` when
+    None), else 5 GB; None means unlimited.
+
+    Raises:
+        ConfigurationError: the variable holds no size (``abc``, ``-5``); the message names it,
+            its value and the valid forms. Checked when settings are made, so a bad value stops
+            the compile instead of failing each cache write.
+    """
+    value = (os.environ if env is None else env).get(ENV_CACHE_MAX_SIZE)
+    if value is None or not value.strip():
+        return DEFAULT_MAX_BYTES
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise ConfigurationError(
+            f"invalid {ENV_CACHE_MAX_SIZE}={value!r}: the cache's size budget is a number of "
+            "bytes or a size such as '500MB' or '5GB' (suffixes KB, MB, GB, TB), or '0'/'none' "
+            "for no limit"
+        ) from None
 
 
 def written_by_store(path: Path) -> bool:

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
+import math
 import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from embedl_dynamo.errors import CacheLockTimeoutError, ConfigurationError
 
 __all__ = [
     "CACHE_MARKER",
+    "DEFAULT_LOCK_TIMEOUT_S",
     "ENV_CACHE_DIR",
+    "ENV_CACHE_LOCK_TIMEOUT",
     "ENV_CACHE_READ_ONLY",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -24,6 +31,7 @@ __all__ = [
     "exclusive_lock",
     "file_mode",
     "is_cache_root",
+    "lock_timeout",
     "mark_cache_root",
     "read_only_reason",
     "remove_tree",
@@ -33,10 +41,16 @@ __all__ = [
 ]
 
 ENV_CACHE_DIR = "EMBEDL_DYNAMO_CACHE_DIR"
+ENV_CACHE_LOCK_TIMEOUT = "EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT"
+#: how long a compile waits for another process's lock on a cache entry before it builds
+#: without the cache (seconds)
+DEFAULT_LOCK_TIMEOUT_S = 300.0
+_LOCK_QUIET_S = 2.0  # a wait shorter than this (another process finishing a build) logs nothing
 # written at a cache root by the store: only a root holding it is ever cleared
 CACHE_MARKER = ".embedl_dynamo_cache"
 _MARKER_TEXT = "This directory is an embedl_dynamo cache; `embedl-dynamo cache clear` empties it.\n"
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _WRITING: set[Future[Path]] = set()  # entries being written on helper threads
 _WRITING_LOCK = threading.Lock()
@@ -141,14 +155,72 @@ def is_cache_root(root: Path) -> bool:
     return marker.is_file() and not marker.is_symlink()
 
 
-@contextlib.contextmanager
-def exclusive_lock(lock_path: Path) -> Iterator[None]:
-    """Hold an exclusive ``fcntl.flock`` on ``lock_path`` (blocks while another holds it)."""
+def lock_timeout(env: Mapping[str, str] | None = None) -> float | None:
+    """How long to wait for a cache entry's lock: ``$EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT``
+    seconds (in ``env``, ``os.environ`` when None), else :data:`DEFAULT_LOCK_TIMEOUT_S`;
+    None (``none``) waits as long as it takes.
+
+    Raises:
+        ConfigurationError: the value is not a number of seconds >= 0 or ``none``.
+    """
+    value = (os.environ if env is None else env).get(ENV_CACHE_LOCK_TIMEOUT)
+    if value is None or not value.strip():
+        return DEFAULT_LOCK_TIMEOUT_S
+    if value.strip().lower() == "none":
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise ConfigurationError(
+            f"invalid {ENV_CACHE_LOCK_TIMEOUT}={value!r}: the wait for another process's cache "
+            "lock is a number of seconds >= 0 (e.g. '60'), or 'none' to wait without limit"
+        )
+    return seconds
+
+
+def _acquire(f: Any, lock_path: Path, timeout: float | None) -> None:
+    """``flock`` ``f`` exclusively, waiting at most ``timeout`` seconds (None: no limit); one
+    warning once the wait passes :data:`_LOCK_QUIET_S`."""
     import fcntl
 
+    if timeout is None:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        return
+    start, warned, pause = time.monotonic(), False, 0.01
+    while True:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            waited = time.monotonic() - start
+        if waited >= timeout:
+            raise CacheLockTimeoutError(
+                f"{lock_path} was held by another process for {waited:.0f} s (limit "
+                f"{timeout:g} s, {ENV_CACHE_LOCK_TIMEOUT})"
+            )
+        if not warned and waited >= min(_LOCK_QUIET_S, timeout / 2):
+            warned = True
+            logger.warning(
+                "waiting for another process's lock on cache entry %s (up to %g s; set "
+                "%s to change it)", lock_path, timeout, ENV_CACHE_LOCK_TIMEOUT,
+            )  # fmt: skip
+        time.sleep(min(pause, max(0.0, timeout - waited)))
+        pause = min(pause * 2, 0.25)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``lock_path``, waiting while another process
+    holds it: at most ``timeout`` seconds (None: as long as it takes).
+
+    Raises:
+        CacheLockTimeoutError: the lock was still held after ``timeout`` seconds.
+    """
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+b") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        _acquire(f, lock_path, timeout)
         try:
             yield
         finally:
@@ -156,7 +228,13 @@ def exclusive_lock(lock_path: Path) -> Iterator[None]:
             # built; a newcomer locks a fresh file (at worst two build, and put is atomic)
             with contextlib.suppress(OSError):
                 lock_path.unlink()
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            _release(f)
+
+
+def _release(f: Any) -> None:
+    import fcntl
+
+    fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def remove_tree(path: Path) -> None:

@@ -8,25 +8,20 @@ nothing; anything that changes the artifact changes the key, so stale entries ar
 
 Safety rules, all enforced here:
 
-* writes are atomic: a temporary file in the same directory, then ``os.replace``; an
-  artifact is not ``fsync``-ed, since its sidecar's size and sha256 are verified on every read
-  (a file cut short by a power cut is rebuilt); the sidecar is written and synced *before* the
-  artifact is moved in, so a reader that finds the file finds its checksum (a sidecar alone
-  counts as absent: its file is being stored, or was never);
-* an artifact's companion (:mod:`.companion`) is moved in first, verified and removed with it;
-* every artifact has a JSON sidecar holding its sha256 and size; an entry whose bytes do not
-  match (truncated, corrupted, half-written by a killed process) is logged as a warning,
-  removed and rebuilt, never trusted;
+* writes are atomic (a temporary file, then ``os.replace``); the sidecar, with the artifact's
+  sha256 and size, is synced before the artifact is moved in, and both are verified on every
+  read: an entry that does not match (truncated, corrupted, half-written by a killed process)
+  is logged as a warning, removed and rebuilt, never trusted; an artifact's companion
+  (:mod:`.companion`) is moved in first, verified and removed with it;
 * keys must be lowercase hex and suffixes plain extensions, so no path escapes the cache root;
 * a per-key ``fcntl.flock`` lock makes concurrent processes that build the same key wait for
-  one builder and then read its result instead of racing;
-* the lock file is removed by its holder before release, so locks do not pile up;
+  one builder (at most ``$EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT`` s, then build without the cache);
+  its holder removes the lock file before release, so locks do not pile up;
 * the whole root is kept within a size budget, least recently used entries evicted first
   (:mod:`embedl_dynamo.cache.budget`: 5 GB unless ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` says otherwise);
 * only bytes and JSON are stored: no pickle;
-* a cache that must only be read (:func:`~embedl_dynamo.cache.files.read_only_reason`: shipped
-  to replicas, mounted read-only) is never written: no use time, no removal of a bad entry
-  (it is ignored), and what it lacks is built in a temporary directory of this process.
+* a read-only cache (:func:`~embedl_dynamo.cache.files.read_only_reason`: shipped to replicas)
+  is never written: a bad entry is ignored, what it lacks built in a temporary directory.
 """
 
 from __future__ import annotations
@@ -48,8 +43,10 @@ from embedl_dynamo.cache.companion import companion_path, companion_problem, mov
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
+    build_without_cache,
     default_cache_dir,
     exclusive_lock,
+    lock_timeout,
     mark_cache_root,
     read_only_reason,
     remove_tree,
@@ -59,7 +56,7 @@ from embedl_dynamo.cache.files import (
 from embedl_dynamo.cache.hashed_file import written_digest
 from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
 from embedl_dynamo.cache.scratch_builds import build_for_read_only, build_for_unusable
-from embedl_dynamo.errors import CorruptEntryError, ReadOnlyCacheError
+from embedl_dynamo.errors import CacheLockTimeoutError, CorruptEntryError, ReadOnlyCacheError
 
 T = TypeVar("T")
 
@@ -316,8 +313,8 @@ class ArtifactCache:
         return path
 
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
-        """Hold an exclusive per-key file lock (blocks while another process holds it)."""
-        return exclusive_lock(self.path(key, ".lock"))
+        """Hold an exclusive per-key file lock (:func:`exclusive_lock`, :func:`lock_timeout`)."""
+        return exclusive_lock(self.path(key, ".lock"), lock_timeout())
 
     def get_or_start(
         self,
@@ -359,6 +356,10 @@ class ArtifactCache:
         held = contextlib.ExitStack()
         try:
             held.enter_context(self.lock(key))
+        except CacheLockTimeoutError as exc:
+            logger.warning("%s; building without the cache", exc)
+            return build_without_cache(f"{key}{suffix}", start), True, None
+        try:
             found = self.get(key, suffix)  # another process may have built it meanwhile
             if found is not None:
                 held.close()

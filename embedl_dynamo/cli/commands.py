@@ -16,6 +16,7 @@ from embedl_dynamo.cli.inputs import (
     EXIT_VERIFY,
     backend_named,
     build_model,
+    check_model_runs,
     load_calibration,
     require_writable,
 )
@@ -71,7 +72,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
     backend = backend_named(args.backend)
     require_writable(args.html, "--html")
-    model, inputs = build_model(args.model, args.input_shape)
+    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
+    check_model_runs(model, inputs)
     try:
         result = run_pipeline(capture(model, inputs), inputs, backend)
     except ValueError as exc:  # the model rejects the inputs: a shape problem, not a capture one
@@ -116,7 +118,8 @@ def run_export(args: argparse.Namespace) -> int:
             f"--calibration is only used with --precision {'/'.join(calibrated)}; add one or drop it"
         )
     require_writable(args.output, "-o", longest=".data")
-    model, inputs = build_model(args.model, args.input_shape)
+    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
+    check_model_runs(model, inputs)
     calibration = (
         load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
     )
@@ -175,7 +178,8 @@ def run_bench(args: argparse.Namespace) -> int:
     require_writable(args.plot, "--plot")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs = build_model(args.model, args.input_shape)
+    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
+    check_model_runs(model, inputs)
     cache = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     with torch.no_grad():
         reference = model(*inputs)
@@ -195,7 +199,10 @@ def run_bench(args: argparse.Namespace) -> int:
         calibration = (
             load_calibration(args.calibration, inputs[0].shape[0])
             if args.calibration
-            else [tuple(torch.randn_like(t) for t in inputs) for _ in range(8)]
+            else [
+                tuple(torch.randn_like(t) if t.is_floating_point() else t for t in inputs)
+                for _ in range(8)
+            ]
         )
         options = {**cache, "quantize": "int8", "calibration_data": calibration}
         clear_reports()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from embedl_dynamo.errors import CliError
+from embedl_dynamo.errors import CliError, error_line
 
 __all__ = [
     "EXIT_EXPORT",
@@ -23,12 +23,16 @@ __all__ = [
     "EXIT_UNAVAILABLE",
     "EXIT_USAGE",
     "EXIT_VERIFY",
+    "INPUT_DTYPES",
     "backend_named",
     "build_model",
+    "check_model_runs",
+    "input_dtypes",
     "load_calibration",
     "load_factory",
     "require_writable",
     "parse_shape",
+    "random_input",
 ]
 
 EXIT_OK = 0
@@ -99,8 +103,68 @@ def load_factory(spec: str) -> Any:
     return getattr(module, attr)
 
 
-def build_model(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, tuple[Any, ...]]:
-    """Call the factory of ``spec`` and make seeded random inputs of ``shapes``."""
+#: the dtypes ``--input-dtype`` takes
+INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8",
+                "bool")  # fmt: skip
+
+
+def input_dtypes(names: Sequence[str] | None, count: int) -> list[str]:
+    """One dtype per input from ``--input-dtype``: none given, float32; one, for every input;
+    else one per ``--input-shape``.
+
+    Raises:
+        CliError: a count that is neither 1 nor the number of inputs.
+    """
+    names = list(names or ["float32"])
+    if len(names) == 1:
+        return names * count
+    if len(names) != count:
+        raise CliError(
+            f"{len(names)} --input-dtype for {count} --input-shape; give one dtype for all "
+            "inputs or one per input, in the same order"
+        )
+    return names
+
+
+def random_input(shape: tuple[int, ...], dtype: str, generator: Any) -> Any:
+    """A seeded random input: normal floats; integers in [0, 2), valid as token ids, masks and
+    indices alike; random bools."""
+    import torch
+
+    kind = getattr(torch, dtype)
+    if kind.is_floating_point:
+        return torch.randn(shape, generator=generator).to(kind)
+    if kind is torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    return torch.randint(0, 2, shape, generator=generator, dtype=kind)
+
+
+def check_model_runs(model: Any, inputs: Sequence[Any]) -> None:
+    """Run ``model`` once in PyTorch on the CLI's random inputs.
+
+    Raises:
+        CliError: (exit 2, a usage error) the model fails on them, naming the inputs' shapes
+            and dtypes and the options that set them.
+    """
+    import torch
+
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except Exception as exc:
+        given = ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in inputs)
+        raise CliError(
+            f"{type(model).__name__} fails in PyTorch itself on random inputs {given}: "
+            f"{error_line(exc)}. Give the shape and dtype it takes: --input-shape per input and "
+            "--input-dtype (e.g. int64 for token ids; float32 unless given)"
+        ) from exc
+
+
+def build_model(
+    spec: str, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[str] | None = None
+) -> tuple[Any, tuple[Any, ...]]:
+    """Call the factory of ``spec`` and make seeded random inputs of ``shapes`` and ``dtypes``
+    (:func:`input_dtypes`; float32 when None)."""
     import torch
     from torch import nn
 
@@ -116,7 +180,8 @@ def build_model(spec: str, shapes: Sequence[tuple[int, ...]]) -> tuple[Any, tupl
         raise CliError(f"{spec} returned a {type(model).__name__}, not a torch.nn.Module")
     model.eval()  # our own instance: safe to switch to inference
     generator = torch.Generator().manual_seed(0)
-    args = tuple(torch.randn(shape, generator=generator) for shape in shapes)
+    kinds = input_dtypes(dtypes, len(shapes))
+    args = tuple(random_input(shape, kind, generator) for shape, kind in zip(shapes, kinds))
     return model, args
 
 

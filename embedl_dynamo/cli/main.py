@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from embedl_dynamo.cli.commands import COMMANDS
 from embedl_dynamo.cli.deploy_command import add_deploy_parser
-from embedl_dynamo.cli.inputs import EXIT_INTERNAL, parse_shape
+from embedl_dynamo.cli.inputs import EXIT_INTERNAL, INPUT_DTYPES, parse_shape
 from embedl_dynamo.errors import CliError, error_line
 from embedl_dynamo.precision import precision_names
 
@@ -39,6 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
             required=True,
             metavar="N,C,H,W",
             help="shape of a random input; repeat for several",
+        )
+        p.add_argument(
+            "--input-dtype",
+            choices=INPUT_DTYPES,
+            action="append",
+            metavar="DTYPE",
+            help="dtype of the inputs: once for all or once per --input-shape (default "
+            "float32; integers are random in [0, 2), e.g. int64 token ids)",
         )
         p.add_argument("--backend", default="tensorrt", help="target Backend (default tensorrt)")
         p.add_argument("--cache-dir", help="artifact/calibration cache (default: user cache)")

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embedl_dynamo.deploy.input_check import check_inputs
 from embedl_dynamo.deploy.integrity import ArtifactCheck
 from embedl_dynamo.deploy.sidecar import read_sidecar, recorded_runtime, sidecar_path
 from embedl_dynamo.graph.output_tree import OutputTree
@@ -91,6 +92,7 @@ class ExportedModule(nn.Module):
         for i, t in enumerate(inputs):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {i} is a {type(t).__name__}; pass torch tensors")
+        check_inputs(self.path.name, self.metadata, inputs)  # dtypes, static axes
         self._check_static_axes(inputs)
         outputs = self.artifact_runtime.infer(*inputs)
         if self.output_tree is not None:

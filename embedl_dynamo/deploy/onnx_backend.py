@@ -37,7 +37,11 @@ from embedl_dynamo.deploy.onnx_opsets import (
     names_missing_kernel,
     ort_max_opset,
 )
-from embedl_dynamo.runtimes.onnxruntime.session import create_session, device_providers
+from embedl_dynamo.runtimes.onnxruntime.session import (
+    create_session,
+    device_providers,
+    ort_log_severity,
+)
 
 __all__ = [
     "SESSION_OPTIONS",
@@ -141,6 +145,7 @@ def _session_options(kwargs: dict[str, Any]) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    options.log_severity_level = ort_log_severity()  # a caller's own level is set below
     unknown = sorted(set(kwargs) - SESSION_OPTIONS)
     if unknown:
         valid = ", ".join(sorted(SESSION_OPTIONS))

@@ -24,6 +24,7 @@ __all__ = [
     "default_opset",
     "fit_to_onnxruntime",
     "fitted_session",
+    "holds_bfloat16",
     "model_at_opset",
     "names_missing_kernel",
     "ort_max_opset",
@@ -100,8 +101,26 @@ def fitted_session(model: onnx.ModelProto, providers: list[str], options: Any) -
             current = default_opset(model)
             if found is None or not 7 <= int(found.group(2)) - 1 < current:
                 raise
+            if holds_bfloat16(model):  # no bf16 kernel (CPU MatMul): no opset lowers a type
+                raise
             op, version = found.group(1), int(found.group(2))
             model = convert_opset(model, version - 1, f"onnxruntime has no {op}-{version} kernel")
+
+
+def holds_bfloat16(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` computes in bfloat16 (a bf16 weight, graph value or cast): ONNX
+    Runtime's CPU provider then lacks kernels for it, whatever the opset."""
+    bf16 = onnx.TensorProto.BFLOAT16
+    graph = model.graph
+    values = [*graph.input, *graph.output, *graph.value_info]
+    return (
+        any(t.data_type == bf16 for t in graph.initializer)
+        or any(v.type.tensor_type.elem_type == bf16 for v in values)
+        or any(
+            n.op_type == "Cast" and any(a.name == "to" and a.i == bf16 for a in n.attribute)
+            for n in graph.node
+        )
+    )
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from embedl_dynamo.deploy.onnx_opsets import holds_bfloat16
 from embedl_dynamo.errors import ExportError, OutputMismatchError, VerificationError, error_line
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.tuning.judge import (
@@ -71,17 +72,20 @@ _ORT_TYPE = re.compile(
 )
 
 
-def _run_failure(exc: Exception, batch: int) -> VerificationError:
+def _run_failure(exc: Exception, batch: int, path: Path | None = None) -> VerificationError:
     """One line naming the node ONNX Runtime failed in, the batch size, and the way out."""
     text = " ".join(str(exc).split())
     kernel = _ORT_TYPE.search(text)
     if kernel is not None:
         op = kernel.group(2) or kernel.group(3)
         types = f" for {kernel.group(1)}" if kernel.group(1) else ""
+        if not types and path is not None and _holds_bfloat16(path):
+            types = " for tensor(bfloat16)"  # ORT names no type for MatMul's missing kernel
         return VerificationError(
             f"ONNX Runtime's CPU provider, which verifies exports, has no {op} kernel{types}: "
             "export with verify=False (--no-verify) to write the file unchecked for a runtime "
-            "that has one (OpenVINO or TensorRT for bf16), or choose fp32, fp16 or int8"
+            "that has one (OpenVINO: backend='openvino', or TensorRT for bf16), or choose fp16, "
+            "fp32 or int8"
         )
     found = _ORT_NODE.search(text)  # the node may be named on any line
     where = f"{found.group(1)} node '{found.group(2)}'" if found else "a node"
@@ -92,6 +96,15 @@ def _run_failure(exc: Exception, batch: int) -> VerificationError:
         "captured as a constant; export with dynamic_batch=False (--static-batch) for a file "
         "of this batch size"
     )
+
+
+def _holds_bfloat16(path: Path) -> bool:
+    import onnx
+
+    try:
+        return holds_bfloat16(onnx.load(str(path), load_external_data=False))
+    except Exception:  # an unreadable file: the message names no type
+        return False
 
 
 def max_diff(got: Sequence[np.ndarray], want: Sequence[torch.Tensor]) -> tuple[float, float]:
@@ -140,7 +153,7 @@ def _run(path: Path, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     try:
         got = run_onnx(path, inputs)
     except Exception as exc:  # ORT raises Fail/InvalidArgument/RuntimeException per node
-        raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1) from exc
+        raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1, path) from exc
     return [torch.from_numpy(np.array(g)) for g in got]
 
 

@@ -245,15 +245,23 @@ def _build_stage(
     without data, which then stores its warm-start alias), or None when the original graph
     runs."""
     if _lazy_int8(job.settings):
+        job.report.reason = (
+            f"{job.settings.precision} calibrates on the first {job.settings.calibration_steps} "
+            "calls, which run in PyTorch; pass calibration_data to quantize when compiling"
+        )
 
-        def build_calibrated(quantized: fx.GraphModule) -> Callable[..., Any] | None:
+        def build(quantized: fx.GraphModule) -> Callable[..., Any] | None:
+            job.report.reason = ""  # calibrated: what the build says from here on
+            job.report.pipeline = dict(job.report.pipeline, precision=job.settings.precision.name,
+                                       quantized=True, quantization=lazy.report)  # fmt: skip
             infer = _build(job, result, quantized, float_model=result.model)
-            remember_build(job, alias_key)
+            remember_build(job, alias_key)  # the warm start's alias, once calibrated and built
             return infer
 
-        return calibrate_then_build(
-            result.model, job.inputs, job.backend.quantizer, job.settings, build_calibrated
+        lazy = calibrate_then_build(
+            result.model, job.inputs, job.backend.quantizer, job.settings, build
         )
+        return lazy
     if result.model is not result.float_model:
         infer = _build(job, result, result.model, float_model=result.float_model)
         runs_lower = infer is not None and job.report.runtime != "eager"

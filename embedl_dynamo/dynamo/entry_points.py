@@ -25,7 +25,8 @@ from torch import fx
 from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
 from embedl_dynamo.cache.keys import digests_reused
 from embedl_dynamo.dynamo.compile import compile_subgraph
-from embedl_dynamo.errors import EmbedlDynamoError, error_line
+from embedl_dynamo.errors import ConfigurationError, EmbedlDynamoError, error_line
+from embedl_dynamo.precision import get_precision, precision_names
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
@@ -65,6 +66,7 @@ def _compile(
         )
     settings = runtime_settings(options)
     target = backend or get_backend()
+    _check_precision(target, settings)
     try:
         with digests_reused():  # the graph's weights are keyed before and after its rewrites
             return compile_subgraph(gm, example_inputs, target, settings)
@@ -81,6 +83,26 @@ def _compile(
         )
         logger.debug("compile_subgraph failed", exc_info=True)
         return gm.forward
+
+
+def _check_precision(target: Backend, settings: Settings) -> None:
+    """Refuse a precision the target has no Q/DQ placement for (``embedl_lattice`` with
+    ``precision="int8"``): the user's configuration to fix, not a failure inside the package.
+
+    Raises:
+        ConfigurationError: naming the precisions the target takes and the targets with INT8.
+    """
+    precision = settings.precision
+    if not precision.quantizes or target.quantization is not None:
+        return
+    valid = [n for n in precision_names() if not get_precision(n).quantizes]
+    with_int8 = sorted(n for n, b in discover_backends().items() if b.quantization is not None)
+    raise ConfigurationError(
+        f"embedl_{target.name}: precision={precision.name!r} needs the target's INT8 "
+        f"quantization, and target {target.name!r} has none. Valid precisions for "
+        f"embedl_{target.name}: {', '.join(valid)}; or compile for a target with INT8: "
+        f"{', '.join(f'embedl_{n}' for n in with_int8)}"
+    )
 
 
 def embedl(

@@ -32,8 +32,22 @@ __all__ = ["SubgraphJob", "route_subgraph"]
 logger = logging.getLogger(__name__)
 
 
+# PyTorch's fused fast-path layers (``nn.TransformerEncoderLayer``, ``nn.MultiheadAttention``
+# in eval): one node each, decomposed into a layer's ops (projections, attention, norms) by the
+# patterns, so a two-layer ``nn.TransformerEncoder`` is not "2 ops < min_subgraph_size"
+_FUSED_LAYER_OPS = {
+    torch._transformer_encoder_layer_fwd: 10,
+    torch._native_multi_head_attention: 4,
+}
+
+
 def _count_ops(gm: fx.GraphModule) -> int:
-    return sum(n.op in ("call_function", "call_method", "call_module") for n in gm.graph.nodes)
+    """The graph's ops, a fused fast-path layer counted as the ops it decomposes into."""
+    return sum(
+        _FUSED_LAYER_OPS.get(n.target, 1)
+        for n in gm.graph.nodes
+        if n.op in ("call_function", "call_method", "call_module")
+    )
 
 
 @dataclasses.dataclass

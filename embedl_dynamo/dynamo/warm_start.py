@@ -28,7 +28,7 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable, library_versions
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
-from embedl_dynamo.errors import error_line
+from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
 from embedl_dynamo.quant.calibrate import data_fingerprint
@@ -141,8 +141,12 @@ def warm_start(
     try:
         runtime.build(frozen, inputs, _judge_loaded if settings.precision.lower else judge_artifact)
     except Exception as exc:
-        logger.warning("cached artifact for subgraph %d unusable (%s); replacing it",
-                       report.index, error_line(exc))  # fmt: skip
+        # wrong answers are the entry's fault: said. A run that fails (a division by zero in
+        # these inputs) fails the compile that follows too, which says it in its one line
+        bad = isinstance(exc, (OutputMismatchError, CorruptEntryError))
+        level = logging.WARNING if bad else logging.INFO
+        logger.log(level, "cached artifact for subgraph %d unusable (%s); replacing it",
+                   report.index, error_line(exc))  # fmt: skip
         forget_alias(source_key, alias["onnx_key"], settings)
         return None
     report.runtime, report.cached = runtime.name, True

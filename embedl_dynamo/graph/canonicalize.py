@@ -29,6 +29,7 @@ from embedl_dynamo.graph import canonical_ops
 from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS, bind_attention_scales
 from embedl_dynamo.graph.canonical_ops import bind, identity
 from embedl_dynamo.graph.division import floor_division
+from embedl_dynamo.graph.integer_accumulation import accumulate_integers_in_int64
 from embedl_dynamo.graph.nodes import (
     PATH_KEY,
     canonical_call,
@@ -381,6 +382,7 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     Idempotent: canonical nodes are left as they are, so running it twice changes nothing.
     """
     graph = gm.graph
+    accumulate_integers_in_int64(gm)
     for node in list(graph.nodes):
         if node.op in ("placeholder", "output", "get_attr"):
             node.meta.setdefault(PATH_KEY, module_path(node))

@@ -248,7 +248,7 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
     changed = _drop_same_tensor_nodes(gm)
     writes = written_inputs(gm) if write_back else {}
     final: dict[fx.Node, fx.Node] = {}  # a written placeholder -> the node holding its value
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}  # no node is added or moved below
+    order: dict[fx.Node, float] = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
         target = mutated_tensor(node)
         if target is None or node.target is operator.setitem:
@@ -258,7 +258,8 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
                 user.replace_input_with(target, node)
         if node in writes:
             final[writes[node]] = node
-        _out_of_place(node)
+        for added in _out_of_place(node):  # just before ``node``: they read what it reads
+            order[added] = order[node] - 0.5
         changed = True
     positions = _append_outputs(gm, final)
     if changed:
@@ -278,11 +279,15 @@ def _append_outputs(gm: fx.GraphModule, final: dict[fx.Node, fx.Node]) -> tuple[
     return tuple(placeholders.index(p) for p in written)
 
 
-def _out_of_place(node: fx.Node) -> None:
-    """Turn ``node`` into its out-of-place form where PyTorch has one; else leave the op."""
+def _out_of_place(node: fx.Node) -> list[fx.Node]:
+    """Turn ``node`` into its out-of-place form where PyTorch has one; else leave the op.
+
+    Returns:
+        The nodes added before ``node`` for it (``copy_``'s cast).
+    """
     if node.op == "call_method" and node.target == "copy_":
-        _copy_out_of_place(node)
-    elif node.op == "call_method":
+        return _copy_out_of_place(node)
+    if node.op == "call_method":
         name = str(node.target)[:-1]
         if hasattr(torch.Tensor, name):
             node.target = name
@@ -292,19 +297,26 @@ def _out_of_place(node: fx.Node) -> None:
         elif "inplace" in node.kwargs:
             node.kwargs = {**node.kwargs, "inplace": False}
         elif inplace_flag(node):
-            return  # positional flag: the op stays in place, on a tensor nothing else reads
+            return []  # positional flag: the op stays in place, on a tensor nothing else reads
         else:
             plain = getattr(torch, getattr(node.target, "__name__", "")[:-1], None)
             if plain is not None and is_torch_op(node.target):
                 node.target = plain
+    return []
 
 
-def _copy_out_of_place(node: fx.Node) -> None:
+def _copy_out_of_place(node: fx.Node) -> list[fx.Node]:
     """``x.copy_(src)`` (a sliding-window KV cache's shift) has no out-of-place method: its
-    value is ``src`` cast to ``x``'s dtype and broadcast to ``x``'s shape,
-    ``src.type_as(x).expand_as(x)``, which exporters take (``aten::copy`` they do not)."""
+    value is ``src`` cast to ``x``'s dtype and broadcast to ``x``'s shape, in memory of its
+    own, ``src.type_as(x).expand_as(x).clone()``, which exporters take (``aten::copy`` they do
+    not). The clone keeps ``x`` apart from ``src``, as ``copy_`` does: ``type_as`` and
+    ``expand_as`` return ``src``'s own memory where nothing changes, and an in-place op left
+    on ``src`` (``src.zero_()``, which has no out-of-place form) would then change ``x`` too.
+    Returns the nodes added before ``node``."""
     target, source = node.args[0], node.args[1]
     with node.graph.inserting_before(node):
         cast = node.graph.call_method("type_as", (source, target))
-    node.target, node.args, node.kwargs = "expand_as", (cast, target), {}
-    infer_meta(node.graph.owning_module, [cast, node])
+        expanded = node.graph.call_method("expand_as", (cast, target))
+    node.target, node.args, node.kwargs = "clone", (expanded,), {}
+    infer_meta(node.graph.owning_module, [cast, expanded, node])
+    return [cast, expanded]

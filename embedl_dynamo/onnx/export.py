@@ -52,6 +52,7 @@ from embedl_dynamo.onnx.initializers import (
     unwritten_float_model,
 )
 from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
+from embedl_dynamo.onnx.output_dtypes import cast_outputs
 from embedl_dynamo.onnx.weight_only import (
     save_weight_only,
     weight_only_layers,
@@ -327,8 +328,10 @@ def _export(
                     exported = _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:
                     exported = _export_dynamo(module, args, path, opset, axes, len(outputs))
+            dtypes = [t.dtype for t in outputs]
             if exported is not None:
                 _mark_rest_precision(exported[0], gm)
+                cast_outputs(exported[0], dtypes)
             unwritten, folded = None, 0
             if weight_only_layers(gm):  # integer weights, written as a float graph is
                 folded, unwritten = save_weight_only(
@@ -343,8 +346,8 @@ def _export(
                     unwritten = None
             else:
                 folded = store_weights_as_int8(path)
-                if rest_precision(gm) is not None:
-                    written = onnx.load(str(path), load_external_data=False)
+                written = onnx.load(str(path), load_external_data=False)
+                if cast_outputs(written, dtypes) or rest_precision(gm) is not None:
                     _mark_rest_precision(written, gm)
                     onnx.save(written, str(path))
                 onnx.checker.check_model(str(path))
@@ -357,4 +360,24 @@ def _export(
             path, name, time.perf_counter() - start, folded,
         )  # fmt: skip
         return unwritten
-    raise ExportError("ONNX export failed: " + "; ".join(errors))
+    raise ExportError("ONNX export failed: " + "; ".join(errors) + _fast_path_hint(gm))
+
+
+# PyTorch's fused inference fast paths: no exporter takes them; the patterns decompose the
+# unmasked forms, and without the fast path PyTorch records the layer's plain ops
+_FAST_PATH_OPS = ("_transformer_encoder_layer_fwd", "_native_multi_head_attention")
+
+
+def _fast_path_hint(gm: fx.GraphModule) -> str:
+    """How to export a graph that holds a fast-path op (a masked ``nn.TransformerEncoder``
+    layer in eval mode), or ``""``."""
+    names = {getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes}
+    found = [name for name in _FAST_PATH_OPS if name in names]
+    if not found:
+        return ""
+    return (
+        f". {found[0]} is PyTorch's fused inference fast path of nn.TransformerEncoderLayer/"
+        "nn.MultiheadAttention (used in eval mode); call "
+        "torch.backends.mha.set_fastpath_enabled(False) before compiling or exporting, and the "
+        "layer is recorded as plain ops that export"
+    )

@@ -11,8 +11,7 @@
 
 A runtime class also declares its facts, so no table elsewhere tests its name: :attr:`~Runtime.name`,
 :attr:`~Runtime.artifact_suffixes`, :attr:`~Runtime.cuda_only`, :meth:`~Runtime.cuda_missing`,
-:attr:`~Runtime.auto_rank`,
-:attr:`~Runtime.cpu_target`, :meth:`~Runtime.version` (keys every cached decision timed on it),
+:attr:`~Runtime.auto_rank`, :attr:`~Runtime.cpu_target`, :meth:`~Runtime.version` (keys every cached decision timed on it),
 :meth:`~Runtime.layer_profiler` and :meth:`~Runtime.lint`. The registry
 (:mod:`embedl_dynamo.runtimes.registry`) is the one list of runtime classes.
 """
@@ -87,9 +86,10 @@ ArtifactJudge = Callable[
 
 
 def graph_outputs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """``gm``'s outputs on ``inputs`` (no grad, IEEE float32) as a tuple."""
+    """``gm``'s outputs on ``inputs`` (no grad, IEEE float32) as a tuple; through ``forward``,
+    since FX's call wrapper prints the code around a failing line (an expected fallback)."""
     with torch.no_grad(), exact_float32():
-        out = gm(*inputs)
+        out = gm.forward(*inputs)
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 

@@ -1,6 +1,7 @@
 """The one verdict on an artifact's outputs, for ``torch.compile`` and ``export()`` alike.
 
-Two rules, one per kind of artifact:
+Every verdict first requires PyTorch's structure (:func:`check_structure`): as many outputs,
+each of the same shape and dtype. Then two rules, one per kind of artifact:
 
 * **float** (:func:`check_float`): every output within ``rtol`` of its scale,
   ``max|a - e| <= rtol * max(1, max|e|)``, against the graph Dynamo gave (float32 kernels
@@ -44,6 +45,7 @@ __all__ = [
     "check_float",
     "check_precision",
     "check_precision_outputs",
+    "check_structure",
     "cosine",
     "flat_outputs",
     "format_cosine",
@@ -82,8 +84,9 @@ def sample_outputs(
 ) -> list[list[torch.Tensor]]:
     """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad, IEEE float32:
     :func:`~embedl_dynamo.graph.float32.exact_float32`)."""
+    call = model.forward if isinstance(model, fx.GraphModule) else model  # see graph_outputs
     with torch.no_grad(), exact_float32():
-        return [flat_outputs(model(*batch)) for batch in sample]
+        return [flat_outputs(call(*batch)) for batch in sample]
 
 
 def cosine(expected: Sequence[Any], actual: Sequence[Any]) -> float:
@@ -119,15 +122,10 @@ def check_float(
     Returns:
         The worst ``max|a - e| / max(1, max|e|)`` seen.
     """
-    if len(expected) != len(actual):
-        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
+    check_structure(expected, actual, what)
     worst = 0.0
     for i, (e, a) in enumerate(zip(expected, actual)):
         a = torch.as_tensor(a).to(e.device)
-        if tuple(e.shape) != tuple(a.shape):
-            raise OutputMismatchError(
-                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
-            )
         if e.numel() == 0:
             continue
         if not e.is_floating_point():
@@ -148,6 +146,30 @@ def check_float(
             )
         worst = max(worst, err)
     return worst
+
+
+def check_structure(expected: Sequence[torch.Tensor], actual: Sequence[Any], what: str) -> None:
+    """Raise :class:`OutputMismatchError` unless ``actual`` has as many outputs as ``expected``,
+    each of the same shape and dtype: an ``int32`` where PyTorch gives ``int64`` (an integer
+    ``cumsum``) is a different answer even where the values agree, since what the caller
+    computes from it next (``x * 10**6``) overflows differently."""
+    if len(expected) != len(actual):
+        raise OutputMismatchError(f"{what}: {len(actual)} outputs, expected {len(expected)}")
+    for i, (e, a) in enumerate(zip(expected, actual)):
+        a = torch.as_tensor(a)
+        if tuple(e.shape) != tuple(a.shape):
+            raise OutputMismatchError(
+                f"{what}: output {i} has shape {tuple(a.shape)}, expected {tuple(e.shape)}"
+            )
+        if e.dtype != a.dtype:
+            raise OutputMismatchError(
+                f"{what}: output {i} has dtype {_dtype_name(a.dtype)}, PyTorch gives "
+                f"{_dtype_name(e.dtype)}"
+            )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _same_non_finite(expected: torch.Tensor, actual: torch.Tensor, what: str) -> None:
@@ -203,6 +225,7 @@ def check_precision_outputs(
     """
     worst = 1.0
     for expected, actual in zip(float_outputs, outputs, strict=True):
+        check_structure(expected, actual, what)
         check_finite(actual, what)
         worst = min(worst, cosine(expected, actual))
     if not worst >= budget:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from embedl_dynamo.cache.budget import (
     DEFAULT_MAX_BYTES,
@@ -18,7 +19,8 @@ from embedl_dynamo.cache.files import CACHE_MARKER
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.cli import EXIT_OK, EXIT_USAGE, main
-from embedl_dynamo.errors import NotACacheError
+from embedl_dynamo.errors import ConfigurationError, NotACacheError
+from embedl_dynamo.settings import Settings
 
 
 def _age(path, seconds):
@@ -127,3 +129,18 @@ def test_clear_deletes_only_what_the_store_wrote(tmp_path):
     assert stray.read_text() == "not ours"
     assert before and all(p.exists() for p in before)
     assert not (tmp_path / "onnx" / key[:2] / f"{key}.onnx").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "-5"])
+def test_a_bad_cache_size_stops_the_compile_with_a_clear_error(monkeypatch, tmp_path, value):
+    """Regression (issue 39 item 7): the error was swallowed by each cache write, so the whole
+    model ran in PyTorch with one stderr line."""
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, value)
+    message = rf"invalid {ENV_CACHE_MAX_SIZE}='{value}': .*'500MB'.*'none'"
+    with pytest.raises(ConfigurationError, match=message):
+        Settings.from_options({"cache_dir": tmp_path})
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    compiled = torch.compile(model.eval(), backend="embedl_onnxruntime")
+    with torch.no_grad(), pytest.raises(Exception, match=message) as caught:
+        compiled(torch.randn(2, 4))
+    assert isinstance(getattr(caught.value, "inner_exception", caught.value), ConfigurationError)

@@ -269,12 +269,10 @@ def test_a_wrong_input_shape_is_a_shape_problem_whatever_debug_says(tmp_path, ne
     for command in (["export", "-o", str(tmp_path / "m.onnx"), "-q"], ["plan"]):
         argv = [command[0], f"{linear}:build", "--input-shape", "2,9", *command[1:]]
         assert main(argv) == EXIT_USAGE
-        _one_line_error(
-            capsys.readouterr().err, "fails in PyTorch itself on inputs of shape (2, 9)"
-        )
+        _one_line_error(capsys.readouterr().err, "fails in PyTorch itself on random inputs (2, 9)")
         assert main(["--debug", *argv]) == EXIT_USAGE
         last = capsys.readouterr().err.strip().splitlines()[-1]  # after the traceback
-        assert "shape (2, 9)" in last and "graph break" not in last
+        assert "(2, 9) float32" in last and "graph break" not in last
     assert not (tmp_path / "m.onnx").exists()
 
 
@@ -354,3 +352,54 @@ def test_an_unwritable_plot_path_exits_3_before_the_benchmark(
                str(tmp_path / "nowhere" / "p.png")]  # fmt: skip
     assert main(missing) == EXIT_EXPORT
     _one_line_error(capsys.readouterr().err, "does not exist")
+
+
+def test_bench_with_a_wrong_input_shape_is_a_usage_error_as_export_is(tmp_path, capsys):
+    """Regression (issue 39 item 10): bench exited 1 ("internal error"), export 2."""
+    linear = tmp_path / "linear.py"
+    linear.write_text("from torch import nn\ndef build():\n    return nn.Linear(8, 4)\n")
+    argv = ["bench", f"{linear}:build", "--input-shape", "2,9", "--no-int8", "--repeats", "1"]
+    assert main(argv) == EXIT_USAGE
+    _one_line_error(capsys.readouterr().err, "fails in PyTorch itself on random inputs (2, 9)")
+
+
+_IDS = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(20, 8)
+            self.fc = nn.Linear(8, 3)
+
+        def forward(self, ids, mask):
+            return self.fc(self.emb(ids)) * mask.unsqueeze(-1)
+
+    def build():
+        torch.manual_seed(0)
+        return Tagger()
+    """
+)
+
+
+def test_integer_inputs_export_with_input_dtype_and_the_error_names_it(tmp_path, capsys):
+    """Regression (issue 39 item 10): token ids could not be given, and the error blamed the
+    shape."""
+    path = tmp_path / "tagger.py"
+    path.write_text(_IDS)
+    base = ["export", f"{path}:build", "--input-shape", "2,5", "--input-shape", "2,5", "-q",
+            "--backend", "onnxruntime", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    assert main([*base, "-o", str(tmp_path / "f.onnx")]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    _one_line_error(error, "(2, 5) float32")
+    assert "--input-dtype" in error and "scalar types: Long, Int" in error
+    out = tmp_path / "ids.onnx"
+    argv = [*base, "-o", str(out), "--input-dtype", "int64", "--input-dtype", "float32"]
+    assert main(argv) == EXIT_OK
+    side = json.loads(out.with_suffix(".json").read_text())
+    assert [i["dtype"] for i in side["inputs"]] == ["int64", "float32"]
+    assert main([*base, "-o", str(out), "--input-dtype", "int64"] * 1 + ["--input-dtype", "int8",
+                 "--input-dtype", "bool"]) == EXIT_USAGE  # fmt: skip
+    _one_line_error(capsys.readouterr().err, "3 --input-dtype for 2 --input-shape")

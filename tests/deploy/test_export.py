@@ -118,6 +118,45 @@ def test_verification_mismatch_is_an_error_unless_verify_false(
     assert check["passed"] is False and check["max_abs_diff"] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_verification_compares_dtypes_not_only_values(tmp_path, monkeypatch, caplog) -> None:
+    """Regression (issue 39 item 2): a file returning float64 where PyTorch gives float32 (or
+    int32 for int64) passed, since only values were compared."""
+    real = verify_module.run_onnx
+    monkeypatch.setattr(
+        verify_module,
+        "run_onnx",
+        lambda path, args: [o.astype(np.float64) for o in real(path, args)],
+    )
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    opts = {"cache_dir": tmp_path / "cache"}
+    with pytest.raises(VerificationError, match="dtype float64, PyTorch gives float32"):
+        export(model, x, tmp_path / "bad.onnx", options=opts)
+    with caplog.at_level(logging.WARNING, logger="embedl_dynamo.deploy.export"):
+        path = export(model, x, tmp_path / "kept.onnx", options=opts, verify=False)
+    assert "dtype float64" in caplog.text and "kept because verify=False" in caplog.text
+    assert json.loads(sidecar_path(path).read_text())["verification"]["passed"] is False
+
+
+class _Positions(nn.Module):
+    def forward(self, mask: torch.Tensor) -> torch.Tensor:
+        return (mask * 2).cumsum(-1) - 1
+
+
+def test_an_int32_cumsum_exports_pytorchs_int64(tmp_path) -> None:
+    """Regression (issue 39 item 2): the file returned int32 where the sidecar and PyTorch say
+    int64."""
+    mask = torch.full((2, 5), 2**29, dtype=torch.int32)
+    path = export(
+        _Positions().eval(), mask, tmp_path / "pos.onnx", options={"cache_dir": tmp_path / "c"}
+    )
+    declared = onnx.load(str(path)).graph.output[0].type.tensor_type.elem_type
+    assert declared == onnx.TensorProto.INT64
+    assert json.loads(sidecar_path(path).read_text())["outputs"][0]["dtype"] == "int64"
+    (got,) = verify_module.run_onnx(path, (mask,))
+    assert torch.equal(torch.from_numpy(got), _Positions()(mask))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -410,6 +449,32 @@ def test_bf16_that_onnx_runtime_cannot_run_names_the_missing_kernel(tmp_path) ->
     assert "no Conv kernel for tensor(bfloat16)" in message and "verify=False" in message
     assert "captured as a constant" not in message
     assert not (tmp_path / "m.onnx").exists()
+
+
+class _TinyBert(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 32)
+        self.ln = nn.LayerNorm(32)
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+        self.fc = nn.Linear(32, 2)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.layer(self.ln(self.emb(ids)))[:, 0])
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "tensorrt"])
+def test_a_bf16_transformer_names_onnx_runtimes_missing_bf16_kernel(tmp_path, backend) -> None:
+    """Regression (issue 39 item 10): the message spoke of opset conversion ("No Adapter From
+    Version 18 for Split") and a size captured as a constant."""
+    torch.manual_seed(0)
+    with pytest.raises(VerificationError) as caught:
+        export(_TinyBert().eval(), torch.randint(0, 50, (2, 8)), tmp_path / "m.onnx",
+               backend=backend, precision="bf16", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    message = str(caught.value)
+    assert "no MatMul kernel for tensor(bfloat16)" in message, message
+    assert "fp16" in message and "backend='openvino'" in message
+    assert "opset" not in message and "captured as a constant" not in message
 
 
 class _Encoder(nn.Module):

@@ -88,3 +88,26 @@ def test_a_subgraph_after_a_graph_break_calibrates_on_what_reaches_it(caplog):
     subs = embedl_dynamo.last_report().subgraphs
     assert subs[0].pipeline["quantized"]  # the first subgraph used the batches it was given
     assert all(s.runtime == "onnxruntime" for s in subs)
+
+
+@pytest.mark.parametrize(
+    ("backend", "runtime"), [("embedl_openvino", "onnxruntime"), ("embedl_onnxruntime", "openvino")]
+)
+def test_int8_on_another_targets_runtime_says_it_calibrates_then_runs_int8(backend, runtime):
+    """Regression (issue 39 item 5): the calls that calibrate ran in PyTorch while the report
+    said "compiled on eager" with no reason, as if INT8 had been dropped silently."""
+    pytest.importorskip("openvino")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU()).eval()
+    options = {"runtime": runtime, "precision": "int8", "calibration_steps": 2}
+    compiled = torch.compile(model, backend=backend, options=options)
+    with torch.no_grad():
+        compiled(torch.randn(2, 3, 12, 12))
+        (sub,) = embedl_dynamo.last_report().subgraphs
+        assert sub.runtime == "eager" and "calibrates on the first 2 calls" in sub.reason
+        for _ in range(2):
+            compiled(torch.randn(2, 3, 12, 12))
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert (sub.status, sub.runtime) == ("compiled", runtime), sub.reason
+    assert "calibrates" not in sub.reason
+    assert sub.pipeline.get("quantized") or sub.pipeline.get("precision") == "int8"

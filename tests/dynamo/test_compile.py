@@ -475,3 +475,20 @@ def test_a_compile_hashes_each_weight_once(monkeypatch):
         assert_close_to_scale(compiled(x), model(x))
     weights = [model.a.weight.data_ptr(), model.b.weight.data_ptr()]
     assert [hashed.count(w) for w in weights] == [1, 1]  # keyed twice, hashed once
+
+
+@pytest.mark.parametrize("precision", ["int8", "mixed"])
+def test_a_precision_the_target_cannot_place_is_a_configuration_error(precision):
+    """Regression (issue 39 item 10): embedl_lattice with int8 warned "failed inside
+    embedl_dynamo ... Please report this" and ran in PyTorch."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    compiled = torch.compile(model, backend="embedl_lattice", options={"precision": precision})
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(Exception, match=rf"precision='{precision}' needs") as raised:
+            compiled(torch.randn(2, 8))
+    error = getattr(raised.value, "inner_exception", raised.value)
+    assert isinstance(error, embedl_dynamo.ConfigurationError)
+    assert "Valid precisions for embedl_lattice: fp32, fp16, bf16" in str(error)
+    assert "embedl_onnxruntime" in str(error)
+    assert not [w for w in caught if "report" in str(w.message)]

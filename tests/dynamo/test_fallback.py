@@ -109,3 +109,31 @@ def test_a_failure_inside_the_backend_runs_the_graph_in_pytorch_with_a_warning(m
     compiled = torch.compile(model, backend="embedl_onnxruntime", options={"fallback": "raise"})
     with pytest.raises(Exception, match="an internal bug"), torch.no_grad():
         compiled(x)
+
+
+class _FloorDivide(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return (a * 2 + 1) // b + a
+
+
+def test_an_expected_fallback_is_one_line_on_stderr(capfd, caplog):
+    """Regression (issue 39 item 10): an integer division by zero printed ONNX Runtime's red
+    error line and FX's generated code to stderr, besides the one warning."""
+    a, b = torch.randint(1, 9, (2, 4)), torch.randint(1, 3, (2, 4))
+    zero = b.clone()
+    zero[0, 0] = 0
+    for first in (b, zero):  # a later call that fails, then a first call that does
+        torch._dynamo.reset()
+        compiled = torch.compile(_FloorDivide(), backend="embedl_onnxruntime")
+        with torch.no_grad():
+            if first is b:
+                compiled(a, b)
+            capfd.readouterr()
+            caplog.clear()
+            with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+                compiled(a, zero)
+        err = capfd.readouterr().err  # the package's own warning goes to caplog here
+        assert "[E:onnxruntime" not in err and "FX-traced Module" not in err, err
+        assert "Traceback" not in err, err
+        warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warned) == 1 and "\n" not in warned[0], warned

@@ -131,5 +131,7 @@ def test_profile_covers_every_dynamic_axis_dynamo_marked():
 def test_load_maps_suffixes_to_runtimes():
     assert runtime_for_file(Path("m.plan")) is TensorRTRuntime
     assert runtime_for_file(Path("m.ONNX")).name == "onnxruntime"
-    with pytest.raises(ValueError, match=r"known suffixes: \.onnx \(onnxruntime, openvino\), \.engine"):
+    with pytest.raises(
+        ValueError, match=r"known suffixes: \.onnx \(onnxruntime, openvino\), \.engine"
+    ):
         runtime_for_file(Path("m.tflite"))

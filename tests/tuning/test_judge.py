@@ -204,3 +204,17 @@ def test_a_graph_with_a_rest_precision_is_judged_as_lower_precision() -> None:
         judge_artifact(fx.symbolic_trace(nn.Linear(4, 4)), lambda: (expected,), off, "artifact")
     with pytest.raises(OutputMismatchError):
         judge_artifact(gm, lambda: (expected,), (expected * float("nan"),), "artifact")
+
+
+def test_every_verdict_compares_dtypes_and_shapes():
+    """Regression (issue 39 item 2): int32 where PyTorch gives int64 passed every check."""
+    e = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    with pytest.raises(OutputMismatchError, match="output 0 has dtype int32, PyTorch gives int64"):
+        check_float([e], [e.int()], "x")
+    with pytest.raises(OutputMismatchError, match="dtype float64, PyTorch gives float32"):
+        check_float([e.float()], [e.double()], "x")
+    with pytest.raises(OutputMismatchError, match="dtype float16"):
+        check_precision_outputs([[e.float()]], [[e.half()]], 0.9)
+    with pytest.raises(OutputMismatchError, match=r"shape \(3, 2\), expected \(2, 3\)"):
+        check_precision_outputs([[e.float()]], [[e.float().reshape(3, 2)]], 0.9)
+    check_precision_outputs([[e.float()]], [[e.float()]], 0.9)  # same structure passes

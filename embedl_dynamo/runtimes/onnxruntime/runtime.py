@@ -41,6 +41,7 @@ from embedl_dynamo.runtimes.onnxruntime.session import (
     CPU_PROVIDER,
     create_session,
     device_providers,
+    ort_log_severity,
     ort_providers,
 )
 from embedl_dynamo.settings import Settings
@@ -311,7 +312,7 @@ def onnxruntime_node_times(
     with tempfile.TemporaryDirectory(prefix="embedl_ort_profile_") as tmp:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
+        options.log_severity_level = ort_log_severity()
         options.enable_profiling = True
         options.profile_file_prefix = os.path.join(tmp, "profile")
         session = create_session(

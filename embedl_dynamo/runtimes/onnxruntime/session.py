@@ -5,6 +5,7 @@ do not fight PyTorch's for the cores) and the execution providers, best first.""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -14,7 +15,25 @@ from typing import Any
 from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
 from embedl_dynamo.onnx.initializers import SHARED_LOCATION
 
-__all__ = ["CPU_PROVIDER", "GPU_PROVIDERS", "create_session", "device_providers", "ort_providers"]
+_PACKAGE_LOGGER = logging.getLogger("embedl_dynamo")
+
+
+def ort_log_severity() -> int:
+    """ONNX Runtime's own log level for the sessions this package builds: fatal only (4),
+    unless this package's logging is at DEBUG (then warnings, 2). A failed run raises, and the
+    caller says it in one line (a division by zero that runs in PyTorch); ONNX Runtime would
+    also print its own red error line to stderr."""
+    return 2 if _PACKAGE_LOGGER.isEnabledFor(logging.DEBUG) else 4
+
+
+__all__ = [
+    "CPU_PROVIDER",
+    "GPU_PROVIDERS",
+    "create_session",
+    "device_providers",
+    "ort_log_severity",
+    "ort_providers",
+]
 
 CPU_PROVIDER = "CPUExecutionProvider"
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
@@ -128,7 +147,7 @@ def create_session(
     if options is None:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
+        options.log_severity_level = ort_log_severity()
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
     for key, value in {**_SESSION_CONFIG, **_spinning_config()}.items():
