@@ -159,7 +159,29 @@ def run_export(args: argparse.Namespace) -> int:
             f"  {len(side['quantization']['float_layers'])} layers left in float "
             f"(see {sidecar_path(path).name}); cosine to float {check['cosine_to_float']:.5f}"
         )
+    if args.triton_repository:
+        _write_triton(path, args)
     return EXIT_OK
+
+
+def _write_triton(path: Any, args: argparse.Namespace) -> None:
+    from embedl_dynamo.deploy.triton import write_triton_repository
+    from embedl_dynamo.errors import RuntimeUnavailableError
+
+    try:
+        model_dir = write_triton_repository(
+            path,
+            args.triton_repository,
+            name=args.triton_name,
+            instances=args.triton_instances,
+            threads=args.triton_threads,
+            max_batch_size=args.triton_max_batch,
+        )
+    except ExportArgumentError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    except RuntimeUnavailableError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    print(f"wrote Triton model {model_dir} (config.pbtxt, 1/)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ from embedl_dynamo.deploy.sidecar import (
     sidecar_path,
     write_report_page,
 )
+from embedl_dynamo.deploy.triton import write_triton_repository
 from embedl_dynamo.deploy.verify import Verification
 from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
@@ -127,6 +128,7 @@ def export(
     options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     html: bool = False,
+    triton_repository: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Run the ``torch.compile`` pipeline ahead of time and write an ONNX file plus JSON sidecar.
 
@@ -158,6 +160,9 @@ def export(
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
         html: also write the compile report as one page beside the sidecar (``model.html``).
+        triton_repository: also write a Triton model repository there (``<dir>/<stem>/``:
+            ``config.pbtxt`` and ``1/model.onnx``, or ``1/model.plan`` with ``engine``), see
+            :func:`~embedl_dynamo.deploy.triton.write_triton_repository`.
 
     Returns:
         The path of the ONNX file.
@@ -188,6 +193,8 @@ def export(
     sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
     sidecar["engine_file"] = engine_path.name if engine_path else None
     _write_sidecar(path, sidecar, target, result, html, stages.start)
+    if triton_repository is not None:
+        write_triton_repository(path, triton_repository)
     return path
 
 

@@ -102,6 +102,28 @@ def test_export_from_a_py_file_writes_onnx_and_sidecar(tmp_path, net_py, capsys)
     assert side["inputs"][0]["shape"] == ["batch", 3, 16, 16]
 
 
+def test_export_writes_a_triton_repository(tmp_path, net_py, capsys) -> None:
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    out_path, repo = tmp_path / "net.onnx", tmp_path / "repo"
+    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
+            "--backend", "openvino", "--triton-repository", str(repo), "--triton-name", "net",
+            "--triton-instances", "2", "--triton-threads", "1", "-q"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    assert f"wrote Triton model {repo / 'net'}" in capsys.readouterr().out
+    config = text_format.Parse(
+        (repo / "net" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    assert (config.backend, config.max_batch_size, list(config.input[0].dims)) == (
+        "openvino",
+        8,
+        [3, 16, 16],
+    )
+    assert config.parameters["INFERENCE_NUM_THREADS"].string_value == "2"
+    assert (repo / "net" / "1" / "model.onnx").read_bytes() == out_path.read_bytes()
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".pt"])
 def test_export_int8_with_calibration_file(tmp_path, net_py, suffix) -> None:
     data = torch.randn(8, 3, 16, 16)
