@@ -64,16 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", action="store_true", help="also write the report page (model.html)"
     )
     export.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    triton = export.add_argument_group("Triton model repository")
-    triton.add_argument(
-        "--triton-repository",
-        metavar="DIR",
-        help="also write DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (or model.plan)",
-    )
-    triton.add_argument("--triton-name", help="the model's name in Triton (default: file stem)")
-    triton.add_argument("--triton-instances", type=int, default=1, help="model instances")
-    triton.add_argument("--triton-threads", type=int, help="CPU threads per instance")
-    triton.add_argument("--triton-max-batch", type=int, help="Triton's max_batch_size (default 8)")
+    _triton_args(export.add_argument_group("Triton model repository"))
 
     cache = sub.add_parser("cache", help="the artifact cache: size per namespace, or clear it")
     cache.add_argument(
@@ -97,6 +88,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch intra-op threads")
     bench.add_argument("--plot", help="write a PNG bar chart of the medians")
     return parser
+
+
+def _triton_args(triton: argparse._ArgumentGroup) -> None:
+    """``export``'s options for a Triton model repository written beside the file."""
+    triton.add_argument(
+        "--triton-repository",
+        metavar="DIR",
+        help="also write DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (or model.plan)",
+    )
+    triton.add_argument("--triton-name", help="the model's name in Triton (default: file stem)")
+    triton.add_argument("--triton-instances", type=int, default=1, help="model instances")
+    triton.add_argument("--triton-threads", type=int, help="CPU threads per instance")
+    triton.add_argument("--triton-max-batch", type=int, help="Triton's max_batch_size (default 8)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

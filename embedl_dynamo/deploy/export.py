@@ -160,9 +160,7 @@ def export(
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
         html: also write the compile report as one page beside the sidecar (``model.html``).
-        triton_repository: also write a Triton model repository there (``<dir>/<stem>/``:
-            ``config.pbtxt`` and ``1/model.onnx``, or ``1/model.plan`` with ``engine``), see
-            :func:`~embedl_dynamo.deploy.triton.write_triton_repository`.
+        triton_repository: also write a Triton model repository there (:mod:`.triton`).
 
     Returns:
         The path of the ONNX file.
@@ -183,18 +181,14 @@ def export(
         with stages.run("pipeline"):
             result = _pipeline(gm, args, target, settings)
         outputs = _outputs(result, args)
-        written = write_verified(
-            path, model, args, result, settings, stages, opset, verify, tolerance
-        )
+        written = write_verified(path, model, args, result, settings, stages, opset, verify,
+                                 tolerance)  # fmt: skip
         _log_verification(path, written[0], settings)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:
         stages.close()
     sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
-    sidecar["engine_file"] = engine_path.name if engine_path else None
-    _write_sidecar(path, sidecar, target, result, html, stages.start)
-    if triton_repository is not None:
-        write_triton_repository(path, triton_repository)
+    _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
     return path
 
 
@@ -219,20 +213,26 @@ def _outputs(result: PipelineResult, args: tuple[torch.Tensor, ...]) -> list[tor
 def _write_sidecar(
     path: Path,
     sidecar: dict[str, Any],
+    engine_path: Path | None,
     target: Backend,
     result: PipelineResult,
     html: bool,
-    start: float,
+    stages: ExportStages,
+    triton_repository: str | os.PathLike[str] | None,
 ) -> None:
-    """Warn about TensorRT lint, write the HTML page when asked, then the sidecar."""
+    """Warn about TensorRT lint, write the HTML page when asked, then the sidecar (naming the
+    engine file), then the Triton model repository when asked."""
+    sidecar["engine_file"] = engine_path.name if engine_path else None
     if sidecar["tensorrt_lint"]:
         lint = sidecar["tensorrt_lint"]
         logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
                        "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
     if html:
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - stages.start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
     atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
+    if triton_repository is not None:
+        write_triton_repository(path, triton_repository)
 
 
 def _log_verification(path: Path, check: Verification, settings: Settings) -> None:
