@@ -44,7 +44,9 @@ __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
     "TRITON_BACKENDS",
     "TritonTensor",
+    "batch_axis_everywhere",
     "graph_tensors",
+    "read_sidecar",
     "triton_data_type",
     "write_triton_repository",
 ]
@@ -122,7 +124,8 @@ def _model_config_pb2() -> Any:
     return model_config_pb2
 
 
-def _sidecar(path: Path) -> dict[str, Any]:
+def read_sidecar(path: Path) -> dict[str, Any]:
+    """The export sidecar beside ``path`` as a dict; empty when missing or unreadable."""
     side = sidecar_path(path)
     try:
         data = json.loads(side.read_text()) if side.is_file() else {}
@@ -145,7 +148,7 @@ def _triton_backend(sidecar: dict[str, Any], backend: str | None) -> str:
     return backend
 
 
-def _batching(
+def batch_axis_everywhere(
     inputs: list[TritonTensor], outputs: list[TritonTensor], sidecar: dict[str, Any]
 ) -> bool:
     """Whether Triton may batch: every input and output has the dynamic batch axis first (the
@@ -226,7 +229,7 @@ def _build_config(
     pb2 = _model_config_pb2()
     model = onnx.load(str(path), load_external_data=False)
     inputs, outputs = graph_tensors(model)
-    batching = _batching(inputs, outputs, sidecar)
+    batching = batch_axis_everywhere(inputs, outputs, sidecar)
     config = pb2.ModelConfig(name=name, backend="tensorrt" if plan else backend)
     if backend == "tensorrt" and not plan:
         config.backend = "onnxruntime"
@@ -309,7 +312,7 @@ def write_triton_repository(
     if not path.is_file():
         raise ExportArgumentError(f"no model at {str(path)!r}; export one first")
     _check_arguments(name, instances, threads, max_batch_size, queue_delay_us)
-    sidecar = _sidecar(path)
+    sidecar = read_sidecar(path)
     backend = _triton_backend(sidecar, backend)
     engine = _engine_file(path, sidecar) if backend == "tensorrt" else None
     config = _build_config(path, name, backend, engine is not None, sidecar, instances, threads,
