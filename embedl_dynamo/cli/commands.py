@@ -1,4 +1,5 @@
-"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``cache``; each returns an exit code."""
+"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``serve``, ``cache``; each returns
+an exit code."""
 
 from __future__ import annotations
 
@@ -234,6 +235,47 @@ def run_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    if not Path(args.path).is_file():
+        raise CliError(
+            f"no file at {args.path!r}; export one with embedl-dynamo export", EXIT_USAGE
+        )
+    scaled = (args.min_replicas, args.max_replicas)
+    if (None in scaled) != (scaled == (None, None)):
+        raise CliError("give both --min-replicas and --max-replicas, or neither", EXIT_USAGE)
+    try:
+        from ray import serve
+
+        from embedl_dynamo.serve import deploy
+    except ImportError as exc:
+        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+    autoscaling = (
+        {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas}
+        if args.min_replicas is not None
+        else None
+    )
+    try:
+        deploy(args.path, name=args.name, host=args.host, port=args.port, address=args.address,
+               replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+               threads=args.threads, max_batch_size=args.max_batch,
+               autoscaling=autoscaling)  # fmt: skip
+    except (ValueError, FileNotFoundError) as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    name = args.name or Path(args.path).stem
+    print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer "
+          "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        print("stopped")
+    return EXIT_OK
+
+
 def run_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -282,5 +324,6 @@ COMMANDS = {
     "plan": run_plan,
     "export": run_export,
     "bench": run_bench,
+    "serve": run_serve,
     "cache": run_cache,
 }

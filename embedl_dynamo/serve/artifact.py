@@ -88,6 +88,7 @@ class ServedArtifact:
         """Each request's outputs; requests whose inputs agree in everything but the batch size
         run stacked as one batch, the others apart."""
         if not self.batchable:
+            self.largest_batch = max(self.largest_batch, 1)
             return [self.run(r) for r in requests]
         groups: dict[tuple, list[int]] = {}
         for index, arrays in enumerate(requests):

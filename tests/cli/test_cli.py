@@ -179,6 +179,20 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, net_py, capsys, argv, cod
     _one_line_error(capsys.readouterr().err, text)
 
 
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["serve", "{tmp}/missing.onnx"], "no file at"),
+        (["serve", "{file}", "--min-replicas", "1"], "give both --min-replicas and --max-replicas"),
+    ],
+)
+def test_serve_refuses_bad_arguments_before_starting_ray(tmp_path, capsys, argv, text) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    argv = [a.format(tmp=tmp_path, file=tmp_path / "m.onnx") for a in argv]
+    assert main(argv) == EXIT_USAGE
+    _one_line_error(capsys.readouterr().err, text)
+
+
 def test_bad_input_shape_is_a_usage_error(capsys) -> None:
     assert main(["plan", "tests.models:ResNetLike", "--input-shape", "1,a"]) == EXIT_USAGE
     assert "invalid input shape '1,a'" in capsys.readouterr().err

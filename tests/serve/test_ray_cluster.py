@@ -70,6 +70,18 @@ def test_two_nodes_two_replicas_answer_like_load_through_a_replica_kill(mlp_file
     assert seen["handle_max_abs_diff"] <= 1e-5
     # requests from concurrent clients were batched together
     assert max(d["largest_batch"] for d in seen["survivor"]) > 1
+    # the KServe v2 routes besides inference
+    routes = seen["routes"]
+    assert routes["ready"] == 200
+    assert routes["metadata"]["inputs"] == [
+        {"name": "input_0", "datatype": "FP32", "shape": [-1, 16]}
+    ]
+    assert routes["metadata"]["outputs"] == [
+        {"name": "output_0", "datatype": "FP32", "shape": [-1, 4]}
+    ]
+    status, body = routes["bad_request"]
+    assert status == 400 and "has shape [-1, 16]" in body["error"]
+    assert routes["unknown_model"] == 404
     # Serve replaced the killed replica
     assert len(seen["replicas_after"]) == 2
     assert seen["replicas"][0] not in seen["replicas_after"]

@@ -18,6 +18,8 @@ import socket
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 # before Ray is imported: every address on loopback (Ray's single-machine mode), the HTTP proxy
@@ -48,6 +50,28 @@ def _replica_names(ray) -> list[str]:
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["name"].startswith("SERVE_REPLICA::")
     )
+
+
+def _get(url: str, body: dict | None = None) -> tuple[int, dict]:
+    """(status, JSON body) of a GET, or of a POST of ``body``."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=20) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _routes(base: str) -> dict:
+    """Health, metadata, and the answers to a malformed request and to an unknown model."""
+    bad = {"inputs": [{"name": "input_0", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    return {
+        "ready": _get(f"{base}/v2/health/ready")[0],
+        "metadata": _get(f"{base}/v2/models/mlp")[1],
+        "bad_request": _get(f"{base}/v2/models/mlp/infer", bad),
+        "unknown_model": _get(f"{base}/v2/models/nope/infer", bad)[0],
+    }
 
 
 def _describe(handle) -> list[dict]:
@@ -117,6 +141,7 @@ def main(path: str) -> dict:
         def kill() -> None:
             ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
 
+        summary["routes"] = _routes(f"http://127.0.0.1:{port}")
         url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
         summary.update(_load_test(url, _requests(16), reference, kill))
         x = np.ones((2, 16), np.float32)
