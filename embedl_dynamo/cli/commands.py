@@ -236,6 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import logging
     import time
     from pathlib import Path
 
@@ -252,6 +253,8 @@ def run_serve(args: argparse.Namespace) -> int:
         from embedl_dynamo.serve import deploy
     except ImportError as exc:
         raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+    if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     autoscaling = (
         {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas}
         if args.min_replicas is not None
