@@ -15,6 +15,7 @@ no request is lost when a replica dies.
     python bench/bench_serve.py --quick                       # tiny MLP, a short run
     python bench/bench_serve.py --model resnet50 --precision int8 --requests 200 --plot serve.png
     python bench/bench_serve.py --model bert_base --requests 100
+    python bench/bench_serve.py --model resnet50 --objective --cpus-per-node 1   # latency vs throughput
 
 ResNet-50 and BERT-base use random weights (bench/models.py, bench/zoo.py).
 """
@@ -232,10 +233,16 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="rows per Serve batch")
     parser.add_argument("--plot", help="write a PNG of samples/s per target and client count")
     parser.add_argument("--quick", action="store_true", help="tiny MLP, 40 requests, 1 and 8")
+    parser.add_argument("--objective", action="store_true",
+                        help="only objective=latency vs throughput (choose_serving) on 2 nodes' CPUs")  # fmt: skip
+    parser.add_argument("--latency-budget-ms", type=float, help="p99 budget for --objective")
     args = parser.parse_args()
     if args.quick:
         args.model, args.requests, args.clients = "mlp", 40, "1,8"
     args.clients = [int(c) for c in args.clients.split(",")]
+    if args.objective:
+        objective_table(args)
+        return
     rows = run(args)
     print(f"\n{args.model} {args.precision}, {args.requests} requests of one sample, "
           f"{args.cpus_per_node} CPU(s) per node, CPU: {_cpu()}")  # fmt: skip
@@ -243,6 +250,30 @@ def main() -> None:
     if args.plot:
         _plot(rows, args.plot, f"{args.model} {args.precision}: samples/s")
         print(f"wrote {args.plot}")
+
+
+def objective_table(args: argparse.Namespace) -> None:
+    """samples/s and p99 of every batch x threads setting ``choose_serving`` measures; the
+    ``latency`` objective's setting is batch 1 with every CPU on one worker."""
+    from embedl_dynamo.serve import choose_serving
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench_objective_"))
+    model, example = _model(args.model)
+    path = export(model, example, workdir / f"{args.model}.onnx", backend="onnxruntime",
+                  precision=args.precision, progress=False)  # fmt: skip
+    cpus = 2 * args.cpus_per_node
+    choice = choose_serving(path, cpus=cpus, latency_budget_ms=args.latency_budget_ms,
+                            runs=10, cache_dir=workdir / "cache")  # fmt: skip
+    latency = next(c for c in choice.candidates if c["batch"] == 1 and c["threads"] == cpus)
+    print(f"\n{args.model} {args.precision}, {cpus} CPUs, CPU: {_cpu()}")
+    print("| batch | threads x workers | samples/s | p99 ms (per batch) |\n|---|---|---|---|")
+    for c in choice.candidates:
+        print(f"| {c['batch']} | {c['threads']} x {c['workers']} | {c['samples_s']:.1f} "
+              f"| {c['p99_ms']:.2f} |")  # fmt: skip
+    print(f"\nobjective=latency: batch 1, {cpus} threads: {latency['samples_s']:.1f} samples/s")
+    print(f"objective=throughput: {choice.note}: batch {choice.batch}, {choice.threads} "
+          f"thread(s) x {cpus // choice.threads}: {choice.samples_s:.1f} samples/s "
+          f"({choice.samples_s / latency['samples_s']:.2f}x)")  # fmt: skip
 
 
 def _cpu() -> str:

@@ -250,7 +250,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         from ray import serve
 
-        from embedl_dynamo.serve import deploy
+        from embedl_dynamo.serve import choose_serving, deploy
     except ImportError as exc:
         raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
     if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
@@ -261,10 +261,15 @@ def run_serve(args: argparse.Namespace) -> int:
         else None
     )
     try:
+        if args.objective:  # measured once here (and cached), then used by deploy
+            choice = choose_serving(args.path, objective=args.objective,
+                                    latency_budget_ms=args.latency_budget_ms,
+                                    cpus=max(1, int(args.cpus_per_replica)))  # fmt: skip
+            print(f"{choice.note}: batch {choice.batch}, {choice.threads} thread(s) per replica")
         deploy(args.path, name=args.name, host=args.host, port=args.port, address=args.address,
                replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
-               threads=args.threads, max_batch_size=args.max_batch,
-               autoscaling=autoscaling)  # fmt: skip
+               threads=args.threads, max_batch_size=args.max_batch, autoscaling=autoscaling,
+               objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     name = args.name or Path(args.path).stem

@@ -118,6 +118,12 @@ def _serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-batch", type=int, help="rows per batch (default 8)")
     serve.add_argument("--min-replicas", type=int, help="autoscale from this many replicas")
     serve.add_argument("--max-replicas", type=int, help="autoscale up to this many replicas")
+    serve.add_argument(
+        "--objective",
+        choices=("latency", "throughput"),
+        help="throughput: measure batch sizes and threads here and serve with the best",
+    )
+    serve.add_argument("--latency-budget-ms", type=float, help="p99 per batch (throughput)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

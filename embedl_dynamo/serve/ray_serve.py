@@ -35,6 +35,7 @@ import numpy as np
 
 from embedl_dynamo.serve.artifact import ServedArtifact
 from embedl_dynamo.serve.kserve import KServeError, decode_inputs, encode_response, model_metadata
+from embedl_dynamo.serve.objective import choose_serving
 
 __all__ = ["DEFAULT_BATCH_WAIT_S", "build_app", "deploy", "model_name"]
 
@@ -168,6 +169,8 @@ def build_app(
     max_batch_size: int | None = None,
     batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_S,
     autoscaling: Mapping[str, Any] | None = None,
+    objective: str | None = None,
+    latency_budget_ms: float | None = None,
 ) -> Any:
     """The Ray Serve application serving ``path`` (for ``serve.run`` or a Serve config).
 
@@ -183,6 +186,12 @@ def build_app(
         batch_wait_timeout_s: how long a batch waits for more requests.
         autoscaling: Ray Serve's ``autoscaling_config`` (``{"min_replicas": 1,
             "max_replicas": 4}``, ...); it replaces ``replicas``.
+        objective: ``latency`` (batches of one row, every CPU of a replica on it) or
+            ``throughput`` (:func:`~embedl_dynamo.serve.objective.choose_serving` measures the
+            file here, on ``cpus_per_replica`` CPUs, and its batch and threads per worker
+            become the batch limit and the CPUs per replica; the CPUs in all stay
+            ``replicas x cpus_per_replica``); None: the options as given.
+        latency_budget_ms: the p99 a batch may take under ``objective="throughput"``.
 
     Returns:
         A bound ``ray.serve.Application``.
@@ -194,6 +203,13 @@ def build_app(
     for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label}={value!r}: give an integer >= 1")
+    if objective is not None:
+        choice = choose_serving(path, objective=objective, latency_budget_ms=latency_budget_ms,
+                                cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip
+        logger.info("%s: %s (batch %d, %d thread(s) per replica)", path.name, choice.note,
+                    choice.batch, choice.threads)  # fmt: skip
+        replicas = replicas * max(1, math.floor(cpus_per_replica)) // choice.threads
+        cpus_per_replica, threads, max_batch_size = choice.threads, choice.threads, choice.batch
     if threads is None:
         threads = max(1, math.floor(cpus_per_replica))
     scaling: dict[str, Any] = (
