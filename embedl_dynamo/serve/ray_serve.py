@@ -35,9 +35,9 @@ import numpy as np
 
 from embedl_dynamo.serve.artifact import ServedArtifact
 from embedl_dynamo.serve.kserve import KServeError, decode_inputs, encode_response, model_metadata
-from embedl_dynamo.serve.objective import choose_serving
+from embedl_dynamo.serve.objective import ServingChoice, choose_serving
 
-__all__ = ["DEFAULT_BATCH_WAIT_S", "build_app", "deploy", "model_name"]
+__all__ = ["DEFAULT_BATCH_WAIT_S", "build_app", "deploy", "model_name", "replica_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +159,17 @@ def _deployment_class() -> Any:
     return EmbedlModel
 
 
+def replica_plan(
+    choice: ServingChoice, replicas: int, cpus_per_replica: float
+) -> tuple[int, int, int, int]:
+    """(replicas, CPUs per replica, threads per replica, batch rows) for ``choice``: the CPUs
+    of ``replicas x cpus_per_replica`` re-split into replicas of ``choice.threads`` CPUs (one
+    worker each, as measured), batches of ``choice.batch`` rows."""
+    cpus = max(1, math.floor(cpus_per_replica))
+    per_replica = min(choice.threads, cpus)
+    return max(1, replicas * cpus // per_replica), per_replica, per_replica, choice.batch
+
+
 def build_app(
     path: str | os.PathLike[str],
     *,
@@ -208,8 +219,9 @@ def build_app(
                                 cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip
         logger.info("%s: %s (batch %d, %d thread(s) per replica)", path.name, choice.note,
                     choice.batch, choice.threads)  # fmt: skip
-        replicas = replicas * max(1, math.floor(cpus_per_replica)) // choice.threads
-        cpus_per_replica, threads, max_batch_size = choice.threads, choice.threads, choice.batch
+        replicas, cpus_per_replica, threads, max_batch_size = replica_plan(
+            choice, replicas, cpus_per_replica
+        )
     if threads is None:
         threads = max(1, math.floor(cpus_per_replica))
     scaling: dict[str, Any] = (

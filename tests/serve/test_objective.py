@@ -10,7 +10,8 @@ from torch import nn
 
 from embedl_dynamo import export
 from embedl_dynamo.serve import objective
-from embedl_dynamo.serve.objective import choose_serving
+from embedl_dynamo.serve.objective import ServingChoice, choose_serving
+from embedl_dynamo.serve.ray_serve import replica_plan
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +69,16 @@ def test_latency_and_static_batch_files(files, tmp_path):
     assert {c["batch"] for c in static.candidates} == {1}  # a static batch is never stacked
     with pytest.raises(ValueError, match="objective='fast'"):
         choose_serving(files[0], objective="fast")
+
+
+@pytest.mark.parametrize(
+    "batch, threads, replicas, cpus, plan",
+    [
+        (32, 1, 1, 2, (2, 1, 1, 32)),  # one replica of 2 CPUs -> two of 1 CPU, batches of 32
+        (8, 2, 3, 2, (3, 2, 2, 8)),  # the measured split is the one asked for
+        (1, 4, 2, 2, (2, 2, 2, 1)),  # never more threads than a replica's CPUs
+    ],
+)
+def test_the_deployment_takes_the_choices_batch_and_threads(batch, threads, replicas, cpus, plan):
+    choice = ServingChoice("throughput", batch, threads, 1.0, 1.0, "measured")
+    assert replica_plan(choice, replicas, cpus) == plan
