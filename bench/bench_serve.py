@@ -236,6 +236,8 @@ def main() -> None:
     parser.add_argument("--objective", action="store_true",
                         help="only objective=latency vs throughput (choose_serving) on 2 nodes' CPUs")  # fmt: skip
     parser.add_argument("--latency-budget-ms", type=float, help="p99 budget for --objective")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32", help="--objective's batches")
+    parser.add_argument("--runs", type=int, default=10, help="--objective's timed batches")
     args = parser.parse_args()
     if args.quick:
         args.model, args.requests, args.clients = "mlp", 40, "1,8"
@@ -262,8 +264,9 @@ def objective_table(args: argparse.Namespace) -> None:
     path = export(model, example, workdir / f"{args.model}.onnx", backend="onnxruntime",
                   precision=args.precision, progress=False)  # fmt: skip
     cpus = 2 * args.cpus_per_node
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
     choice = choose_serving(path, cpus=cpus, latency_budget_ms=args.latency_budget_ms,
-                            runs=10, cache_dir=workdir / "cache")  # fmt: skip
+                            batch_sizes=sizes, runs=args.runs, cache_dir=workdir / "cache")  # fmt: skip
     latency = next(c for c in choice.candidates if c["batch"] == 1 and c["threads"] == cpus)
     print(f"\n{args.model} {args.precision}, {cpus} CPUs, CPU: {_cpu()}")
     print("| batch | threads x workers | samples/s | p99 ms (per batch) |\n|---|---|---|---|")
