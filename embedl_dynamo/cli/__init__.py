@@ -1,4 +1,4 @@
-"""The ``embedl-dynamo`` command line: backends, plan, export, bench, cache.
+"""The ``embedl-dynamo`` command line: backends, plan, export, bench, serve, cache.
 
 ::
 
@@ -7,6 +7,7 @@
     embedl-dynamo export MODULE:FACTORY --input-shape 1,3,224,224 -o model.onnx \\
         [--int8 --calibration batches.npy|.pt] [--engine] [--no-verify]
     embedl-dynamo bench MODULE:FACTORY --input-shape 1,3,224,224 [--plot latency.png]
+    embedl-dynamo serve model.onnx [--replicas 2 --port 8000 --host 127.0.0.1]
     embedl-dynamo cache info|clear [--cache-dir DIR]
 
 ``MODULE`` is an importable module (``torchvision.models``) or a ``.py`` file; ``FACTORY`` a

@@ -1,5 +1,5 @@
-"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``cache``, ``deploy``; each
-returns an exit code."""
+"""The subcommands: ``backends``, ``plan``, ``export``, ``bench``, ``serve``, ``cache``,
+``deploy``; each returns an exit code."""
 
 from __future__ import annotations
 
@@ -164,7 +164,29 @@ def run_export(args: argparse.Namespace) -> int:
             f"  {len(side['quantization']['float_layers'])} layers left in float "
             f"(see {sidecar_path(path).name}); cosine to float {check['cosine_to_float']:.5f}"
         )
+    if args.triton_repository:
+        _write_triton(path, args)
     return EXIT_OK
+
+
+def _write_triton(path: Any, args: argparse.Namespace) -> None:
+    from embedl_dynamo.deploy.triton import write_triton_repository
+    from embedl_dynamo.errors import RuntimeUnavailableError
+
+    try:
+        model_dir = write_triton_repository(
+            path,
+            args.triton_repository,
+            name=args.triton_name,
+            instances=args.triton_instances,
+            threads=args.triton_threads,
+            max_batch_size=args.triton_max_batch,
+        )
+    except ExportArgumentError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    except RuntimeUnavailableError as exc:
+        raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
+    print(f"wrote Triton model {model_dir} (config.pbtxt, 1/)")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -221,6 +243,55 @@ def run_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def run_serve(args: argparse.Namespace) -> int:
+    import logging
+    import time
+    from pathlib import Path
+
+    if not Path(args.path).is_file():
+        raise CliError(
+            f"no file at {args.path!r}; export one with embedl-dynamo export", EXIT_USAGE
+        )
+    scaled = (args.min_replicas, args.max_replicas)
+    if (None in scaled) != (scaled == (None, None)):
+        raise CliError("give both --min-replicas and --max-replicas, or neither", EXIT_USAGE)
+    try:
+        from ray import serve
+
+        from embedl_dynamo.serve import choose_serving, deploy
+    except ImportError as exc:
+        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+    if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    autoscaling = (
+        {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas}
+        if args.min_replicas is not None
+        else None
+    )
+    try:
+        if args.objective:  # measured once here (and cached), then used by deploy
+            choice = choose_serving(args.path, objective=args.objective,
+                                    latency_budget_ms=args.latency_budget_ms,
+                                    cpus=max(1, int(args.cpus_per_replica)))  # fmt: skip
+            print(f"{choice.note}: batch {choice.batch}, {choice.threads} thread(s) per replica")
+        deploy(args.path, name=args.name, host=args.host, port=args.port, address=args.address,
+               replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
+               threads=args.threads, max_batch_size=args.max_batch, autoscaling=autoscaling,
+               objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
+    except (ValueError, FileNotFoundError) as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    name = args.name or Path(args.path).stem
+    print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer "
+          "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+        print("stopped")
+    return EXIT_OK
+
+
 def run_cache(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -269,6 +340,7 @@ COMMANDS = {
     "plan": run_plan,
     "export": run_export,
     "bench": run_bench,
+    "serve": run_serve,
     "cache": run_cache,
     "deploy": run_deploy,
 }

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--html", action="store_true", help="also write the report page (model.html)"
     )
     export.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _triton_args(export.add_argument_group("Triton model repository"))
+
+    _serve_args(sub.add_parser("serve", help="serve an exported file on Ray Serve (KServe v2)"))
 
     cache = sub.add_parser("cache", help="the artifact cache: size per namespace, or clear it")
     cache.add_argument(
@@ -98,6 +101,40 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, help="torch intra-op threads")
     bench.add_argument("--plot", help="write a PNG bar chart of the medians")
     return parser
+
+
+def _triton_args(triton: argparse._ArgumentGroup) -> None:
+    """``export``'s options for a Triton model repository written beside the file."""
+    triton.add_argument(
+        "--triton-repository",
+        metavar="DIR",
+        help="also write DIR/<name>/config.pbtxt and DIR/<name>/1/model.onnx (or model.plan)",
+    )
+    triton.add_argument("--triton-name", help="the model's name in Triton (default: file stem)")
+    triton.add_argument("--triton-instances", type=int, default=1, help="model instances")
+    triton.add_argument("--triton-threads", type=int, help="CPU threads per instance")
+    triton.add_argument("--triton-max-batch", type=int, help="Triton's max_batch_size (default 8)")
+
+
+def _serve_args(serve: argparse.ArgumentParser) -> None:
+    """``serve``'s options: the file, where HTTP listens, replicas and their size."""
+    serve.add_argument("path", help="the .onnx file embedl-dynamo export wrote")
+    serve.add_argument("--name", help="the model's name in URLs (default: the file's stem)")
+    serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument("--address", help="a running Ray cluster (default: start one here)")
+    serve.add_argument("--replicas", type=int, default=1, help="replicas (default 1)")
+    serve.add_argument("--cpus-per-replica", type=float, default=1, help="CPUs each (default 1)")
+    serve.add_argument("--threads", type=int, help="runtime threads per replica (default: CPUs)")
+    serve.add_argument("--max-batch", type=int, help="rows per batch (default 8)")
+    serve.add_argument("--min-replicas", type=int, help="autoscale from this many replicas")
+    serve.add_argument("--max-replicas", type=int, help="autoscale up to this many replicas")
+    serve.add_argument(
+        "--objective",
+        choices=("latency", "throughput"),
+        help="throughput: measure batch sizes and threads here and serve with the best",
+    )
+    serve.add_argument("--latency-budget-ms", type=float, help="p99 per batch (throughput)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

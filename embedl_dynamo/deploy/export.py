@@ -50,6 +50,7 @@ from embedl_dynamo.deploy.sidecar import (
     sidecar_path,
     write_report_page,
 )
+from embedl_dynamo.deploy.triton import write_triton_repository
 from embedl_dynamo.deploy.verify import Verification
 from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
@@ -130,6 +131,7 @@ def export(
     options: Mapping[str, Any] | None = None,
     progress: bool | None = None,
     html: bool = False,
+    triton_repository: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Run the ``torch.compile`` pipeline ahead of time and write an ONNX file plus JSON sidecar.
 
@@ -161,6 +163,7 @@ def export(
             ...), as for ``torch.compile(..., options=...)``.
         progress: show a progress bar over the export stages (None: only on a terminal).
         html: also write the compile report as one page beside the sidecar (``model.html``).
+        triton_repository: also write a Triton model repository there (:mod:`.triton`).
 
     Returns:
         The path of the ONNX file.
@@ -190,7 +193,7 @@ def export(
         stages.close()
     sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
     sidecar.update(_deployment(path, target, settings, gm, len(outputs), engine_path))
-    _write_sidecar(path, sidecar, target, result, html, stages.start)
+    _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
     return path
 
 
@@ -254,20 +257,26 @@ def _outputs(result: PipelineResult, args: tuple[torch.Tensor, ...]) -> list[tor
 def _write_sidecar(
     path: Path,
     sidecar: dict[str, Any],
+    engine_path: Path | None,
     target: Backend,
     result: PipelineResult,
     html: bool,
-    start: float,
+    stages: ExportStages,
+    triton_repository: str | os.PathLike[str] | None,
 ) -> None:
-    """Warn about TensorRT lint, write the HTML page when asked, then the sidecar."""
+    """Warn about TensorRT lint, write the HTML page when asked, then the sidecar (naming the
+    engine file), then the Triton model repository when asked."""
+    sidecar["engine_file"] = engine_path.name if engine_path else None
     if sidecar["tensorrt_lint"]:
         lint = sidecar["tensorrt_lint"]
         logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
                        "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
     if html:
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - stages.start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
     atomic_write_text(sidecar_path(path), json.dumps(jsonable(sidecar, default=repr), indent=2))
+    if triton_repository is not None:
+        write_triton_repository(path, triton_repository)
 
 
 def _log_verification(path: Path, check: Verification, settings: Settings) -> None:

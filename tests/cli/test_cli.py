@@ -102,6 +102,28 @@ def test_export_from_a_py_file_writes_onnx_and_sidecar(tmp_path, net_py, capsys)
     assert side["inputs"][0]["shape"] == ["batch", 3, 16, 16]
 
 
+def test_export_writes_a_triton_repository(tmp_path, net_py, capsys) -> None:
+    model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+    from google.protobuf import text_format
+
+    out_path, repo = tmp_path / "net.onnx", tmp_path / "repo"
+    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
+            "--backend", "openvino", "--triton-repository", str(repo), "--triton-name", "net",
+            "--triton-instances", "2", "--triton-threads", "1", "-q"]  # fmt: skip
+    assert main(argv) == EXIT_OK
+    assert f"wrote Triton model {repo / 'net'}" in capsys.readouterr().out
+    config = text_format.Parse(
+        (repo / "net" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
+    assert (config.backend, config.max_batch_size, list(config.input[0].dims)) == (
+        "openvino",
+        8,
+        [3, 16, 16],
+    )
+    assert config.parameters["INFERENCE_NUM_THREADS"].string_value == "2"
+    assert (repo / "net" / "1" / "model.onnx").read_bytes() == out_path.read_bytes()
+
+
 @pytest.mark.parametrize("suffix", [".npy", ".pt"])
 def test_export_int8_with_calibration_file(tmp_path, net_py, suffix) -> None:
     data = torch.randn(8, 3, 16, 16)
@@ -154,6 +176,20 @@ def test_errors_are_one_line_with_exit_codes(tmp_path, net_py, capsys, argv, cod
     argv = [a.format(net=net_py, tmp=tmp_path) for a in argv]
     quiet = ["-q"] if argv[0] == "export" else []
     assert main([*argv, *quiet, "--cache-dir", str(tmp_path / "c")]) == code
+    _one_line_error(capsys.readouterr().err, text)
+
+
+@pytest.mark.parametrize(
+    ("argv", "text"),
+    [
+        (["serve", "{tmp}/missing.onnx"], "no file at"),
+        (["serve", "{file}", "--min-replicas", "1"], "give both --min-replicas and --max-replicas"),
+    ],
+)
+def test_serve_refuses_bad_arguments_before_starting_ray(tmp_path, capsys, argv, text) -> None:
+    (tmp_path / "m.onnx").write_bytes(b"")
+    argv = [a.format(tmp=tmp_path, file=tmp_path / "m.onnx") for a in argv]
+    assert main(argv) == EXIT_USAGE
     _one_line_error(capsys.readouterr().err, text)
 
 

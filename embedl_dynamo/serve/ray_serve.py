@@ -1,0 +1,277 @@
+"""An exported artifact as a Ray Serve deployment: replicas, request batching, KServe v2 over HTTP.
+
+Each replica loads the file with :func:`embedl_dynamo.load` (nothing is built), with its
+runtime's threads set to the CPUs Ray gives it (``ray_actor_options={"num_cpus": n}``), so two
+replicas on a two-core node run one thread each. Requests are batched across clients with
+``@serve.batch`` up to the rows the artifact takes at once (its dynamic batch axis; a file
+without one runs each request alone), waiting at most ``batch_wait_timeout_s``.
+
+Routes (Ray Serve's FastAPI ingress), the KServe v2 protocol Triton and OpenVINO Model Server
+speak, so one client works against any of them:
+
+* ``POST /v2/models/<name>/infer``: JSON inference (:mod:`embedl_dynamo.serve.kserve`);
+* ``GET /v2/models/<name>``: the model's inputs and outputs; ``GET /v2/models/<name>/ready``;
+* ``GET /v2/health/ready`` and ``GET /v2/health/live``.
+
+In-cluster callers use the deployment handle :func:`deploy` returns:
+``handle.infer.remote([array, ...]).result()`` gives the output arrays.
+
+Ray is imported only inside these functions (the ``serve`` extra). Annotations are evaluated
+(no ``from __future__ import annotations``): FastAPI reads the routes' ``Request`` annotation,
+which exists only inside :func:`_deployment_class`.
+"""
+
+import asyncio
+import functools
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from embedl_dynamo.serve.artifact import ServedArtifact
+from embedl_dynamo.serve.kserve import KServeError, decode_inputs, encode_response, model_metadata
+from embedl_dynamo.serve.objective import ServingChoice, choose_serving
+
+__all__ = ["DEFAULT_BATCH_WAIT_S", "build_app", "deploy", "model_name", "replica_plan"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_WAIT_S = 0.005
+_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+def model_name(path: str | os.PathLike[str], name: str | None = None) -> str:
+    """The model's name in URLs: ``name``, else the file's stem; checked to be URL-safe."""
+    name = name or Path(path).stem
+    if not _NAME.match(name):
+        raise ValueError(f"model name {name!r} must be letters, digits, '_', '-' or '.'")
+    return name
+
+
+def _ray() -> tuple[Any, Any]:
+    try:
+        import ray
+        from ray import serve
+    except ImportError as exc:
+        raise ImportError(
+            f"serving needs Ray Serve ({exc}); pip install 'embedl-dynamo[serve]'"
+        ) from exc
+    return ray, serve
+
+
+class _Replica:
+    """What one replica does, apart from Ray: load the artifact, run requests and batches."""
+
+    def __init__(self, path: str, name: str, threads: int | None, max_batch: int | None) -> None:
+        self.name = name
+        self.model = ServedArtifact(path, threads=threads, max_batch_size=max_batch)
+
+    def metadata(self) -> dict[str, Any]:
+        platform = f"embedl_dynamo_{self.model.runtime}"
+        return model_metadata(self.name, platform, self.model.inputs, self.model.outputs)
+
+    async def run_all(self, items: list[tuple[int, list[np.ndarray]]]) -> list[list[np.ndarray]]:
+        """A batch of (rows, arrays) requests, run off the event loop."""
+        return await asyncio.to_thread(self.model.run_batch, [arrays for _, arrays in items])
+
+
+def _rows(items: list[tuple[int, list[np.ndarray]]]) -> int:
+    return sum(rows for rows, _ in items)
+
+
+@functools.cache
+def _deployment_class() -> Any:
+    """The ``@serve.deployment`` class (defined on first use: it needs Ray and FastAPI)."""
+    _, serve = _ray()
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI(title="embedl_dynamo KServe v2")
+
+    def error(status: int, message: str) -> JSONResponse:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @serve.deployment
+    @serve.ingress(app)
+    class EmbedlModel(_Replica):
+        def __init__(self, path: str, name: str, threads: int | None, max_batch: int | None,
+                     batch_wait_s: float) -> None:  # fmt: skip
+            super().__init__(path, name, threads, max_batch)
+            self.infer_batch.set_max_batch_size(self.model.max_rows)
+            self.infer_batch.set_batch_wait_timeout_s(batch_wait_s)
+
+        @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S,
+                     batch_size_fn=_rows)  # fmt: skip
+        async def infer_batch(self, items: list[tuple[int, list[np.ndarray]]]):
+            return await self.run_all(items)
+
+        async def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+            """The outputs for one request's input arrays (the handle's entry point)."""
+            rows = self.model.rows(arrays)
+            if rows > self.model.max_rows:  # more than one batch: run it alone
+                return (await self.run_all([(rows, arrays)]))[0]
+            return await self.infer_batch((rows, arrays))
+
+        def describe(self) -> dict[str, Any]:
+            """This replica: its runtime, threads, batch limit, the most requests it has run as
+            one batch so far, its Ray node and replica id."""
+            import ray
+
+            return {
+                "model": self.name,
+                "runtime": self.model.runtime,
+                "threads": self.model.threads,
+                "max_batch_rows": self.model.max_rows,
+                "largest_batch": self.model.largest_batch,
+                "node_id": ray.get_runtime_context().get_node_id(),
+                "replica": serve.get_replica_context().replica_id.unique_id,
+            }
+
+        @app.get("/v2/health/live")
+        @app.get("/v2/health/ready")
+        async def health(self) -> dict[str, bool]:
+            return {"live": True, "ready": True}
+
+        @app.get("/v2/models/{model}")
+        async def model_metadata(self, model: str):
+            return self.metadata() if model == self.name else error(404, f"no model {model!r}")
+
+        @app.get("/v2/models/{model}/ready")
+        async def model_ready(self, model: str):
+            return {"name": model, "ready": True} if model == self.name else error(404, model)
+
+        @app.post("/v2/models/{model}/infer")
+        async def infer_http(self, model: str, request: Request):
+            if model != self.name:
+                return error(404, f"no model {model!r}; this deployment serves {self.name!r}")
+            try:
+                body = await request.json()
+                outputs = await self.infer(decode_inputs(body, self.model.inputs))
+                return encode_response(self.name, self.model.outputs, outputs, body)
+            except (KServeError, ValueError) as exc:  # a bad request, or one the model refuses
+                return error(400, str(exc))
+
+    return EmbedlModel
+
+
+def replica_plan(
+    choice: ServingChoice, replicas: int, cpus_per_replica: float
+) -> tuple[int, int, int, int]:
+    """(replicas, CPUs per replica, threads per replica, batch rows) for ``choice``: the CPUs
+    of ``replicas x cpus_per_replica`` re-split into replicas of ``choice.threads`` CPUs (one
+    worker each, as measured), batches of ``choice.batch`` rows."""
+    cpus = max(1, math.floor(cpus_per_replica))
+    per_replica = min(choice.threads, cpus)
+    return max(1, replicas * cpus // per_replica), per_replica, per_replica, choice.batch
+
+
+def build_app(
+    path: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    replicas: int = 1,
+    cpus_per_replica: float = 1,
+    threads: int | None = None,
+    max_batch_size: int | None = None,
+    batch_wait_timeout_s: float = DEFAULT_BATCH_WAIT_S,
+    autoscaling: Mapping[str, Any] | None = None,
+    objective: str | None = None,
+    latency_budget_ms: float | None = None,
+) -> Any:
+    """The Ray Serve application serving ``path`` (for ``serve.run`` or a Serve config).
+
+    Args:
+        path: the ``.onnx`` file :func:`~embedl_dynamo.export` wrote; every node that may run a
+            replica must see it at this path (shared storage, or the same copy on each node).
+        name: the model's name in URLs (default: the file's stem).
+        replicas: replicas to run (without ``autoscaling``).
+        cpus_per_replica: the CPUs Ray reserves for each replica.
+        threads: the runtime's threads per replica (default: ``cpus_per_replica``, at least 1).
+        max_batch_size: the most rows one batch holds (default 8; 1 for a file without a
+            dynamic batch axis).
+        batch_wait_timeout_s: how long a batch waits for more requests.
+        autoscaling: Ray Serve's ``autoscaling_config`` (``{"min_replicas": 1,
+            "max_replicas": 4}``, ...); it replaces ``replicas``.
+        objective: ``latency`` (batches of one row, every CPU of a replica on it) or
+            ``throughput`` (:func:`~embedl_dynamo.serve.objective.choose_serving` measures the
+            file here, on ``cpus_per_replica`` CPUs, and its batch and threads per worker
+            become the batch limit and the CPUs per replica; the CPUs in all stay
+            ``replicas x cpus_per_replica``); None: the options as given.
+        latency_budget_ms: the p99 a batch may take under ``objective="throughput"``.
+
+    Returns:
+        A bound ``ray.serve.Application``.
+    """
+    path = Path(path).resolve()
+    name = model_name(path, name)
+    if not path.is_file():
+        raise FileNotFoundError(f"no artifact at {str(path)!r}; export one first")
+    for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label}={value!r}: give an integer >= 1")
+    if objective is not None:
+        choice = choose_serving(path, objective=objective, latency_budget_ms=latency_budget_ms,
+                                cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip
+        logger.info("%s: %s (batch %d, %d thread(s) per replica)", path.name, choice.note,
+                    choice.batch, choice.threads)  # fmt: skip
+        replicas, cpus_per_replica, threads, max_batch_size = replica_plan(
+            choice, replicas, cpus_per_replica
+        )
+    if threads is None:
+        threads = max(1, math.floor(cpus_per_replica))
+    scaling: dict[str, Any] = (
+        {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
+    )
+    deployment = _deployment_class().options(
+        name=name,
+        ray_actor_options={"num_cpus": cpus_per_replica},
+        max_ongoing_requests=2 * (max_batch_size or 8),
+        **scaling,
+    )
+    return deployment.bind(str(path), name, threads, max_batch_size, batch_wait_timeout_s)
+
+
+def deploy(
+    path: str | os.PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    address: str | None = None,
+    proxy_location: str = "HeadOnly",
+    name: str | None = None,
+    **options: Any,
+) -> Any:
+    """Serve ``path`` on Ray Serve over HTTP and return the deployment's handle.
+
+    Connects to the Ray cluster at ``address`` (None: the running one, else a new local one),
+    starts Serve's HTTP proxy on ``host:port`` (the head node only, by default: on one machine
+    a proxy per node would contend for the port) and deploys :func:`build_app`.
+
+    Args:
+        path: the exported ``.onnx`` file.
+        host, port: where the HTTP proxy listens (Serve's first start fixes them).
+        address: a Ray cluster address (``ray://...`` or ``host:port``), None for local.
+        proxy_location: Serve's ``proxy_location`` (``HeadOnly``, ``EveryNode``).
+        name: the model's name (and the Serve application's).
+        options: :func:`build_app`'s options (``replicas``, ``cpus_per_replica``, ...).
+
+    Returns:
+        A ``DeploymentHandle``: ``handle.infer.remote([array, ...]).result()``.
+    """
+    ray, serve = _ray()
+    name = model_name(path, name)
+    app = build_app(path, name=name, **options)
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
+                 log_to_driver=False)  # fmt: skip
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location,
+                logging_config=quiet)  # fmt: skip
+    handle = serve.run(app, name=name, route_prefix="/", logging_config=quiet)
+    logger.info("serving %s at http://%s:%s/v2/models/%s", path, host, port, name)
+    return handle
