@@ -5,9 +5,7 @@ changes."""
 from __future__ import annotations
 
 import logging
-import operator
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,6 +13,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
@@ -79,9 +78,9 @@ def wrap_compiled(
     runtime.
 
     The weights were frozen into the artifact, so each call first checks that they are the
-    same tensors, unchanged (``load_state_dict``, an optimizer step, ``weight.mul_(2)`` bump a
-    tensor's version counter; a few integer reads per call), and otherwise runs a build for the
-    weights it was given (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`;
+    same tensors, unchanged (:class:`~embedl_dynamo.dynamo.frozen_weights.FrozenWeights`:
+    identity, version counter, address and a sample of the bytes, which ``.data`` writes
+    change), and otherwise runs a build for the weights it was given (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`;
     several kept, :func:`_by_weights`).
     """
     if infer is None:
@@ -114,7 +113,7 @@ def wrap_compiled(
         return _as_output(gm, outputs)
 
     by_weights = _by_weights(
-        run, _FrozenWeights(example_inputs, not_weights), report.index,
+        run, FrozenWeights(example_inputs, not_weights), report.index,
         lambda args: recompile(gm, args, backend, settings),
     )  # fmt: skip
 
@@ -129,7 +128,7 @@ def wrap_compiled(
 
 def _by_weights(
     run: Callable[..., Any],
-    frozen: _FrozenWeights,
+    frozen: FrozenWeights,
     index: int,
     rebuild: Callable[[Sequence[Any]], Callable[..., Any]],
 ) -> Callable[..., Any]:
@@ -150,15 +149,37 @@ def _by_weights(
                 if position:
                     builds.insert(0, builds.pop(position))
                 return build(*args)
-        weights = _FrozenWeights(args, frozen.user)
+        weights = FrozenWeights(args, frozen.user)
+        what = builds[0][0].changed(args)
         logger.info("subgraph %d: weight %s is not the one compiled; building for these weights",
-                    index, builds[0][0].changed(args))  # fmt: skip
+                    index, what)  # fmt: skip
+        if what == SAMPLED_BYTES:
+            _warn_data_write(index)
         build = rebuild(args)
         builds[:] = [b for b in builds if b[0].may_match_again(weights)][: WEIGHT_SETS - 1]
         builds.insert(0, (weights, build))
         return build(*args)  # this call's own build, whatever other threads put first
 
     return by_weights
+
+
+_warned_data_write = False
+
+
+def _warn_data_write(index: int) -> None:
+    """Once a process: a weight changed through ``.data``, seen only by the sampled bytes."""
+    global _warned_data_write
+    if _warned_data_write:
+        return
+    _warned_data_write = True
+    warnings.warn(
+        f"subgraph {index}: a weight was written through .data (its version counter did not "
+        "move); embedl_dynamo rebuilds because a sample of each weight's bytes changed, but a "
+        ".data write that changes none of the sampled bytes is not seen. Update weights with "
+        "p.copy_(new) under torch.no_grad() or load_state_dict() to be seen exactly",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _outputs(
@@ -250,59 +271,8 @@ def in_place_writes(
     return found
 
 
-_VERSION = operator.attrgetter("_version")
-
 #: builds for this many sets of live weights are kept per compiled graph (see wrap_compiled)
 WEIGHT_SETS = 4
-
-
-class _FrozenWeights:
-    """Identity and version counter of every frozen weight among Dynamo's arguments.
-
-    Checked on every call, so with C-level ``map`` and tuple comparison rather than a Python
-    loop, whose per-weight overhead would add up on models with hundreds of weights. Held by
-    weak reference: once one of them is freed its ``id`` may be given to another tensor, so
-    the set never matches again (``freed``), and the caller's model is not kept alive.
-    """
-
-    def __init__(self, args: Sequence[Any], user: list[int]) -> None:
-        self.user = user  # the arguments that are not weights
-        users = set(user)
-        self.indices = [
-            i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
-        ]
-        self.ids, self.versions = self._state(args)
-        self.freed = False
-        self._refs = [weakref.ref(args[i], self._on_free) for i in self.indices]
-
-    def _on_free(self, _ref: Any) -> None:
-        self.freed = True
-
-    def may_match_again(self, newer: _FrozenWeights) -> bool:
-        """False when this set can never match a call again: a weight was freed, or ``newer``
-        holds the same tensors (modified in place since: versions only grow)."""
-        return not self.freed and self.ids != newer.ids
-
-    def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        if len(self.indices) > 1:
-            return operator.itemgetter(*self.indices)(args)
-        return tuple(args[i] for i in self.indices)
-
-    def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        tensors = self._pick(args)
-        return tuple(map(id, tensors)), tuple(map(_VERSION, tensors))
-
-    def changed(self, args: Sequence[Any]) -> str | None:
-        """The first weight replaced or modified in place since compile, or None."""
-        ids, versions = self._state(args)
-        if ids == self.ids and versions == self.versions and not self.freed:
-            return None
-        for index, ident, version, old_id, old_version in zip(
-            self.indices, ids, versions, self.ids, self.versions
-        ):
-            if ident != old_id or version != old_version:
-                return f"argument {index}"
-        return "a weight"
 
 
 #: an input this many times larger than the largest value calibration saw is clipped by INT8

@@ -1,0 +1,173 @@
+"""Whether the weights a build froze are still the caller's weights, checked on every call.
+
+A compiled subgraph holds copies of its weights (ONNX initializers, an engine's constants), so
+each call first asks whether the caller's parameters and buffers are the tensors it froze, with
+the values it froze:
+
+* **identity and version counter** (``id``, ``_version``): a new Parameter, ``load_state_dict``,
+  an optimizer step, ``p.mul_(2)`` or ``p.copy_(new)`` under ``no_grad``, ``nn.init``;
+* **memory address** (``data_ptr()``): ``p.data = new`` and
+  ``torch.nn.utils.vector_to_parameters`` give the same Parameter new memory, without a
+  version bump;
+* **a sample of the bytes** (:class:`ByteSample`): an in-place write through ``.data``
+  (``p.data.mul_(2)``, ``p.data.copy_(new)``, ``buf.data.add_(1)``) changes the memory through a
+  tensor with a version counter of its own, so only the values can tell. A weight of at most
+  :data:`SMALL_BYTES` bytes is compared whole; a larger one in :data:`BLOCKS` blocks of
+  :data:`BLOCK_BYTES` contiguous bytes spread evenly over its memory, the first and last bytes
+  included. A ``.data`` write that changes none of the sampled bytes is not seen.
+
+What is not seen: such a write outside the sample, and ``p.data`` replaced by another view of
+the same memory at the same address (``p.data = p.data.t()`` of a square weight), which
+Dynamo's own guards on strides see unless they are skipped.
+
+Each call costs three C-level ``map``s over the weights, one ``torch.cat`` per group of sampled
+views (made once, over each weight's storage) and one comparison of the concatenated bytes as
+int64 words. The views keep the sampled weights' memory alive as long as the build is kept.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = [
+    "BLOCKS",
+    "BLOCK_BYTES",
+    "SAMPLED_BYTES",
+    "SMALL_BYTES",
+    "ByteSample",
+    "FrozenWeights",
+]
+
+#: a weight of at most this many bytes is compared whole
+SMALL_BYTES = 1024
+#: a larger weight is compared in this many blocks ...
+BLOCKS = 16
+#: ... of this many contiguous bytes (a cache line each)
+BLOCK_BYTES = 64
+_WORD = 8  # bytes compared as one int64
+#: what :meth:`FrozenWeights.changed` returns for a write seen only in the sampled bytes
+SAMPLED_BYTES = "the sampled bytes"
+
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = torch.Tensor.data_ptr
+
+
+def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The first byte of ``tensor`` in its storage and the length of the memory it spans."""
+    size = tensor.element_size()
+    if tensor.numel() == 0:
+        return tensor.storage_offset() * size, 0
+    last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()) if n > 1)
+    return tensor.storage_offset() * size, (last + 1) * size
+
+
+def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+    """Byte views of ``tensor``'s memory to compare, each with the width of its group (0: a
+    1-d view of fewer than 8 bytes); none for a tensor without plain storage."""
+    if tensor.layout != torch.strided or tensor.device.type == "meta":
+        return []
+    try:
+        storage = tensor.untyped_storage()
+    except (NotImplementedError, RuntimeError):  # a tensor subclass without storage
+        return []
+    start, length = _byte_span(tensor)
+    if length == 0:
+        return []
+    with torch.no_grad():
+        raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
+    if length < _WORD:
+        return [(0, raw.as_strided((length,), (1,), start))]
+    if length <= SMALL_BYTES:  # whole: rows of 8 bytes, and the last 8 when they do not divide
+        views = [(_WORD, raw.as_strided((length // _WORD, _WORD), (_WORD, 1), start))]
+        if length % _WORD:
+            views.append((_WORD, raw.as_strided((1, _WORD), (_WORD, 1), start + length - _WORD)))
+        return views
+    step = (length - BLOCK_BYTES) // (BLOCKS - 1)
+    return [(BLOCK_BYTES, raw.as_strided((BLOCKS, BLOCK_BYTES), (step, 1), start))]
+
+
+class ByteSample:
+    """Sampled bytes of some tensors (see the module), compared with those read at creation."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        groups: dict[int, list[torch.Tensor]] = {}
+        for tensor in tensors:
+            for width, view in _sample_views(tensor):
+                groups.setdefault(width, []).append(view)
+        self._groups = list(groups.items())
+        self._reference = [self._read(width, views) for width, views in self._groups]
+
+    @staticmethod
+    def _read(width: int, views: list[torch.Tensor]) -> torch.Tensor:
+        joined = torch.cat(views)
+        return joined.view(torch.int64) if width else joined
+
+    def unchanged(self) -> bool:
+        """Whether every sampled byte holds the value it held at creation."""
+        return all(
+            torch.equal(self._read(width, views), reference)
+            for (width, views), reference in zip(self._groups, self._reference)
+        )
+
+
+class FrozenWeights:
+    """Identity, version counter, address and sampled bytes of every frozen weight among
+    Dynamo's arguments (see the module).
+
+    Checked on every call, so with C-level ``map`` and tuple comparison rather than a Python
+    loop, whose per-weight overhead would add up on models with hundreds of weights. Held by
+    weak reference: once one of them is freed its ``id`` may be given to another tensor, so
+    the set never matches again (``freed``), and the caller's model is not kept alive.
+    """
+
+    def __init__(self, args: Sequence[Any], user: list[int]) -> None:
+        self.user = user  # the arguments that are not weights
+        users = set(user)
+        self.indices = [
+            i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
+        ]
+        self.ids, self.versions, self.addresses = self._state(args)
+        self.sample = ByteSample(self._pick(args))
+        self.freed = False
+        self._refs = [weakref.ref(args[i], self._on_free) for i in self.indices]
+
+    def _on_free(self, _ref: Any) -> None:
+        self.freed = True
+
+    def may_match_again(self, newer: FrozenWeights) -> bool:
+        """False when this set can never match a call again: a weight was freed, or ``newer``
+        holds the same tensors (modified since)."""
+        return not self.freed and self.ids != newer.ids
+
+    def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        if len(self.indices) > 1:
+            return operator.itemgetter(*self.indices)(args)
+        return tuple(args[i] for i in self.indices)
+
+    def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
+        tensors = self._pick(args)
+        return (
+            tuple(map(id, tensors)),
+            tuple(map(_VERSION, tensors)),
+            tuple(map(_DATA_PTR, tensors)),
+        )
+
+    def changed(self, args: Sequence[Any]) -> str | None:
+        """What changed since the build: the first weight replaced, modified in place or given
+        new memory, ``"the sampled bytes"`` of a write the version counters missed
+        (``.data``), or None."""
+        state = self._state(args)
+        if state == (self.ids, self.versions, self.addresses) and not self.freed:
+            return None if self.sample.unchanged() else SAMPLED_BYTES
+        for index, now, then in zip(self.indices, zip(*state), zip(*self._old())):
+            if now != then:
+                return f"argument {index}"
+        return "a weight"
+
+    def _old(self) -> tuple[tuple[int, ...], ...]:
+        return self.ids, self.versions, self.addresses
