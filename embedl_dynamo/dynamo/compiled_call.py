@@ -14,6 +14,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
+from embedl_dynamo.dynamo.input_overlap import overlapping_input
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
@@ -70,7 +71,8 @@ def wrap_compiled(
     copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`), unless the
     runtime wrote it there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
     decode step copies no cache). The outputs at ``returned`` are a user input's tensor itself
-    in eager: that input is returned there.
+    in eager: that input is returned there. A call in which a written input shares memory with
+    another input runs the original graph, with one warning (:func:`_overlap_guard`).
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
@@ -117,13 +119,45 @@ def wrap_compiled(
         lambda args: recompile(gm, args, backend, settings),
     )  # fmt: skip
 
+    overlap = _overlap_guard(user, written, report.index)
+
     def compiled(*args: Any) -> Any:
         if specialized and any(float(args[i]) != v for i, v in specialized.items()):
             return gm.forward(*args)  # a float the artifact holds as a constant changed
+        if written and overlap(args):
+            return gm.forward(*args)  # a written input shares memory with another input
         return by_weights(*args)
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
+
+
+def _overlap_guard(
+    user: Sequence[int], written: Sequence[int], index: int
+) -> Callable[[Sequence[Any]], bool]:
+    """Whether a call's written input overlaps another input in memory
+    (:func:`~embedl_dynamo.dynamo.input_overlap.overlapping_input`): the artifact, made
+    functional on inputs that did not, would miss eager's write showing in the other. Warns
+    once for this subgraph."""
+    warned = False
+
+    def overlaps(args: Sequence[Any]) -> bool:
+        nonlocal warned
+        position = overlapping_input([args[i] for i in user], written)
+        if position is None:
+            return False
+        if not warned:
+            warned = True
+            warnings.warn(
+                f"subgraph {index}: input {position} is written in place and shares memory "
+                "with another input on this call (views of one tensor); such calls run in "
+                "PyTorch, which sees the write through both",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return True
+
+    return overlaps
 
 
 def _by_weights(

@@ -41,6 +41,7 @@ __all__ = [
     "SMALL_BYTES",
     "ByteSample",
     "FrozenWeights",
+    "byte_span",
 ]
 
 #: a weight of at most this many bytes is compared whole
@@ -57,7 +58,7 @@ _VERSION = operator.attrgetter("_version")
 _DATA_PTR = torch.Tensor.data_ptr
 
 
-def _byte_span(tensor: torch.Tensor) -> tuple[int, int]:
+def byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     """The first byte of ``tensor`` in its storage and the length of the memory it spans."""
     size = tensor.element_size()
     if tensor.numel() == 0:
@@ -75,7 +76,7 @@ def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         storage = tensor.untyped_storage()
     except (NotImplementedError, RuntimeError):  # a tensor subclass without storage
         return []
-    start, length = _byte_span(tensor)
+    start, length = byte_span(tensor)
     if length == 0:
         return []
     with torch.no_grad():
