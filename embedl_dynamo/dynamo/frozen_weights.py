@@ -12,17 +12,18 @@ the values it froze:
 * **a sample of the bytes** (:class:`ByteSample`): an in-place write through ``.data``
   (``p.data.mul_(2)``, ``p.data.copy_(new)``, ``buf.data.add_(1)``) changes the memory through a
   tensor with a version counter of its own, so only the values can tell. A weight of at most
-  :data:`SMALL_BYTES` bytes is compared whole; a larger one in :data:`BLOCKS` blocks of
-  :data:`BLOCK_BYTES` contiguous bytes spread evenly over its memory, the first and last bytes
-  included. A ``.data`` write that changes none of the sampled bytes is not seen.
+  :data:`SMALL_BYTES` bytes is compared whole; a larger one in :data:`SAMPLED_WORDS` words of
+  8 bytes spread evenly over its memory from the first (64 of a float32
+  weight's values, two in each of 32 places). A ``.data`` write that changes none of the
+  sampled bytes is not seen.
 
 What is not seen: such a write outside the sample, and ``p.data`` replaced by another view of
 the same memory at the same address (``p.data = p.data.t()`` of a square weight), which
 Dynamo's own guards on strides see unless they are skipped.
 
-Each call costs three C-level ``map``s over the weights, one ``torch.cat`` per group of sampled
-views (made once, over each weight's storage) and one comparison of the concatenated bytes as
-int64 words. The views keep the sampled weights' memory alive as long as the build is kept.
+Each call costs three C-level ``map``s over the weights, one ``torch.cat`` of the sampled
+views (made once, over each weight's storage; a second one only for weights of fewer than 8
+bytes) and one comparison of the concatenated words as int64. The views keep the sampled weights' memory alive as long as the build is kept.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "BLOCKS",
-    "BLOCK_BYTES",
     "SAMPLED_BYTES",
+    "SAMPLED_WORDS",
     "SMALL_BYTES",
     "ByteSample",
     "FrozenWeights",
@@ -46,10 +46,8 @@ __all__ = [
 
 #: a weight of at most this many bytes is compared whole
 SMALL_BYTES = 1024
-#: a larger weight is compared in this many blocks ...
-BLOCKS = 16
-#: ... of this many contiguous bytes (a cache line each)
-BLOCK_BYTES = 64
+#: a larger weight is compared in this many 8-byte words, spread evenly over its memory
+SAMPLED_WORDS = 32
 _WORD = 8  # bytes compared as one int64
 #: what :meth:`FrozenWeights.changed` returns for a write seen only in the sampled bytes
 SAMPLED_BYTES = "the sampled bytes"
@@ -61,6 +59,8 @@ _DATA_PTR = torch.Tensor.data_ptr
 def byte_span(tensor: torch.Tensor) -> tuple[int, int]:
     """The first byte of ``tensor`` in its storage and the length of the memory it spans."""
     size = tensor.element_size()
+    if tensor.is_contiguous():
+        return tensor.storage_offset() * size, tensor.nbytes
     if tensor.numel() == 0:
         return tensor.storage_offset() * size, 0
     last = sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride()) if n > 1)
@@ -68,8 +68,8 @@ def byte_span(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
-    """Byte views of ``tensor``'s memory to compare, each with the width of its group (0: a
-    1-d view of fewer than 8 bytes); none for a tensor without plain storage."""
+    """Views of ``tensor``'s memory to compare, each with the width of its group in bytes
+    (0: a 1-d view of fewer than 8 bytes); none for a tensor without plain storage."""
     if tensor.layout != torch.strided or tensor.device.type == "meta":
         return []
     try:
@@ -83,13 +83,13 @@ def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         raw = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(storage)
     if length < _WORD:
         return [(0, raw.as_strided((length,), (1,), start))]
-    if length <= SMALL_BYTES:  # whole: rows of 8 bytes, and the last 8 when they do not divide
+    if length <= SMALL_BYTES:  # whole: its words, and its last 8 bytes when 8 does not divide
         views = [(_WORD, raw.as_strided((length // _WORD, _WORD), (_WORD, 1), start))]
         if length % _WORD:
             views.append((_WORD, raw.as_strided((1, _WORD), (_WORD, 1), start + length - _WORD)))
         return views
-    step = (length - BLOCK_BYTES) // (BLOCKS - 1)
-    return [(BLOCK_BYTES, raw.as_strided((BLOCKS, BLOCK_BYTES), (step, 1), start))]
+    step = (length - _WORD) // (SAMPLED_WORDS - 1)
+    return [(_WORD, raw.as_strided((SAMPLED_WORDS, _WORD), (step, 1), start))]
 
 
 class ByteSample:

@@ -9,8 +9,9 @@ call runs the original graph in PyTorch.
 
 The check compares byte ranges (the first to the last byte each tensor spans), so views whose
 elements interleave without sharing one (``x[:, 0]`` and ``x[:, 1]``) count as overlapping: a
-call that runs in PyTorch though it need not, never a wrong one. Tensors on different devices
-never overlap.
+call that runs in PyTorch though it need not, never a wrong one. Addresses are compared
+whatever the device (CUDA's unified addressing keeps them apart). An empty tensor overlaps
+nothing.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from embedl_dynamo.dynamo.frozen_weights import byte_span
 __all__ = ["overlapping_input"]
 
 
-def _ranges(inputs: Sequence[Any]) -> list[tuple[Any, int, int, int]]:
-    """(device, first byte address, end address, position) of each tensor input with memory."""
+def _ranges(inputs: Sequence[Any]) -> list[tuple[int, int, int]]:
+    """(first byte address, end address, position) of each tensor input with memory."""
     found = []
     for position, value in enumerate(inputs):
-        if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
-            continue
-        length = byte_span(value)[1]
-        if length:
-            start = value.data_ptr()
-            found.append((str(value.device), start, start + length, position))
+        if isinstance(value, torch.Tensor) and value.layout == torch.strided:
+            start, length = value.data_ptr(), byte_span(value)[1]
+            if length:
+                found.append((start, start + length, position))
     return found
 
 
@@ -46,19 +45,18 @@ def overlapping_input(inputs: Sequence[Any], written: Sequence[int]) -> int | No
     """
     if not written:
         return None
-    ranges = sorted(_ranges(inputs))
     writes = set(written)
     group: list[int] = []
-    device, end = None, -1
-    for dev, start, stop, position in ranges:
-        if dev == device and start < end:
+    end = -1
+    for start, stop, position in sorted(_ranges(inputs)):
+        if start < end:
             group.append(position)
             end = max(end, stop)
             continue
         hit = _written_in(group, writes)
         if hit is not None:
             return hit
-        group, device, end = [position], dev, stop
+        group, end = [position], stop
     return _written_in(group, writes)
 
 

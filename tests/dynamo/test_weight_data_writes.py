@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from embedl_dynamo.dynamo import compiled_call
-from embedl_dynamo.dynamo.frozen_weights import SMALL_BYTES, FrozenWeights
+from embedl_dynamo.dynamo.frozen_weights import SAMPLED_WORDS, SMALL_BYTES, FrozenWeights
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 
 X = torch.randn(2, 3, 8, 8)
@@ -107,13 +107,14 @@ def test_a_data_write_warns_once_naming_what_is_not_seen(monkeypatch):
     assert "not seen" in messages[0] and "p.copy_(new)" in messages[0]
 
 
-def test_the_sample_covers_a_small_weight_whole_and_a_large_one_at_its_ends():
+def test_the_sample_covers_a_small_weight_whole_and_a_large_one_in_places():
     small = torch.zeros(SMALL_BYTES // 4 - 1)  # 1020 bytes: not a multiple of 8
     large, scalar = torch.zeros(4096), torch.zeros(())
     args = [small, large, scalar]
     weights = FrozenWeights(args, [])
     assert weights.changed(args) is None
-    for tensor, position in ((small, -1), (small, 1), (large, 0), (large, -1)):
+    step = (large.nbytes - 8) // (SAMPLED_WORDS - 1) // 4  # in elements
+    for tensor, position in ((small, -1), (small, 1), (large, 0), (large, 5 * step + 1)):
         tensor.data[position] = 1.0  # through .data: no version bump
         assert weights.changed(args) is not None
         tensor.data[position] = 0.0
