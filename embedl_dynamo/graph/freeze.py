@@ -44,6 +44,7 @@ from embedl_dynamo.graph.functionalize import (
     written_inputs,
 )
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
+from embedl_dynamo.graph.view_writes import inputs_written_through_views
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
 
@@ -318,7 +319,10 @@ def freeze(
     # with write_back the caller returns its own tensors where the graph returns an input or
     # buffer as itself, so those stay inputs; without, a returned buffer is a constant output
     returned = returned_inputs(gm) if write_back else {}
-    kept = set(written_inputs(gm).values()) | set(returned.values()) if write_back else set()
+    kept = set()
+    if write_back:
+        kept = set(written_inputs(gm).values()) | set(returned.values())
+        kept |= inputs_written_through_views(gm)
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):

@@ -44,6 +44,7 @@ from embedl_dynamo.graph.aliasing import (
     same_tensor_source,
 )
 from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.view_writes import functionalize_view_writes, view_write_plan
 
 __all__ = [
     "functionalize",
@@ -149,6 +150,9 @@ def mutation_blocker(
         name_of: names a graph input in the message (default: the node's name).
         write_back: direct writes into placeholders are allowed (:func:`written_inputs`).
     """
+    through_views, reason = view_write_plan(gm, write_back)
+    if reason is not None:
+        return f"a write through a view cannot be made functional: {reason}"
     writable = written_inputs(gm) if write_back else {}
     classes = alias_classes(gm)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
@@ -156,7 +160,7 @@ def mutation_blocker(
     inputs = {classes[n] for n in sources}
     for node in gm.graph.nodes:
         target = mutated_tensor(node)
-        if target is None:
+        if target is None or node in through_views:
             continue
         what = _describe(node)
         if out_argument(node) is not None:
@@ -246,8 +250,9 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
     if reason is not None:
         raise ValueError(reason)
     changed = _drop_same_tensor_nodes(gm)
+    # writes through views first: each becomes a write into a copy of its own and a scatter
+    final = functionalize_view_writes(gm, write_back)  # a written placeholder -> its value
     writes = written_inputs(gm) if write_back else {}
-    final: dict[fx.Node, fx.Node] = {}  # a written placeholder -> the node holding its value
     order = {n: i for i, n in enumerate(gm.graph.nodes)}  # no node is added or moved below
     for node in list(gm.graph.nodes):
         target = mutated_tensor(node)
@@ -261,7 +266,7 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
         _out_of_place(node)
         changed = True
     positions = _append_outputs(gm, final)
-    if changed:
+    if changed or final:
         gm.graph.lint()
         gm.recompile()
     return positions
