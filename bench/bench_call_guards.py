@@ -2,7 +2,7 @@
 (identity, version, address, sampled bytes) and the overlap check of written inputs.
 
 For a ResNet-50 layout (25.6 M parameters, 320 weight tensors) and a tiny MLP, compiled for
-ONNX Runtime at batch 1, it times, interleaved in one process:
+OpenVINO (``--runtime``) at batch 1, it times, interleaved in one process:
 
 * ``full``: the compiled call as shipped;
 * ``id+version``: the same call with the check as it was before ``.data`` writes were seen
@@ -55,8 +55,9 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
 
 
-def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int) -> None:
-    compiled = torch.compile(model, backend="embedl_onnxruntime")
+def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int, runtime: str) -> None:
+    options = {"runtime": runtime}
+    compiled = torch.compile(model, backend=f"embedl_{runtime}", options=options)
     with torch.no_grad():
         compiled(x)
 
@@ -78,7 +79,7 @@ def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int) -> None:
     sample = _per_call_us(frozen.sample.unchanged)
     ratio = medians["full"] / medians["id+version"]
     print(
-        f"{name}: {len(weights)} weights; call full {medians['full'] * 1e3:.3f} ms, "
+        f"{name} ({runtime}): {len(weights)} weights; call full {medians['full'] * 1e3:.3f} ms, "
         f"id+version {medians['id+version'] * 1e3:.3f} ms, ratio {ratio:.3f}; "
         f"check alone {full:.1f} us (id+version {old:.1f} us, sampled bytes {sample:.1f} us)"
     )
@@ -96,11 +97,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--runtime", default="openvino", choices=["openvino", "onnxruntime"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    _bench("tiny MLP", _mlp(), torch.randn(1, 32), args.rounds * 10)
-    _bench("ResNet-50", resnet50(), torch.randn(1, 3, 224, 224), args.rounds)
+    _bench("tiny MLP", _mlp(), torch.randn(1, 32), args.rounds * 10, args.runtime)
+    _bench("ResNet-50", resnet50(), torch.randn(1, 3, 224, 224), args.rounds, args.runtime)
     _bench_overlap()
 
 

@@ -126,7 +126,8 @@ def compile_subgraph(
     def wrap(infer: Callable[..., Any] | None) -> Callable[..., Any]:
         return wrap_compiled(gm, infer, user, job.report, job.settings, job.backend,
                              example_inputs, compile_subgraph, split.scalars, ints,
-                             frozen.specialized, frozen.written, frozen.returned)  # fmt: skip
+                             frozen.specialized, frozen.written, frozen.returned,
+                             frozen.views)  # fmt: skip
 
     alias_key = None
     if not settings.precision.lower and job.runtime_cls.cpu_target is not None:

@@ -17,6 +17,7 @@ from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.functionalize import written_inputs
+from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Served
@@ -59,6 +60,7 @@ def wrap_compiled(
     specialized: dict[int, float] | None = None,
     written: Sequence[int] = (),
     returned: dict[int, int] | None = None,
+    views: dict[int, OutputView] | None = None,
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
@@ -71,19 +73,16 @@ def wrap_compiled(
     copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`), unless the
     runtime wrote it there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
     decode step copies no cache). The outputs at ``returned`` are a user input's tensor itself
-    in eager: that input is returned there. A call in which a written input shares memory with
+    in eager: that input is returned there; those at ``views`` are views of another output or
+    of an input, regenerated as such after the run. A call in which a written input overlaps
     another input runs the original graph, with one warning (:func:`_overlap_guard`).
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
     with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
-    runtime.
-
-    The weights were frozen into the artifact, so each call first checks that they are the
-    same tensors, unchanged (:class:`~embedl_dynamo.dynamo.frozen_weights.FrozenWeights`:
-    identity, version counter, address and a sample of the bytes, which ``.data`` writes
-    change), and otherwise runs a build for the weights it was given (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`;
-    several kept, :func:`_by_weights`).
+    runtime. Each call first checks that the frozen weights are unchanged
+    (:class:`~embedl_dynamo.dynamo.frozen_weights.FrozenWeights`), and otherwise runs a build
+    for the weights it was given (``recompile``; several kept, :func:`_by_weights`).
     """
     if infer is None:
         return gm.forward
@@ -100,17 +99,14 @@ def wrap_compiled(
             inputs[k] = torch.tensor(int(inputs[k]))
         try:
             outputs = _outputs(infer(*inputs), inputs, scalars, written, returned or {})
+            if views:
+                outputs = _regenerate_views(outputs, inputs, views)
         except Exception as exc:
             if settings.fallback == "raise":
                 raise
             if not warned:
                 warned = True
-                logger.warning(
-                    "subgraph %d: the %s runtime failed on a call (%s); such calls run in "
-                    "PyTorch", report.index, report.runtime, error_line(exc),
-                )  # fmt: skip
-                logger.debug("subgraph %d: call failure", report.index, exc_info=True)
-                report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
+                _warn_call_failed(report, exc)
             return gm.forward(*args)
         return _as_output(gm, outputs)
 
@@ -130,6 +126,16 @@ def wrap_compiled(
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
+
+
+def _warn_call_failed(report: SubgraphReport, exc: Exception) -> None:
+    """Once a subgraph: the runtime failed on a call, which ran in PyTorch."""
+    logger.warning(
+        "subgraph %d: the %s runtime failed on a call (%s); such calls run in PyTorch",
+        report.index, report.runtime, error_line(exc),
+    )  # fmt: skip
+    logger.debug("subgraph %d: call failure", report.index, exc_info=True)
+    report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
 
 
 def _overlap_guard(
@@ -232,6 +238,17 @@ def _outputs(
     if not returned:  # the common case, on every call: no per-output work
         return tuple(outputs)
     return tuple(inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs))
+
+
+def _regenerate_views(
+    outputs: tuple[Any, ...], inputs: Sequence[Any], views: dict[int, OutputView]
+) -> tuple[Any, ...]:
+    """The outputs with each of ``views`` replaced by its view of the output or input it
+    views in eager, so that they share memory as eager's do."""
+    regenerated = list(outputs)
+    for position, view in views.items():
+        regenerated[position] = view(inputs[view.index] if view.of_input else outputs[view.index])
+    return tuple(regenerated)
 
 
 def _write_back(outputs: Sequence[Any], targets: Sequence[torch.Tensor]) -> tuple[Any, ...]:

@@ -13,13 +13,17 @@ dead-code pass drops ``y.masked_fill_(m, 0)`` whose result is unused, and a rewr
   cache's ``index_copy_``, a counter's ``add_(1)``) is made functional like the others, and the
   input's final value becomes an extra output of the graph, which the caller copies into the
   caller's tensor after the run (as AOTAutograd's epilogue does). Or
-* refused (:func:`mutation_blocker` names why): the op writes into a graph input, a parameter or
-  a buffer through a view (or ``.to()`` that returned the same tensor...), or into a frozen
-  constant, or into an input without ``write_back``; writes
-  through an alias that is read later (``a, b = y.chunk(2); a.add_(1); return y``), writes
-  into an ``out=`` tensor. The backend then runs that graph in PyTorch with one warning, as it
-  does for a graph whose outputs share storage with each other or with an input
-  (:func:`output_alias`: eager returns views, a runtime would return copies).
+* made functional through views (:mod:`embedl_dynamo.graph.view_writes`, first): a write into
+  a view (``y[..., :4].zero_()``, ``x[:, :2].zero_()`` on an input or a buffer), or into a
+  tensor whose view is read later, becomes a write into a copy and a scatter into the base,
+  as AOTAutograd's functionalization does; an input's final value is written back. Or
+* refused (:func:`mutation_blocker` names why): the op writes through an alias other than a
+  view by position (``as_strided``, a dtype view), into a frozen constant, or into an input
+  without ``write_back``; writes into an ``out=`` tensor. The backend then runs that graph in
+  PyTorch with one warning, as it does for a graph whose outputs share storage with each
+  other or with an input in a way the caller cannot regenerate after the call
+  (:func:`output_alias`; :mod:`embedl_dynamo.graph.output_views` regenerates views of a
+  returned tensor or of an input).
 
 Aliasing and what each op writes come from :mod:`embedl_dynamo.graph.aliasing`.
 """
@@ -44,6 +48,7 @@ from embedl_dynamo.graph.aliasing import (
     same_tensor_source,
 )
 from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.output_views import output_views
 from embedl_dynamo.graph.view_writes import functionalize_view_writes, view_write_plan
 
 __all__ = [
@@ -200,18 +205,23 @@ def output_alias(gm: fx.GraphModule) -> str | None:
     In eager, outputs that are views of one another or of an input share storage, so a write
     into one shows in the other; a runtime that returns fresh tensors would lose that. An
     output that is an input's tensor itself is fine: the caller returns that input
-    (:func:`returned_inputs`).
+    (:func:`returned_inputs`); so is a view the caller regenerates after the call
+    (:func:`~embedl_dynamo.graph.output_views.output_views`).
     """
     classes = alias_classes(gm)
     inputs = {
         classes[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in classes
     }
     output = next(n for n in gm.graph.nodes if n.op == "output")
+    regenerated = output_views(gm)
+    values = _output_values(gm)
     seen: dict[Any, fx.Node] = {}
     for value in _flat_nodes(output.args):
         key = classes.get(value)
         if key is None or not isinstance(value, fx.Node):
             continue
+        if any(values[p] is value for p in regenerated):
+            continue  # a view of another output or of an input: regenerated after the call
         if identity_root(value).op == "placeholder":
             continue  # the input itself: the caller returns it (returned_inputs)
         if value.op in ("placeholder", "get_attr") or key in inputs:

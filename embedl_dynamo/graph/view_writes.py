@@ -43,6 +43,7 @@ __all__ = [
     "REPLAYABLE_VIEWS",
     "functionalize_view_writes",
     "inputs_written_through_views",
+    "view_position",
     "view_write_plan",
 ]
 
@@ -105,14 +106,14 @@ def _chain(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.No
     return node, ops
 
 
-def _position(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]]:
+def view_position(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]]:
     """The base tensor ``node`` is an alias of and the view ops from it to ``node``, through
     in-place ops (``y[0].zero_()`` is ``y[0]``) and replayable views."""
     root = identity_root(node)
     base, ops = _chain(root, keys)
     if base is root:
         return root, []
-    base, before = _position(base, keys)
+    base, before = view_position(base, keys)
     return base, before + ops
 
 
@@ -138,7 +139,7 @@ def view_write_plan(gm: fx.GraphModule, write_back: bool) -> tuple[set[fx.Node],
     sources = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in keys]
     for key in marked:
         members = [n for n in keys if keys[n] == key and n.op != "output"]
-        roots = {_position(n, keys)[0] for n in members}
+        roots = {view_position(n, keys)[0] for n in members}
         if len(roots) != 1:
             names = ", ".join(sorted(r.name for r in roots))
             return handled, f"{names} share storage through an op other than a view by position"
@@ -159,7 +160,7 @@ def inputs_written_through_views(gm: fx.GraphModule) -> set[fx.Node]:
     if reason is not None:
         return set()
     keys = alias_classes(gm)
-    bases = {_position(node.args[0], keys)[0] for node in handled}
+    bases = {view_position(node.args[0], keys)[0] for node in handled}
     return {node for node in bases if node.op == "placeholder"}
 
 
@@ -202,7 +203,7 @@ def functionalize_view_writes(gm: fx.GraphModule, write_back: bool) -> dict[fx.N
     if not handled:
         return {}
     keys = alias_classes(gm)
-    inputs = {_position(n.args[0], keys)[0] for n in handled}
+    inputs = {view_position(n.args[0], keys)[0] for n in handled}
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and n in inputs]
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = output.args[0]
@@ -219,7 +220,7 @@ def functionalize_view_writes(gm: fx.GraphModule, write_back: bool) -> dict[fx.N
 def _rewrite(gm: fx.GraphModule, node: fx.Node, keys: dict[fx.Node, Any]) -> None:
     """One write: the clone it writes, the base's new value, later aliases read from it."""
     graph, target = gm.graph, node.args[0]
-    base, ops = _position(target, keys)
+    base, ops = view_position(target, keys)
     order = {n: i for i, n in enumerate(graph.nodes)}
     # aliases made after the write: their recorded values still share the old storage
     stale = {n for n in keys if keys[n] == keys[target] and order.get(n, -1) > order[node]}
@@ -238,7 +239,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node, keys: dict[fx.Node, Any]) -> Non
         for alias, users in later:
             if not users:
                 continue
-            position = _position(target if alias is node else alias, keys)[1]
+            position = view_position(target if alias is node else alias, keys)[1]
             replacement = _replay(graph, position, new_base)
             for user in users:
                 user.replace_input_with(alias, replacement)

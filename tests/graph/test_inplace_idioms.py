@@ -100,8 +100,14 @@ IDIOMS = {
         lambda s, x: (x.as_strided((2, 2), (1, 6)).zero_(), x + 1)[1],
     ),
     # outputs that share storage
-    "output and its view": ("eager", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
-    "output view of input": ("eager", lambda s, x: (x.t(), x * 2)),
+    # outputs that are views of another output or of an input: regenerated after the call
+    "output and its view": ("compiled", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
+    "output view of input": ("compiled", lambda s, x: (x.t(), _y(x) * 2)),
+    "output and its chunks": ("compiled", lambda s, x: (lambda y: (y, *y.chunk(2, 1)))(_y(x))),
+    "outputs two views, base not returned": (
+        "eager",
+        lambda s, x: (lambda y: (y[0], y[1]))(_y(x)),
+    ),
 }
 
 
@@ -202,6 +208,25 @@ def test_idiom_equals_eager_or_runs_in_pytorch(name, target, compile_isolation):
         assert any("PyTorch" in str(w.message) for w in caught), [str(w.message) for w in caught]
     elif expected_route == "compiled":
         assert "eager" not in runtimes, embedl_dynamo.last_report()
+
+
+@pytest.mark.parametrize(
+    "name", ["output and its view", "output view of input", "output and its chunks"]
+)
+def test_outputs_share_memory_as_in_eager(name, compile_isolation):
+    """A view output is the same view as eager's: a write into one shows in the other."""
+    model, x = _fresh(name)
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        for out in (compiled(x), model(x)):
+            base = x if name == "output view of input" else out[0]
+            view = out[0] if name == "output view of input" else out[1]
+            assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        compiled_out = compiled(x)
+    assert [s.runtime for s in embedl_dynamo.last_report().subgraphs] == ["onnxruntime"]
+    if name == "output and its view":
+        compiled_out[1].fill_(7.0)
+        assert torch.equal(compiled_out[0][0], torch.full((6,), 7.0))
 
 
 @pytest.mark.parametrize("name", list(IDIOMS))
