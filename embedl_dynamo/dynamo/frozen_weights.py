@@ -132,8 +132,10 @@ class FrozenWeights:
         self.indices = [
             i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
         ]
+        # a tensor subclass without storage has no address: identity and version only
+        self.addressed = [i for i in self.indices if _has_address(args[i])]
         self.ids, self.versions, self.addresses = self._state(args)
-        self.sample = ByteSample(self._pick(args))
+        self.sample = ByteSample(_pick(args, self.indices))
         self.freed = False
         self._refs = [weakref.ref(args[i], self._on_free) for i in self.indices]
 
@@ -145,30 +147,40 @@ class FrozenWeights:
         holds the same tensors (modified since)."""
         return not self.freed and self.ids != newer.ids
 
-    def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        if len(self.indices) > 1:
-            return operator.itemgetter(*self.indices)(args)
-        return tuple(args[i] for i in self.indices)
-
     def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
-        tensors = self._pick(args)
+        tensors = _pick(args, self.indices)
         return (
             tuple(map(id, tensors)),
             tuple(map(_VERSION, tensors)),
-            tuple(map(_DATA_PTR, tensors)),
+            tuple(map(_DATA_PTR, _pick(args, self.addressed))),
         )
 
     def changed(self, args: Sequence[Any]) -> str | None:
         """What changed since the build: the first weight replaced, modified in place or given
         new memory, ``"the sampled bytes"`` of a write the version counters missed
         (``.data``), or None."""
-        state = self._state(args)
-        if state == (self.ids, self.versions, self.addresses) and not self.freed:
-            return None if self.sample.unchanged() else SAMPLED_BYTES
-        for index, now, then in zip(self.indices, zip(*state), zip(*self._old())):
+        ids, versions, addresses = self._state(args)
+        if (ids, versions, addresses) == (self.ids, self.versions, self.addresses):
+            if not self.freed:
+                return None if self.sample.unchanged() else SAMPLED_BYTES
+        for index, now, then in zip(self.indices, zip(ids, versions), zip(self.ids, self.versions)):
             if now != then:
                 return f"argument {index}"
+        for index, now, then in zip(self.addressed, addresses, self.addresses):
+            if now != then:
+                return f"argument {index} (new memory)"
         return "a weight"
 
-    def _old(self) -> tuple[tuple[int, ...], ...]:
-        return self.ids, self.versions, self.addresses
+
+def _pick(args: Sequence[Any], indices: list[int]) -> tuple[Any, ...]:
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)(args)
+    return tuple(args[i] for i in indices)
+
+
+def _has_address(tensor: torch.Tensor) -> bool:
+    try:
+        tensor.data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
