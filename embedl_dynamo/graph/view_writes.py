@@ -16,7 +16,7 @@ tensor sharing the storage. Each such write, in graph order, becomes
 A base that is a graph input gets its final value returned, for the caller to copy into the
 caller's tensor (``write_back``). Views are followed through the ops PyTorch defines by logical
 position (slicing, ``select``, ``narrow``, ``view``/``reshape``, ``transpose``/``permute``,
-``squeeze``/``unsqueeze``, ``chunk``/``split``/``unbind``; ``diagonal`` of at most 2**24
+``.T``, ``squeeze``/``unsqueeze``, ``chunk``/``split``/``unbind``; ``diagonal`` of at most 2**24
 elements, whose positions ONNX exporters take through float32). A write through any
 other alias (``as_strided``, ``expand``, a dtype view), into a frozen constant, or into an input
 without ``write_back``, is refused with the reason (:func:`view_write_plan`).
@@ -24,6 +24,7 @@ without ``write_back``, is refused with the reason (:func:`view_write_plan`).
 
 from __future__ import annotations
 
+import builtins
 import operator
 from typing import Any
 
@@ -51,7 +52,7 @@ __all__ = [
 REPLAYABLE_VIEWS = frozenset({
     "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
     "t", "transpose", "permute", "narrow", "select", "diagonal", "movedim", "swapaxes",
-    "swapdims", "detach", "__getitem__", "getitem",
+    "swapdims", "detach", "__getitem__", "getitem", "T", "mT",
 })  # fmt: skip
 _SPLITS = frozenset({"chunk", "split", "unbind", "tensor_split", "split_with_sizes"})
 
@@ -59,6 +60,8 @@ _SPLITS = frozenset({"chunk", "split", "unbind", "tensor_split", "split_with_siz
 def _name(node: fx.Node) -> str:
     if node.op == "call_method":
         return str(node.target)
+    if node.op == "call_function" and node.target is builtins.getattr:
+        return str(node.args[1]) if len(node.args) == 2 else ""  # y.T, y.mT
     if node.op == "call_function" and (node.target is operator.getitem or is_torch_op(node.target)):
         return getattr(node.target, "__name__", "")
     return ""
