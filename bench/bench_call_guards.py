@@ -8,16 +8,18 @@ OpenVINO (``--runtime``) at batch 1, it times, interleaved in one process:
 * ``id+version``: the same call with the check as it was before ``.data`` writes were seen
   (identity and version counter only);
 
-and the checks alone, on the model's own weights. The overlap check is timed on 2 inputs and
+alternating call by call (each median and the median paired difference), and the checks
+alone, on the model's own weights. The overlap check is timed on 2 inputs and
 on 50 (a decoder step's KV cache).
 
-    EMBEDL_DYNAMO_CACHE_DIR=$(mktemp -d) python -m bench.bench_call_guards [--rounds 30]
+    EMBEDL_DYNAMO_CACHE_DIR=$(mktemp -d) python -m bench.bench_call_guards [--pairs 200]
 """
 
 from __future__ import annotations
 
 import argparse
 import operator
+import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -25,7 +27,6 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bench.measure import round_robin_medians
 from bench.models import resnet50
 from embedl_dynamo.dynamo.frozen_weights import FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
@@ -55,11 +56,33 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).eval()
 
 
-def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int, runtime: str) -> None:
+def _paired_ms(fns: dict[str, Callable[[], object]], pairs: int) -> dict[str, float]:
+    """Median ms per call of each variant, the variants alternating call by call (a shared,
+    loaded machine drifts; neighbouring calls see the same load), and the median paired
+    difference of the first minus the second."""
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    differences = []
+    first, second = list(fns)
+    with torch.no_grad():
+        for _ in range(pairs):
+            pair = {}
+            for key in (first, second):
+                start = time.perf_counter()
+                fns[key]()
+                pair[key] = time.perf_counter() - start
+                samples[key].append(pair[key])
+            differences.append(pair[first] - pair[second])
+    medians = {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+    medians["difference"] = statistics.median(differences) * 1e3
+    return medians
+
+
+def _bench(name: str, model: nn.Module, x: torch.Tensor, pairs: int, runtime: str) -> None:
     options = {"runtime": runtime}
     compiled = torch.compile(model, backend=f"embedl_{runtime}", options=options)
     with torch.no_grad():
-        compiled(x)
+        for _ in range(5):
+            compiled(x)
 
     def with_check(changed):
         def call() -> object:
@@ -68,8 +91,8 @@ def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int, runtime: s
 
         return call
 
-    medians = round_robin_medians(
-        {"full": with_check(_FULL_CHANGED), "id+version": with_check(_id_version_only)}, rounds
+    ms = _paired_ms(
+        {"full": with_check(_FULL_CHANGED), "id+version": with_check(_id_version_only)}, pairs
     )
     FrozenWeights.changed = _FULL_CHANGED
     weights = [*model.parameters(), *model.buffers()]
@@ -77,11 +100,11 @@ def _bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int, runtime: s
     full = _per_call_us(lambda: _FULL_CHANGED(frozen, weights))
     old = _per_call_us(lambda: _id_version_only(frozen, weights))
     sample = _per_call_us(frozen.sample.unchanged)
-    ratio = medians["full"] / medians["id+version"]
     print(
-        f"{name} ({runtime}): {len(weights)} weights; call full {medians['full'] * 1e3:.3f} ms, "
-        f"id+version {medians['id+version'] * 1e3:.3f} ms, ratio {ratio:.3f}; "
-        f"check alone {full:.1f} us (id+version {old:.1f} us, sampled bytes {sample:.1f} us)"
+        f"{name} ({runtime}): {len(weights)} weights; call with the checks {ms['full']:.3f} ms, "
+        f"id+version only {ms['id+version']:.3f} ms, ratio {ms['full'] / ms['id+version']:.3f}, "
+        f"median paired difference {ms['difference'] * 1e3:.1f} us; checks alone {full:.1f} us "
+        f"(id+version {old:.1f} us, sampled bytes {sample:.1f} us)"
     )
 
 
@@ -95,14 +118,14 @@ def _bench_overlap() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=200, help="call pairs for ResNet-50")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runtime", default="openvino", choices=["openvino", "onnxruntime"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    _bench("tiny MLP", _mlp(), torch.randn(1, 32), args.rounds * 10, args.runtime)
-    _bench("ResNet-50", resnet50(), torch.randn(1, 3, 224, 224), args.rounds, args.runtime)
+    _bench("tiny MLP", _mlp(), torch.randn(1, 32), args.pairs * 20, args.runtime)
+    _bench("ResNet-50", resnet50(), torch.randn(1, 3, 224, 224), args.pairs, args.runtime)
     _bench_overlap()
 
 

@@ -100,20 +100,21 @@ class ByteSample:
         for tensor in tensors:
             for width, view in _sample_views(tensor):
                 groups.setdefault(width, []).append(view)
-        self._groups = list(groups.items())
-        self._reference = [self._read(width, views) for width, views in self._groups]
-
-    @staticmethod
-    def _read(width: int, views: list[torch.Tensor]) -> torch.Tensor:
-        joined = torch.cat(views)
-        return joined.view(torch.int64) if width else joined
+        # (views, their bytes at creation): one concatenation and one comparison a group
+        self._checks = [(views, _read(width, views)) for width, views in groups.items()]
 
     def unchanged(self) -> bool:
         """Whether every sampled byte holds the value it held at creation."""
-        return all(
-            torch.equal(self._read(width, views), reference)
-            for (width, views), reference in zip(self._groups, self._reference)
-        )
+        for views, reference in self._checks:
+            if not torch.equal(torch.cat(views).view(reference.dtype), reference):
+                return False
+        return True
+
+
+def _read(width: int, views: list[torch.Tensor]) -> torch.Tensor:
+    """The views' bytes in one tensor, as int64 words where they are 8 bytes wide."""
+    joined = torch.cat(views)
+    return joined.view(torch.int64) if width else joined
 
 
 class FrozenWeights:
