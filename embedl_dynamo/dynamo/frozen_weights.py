@@ -21,9 +21,9 @@ What is not seen: such a write outside the sample, and ``p.data`` replaced by an
 the same memory at the same address (``p.data = p.data.t()`` of a square weight), which
 Dynamo's own guards on strides see unless they are skipped.
 
-Each call costs three C-level ``map``s over the weights, one ``torch.cat`` of the sampled
+Each call costs three C-level ``map``s over the weights, one concatenation of the sampled
 views (made once, over each weight's storage; a second one only for weights of fewer than 8
-bytes) and one comparison of the concatenated words as int64. The views keep the sampled weights' memory alive as long as the build is kept.
+bytes) and one comparison of the concatenated bytes (:class:`ByteSample`). The views keep the sampled weights' memory alive as long as the build is kept.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import numpy
 import torch
 
 __all__ = [
@@ -93,25 +94,36 @@ def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
 
 
 class ByteSample:
-    """Sampled bytes of some tensors (see the module), compared with those read at creation."""
+    """Sampled bytes of some tensors (see the module), compared with those read at creation.
+
+    CPU views are read through numpy: its concatenation and a ``bytes`` comparison cost a
+    fraction of torch's, whose ops would also wake torch's thread pool between two
+    inferences; other devices' through torch, as int64 words."""
 
     def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
-        groups: dict[int, list[torch.Tensor]] = {}
+        groups: dict[tuple[bool, int], list[Any]] = {}
         for tensor in tensors:
             for width, view in _sample_views(tensor):
-                groups.setdefault(width, []).append(view)
+                on_cpu = view.device.type == "cpu"
+                groups.setdefault((on_cpu, width), []).append(view.numpy() if on_cpu else view)
         # (views, their bytes at creation): one concatenation and one comparison a group
-        self._checks = [(views, _read(width, views)) for width, views in groups.items()]
+        self._arrays = [
+            (v, numpy.concatenate(v).tobytes()) for (cpu, _), v in groups.items() if cpu
+        ]
+        self._tensors = [(v, _words(w, v)) for (cpu, w), v in groups.items() if not cpu]
 
     def unchanged(self) -> bool:
         """Whether every sampled byte holds the value it held at creation."""
-        for views, reference in self._checks:
-            if not torch.equal(torch.cat(views).view(reference.dtype), reference):
+        for arrays, reference in self._arrays:
+            if numpy.concatenate(arrays).tobytes() != reference:
+                return False
+        for views, words in self._tensors:
+            if not torch.equal(torch.cat(views).view(words.dtype), words):
                 return False
         return True
 
 
-def _read(width: int, views: list[torch.Tensor]) -> torch.Tensor:
+def _words(width: int, views: list[torch.Tensor]) -> torch.Tensor:
     """The views' bytes in one tensor, as int64 words where they are 8 bytes wide."""
     joined = torch.cat(views)
     return joined.view(torch.int64) if width else joined
