@@ -162,10 +162,11 @@ class FrozenWeights:
 
     def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], ...]:
         tensors = _pick(args, self.indices)
+        addressed = tensors if len(self.addressed) == len(tensors) else _pick(args, self.addressed)
         return (
             tuple(map(id, tensors)),
             tuple(map(_VERSION, tensors)),
-            tuple(map(_DATA_PTR, _pick(args, self.addressed))),
+            tuple(map(_DATA_PTR, addressed)),
         )
 
     def changed(self, args: Sequence[Any]) -> str | None:

@@ -2,10 +2,11 @@
 graph in PyTorch with one warning. Never a silent wrong answer (issue 23 items 1, 2 and 7).
 
 Each idiom says what the backend must do with it: ``compiled`` (made functional, runs on the
-runtime), ``eager`` (refused with a reason: a write into an input or a buffer, through a view
-read later, outputs sharing storage) or ``either`` (made functional, but the ONNX exporter or
-the runtime may not take the op: then it runs in PyTorch). All must equal eager, inputs and
-buffers included.
+runtime; writes through views become scatters, inputs and buffers are written back, view
+outputs are regenerated after the call: issue 39 item 9), ``eager`` (refused with a reason: a
+write through ``as_strided``, outputs that are views of a tensor not returned) or ``either``
+(made functional, but the ONNX exporter or the runtime may not take the op: then it runs in
+PyTorch). All must equal eager, inputs and buffers included.
 """
 
 from __future__ import annotations
