@@ -17,6 +17,29 @@ from embedl_dynamo.precision import precision_names
 __all__ = ["build_parser", "main"]
 
 
+def model_args(p: argparse.ArgumentParser) -> None:
+    """The arguments every model subcommand takes: the factory, inputs, target and cache."""
+    p.add_argument("model", help="MODULE:FACTORY, e.g. mymodels:resnet50 or net.py:build")
+    p.add_argument(
+        "--input-shape",
+        type=parse_shape,
+        action="append",
+        required=True,
+        metavar="N,C,H,W",
+        help="shape of a random input; repeat for several",
+    )
+    p.add_argument(
+        "--input-dtype",
+        choices=INPUT_DTYPES,
+        action="append",
+        metavar="DTYPE",
+        help="dtype of the inputs: once for all or once per --input-shape (default "
+        "float32; integers are random in [0, 2), e.g. int64 token ids)",
+    )
+    p.add_argument("--backend", default="tensorrt", help="target Backend (default tensorrt)")
+    p.add_argument("--cache-dir", help="artifact/calibration cache (default: user cache)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The parser of every subcommand and its options."""
     parser = argparse.ArgumentParser(
@@ -29,27 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("backends", help="discovered Backends, pattern counts and runtimes here")
-
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("model", help="MODULE:FACTORY, e.g. mymodels:resnet50 or net.py:build")
-        p.add_argument(
-            "--input-shape",
-            type=parse_shape,
-            action="append",
-            required=True,
-            metavar="N,C,H,W",
-            help="shape of a random input; repeat for several",
-        )
-        p.add_argument(
-            "--input-dtype",
-            choices=INPUT_DTYPES,
-            action="append",
-            metavar="DTYPE",
-            help="dtype of the inputs: once for all or once per --input-shape (default "
-            "float32; integers are random in [0, 2), e.g. int64 token ids)",
-        )
-        p.add_argument("--backend", default="tensorrt", help="target Backend (default tensorrt)")
-        p.add_argument("--cache-dir", help="artifact/calibration cache (default: user cache)")
 
     plan = sub.add_parser("plan", help="print the transformation plan table")
     model_args(plan)

@@ -169,8 +169,7 @@ def export(
         The path of the ONNX file.
 
     Raises:
-        ExportError: bad arguments, a model Dynamo cannot capture as one graph, or an op ONNX
-            cannot express; the message names the cause and the fix.
+        ExportError: bad arguments, a model Dynamo cannot capture, an op ONNX cannot express.
         VerificationError: ``verify`` is on and the file fails the verdict.
     """
     args = _check_arguments(model, example_inputs, path, opset)
@@ -184,9 +183,8 @@ def export(
         with stages.run("pipeline"):
             result = _pipeline(gm, args, target, settings)
         outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
-        written = write_verified(
-            path, eager, args, result, settings, stages, opset, verify, tolerance
-        )
+        written = write_verified(path, eager, args, result, settings, stages, opset, verify,
+                                 tolerance)  # fmt: skip
         _log_verification(path, written[0], settings)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:

@@ -130,7 +130,8 @@ def compile_subgraph(
     def wrap(infer: Callable[..., Any] | None) -> Callable[..., Any]:
         return wrap_compiled(gm, infer, user, job.report, job.settings, job.backend,
                              example_inputs, compile_subgraph, split.scalars, ints,
-                             frozen.specialized, frozen.written, frozen.returned)  # fmt: skip
+                             frozen.specialized, frozen.written, frozen.returned,
+                             frozen.views)  # fmt: skip
 
     alias_key = _alias_key(job, graph)
     if alias_key is not None:

@@ -5,9 +5,7 @@ changes."""
 from __future__ import annotations
 
 import logging
-import operator
 import warnings
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -15,8 +13,11 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
+from embedl_dynamo.dynamo.input_overlap import overlapping_input
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.functionalize import written_inputs
+from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Served
@@ -59,6 +60,7 @@ def wrap_compiled(
     specialized: dict[int, float] | None = None,
     written: Sequence[int] = (),
     returned: dict[int, int] | None = None,
+    views: dict[int, OutputView] | None = None,
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
@@ -71,18 +73,16 @@ def wrap_compiled(
     copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`), unless the
     runtime wrote it there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
     decode step copies no cache). The outputs at ``returned`` are a user input's tensor itself
-    in eager: that input is returned there.
+    in eager: that input is returned there; those at ``views`` are views of another output or
+    of an input, regenerated as such after the run. A call in which a written input overlaps
+    another input runs the original graph, with one warning (:func:`_overlap_guard`).
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
     with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
-    runtime.
-
-    The weights were frozen into the artifact, so each call first checks that they are the
-    same tensors, unchanged (``load_state_dict``, an optimizer step, ``weight.mul_(2)`` bump a
-    tensor's version counter; a few integer reads per call), and otherwise runs a build for the
-    weights it was given (``recompile``: :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`;
-    several kept, :func:`_by_weights`).
+    runtime. Each call first checks that the frozen weights are unchanged
+    (:class:`~embedl_dynamo.dynamo.frozen_weights.FrozenWeights`), and otherwise runs a build
+    for the weights it was given (``recompile``; several kept, :func:`_by_weights`).
     """
     if infer is None:
         return gm.forward
@@ -99,37 +99,76 @@ def wrap_compiled(
             inputs[k] = torch.tensor(int(inputs[k]))
         try:
             outputs = _outputs(infer(*inputs), inputs, scalars, written, returned or {})
+            if views:
+                outputs = _regenerate_views(outputs, inputs, views)
         except Exception as exc:
             if settings.fallback == "raise":
                 raise
             if not warned:
                 warned = True
-                logger.warning(
-                    "subgraph %d: the %s runtime failed on a call (%s); such calls run in "
-                    "PyTorch", report.index, report.runtime, error_line(exc),
-                )  # fmt: skip
-                logger.debug("subgraph %d: call failure", report.index, exc_info=True)
-                report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
+                _warn_call_failed(report, exc)
             return gm.forward(*args)
         return _as_output(gm, outputs)
 
     by_weights = _by_weights(
-        run, _FrozenWeights(example_inputs, not_weights), report.index,
+        run, FrozenWeights(example_inputs, not_weights), report.index,
         lambda args: recompile(gm, args, backend, settings),
     )  # fmt: skip
+
+    overlap = _overlap_guard(user, written, report.index)
 
     def compiled(*args: Any) -> Any:
         if specialized and any(float(args[i]) != v for i, v in specialized.items()):
             return gm.forward(*args)  # a float the artifact holds as a constant changed
+        if written and overlap(args):
+            return gm.forward(*args)  # a written input shares memory with another input
         return by_weights(*args)
 
     compiled.embedl_report = report  # type: ignore[attr-defined]
     return compiled
 
 
+def _warn_call_failed(report: SubgraphReport, exc: Exception) -> None:
+    """Once a subgraph: the runtime failed on a call, which ran in PyTorch."""
+    logger.warning(
+        "subgraph %d: the %s runtime failed on a call (%s); such calls run in PyTorch",
+        report.index, report.runtime, error_line(exc),
+    )  # fmt: skip
+    logger.debug("subgraph %d: call failure", report.index, exc_info=True)
+    report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
+
+
+def _overlap_guard(
+    user: Sequence[int], written: Sequence[int], index: int
+) -> Callable[[Sequence[Any]], bool]:
+    """Whether a call's written input overlaps another input in memory
+    (:func:`~embedl_dynamo.dynamo.input_overlap.overlapping_input`): the artifact, made
+    functional on inputs that did not, would miss eager's write showing in the other. Warns
+    once for this subgraph."""
+    warned = False
+
+    def overlaps(args: Sequence[Any]) -> bool:
+        nonlocal warned
+        position = overlapping_input([args[i] for i in user], written)
+        if position is None:
+            return False
+        if not warned:
+            warned = True
+            warnings.warn(
+                f"subgraph {index}: input {position} is written in place and shares memory "
+                "with another input on this call (views of one tensor); such calls run in "
+                "PyTorch, which sees the write through both",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return True
+
+    return overlaps
+
+
 def _by_weights(
     run: Callable[..., Any],
-    frozen: _FrozenWeights,
+    frozen: FrozenWeights,
     index: int,
     rebuild: Callable[[Sequence[Any]], Callable[..., Any]],
 ) -> Callable[..., Any]:
@@ -150,15 +189,37 @@ def _by_weights(
                 if position:
                     builds.insert(0, builds.pop(position))
                 return build(*args)
-        weights = _FrozenWeights(args, frozen.user)
+        weights = FrozenWeights(args, frozen.user)
+        what = builds[0][0].changed(args)
         logger.info("subgraph %d: weight %s is not the one compiled; building for these weights",
-                    index, builds[0][0].changed(args))  # fmt: skip
+                    index, what)  # fmt: skip
+        if what == SAMPLED_BYTES:
+            _warn_data_write(index)
         build = rebuild(args)
         builds[:] = [b for b in builds if b[0].may_match_again(weights)][: WEIGHT_SETS - 1]
         builds.insert(0, (weights, build))
         return build(*args)  # this call's own build, whatever other threads put first
 
     return by_weights
+
+
+_warned_data_write = False
+
+
+def _warn_data_write(index: int) -> None:
+    """Once a process: a weight changed through ``.data``, seen only by the sampled bytes."""
+    global _warned_data_write
+    if _warned_data_write:
+        return
+    _warned_data_write = True
+    warnings.warn(
+        f"subgraph {index}: a weight was written through .data (its version counter did not "
+        "move); embedl_dynamo rebuilds because a sample of each weight's bytes changed, but a "
+        ".data write that changes none of the sampled bytes is not seen. Update weights with "
+        "p.copy_(new) under torch.no_grad() or load_state_dict() to be seen exactly",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _outputs(
@@ -177,6 +238,17 @@ def _outputs(
     if not returned:  # the common case, on every call: no per-output work
         return tuple(outputs)
     return tuple(inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs))
+
+
+def _regenerate_views(
+    outputs: tuple[Any, ...], inputs: Sequence[Any], views: dict[int, OutputView]
+) -> tuple[Any, ...]:
+    """The outputs with each of ``views`` replaced by its view of the output or input it
+    views in eager, so that they share memory as eager's do."""
+    regenerated = list(outputs)
+    for position, view in views.items():
+        regenerated[position] = view(inputs[view.index] if view.of_input else outputs[view.index])
+    return tuple(regenerated)
 
 
 def _write_back(outputs: Sequence[Any], targets: Sequence[torch.Tensor]) -> tuple[Any, ...]:
@@ -250,59 +322,8 @@ def in_place_writes(
     return found
 
 
-_VERSION = operator.attrgetter("_version")
-
 #: builds for this many sets of live weights are kept per compiled graph (see wrap_compiled)
 WEIGHT_SETS = 4
-
-
-class _FrozenWeights:
-    """Identity and version counter of every frozen weight among Dynamo's arguments.
-
-    Checked on every call, so with C-level ``map`` and tuple comparison rather than a Python
-    loop, whose per-weight overhead would add up on models with hundreds of weights. Held by
-    weak reference: once one of them is freed its ``id`` may be given to another tensor, so
-    the set never matches again (``freed``), and the caller's model is not kept alive.
-    """
-
-    def __init__(self, args: Sequence[Any], user: list[int]) -> None:
-        self.user = user  # the arguments that are not weights
-        users = set(user)
-        self.indices = [
-            i for i, t in enumerate(args) if i not in users and isinstance(t, torch.Tensor)
-        ]
-        self.ids, self.versions = self._state(args)
-        self.freed = False
-        self._refs = [weakref.ref(args[i], self._on_free) for i in self.indices]
-
-    def _on_free(self, _ref: Any) -> None:
-        self.freed = True
-
-    def may_match_again(self, newer: _FrozenWeights) -> bool:
-        """False when this set can never match a call again: a weight was freed, or ``newer``
-        holds the same tensors (modified in place since: versions only grow)."""
-        return not self.freed and self.ids != newer.ids
-
-    def _pick(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        if len(self.indices) > 1:
-            return operator.itemgetter(*self.indices)(args)
-        return tuple(args[i] for i in self.indices)
-
-    def _state(self, args: Sequence[Any]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        tensors = self._pick(args)
-        return tuple(map(id, tensors)), tuple(map(_VERSION, tensors))
-
-    def changed(self, args: Sequence[Any]) -> str | None:
-        """The first weight replaced or modified in place since compile, or None."""
-        ids, versions = self._state(args)
-        if ids == self.ids and versions == self.versions and not self.freed:
-            return None
-        for index, ident, version, old_id, old_version in zip(
-            self.indices, ids, versions, self.ids, self.versions
-        ):
-            if ident != old_id or version != old_version:
-                return f"argument {index}"
-        return "a weight"
 
 
 #: an input this many times larger than the largest value calibration saw is clipped by INT8

@@ -16,10 +16,10 @@ Consequences, as with inductor's freezing:
   ``dropout`` with ``training=True``) or receives inputs that require grad is not frozen:
   :func:`inference_blocker` names the reason and the backend runs that graph eagerly, warning
   once. So does a graph whose in-place ops cannot be made functional exactly (a write through
-  a view into an input, a parameter or a buffer; see :mod:`embedl_dynamo.graph.functionalize`);
-  the others are made functional here, before any rewrite sees the graph. With
-  ``write_back``, an input or buffer written straight into (a KV cache) stays an input and its
-  final value is returned, for the caller to copy back.
+  ``as_strided``; see :mod:`embedl_dynamo.graph.functionalize`); the others are made
+  functional here, before any rewrite sees the graph. With ``write_back``, an input or buffer
+  written into (a KV cache; also through a view) stays an input and its final value is
+  returned, for the caller to copy back.
 
 The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 """
@@ -43,7 +43,9 @@ from embedl_dynamo.graph.functionalize import (
     returned_inputs,
     written_inputs,
 )
+from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
+from embedl_dynamo.graph.view_writes import inputs_written_through_views
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
 
@@ -94,6 +96,9 @@ class FrozenGraph:
             the caller copies each into its tensor.
         returned: outputs that are an input's tensor itself, by output position: the position
             among ``user_inputs`` of the input the caller returns there.
+        views: outputs the caller regenerates as views after the call, by output position
+            (:mod:`embedl_dynamo.graph.output_views`); an input they view is given by its
+            position among ``user_inputs``.
     """
 
     gm: fx.GraphModule
@@ -102,6 +107,7 @@ class FrozenGraph:
     specialized: dict[int, float] = dataclasses.field(default_factory=dict)
     written: tuple[int, ...] = ()
     returned: dict[int, int] = dataclasses.field(default_factory=dict)
+    views: dict[int, OutputView] = dataclasses.field(default_factory=dict)
 
 
 def is_lifted_constant(node: fx.Node, value: Any) -> bool:
@@ -274,6 +280,25 @@ def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
     return next(n for n in graph.nodes if n.op == "placeholder" and n.name == old.name)
 
 
+def _kept_inputs(
+    gm: fx.GraphModule, placeholders: list[fx.Node], write_back: bool
+) -> tuple[dict[int, fx.Node], dict[int, OutputView], set[fx.Node]]:
+    """The outputs that are inputs themselves, the outputs regenerated as views, and the
+    placeholders that stay inputs though they are parameters or buffers.
+
+    With ``write_back`` the caller returns its own tensors where the graph returns an input or
+    buffer as itself, writes back those written in place (directly or through a view), and
+    regenerates views of them, so those stay inputs; without, a returned buffer is a constant
+    output."""
+    if not write_back:
+        return {}, {}, set()
+    returned, views = returned_inputs(gm), output_views(gm)
+    kept = set(written_inputs(gm).values()) | set(returned.values())
+    kept |= inputs_written_through_views(gm)
+    kept |= {placeholders[v.index] for v in views.values() if v.of_input}
+    return returned, views, kept
+
+
 def freeze(
     gm: fx.GraphModule, example_inputs: Sequence[Any], write_back: bool = False
 ) -> FrozenGraph:
@@ -315,10 +340,7 @@ def freeze(
     user_inputs: list[int] = []
     int_inputs: list[int] = []
     specialized: dict[int, float] = {}
-    # with write_back the caller returns its own tensors where the graph returns an input or
-    # buffer as itself, so those stay inputs; without, a returned buffer is a constant output
-    returned = returned_inputs(gm) if write_back else {}
-    kept = set(written_inputs(gm).values()) | set(returned.values()) if write_back else set()
+    returned, views, kept = _kept_inputs(gm, placeholders, write_back)
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
@@ -351,4 +373,8 @@ def freeze(
     positions = functionalize(frozen, write_back)
     users = {placeholders[index]: k for k, index in enumerate(user_inputs)}
     regenerated = {out: users[node] for out, node in returned.items() if node in users}
-    return FrozenGraph(frozen, user_inputs, int_inputs, specialized, positions, regenerated)
+    views = {
+        out: dataclasses.replace(v, index=users[placeholders[v.index]]) if v.of_input else v
+        for out, v in views.items()
+    }
+    return FrozenGraph(frozen, user_inputs, int_inputs, specialized, positions, regenerated, views)

@@ -13,13 +13,17 @@ dead-code pass drops ``y.masked_fill_(m, 0)`` whose result is unused, and a rewr
   cache's ``index_copy_``, a counter's ``add_(1)``) is made functional like the others, and the
   input's final value becomes an extra output of the graph, which the caller copies into the
   caller's tensor after the run (as AOTAutograd's epilogue does). Or
-* refused (:func:`mutation_blocker` names why): the op writes into a graph input, a parameter or
-  a buffer through a view (or ``.to()`` that returned the same tensor...), or into a frozen
-  constant, or into an input without ``write_back``; writes
-  through an alias that is read later (``a, b = y.chunk(2); a.add_(1); return y``), writes
-  into an ``out=`` tensor. The backend then runs that graph in PyTorch with one warning, as it
-  does for a graph whose outputs share storage with each other or with an input
-  (:func:`output_alias`: eager returns views, a runtime would return copies).
+* made functional through views (:mod:`embedl_dynamo.graph.view_writes`, first): a write into
+  a view (``y[..., :4].zero_()``, ``x[:, :2].zero_()`` on an input or a buffer), or into a
+  tensor whose view is read later, becomes a write into a copy and a scatter into the base,
+  as AOTAutograd's functionalization does; an input's final value is written back. Or
+* refused (:func:`mutation_blocker` names why): the op writes through an alias other than a
+  view by position (``as_strided``, a dtype view), into a frozen constant, or into an input
+  without ``write_back``; writes into an ``out=`` tensor. The backend then runs that graph in
+  PyTorch with one warning, as it does for a graph whose outputs share storage with each
+  other or with an input in a way the caller cannot regenerate after the call
+  (:func:`output_alias`; :mod:`embedl_dynamo.graph.output_views` regenerates views of a
+  returned tensor or of an input).
 
 Aliasing and what each op writes come from :mod:`embedl_dynamo.graph.aliasing`.
 """
@@ -44,6 +48,8 @@ from embedl_dynamo.graph.aliasing import (
     same_tensor_source,
 )
 from embedl_dynamo.graph.meta import infer_meta
+from embedl_dynamo.graph.output_views import output_views
+from embedl_dynamo.graph.view_writes import functionalize_view_writes, view_write_plan
 
 __all__ = [
     "functionalize",
@@ -149,6 +155,9 @@ def mutation_blocker(
         name_of: names a graph input in the message (default: the node's name).
         write_back: direct writes into placeholders are allowed (:func:`written_inputs`).
     """
+    through_views, reason = view_write_plan(gm, write_back)
+    if reason is not None:
+        return f"a write through a view cannot be made functional: {reason}"
     writable = written_inputs(gm) if write_back else {}
     classes = alias_classes(gm)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
@@ -156,7 +165,7 @@ def mutation_blocker(
     inputs = {classes[n] for n in sources}
     for node in gm.graph.nodes:
         target = mutated_tensor(node)
-        if target is None:
+        if target is None or node in through_views:
             continue
         what = _describe(node)
         if out_argument(node) is not None:
@@ -196,18 +205,23 @@ def output_alias(gm: fx.GraphModule) -> str | None:
     In eager, outputs that are views of one another or of an input share storage, so a write
     into one shows in the other; a runtime that returns fresh tensors would lose that. An
     output that is an input's tensor itself is fine: the caller returns that input
-    (:func:`returned_inputs`).
+    (:func:`returned_inputs`); so is a view the caller regenerates after the call
+    (:func:`~embedl_dynamo.graph.output_views.output_views`).
     """
     classes = alias_classes(gm)
     inputs = {
         classes[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in classes
     }
     output = next(n for n in gm.graph.nodes if n.op == "output")
+    regenerated = output_views(gm)
+    values = _output_values(gm)
     seen: dict[Any, fx.Node] = {}
     for value in _flat_nodes(output.args):
         key = classes.get(value)
         if key is None or not isinstance(value, fx.Node):
             continue
+        if any(values[p] is value for p in regenerated):
+            continue  # a view of another output or of an input: regenerated after the call
         if identity_root(value).op == "placeholder":
             continue  # the input itself: the caller returns it (returned_inputs)
         if value.op in ("placeholder", "get_attr") or key in inputs:
@@ -246,8 +260,10 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
     if reason is not None:
         raise ValueError(reason)
     changed = _drop_same_tensor_nodes(gm)
+    # writes through views first: each becomes a write into a copy of its own and a scatter
+    final = functionalize_view_writes(gm, write_back)  # a written placeholder -> its value
     writes = written_inputs(gm) if write_back else {}
-    final: dict[fx.Node, fx.Node] = {}  # a written placeholder -> the node holding its value
+    # nodes ``_out_of_place`` adds are ordered just before the node they serve
     order: dict[fx.Node, float] = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):
         target = mutated_tensor(node)
@@ -262,7 +278,7 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
             order[added] = order[node] - 0.5
         changed = True
     positions = _append_outputs(gm, final)
-    if changed:
+    if changed or final:
         gm.graph.lint()
         gm.recompile()
     return positions

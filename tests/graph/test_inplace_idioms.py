@@ -2,10 +2,11 @@
 graph in PyTorch with one warning. Never a silent wrong answer (issue 23 items 1, 2 and 7).
 
 Each idiom says what the backend must do with it: ``compiled`` (made functional, runs on the
-runtime), ``eager`` (refused with a reason: a write into an input or a buffer, through a view
-read later, outputs sharing storage) or ``either`` (made functional, but the ONNX exporter or
-the runtime may not take the op: then it runs in PyTorch). All must equal eager, inputs and
-buffers included.
+runtime; writes through views become scatters, inputs and buffers are written back, view
+outputs are regenerated after the call: issue 39 item 9), ``eager`` (refused with a reason: a
+write through ``as_strided``, outputs that are views of a tensor not returned) or ``either``
+(made functional, but the ONNX exporter or the runtime may not take the op: then it runs in
+PyTorch). All must equal eager, inputs and buffers included.
 """
 
 from __future__ import annotations
@@ -50,15 +51,18 @@ IDIOMS = {
     "+=, relu_, setitem": ("compiled", lambda s, x: _plus_relu_setitem(x)),
     "result of add_ used": ("compiled", lambda s, x: _y(x).add_(1) * 2),
     # in-place ops on views of intermediates
-    "slice zero_": ("eager", lambda s, x: (lambda y: (y[..., :4].zero_(), y)[1])(_y(x))),
-    "narrow mul_": ("eager", lambda s, x: (lambda y: (y.narrow(1, 0, 2).mul_(2), y)[1])(_y(x))),
-    "chunk add_": ("eager", lambda s, x: (lambda y: (y.chunk(2)[0].add_(1), y)[1])(_y(x))),
-    "buffer narrow copy_": ("eager", lambda s, x: _narrow_copy(x)),
-    "select fill_": ("eager", lambda s, x: (lambda y: (y[0].fill_(1.0), y)[1])(_y(x))),
-    "view add_": ("eager", lambda s, x: (lambda y: (y.view(-1).add_(1), y)[1])(_y(x))),
-    "transpose mul_": ("eager", lambda s, x: (lambda y: (y.transpose(0, 1).mul_(2), y)[1])(_y(x))),
+    "slice zero_": ("compiled", lambda s, x: (lambda y: (y[..., :4].zero_(), y)[1])(_y(x))),
+    "narrow mul_": ("compiled", lambda s, x: (lambda y: (y.narrow(1, 0, 2).mul_(2), y)[1])(_y(x))),
+    "chunk add_": ("compiled", lambda s, x: (lambda y: (y.chunk(2)[0].add_(1), y)[1])(_y(x))),
+    "buffer narrow copy_": ("compiled", lambda s, x: _narrow_copy(x)),
+    "select fill_": ("compiled", lambda s, x: (lambda y: (y[0].fill_(1.0), y)[1])(_y(x))),
+    "view add_": ("compiled", lambda s, x: (lambda y: (y.view(-1).add_(1), y)[1])(_y(x))),
+    "transpose mul_": (
+        "compiled",
+        lambda s, x: (lambda y: (y.transpose(0, 1).mul_(2), y)[1])(_y(x)),
+    ),
     "view read after write": (
-        "eager",
+        "compiled",
         lambda s, x: (lambda y, v: (y.add_(1), v * 1)[1])(*_y_and_row(x)),
     ),
     # writes straight into inputs and buffers: written back after the run
@@ -73,11 +77,38 @@ IDIOMS = {
         "compiled",
         lambda s, x: (s.b.to(torch.float32).add_(1), _y(x) + s.b)[1],
     ),
-    # writes into inputs through a view: a copy back would need a scatter
-    "input slice zero_": ("eager", lambda s, x: (x[:, :2].zero_(), x * 2)[1]),
+    # writes through views: the view ops replayed on positions, a scatter (AOTAutograd's
+    # *_scatter ops), later aliases read from the new value (graph/view_writes.py)
+    "diagonal fill_": ("compiled", lambda s, x: (lambda y: (y.diagonal().fill_(2.0), y)[1])(_y(x))),
+    "unbind mul_ then both": ("compiled", lambda s, x: _unbind_write(x)),
+    "view of a view add_": (
+        "compiled",
+        lambda s, x: (lambda y: (y[1:][:, ::2].add_(1), y)[1])(_y(x)),
+    ),
+    "setitem into a view": ("compiled", lambda s, x: _setitem_view(x)),
+    "two views written": ("compiled", lambda s, x: _two_views(x)),
+    "write then view read": ("compiled", lambda s, x: _write_then_view(x)),
+    # writes into inputs and buffers through a view: the new value written back whole
+    "input slice zero_": ("compiled", lambda s, x: (x[:, :2].zero_(), x * 2)[1]),
+    "input select fill_, add_, returned": (
+        "compiled",
+        lambda s, x: (x[1].fill_(3.0), x.mul_(2).add_(1))[1],
+    ),
+    "input read, then view written": ("compiled", lambda s, x: _read_then_write_input(x)),
+    "buffer slice add_": ("compiled", lambda s, x: (s.b[:3].add_(1), _y(x) + s.b)[1]),
+    "input through as_strided": (
+        "eager",
+        lambda s, x: (x.as_strided((2, 2), (1, 6)).zero_(), x + 1)[1],
+    ),
     # outputs that share storage
-    "output and its view": ("eager", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
-    "output view of input": ("eager", lambda s, x: (x.t(), x * 2)),
+    # outputs that are views of another output or of an input: regenerated after the call
+    "output and its view": ("compiled", lambda s, x: (lambda y: (y, y[0]))(_y(x))),
+    "output view of input": ("compiled", lambda s, x: (x.t(), _y(x) * 2)),
+    "output and its chunks": ("compiled", lambda s, x: (lambda y: (y, *y.chunk(2, 1)))(_y(x))),
+    "outputs two views, base not returned": (
+        "eager",
+        lambda s, x: (lambda y: (y[0], y[1]))(_y(x)),
+    ),
 }
 
 
@@ -93,6 +124,39 @@ def _narrow_copy(x):
     buf = torch.zeros(4, 8)
     buf.narrow(1, 1, 6).copy_(x)
     return buf
+
+
+def _unbind_write(x):
+    y = _y(x)
+    first, second = y[:2].unbind(0)
+    first.mul_(2)
+    return y + 0, first, second * 1
+
+
+def _setitem_view(x):
+    y = _y(x)
+    row = y[2]
+    row[1:3] = 9.0
+    return y
+
+
+def _two_views(x):
+    y = _y(x)
+    y[0].add_(1)
+    y[:, 1].mul_(3)
+    return y * 1
+
+
+def _write_then_view(x):
+    y = _y(x)
+    y.add_(1)
+    return y[1:3].sum(0)
+
+
+def _read_then_write_input(x):
+    before = x * 1
+    x[:2].mul_(2)
+    return before + x
 
 
 def _y_and_row(x):
@@ -145,6 +209,25 @@ def test_idiom_equals_eager_or_runs_in_pytorch(name, target, compile_isolation):
         assert any("PyTorch" in str(w.message) for w in caught), [str(w.message) for w in caught]
     elif expected_route == "compiled":
         assert "eager" not in runtimes, embedl_dynamo.last_report()
+
+
+@pytest.mark.parametrize(
+    "name", ["output and its view", "output view of input", "output and its chunks"]
+)
+def test_outputs_share_memory_as_in_eager(name, compile_isolation):
+    """A view output is the same view as eager's: a write into one shows in the other."""
+    model, x = _fresh(name)
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        for out in (compiled(x), model(x)):
+            base = x if name == "output view of input" else out[0]
+            view = out[0] if name == "output view of input" else out[1]
+            assert view.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        compiled_out = compiled(x)
+    assert [s.runtime for s in embedl_dynamo.last_report().subgraphs] == ["onnxruntime"]
+    if name == "output and its view":
+        compiled_out[1].fill_(7.0)
+        assert torch.equal(compiled_out[0][0], torch.full((6,), 7.0))
 
 
 @pytest.mark.parametrize("name", list(IDIOMS))
