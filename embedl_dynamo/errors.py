@@ -19,6 +19,7 @@ __all__ = [
     "ExportArgumentError",
     "ExportError",
     "NonFiniteError",
+    "KServeError",
     "NotACacheError",
     "OutputMismatchError",
     "ReadOnlyCacheError",
@@ -48,6 +49,10 @@ class CorruptEntryError(EmbedlDynamoError, RuntimeError):
 
 class ReadOnlyCacheError(EmbedlDynamoError, PermissionError):
     """A write to a cache that is only read (shipped to replicas, mounted read-only)."""
+
+
+class KServeError(EmbedlDynamoError, ValueError):
+    """A served request the KServe v2 protocol or the model cannot take (HTTP 400 with it)."""
 
 
 class NotACacheError(EmbedlDynamoError, ValueError):

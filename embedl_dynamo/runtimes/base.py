@@ -30,7 +30,7 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.graph.float32 import exact_float32
+from embedl_dynamo.runtimes.reference import graph_outputs
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:
@@ -45,7 +45,6 @@ __all__ = [
     "PROFILE_WARMUP_RUNS",
     "Runtime",
     "Served",
-    "graph_outputs",
     "package_version",
     "target_device",
 ]
@@ -83,14 +82,6 @@ ArtifactJudge = Callable[
     [fx.GraphModule, Callable[[], tuple[torch.Tensor, ...]], tuple[torch.Tensor, ...], str, float],
     None,
 ]
-
-
-def graph_outputs(gm: fx.GraphModule, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    """``gm``'s outputs on ``inputs`` (no grad, IEEE float32) as a tuple; through ``forward``,
-    since FX's call wrapper prints the code around a failing line (an expected fallback)."""
-    with torch.no_grad(), exact_float32():
-        out = gm.forward(*inputs)
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
 def _version(tensor: torch.Tensor) -> int:

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from embedl_dynamo.errors import KServeError
+
 __all__ = [
     "DATATYPES",
     "KServeError",
@@ -52,10 +54,6 @@ DATATYPES: dict[str, np.dtype] = {
 }  # fmt: skip
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 RETRY_STATUS = (500, 502, 503, 504)
-
-
-class KServeError(ValueError):
-    """A request the protocol or the model cannot take (an HTTP 400 with the message)."""
 
 
 @dataclass(frozen=True)

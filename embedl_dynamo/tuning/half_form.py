@@ -30,9 +30,10 @@ from torch import fx
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.rest_precision import with_rest_precision
 from embedl_dynamo.precision import Precision
-from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
+from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
 from embedl_dynamo.runtimes.openvino.compile import computes_in, half_hint
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from embedl_dynamo.runtimes.reference import graph_outputs
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_precision_outputs, judge_against
 from embedl_dynamo.tuning.runtime_choice import RunOption, RuntimeChoice, fastest

@@ -36,7 +36,8 @@ from embedl_dynamo.errors import OutputMismatchError
 from embedl_dynamo.graph.float32 import exact_float32
 from embedl_dynamo.graph.rest_precision import rest_precision
 from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
-from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
+from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
+from embedl_dynamo.runtimes.reference import graph_call, graph_outputs
 
 __all__ = [
     "FLOAT_RTOL",
@@ -84,9 +85,8 @@ def sample_outputs(
 ) -> list[list[torch.Tensor]]:
     """``model``'s :func:`flat_outputs` on each batch of ``sample`` (no grad, IEEE float32:
     :func:`~embedl_dynamo.graph.float32.exact_float32`)."""
-    call = model.forward if isinstance(model, fx.GraphModule) else model  # see graph_outputs
-    with torch.no_grad(), exact_float32():
-        return [flat_outputs(call(*batch)) for batch in sample]
+    with torch.no_grad(), exact_float32():  # past FX's call wrapper: see graph_outputs
+        return [flat_outputs(graph_call(model, batch)) for batch in sample]
 
 
 def cosine(expected: Sequence[Any], actual: Sequence[Any]) -> float:

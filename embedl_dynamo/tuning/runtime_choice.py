@@ -36,8 +36,9 @@ from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.precision import Precision
-from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime, graph_outputs
+from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.reference import graph_outputs
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import judge_artifact
 from embedl_dynamo.tuning.runtime_rules import architecture_key, family_rule

@@ -31,7 +31,7 @@ def test_tf32_is_off_inside_and_restored_after(tf32_on):
 
 
 def test_the_judges_references_are_computed_in_ieee_float32(tf32_on, monkeypatch):
-    from embedl_dynamo.runtimes.base import graph_outputs
+    from embedl_dynamo.runtimes.reference import graph_outputs
     from embedl_dynamo.tuning.judge import sample_outputs
 
     cudnn, _ = tf32_on
