@@ -6,7 +6,8 @@ Per subgraph Dynamo hands over (the runtime is routed first,
 0. where no runtime of the target runs (none installed, or none that takes a graph on a CUDA
    device), Dynamo's own graph runs, with one warning a process: eager's numbers to the bit;
 1. a training graph or inputs that require grad run eagerly, with one warning;
-2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
+2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch, and so do those with
+   an op the runtime computes otherwise than PyTorch (:mod:`embedl_dynamo.runtimes.conformance`);
 3. :func:`~embedl_dynamo.graph.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`,
    then the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
 4. if export or the runtime fails, ``fallback="eager"`` runs the graph in PyTorch and the
@@ -49,6 +50,7 @@ from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.conformance import kept_in_pytorch
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import AUTO
 from embedl_dynamo.settings import Settings
@@ -117,6 +119,10 @@ def compile_subgraph(
     if split.blocker is not None:
         return job.stay_eager("eager", split.blocker, gm.forward)
     job.original = graph = split.tensors
+    kept = _keep_conforming(job, graph)
+    if kept is not None:  # an op the runtime computes otherwise (runtimes/conformance.py)
+        warnings.warn(f"embedl_{job.backend.name}: {kept}", RuntimeWarning, stacklevel=2)
+        return job.stay_eager("eager", kept, gm.forward)
     axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
     numbers = split.scalars.positions if split.scalars is not None else ()
     outputs = tuple(a for i, a in enumerate(axes.outputs) if i not in numbers)
@@ -145,6 +151,18 @@ def compile_subgraph(
     if sum(t.nbytes for t in graph.buffers()) > _COLLECT_BYTES:  # free them before the next
         gc.collect()
     return wrap(infer)
+
+
+def _keep_conforming(job: SubgraphJob, graph: fx.GraphModule) -> str | None:
+    """Leave out of ``job.timed`` the runtimes the conformance table keeps one of ``graph``'s
+    ops from (:func:`~embedl_dynamo.runtimes.conformance.kept_in_pytorch`); the reason the
+    graph stays in PyTorch when its runtime is one of them."""
+    if job.timed:
+        fits = [c for c in job.timed if kept_in_pytorch(graph, [c.name]) is None]
+        job.timed = fits if len(fits) >= 2 else []
+        if job.runtime_cls not in fits and fits and not job.settings.precision.lower:
+            job.runtime_cls = fits[0]
+    return kept_in_pytorch(graph, [job.runtime_cls.name])
 
 
 def _warm_start(

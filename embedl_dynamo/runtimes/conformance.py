@@ -1,0 +1,277 @@
+"""Op conformance: for each op and CPU runtime, whether the runtime computes it as PyTorch does.
+
+One table, the single source of truth for three readers: the compile keeps a subgraph in
+PyTorch when one of its ops is ``kept`` on the runtime that would run it
+(:func:`kept_in_pytorch`), the conformance suite (``tests/runtimes/test_conformance.py``)
+takes each row as the expected result of PyTorch's own OpInfo samples plus edge values, and
+``docs/op-conformance.md`` is generated from it (:func:`markdown_table`).
+
+* ``exact``: the runtime's outputs equal PyTorch's bit for bit (same dtype and shape; NaN and
+  infinities where PyTorch has them), on every sample and edge value;
+* ``bounded``: floats within :data:`FLOAT_ATOL` absolute or :data:`FLOAT_RTOL` relative to
+  the output's scale (kernels reorder sums), NaN and infinities at PyTorch's positions;
+  integers and bools still bit for bit;
+* ``kept``: the runtime computes it otherwise (the reason says how), so a graph holding it
+  runs in PyTorch, with that reason in the report.
+
+Several ``exact`` rows hold only through the forms :mod:`embedl_dynamo.graph.exact_ops` gives
+those ops in every export (NaN-propagating ``max``/``argmax``, integer sums by ``CumSum``,
+zeros for fully masked attention rows). A row holds for the dtypes it names (``float``:
+floating point; ``int``: integers and bools); an op without a row is not judged here.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from embedl_dynamo.graph.nodes import node_value_meta
+
+__all__ = [
+    "CPU_RUNTIMES",
+    "FLOAT_ATOL",
+    "FLOAT_RTOL",
+    "OpRow",
+    "ROWS",
+    "Rule",
+    "Verdict",
+    "kept_in_pytorch",
+    "markdown_table",
+    "op_name",
+    "rule_for",
+]
+
+#: the runtimes the table speaks for
+CPU_RUNTIMES = ("onnxruntime", "openvino")
+#: the ``bounded`` verdict's absolute bound on float outputs
+FLOAT_ATOL = 1e-5
+#: ... and its bound relative to the largest magnitude of the output
+FLOAT_RTOL = 1e-4
+
+
+class Verdict(enum.Enum):
+    """How a runtime computes an op, compared with PyTorch."""
+
+    EXACT = "exact"
+    BOUNDED = "bounded"
+    KEPT = "kept in PyTorch"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The verdict on one op for one runtime and one family of input dtypes.
+
+    Attributes:
+        verdict: exact, bounded or kept.
+        dtypes: ``float``, ``int`` (integers and bools) or ``any``: the first tensor input's.
+        reason: why (for ``kept``: what the runtime computes instead; else how it holds).
+    """
+
+    verdict: Verdict
+    dtypes: str = "any"
+    reason: str = ""
+
+    def covers(self, dtype: torch.dtype | None) -> bool:
+        """Whether this rule speaks for an input of ``dtype`` (None: unknown, every rule)."""
+        if self.dtypes == "any" or dtype is None:
+            return True
+        return (self.dtypes == "float") == (dtype.is_floating_point or dtype.is_complex)
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One op: its PyTorch names, the OpInfo entries whose samples check it, the rules.
+
+    Attributes:
+        op: the name of the torch function / Tensor method (``torch.max``, ``Tensor.max``).
+        opinfo: names in PyTorch's ``op_db`` whose samples check it.
+        rules: runtime name -> rules, the first that covers the dtype applies.
+        aliases: other names of the op in a graph (``F.relu``, ``relu_``...).
+    """
+
+    op: str
+    opinfo: tuple[str, ...]
+    rules: Mapping[str, tuple[Rule, ...]]
+    aliases: tuple[str, ...] = field(default=())
+
+
+_EXACT = Rule(Verdict.EXACT)
+_BOUNDED = (Rule(Verdict.BOUNDED, "float"), Rule(Verdict.EXACT, "int"))
+_OV_INT = (
+    "OpenVINO's CPU plugin computes int64 as int32: a call whose int64 inputs leave int32's "
+    "range runs in PyTorch; an intermediate value outside it wraps"
+)
+_NAN = "exact through the NaN-propagating form of graph/exact_ops.py (IsNaN, Where)"
+
+
+def _both(*rules: Rule) -> dict[str, tuple[Rule, ...]]:
+    return {name: tuple(rules) for name in CPU_RUNTIMES}
+
+
+def _elementwise(reason_ov: str = _OV_INT) -> dict[str, tuple[Rule, ...]]:
+    """Float arithmetic bounded; integers exact on ONNX Runtime, bounded by int32 on OpenVINO."""
+    return {
+        "onnxruntime": _BOUNDED,
+        "openvino": (_BOUNDED[0], Rule(Verdict.BOUNDED, "int", reason_ov)),
+    }
+
+
+_ARG = _both(Rule(Verdict.EXACT, reason=_NAN))
+_EXTREME = {
+    "onnxruntime": (Rule(Verdict.EXACT, reason=_NAN),),
+    "openvino": (Rule(Verdict.EXACT, "float", _NAN), Rule(Verdict.BOUNDED, "int", _OV_INT)),
+}
+
+ROWS: tuple[OpRow, ...] = (
+    OpRow("argmax", ("argmax",), _ARG),
+    OpRow("argmin", ("argmin",), _ARG),
+    OpRow("max", ("max.reduction_no_dim", "max.reduction_with_dim", "max.binary"), _EXTREME),
+    OpRow("min", ("min.reduction_no_dim", "min.reduction_with_dim", "min.binary"), _EXTREME),
+    OpRow("amax", ("amax",), _EXTREME),
+    OpRow("amin", ("amin",), _EXTREME),
+    OpRow("maximum", ("maximum",), _EXTREME),
+    OpRow("minimum", ("minimum",), _EXTREME),
+    OpRow(
+        "sum",
+        ("sum",),
+        {
+            "onnxruntime": (
+                Rule(Verdict.BOUNDED, "float"),
+                Rule(Verdict.EXACT, "int", "int64 added by CumSum (ReduceSum rounds above 2**53)"),
+            ),
+            "openvino": (
+                Rule(Verdict.BOUNDED, "float"),
+                Rule(Verdict.KEPT, "int", "int64 sums computed as int32 wrap above 2**31"),
+            ),
+        },
+    ),
+    OpRow(
+        "topk",
+        ("topk",),
+        _both(Rule(Verdict.KEPT, reason="the indices of tied values come in another order")),
+    ),
+    OpRow(
+        "scaled_dot_product_attention",
+        ("nn.functional.scaled_dot_product_attention",),
+        _both(
+            Rule(
+                Verdict.BOUNDED,
+                reason="a query masked by -inf at every key gives zeros, as in PyTorch "
+                "(graph/exact_ops.py, patterns/attention_export.py)",
+            )
+        ),
+    ),
+    OpRow("softmax", ("softmax",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("log_softmax", ("log_softmax",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("relu", ("nn.functional.relu",), _both(_EXACT), ("relu_",)),
+    OpRow("sigmoid", ("sigmoid",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("tanh", ("tanh",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("gelu", ("nn.functional.gelu",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("silu", ("nn.functional.silu",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("hardswish", ("nn.functional.hardswish",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("hardsigmoid", ("nn.functional.hardsigmoid",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("relu6", ("nn.functional.relu6",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("add", ("add",), _elementwise(), ("add_", "iadd", "__add__")),
+    OpRow("sub", ("sub",), _elementwise(), ("sub_", "isub", "__sub__")),
+    OpRow("mul", ("mul",), _elementwise(), ("mul_", "imul", "__mul__")),
+    OpRow("cumsum", ("cumsum",), _elementwise()),
+    OpRow("mean", ("mean",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("matmul", ("matmul",), _both(Rule(Verdict.BOUNDED)), ("__matmul__",)),
+    OpRow("linear", ("nn.functional.linear",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("addmm", ("addmm",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("conv2d", ("nn.functional.conv2d",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("max_pool2d", ("nn.functional.max_pool2d",), _both(Rule(Verdict.BOUNDED))),
+    OpRow(
+        "adaptive_avg_pool2d", ("nn.functional.adaptive_avg_pool2d",), _both(Rule(Verdict.BOUNDED))
+    ),
+    OpRow("layer_norm", ("nn.functional.layer_norm",), _both(Rule(Verdict.BOUNDED))),
+    OpRow("flatten", ("flatten",), _both(_EXACT)),
+    OpRow("where", ("where",), _both(_EXACT)),
+)
+
+_BY_NAME: dict[str, OpRow] = {}
+for _row in ROWS:
+    for _name in (_row.op, *_row.aliases):
+        _BY_NAME[_name] = _row
+
+
+def op_name(node: fx.Node) -> str | None:
+    """The name the table knows ``node``'s op by (None: not a call)."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function" or node.target is operator.getitem:
+        return None
+    return getattr(node.target, "__name__", None)
+
+
+def rule_for(op: str, runtime: str, dtype: torch.dtype | None) -> Rule | None:
+    """The rule on ``op`` for ``runtime`` and an input of ``dtype`` (None: no row for it)."""
+    row = _BY_NAME.get(op)
+    if row is None:
+        return None
+    return next((r for r in row.rules.get(runtime, ()) if r.covers(dtype)), None)
+
+
+def _input_dtype(node: fx.Node) -> torch.dtype | None:
+    for arg in (*node.args, *node.kwargs.values()):
+        if isinstance(arg, fx.Node):
+            value = node_value_meta(arg)
+            dtype = getattr(value, "dtype", None)
+            if isinstance(dtype, torch.dtype):
+                return dtype
+    return None
+
+
+def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
+    """Why ``gm`` runs in PyTorch rather than on ``runtimes`` (None: nothing keeps it): the
+    first op whose row says ``kept`` on one of them, with the row's reason."""
+    names = list(runtimes)
+    for node in gm.graph.nodes:
+        op = op_name(node)
+        if op is None or op not in _BY_NAME:
+            continue
+        dtype = _input_dtype(node)
+        for runtime in names:
+            rule = rule_for(op, runtime, dtype)
+            if rule is not None and rule.verdict is Verdict.KEPT:
+                what = f"{op} on {dtype}" if dtype is not None else op
+                return f"{what} stays in PyTorch on {runtime}: {rule.reason}"
+    return None
+
+
+def _cell(rules: tuple[Rule, ...]) -> str:
+    parts = []
+    for rule in rules:
+        label = (
+            rule.verdict.value if rule.dtypes == "any" else f"{rule.dtypes}: {rule.verdict.value}"
+        )
+        parts.append(label)
+    return "; ".join(parts)
+
+
+def markdown_table(rows: Iterable[OpRow] = ROWS) -> str:
+    """The table as Markdown: one line per op, a column per runtime, then the reasons."""
+    lines = [
+        "| op | OpInfo samples | " + " | ".join(CPU_RUNTIMES) + " |",
+        "|---|---|" + "---|" * len(CPU_RUNTIMES),
+    ]
+    notes: dict[str, list[str]] = {}
+    for row in rows:
+        cells = [_cell(row.rules.get(r, ())) for r in CPU_RUNTIMES]
+        lines.append(f"| `{row.op}` | {', '.join(row.opinfo)} | " + " | ".join(cells) + " |")
+        for runtime in CPU_RUNTIMES:
+            for rule in row.rules.get(runtime, ()):
+                if rule.reason:
+                    notes.setdefault(rule.reason, []).append(
+                        f"`{row.op}` ({runtime}, {rule.dtypes})"
+                    )
+    lines.append("")
+    lines.append("Reasons:")
+    lines.append("")
+    lines += [f"- {reason}: {', '.join(where)}" for reason, where in notes.items()]
+    return "\n".join(lines) + "\n"
