@@ -116,13 +116,10 @@ def compile_subgraph(
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)
     split = split_scalar_outputs(frozen.gm)  # sizes among the outputs are computed in PyTorch
-    if split.blocker is not None:
-        return job.stay_eager("eager", split.blocker, gm.forward)
+    blocker = split.blocker or _keep_conforming(job, split.tensors)
+    if blocker is not None:
+        return job.stay_eager("eager", blocker, gm.forward)
     job.original = graph = split.tensors
-    kept = _keep_conforming(job, graph)
-    if kept is not None:  # an op the runtime computes otherwise (runtimes/conformance.py)
-        warnings.warn(f"embedl_{job.backend.name}: {kept}", RuntimeWarning, stacklevel=2)
-        return job.stay_eager("eager", kept, gm.forward)
     axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
     numbers = split.scalars.positions if split.scalars is not None else ()
     outputs = tuple(a for i, a in enumerate(axes.outputs) if i not in numbers)
@@ -156,13 +153,16 @@ def compile_subgraph(
 def _keep_conforming(job: SubgraphJob, graph: fx.GraphModule) -> str | None:
     """Leave out of ``job.timed`` the runtimes the conformance table keeps one of ``graph``'s
     ops from (:func:`~embedl_dynamo.runtimes.conformance.kept_in_pytorch`); the reason the
-    graph stays in PyTorch when its runtime is one of them."""
+    graph stays in PyTorch (with one warning) when its runtime is one of them."""
     if job.timed:
         fits = [c for c in job.timed if kept_in_pytorch(graph, [c.name]) is None]
         job.timed = fits if len(fits) >= 2 else []
         if job.runtime_cls not in fits and fits and not job.settings.precision.lower:
             job.runtime_cls = fits[0]
-    return kept_in_pytorch(graph, [job.runtime_cls.name])
+    kept = kept_in_pytorch(graph, [job.runtime_cls.name])
+    if kept is not None:
+        warnings.warn(f"embedl_{job.backend.name}: {kept}", RuntimeWarning, stacklevel=3)
+    return kept
 
 
 def _warm_start(
