@@ -34,6 +34,7 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
+    refuse_non_finite,
     watch_calibrated_ranges,
     wrap_compiled,
 )
@@ -294,6 +295,9 @@ def _build(
         if speed is not None:  # INT8 runs as asked; a slower INT8 is said, not hidden
             report.pipeline = dict(report.pipeline, int8_speed=speed.to_dict())
     runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
+    if float_model is not None and job.settings.precision.qdq_type == "int8":
+        if "rejected" not in report.reason:  # INT8 runs: NaN and inf would quantize to finite
+            return refuse_non_finite(runtime.serve(), report.index)
     return runtime.serve()
 
 

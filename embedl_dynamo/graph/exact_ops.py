@@ -32,14 +32,19 @@ __all__ = [
     "exact_argmax",
     "exact_argmin",
     "exact_attention",
+    "exact_log_softmax",
     "exact_lowering",
+    "exact_max_pool2d",
     "exact_max",
     "exact_min",
+    "exact_softmax",
     "exact_sum",
 ]
 
 
 def _arg(reduce: Callable[..., torch.Tensor], x: torch.Tensor, dim: Any, keepdim: bool):
+    if x.dim() == 0:  # ONNX's ArgMax takes no axis of a scalar: its only index is 0
+        return torch.zeros_like(x, dtype=torch.int64)
     if not x.is_floating_point():
         return reduce(x, dim, keepdim)
     found = reduce(x, dim, keepdim)
@@ -61,6 +66,8 @@ def exact_argmin(input: torch.Tensor, dim: int | None = None, keepdim: bool = Fa
 def _values(reduce: Callable[..., torch.Tensor], x: torch.Tensor, dim: Any, keepdim: bool):
     """``amax``/``amin`` over ``dim`` (None or ``()``: all), NaN where the reduced part holds one."""
     whole = dim is None or dim == () or dim == []
+    if x.dim() == 0:  # a scalar reduced over its "axis 0" is itself
+        return x.clone()
     if whole:
         out = reduce(x, list(range(x.dim())), keepdim) if keepdim else reduce(x)
     else:
@@ -73,6 +80,13 @@ def _values(reduce: Callable[..., torch.Tensor], x: torch.Tensor, dim: Any, keep
         nan = torch.isnan(x).any(dim, keepdim)
     else:
         nan = torch.isnan(x).to(x.dtype).amax(dim, keepdim) > 0
+    # OpenVINO's ReduceMax of -inf (ReduceMin of +inf) alone gives the dtype's finite limit
+    limit = float("-inf") if reduce is torch.amax else float("inf")
+    if whole:
+        only = (x == limit).all()
+    else:
+        only = (x == limit).to(x.dtype).amin(dim, keepdim) > 0
+    out = torch.where(only, torch.full_like(out, limit), out)
     return torch.where(nan, torch.full_like(out, float("nan")), out)
 
 
@@ -172,6 +186,55 @@ def exact_attention(
     return out
 
 
+def _nan_slices(x: torch.Tensor, out: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """``out`` with NaN throughout each slice along ``dim`` of ``x`` that holds one (``dim``
+    None: the softmax's implicit axis, as PyTorch picks it)."""
+    if dim is None:
+        dim = 0 if x.dim() in (0, 1, 3) else 1
+    return out.masked_fill(torch.isnan(x).any(dim, keepdim=True), float("nan"))
+
+
+def _softmax_method(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None):  # noqa: A002
+    return exact_softmax(input, dim, dtype=dtype)
+
+
+def _log_softmax_method(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None):  # noqa: A002
+    return exact_log_softmax(input, dim, dtype=dtype)
+
+
+def exact_softmax(
+    input: torch.Tensor,  # noqa: A002
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``F.softmax``: a slice holding a NaN is NaN throughout, as in PyTorch (OpenVINO's
+    Softmax gives 0 at its other positions)."""
+    out = F.softmax(input, dim, _stacklevel, dtype)
+    return _nan_slices(input, out, dim)
+
+
+def exact_log_softmax(
+    input: torch.Tensor,  # noqa: A002
+    dim: int | None = None,
+    _stacklevel: int = 3,
+    dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``F.log_softmax``: a slice holding a NaN is NaN throughout, as in PyTorch."""
+    out = F.log_softmax(input, dim, _stacklevel, dtype)
+    return _nan_slices(input, out, dim)
+
+
+def exact_max_pool2d(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
+    """``F.max_pool2d``: a window holding a NaN gives NaN, as in PyTorch (ONNX's MaxPool
+    skips it on both runtimes): the same pooling of the NaN mask marks those windows."""
+    out = F.max_pool2d(input, *args, **kwargs)
+    if isinstance(out, tuple) or not input.is_floating_point():
+        return out
+    nan = F.max_pool2d(torch.isnan(input).to(input.dtype), *args, **kwargs) > 0
+    return out.masked_fill(nan, float("nan"))
+
+
 #: the torch function or Tensor method -> its exact form
 EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.argmax: exact_argmax,
@@ -184,6 +247,13 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.minimum: _minimum,
     torch.sum: exact_sum,
     F.scaled_dot_product_attention: exact_attention,
+    F.softmax: exact_softmax,
+    torch.softmax: _softmax_method,
+    F.log_softmax: exact_log_softmax,
+    torch.log_softmax: _log_softmax_method,
+    F.max_pool2d: exact_max_pool2d,
+    "softmax": _softmax_method,
+    "log_softmax": _log_softmax_method,
     "argmax": exact_argmax,
     "argmin": exact_argmin,
     "max": exact_max,
@@ -200,11 +270,7 @@ def exact_lowering(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` (sharing its weights) in which each op of :data:`EXACT_FUNCTIONS` is
     its exact form; ``gm`` itself when it holds none. The copy computes the same values in
     PyTorch; its ONNX export computes them on every runtime."""
-    graph = None
-    for node in gm.graph.nodes:
-        if node.op in ("call_function", "call_method") and _exact(node) is not None:
-            graph = graph if graph is not None else True
-    if graph is None:
+    if not any(_exact(node) is not None for node in gm.graph.nodes):
         return gm
     copy = fx.GraphModule(gm, _copied_graph(gm.graph), gm.__class__.__name__)
     copy.meta.update(gm.meta)
@@ -224,7 +290,7 @@ def _copied_graph(graph: fx.Graph) -> fx.Graph:
 
 
 def _exact(node: fx.Node) -> Callable[..., Any] | None:
-    if node.op == "call_function" and node.target is operator.getitem:
+    if node.op not in ("call_function", "call_method") or node.target is operator.getitem:
         return None
     try:
         return EXACT_FUNCTIONS.get(node.target)

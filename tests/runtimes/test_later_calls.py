@@ -102,3 +102,24 @@ def test_openvino_int64_outside_int32_runs_in_pytorch():
     small, big = torch.tensor([1, 2, 3]), torch.tensor([2**40, 1, -(2**33)])
     assert torch.equal(compiled(small), fn(small))
     assert torch.equal(compiled(big), fn(big))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_int8_nan_input_runs_in_pytorch(runtime):
+    """INT8 quantizes NaN to a finite code: such a call runs in PyTorch, NaN as in eager."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(288, 4)
+    ).eval()
+    x = torch.randn(2, 3, 8, 8)
+    backend = "embedl_openvino" if runtime == "openvino" else "embedl_onnxruntime"
+    options = {"runtime": runtime, "precision": "int8", "calibration_data": [x] * 4}
+    compiled = torch.compile(model, backend=backend, options=options)
+    with torch.no_grad():
+        compiled(x)
+        assert "int8" in str(last_report().subgraphs[0].pipeline.get("precision"))
+        assert last_report().subgraphs[0].runtime == runtime
+        bad = x.clone()
+        bad[0, 0, 0, 0] = NAN
+        expected, actual = model(bad), compiled(bad)
+    assert torch.equal(torch.isnan(actual), torch.isnan(expected)) and torch.isnan(actual).any()
