@@ -187,11 +187,14 @@ def exact_attention(
 
 
 def _nan_slices(x: torch.Tensor, out: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """``out`` with NaN throughout each slice along ``dim`` of ``x`` that holds one (``dim``
-    None: the softmax's implicit axis, as PyTorch picks it)."""
+    """``out`` with NaN throughout each slice along ``dim`` of ``x`` where PyTorch's softmax
+    gives NaN (``dim`` None: the softmax's implicit axis, as PyTorch picks it)."""
     if dim is None:
         dim = 0 if x.dim() in (0, 1, 3) else 1
-    return out.masked_fill(torch.isnan(x).any(dim, keepdim=True), float("nan"))
+    # PyTorch subtracts the slice's max: a NaN or +inf in it, or -inf throughout, gives NaN
+    bad = (torch.isnan(x) | (x == float("inf"))).any(dim, keepdim=True)
+    bad = bad | (x == float("-inf")).all(dim, keepdim=True)
+    return out.masked_fill(bad, float("nan"))
 
 
 def _softmax_method(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None):  # noqa: A002
@@ -227,12 +230,16 @@ def exact_log_softmax(
 
 def exact_max_pool2d(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # noqa: A002
     """``F.max_pool2d``: a window holding a NaN gives NaN, as in PyTorch (ONNX's MaxPool
-    skips it on both runtimes): the same pooling of the NaN mask marks those windows."""
+    skips it on both runtimes): the same pooling of the NaN mask marks those windows. With
+    ``return_indices`` the indices of such a window are the runtime's
+    (:mod:`embedl_dynamo.runtimes.conformance` lists it)."""
     out = F.max_pool2d(input, *args, **kwargs)
-    if isinstance(out, tuple) or not input.is_floating_point():
+    if not input.is_floating_point():
         return out
-    nan = F.max_pool2d(torch.isnan(input).to(input.dtype), *args, **kwargs) > 0
-    return out.masked_fill(nan, float("nan"))
+    mask = F.max_pool2d(torch.isnan(input).to(input.dtype), *args, **kwargs)
+    if isinstance(out, tuple):  # the values; the indices stay the runtime's
+        return out[0].masked_fill(mask[0] > 0, float("nan")), out[1]
+    return out.masked_fill(mask > 0, float("nan"))
 
 
 #: the torch function or Tensor method -> its exact form
@@ -252,6 +259,7 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     F.log_softmax: exact_log_softmax,
     torch.log_softmax: _log_softmax_method,
     F.max_pool2d: exact_max_pool2d,
+    torch.max_pool2d: exact_max_pool2d,
     "softmax": _softmax_method,
     "log_softmax": _log_softmax_method,
     "argmax": exact_argmax,

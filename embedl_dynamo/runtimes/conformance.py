@@ -134,6 +134,16 @@ _OV_CLAMP = Difference(
     "a NaN input gives 0 (OpenVINO's Relu/Clamp); a NaN-propagating form would keep the "
     "activation from fusing into the convolution before it",
 )
+_CONV_NON_FINITE = (
+    "a NaN or infinity among a convolution's inputs or weights reaches other outputs than in "
+    "PyTorch: the kernels differ in which products they form (the zero padding's taps, "
+    "Winograd and GEMM transforms); finite inputs stay within the bound"
+)
+_POOL_MATRIX = (
+    "to a size that does not divide the input it is two matrix products "
+    "(patterns/adaptive_pool.py): a NaN or infinity reaches every output of its rows and "
+    "columns, where PyTorch's windows keep it to the windows holding it"
+)
 _NAN = "exact through the NaN-propagating form of graph/exact_ops.py (IsNaN, Where)"
 
 
@@ -229,17 +239,35 @@ ROWS: tuple[OpRow, ...] = (
         ("nn.functional.conv2d",),
         _both(_FLOAT),
         (),
-        (
-            Difference(
-                "openvino",
-                "nan",
-                "a NaN weight over zero padding: PyTorch multiplies it by the padding's zeros "
-                "(NaN), OpenVINO skips the padding (finite)",
-            ),
+        tuple(
+            Difference(runtime, edge, _CONV_NON_FINITE)
+            for runtime in CPU_RUNTIMES
+            for edge in ("nan", "inf", "-inf")
         ),
     ),
-    OpRow("max_pool2d", ("nn.functional.max_pool2d",), _both(_FLOAT)),
-    OpRow("adaptive_avg_pool2d", ("nn.functional.adaptive_avg_pool2d",), _both(_FLOAT)),
+    OpRow(
+        "max_pool2d",
+        ("nn.functional.max_pool2d",),
+        _both(
+            Rule(Verdict.BOUNDED, "float", "a window holding NaN gives NaN (graph/exact_ops.py)")
+        ),
+        (),
+        tuple(
+            Difference(r, "nan", "return_indices=True: the index of a window holding NaN")
+            for r in CPU_RUNTIMES
+        ),
+    ),
+    OpRow(
+        "adaptive_avg_pool2d",
+        ("nn.functional.adaptive_avg_pool2d",),
+        _both(_FLOAT),
+        (),
+        tuple(
+            Difference(runtime, edge, _POOL_MATRIX)
+            for runtime in CPU_RUNTIMES
+            for edge in ("nan", "inf", "-inf")
+        ),
+    ),
     OpRow("layer_norm", ("nn.functional.layer_norm",), _both(_FLOAT)),
     OpRow("flatten", ("flatten",), _both(_EXACT)),
     OpRow("where", ("where",), _both(_EXACT)),
