@@ -150,16 +150,17 @@ def exact_sum(*args: Any, **kwargs: Any) -> torch.Tensor:
     """``torch.sum``: integers (and bools) added as int64 integers, floats as they are."""
     bound = dict(zip(("input", "dim", "keepdim"), args), **kwargs)
     x, dtype = bound["input"], bound.get("dtype")
-    if (dtype or x.dtype).is_floating_point or (dtype or x.dtype).is_complex:
+    floating = (dtype or x.dtype).is_floating_point or (dtype or x.dtype).is_complex
+    if x.dim() == 0:  # ONNX's ReduceSum takes no axis of a scalar: its sum is itself
+        return x.to(dtype or (x.dtype if floating else torch.int64)).clone()
+    if floating:
         return torch.sum(*args, **kwargs)
     x = x.to(dtype if dtype is not None else torch.int64)
     dim, keepdim = bound.get("dim"), bool(bound.get("keepdim", False))
     if dim is None or dim == () or dim == []:
         flat = _sum_axis(x.reshape(1, -1), 1).reshape(())
         return flat.reshape([1] * x.dim()) if keepdim else flat
-    dims = sorted({d % max(x.dim(), 1) for d in ([dim] if isinstance(dim, int) else dim)})
-    if x.dim() == 0:
-        return x
+    dims = sorted({d % x.dim() for d in ([dim] if isinstance(dim, int) else dim)})
     for d in dims:
         x = _sum_axis(x, d)
     return x if keepdim else x.squeeze(dims) if dims else x
@@ -213,6 +214,8 @@ def exact_softmax(
 ) -> torch.Tensor:
     """``F.softmax``: a slice holding a NaN is NaN throughout, as in PyTorch (OpenVINO's
     Softmax gives 0 at its other positions)."""
+    if input.dim() == 0:  # ONNX's Softmax takes no scalar: as a 1-element vector
+        return exact_softmax(input.reshape(1), 0, dtype=dtype).reshape(())
     out = F.softmax(input, dim, _stacklevel, dtype)
     return _nan_slices(input, out, dim)
 
@@ -224,6 +227,8 @@ def exact_log_softmax(
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``F.log_softmax``: a slice holding a NaN is NaN throughout, as in PyTorch."""
+    if input.dim() == 0:  # ONNX's LogSoftmax takes no scalar: as a 1-element vector
+        return exact_log_softmax(input.reshape(1), 0, dtype=dtype).reshape(())
     out = F.log_softmax(input, dim, _stacklevel, dtype)
     return _nan_slices(input, out, dim)
 
