@@ -123,6 +123,7 @@ class OpRow:
 
 _EXACT = Rule(Verdict.EXACT)
 _FLOAT = Rule(Verdict.BOUNDED, "float")
+_EXACT_FLOAT = Rule(Verdict.EXACT, "float")
 _BOUNDED = (Rule(Verdict.BOUNDED, "float"), Rule(Verdict.EXACT, "int"))
 _OV_INT = (
     "OpenVINO's CPU plugin computes int64 as int32: a call whose int64 inputs leave int32's "
@@ -164,14 +165,24 @@ _EXTREME = {
     "onnxruntime": (Rule(Verdict.EXACT, reason=_NAN),),
     "openvino": (Rule(Verdict.EXACT, "float", _NAN), Rule(Verdict.BOUNDED, "int", _OV_INT)),
 }
+_OV_INT_VIA_FLOAT = (
+    "OpenVINO computes it on integers through float32: values above 2**24 come back changed"
+)
+_REDUCTION = {
+    "onnxruntime": (Rule(Verdict.EXACT, reason=_NAN),),
+    "openvino": (
+        Rule(Verdict.EXACT, "float", _NAN),
+        Rule(Verdict.KEPT, "int", _OV_INT_VIA_FLOAT),
+    ),
+}
 
 ROWS: tuple[OpRow, ...] = (
     OpRow("argmax", ("argmax",), _ARG),
     OpRow("argmin", ("argmin",), _ARG),
-    OpRow("max", ("max.reduction_no_dim", "max.reduction_with_dim", "max.binary"), _EXTREME),
-    OpRow("min", ("min.reduction_no_dim", "min.reduction_with_dim", "min.binary"), _EXTREME),
-    OpRow("amax", ("amax",), _EXTREME),
-    OpRow("amin", ("amin",), _EXTREME),
+    OpRow("max", ("max.reduction_no_dim", "max.reduction_with_dim", "max.binary"), _REDUCTION),
+    OpRow("min", ("min.reduction_no_dim", "min.reduction_with_dim", "min.binary"), _REDUCTION),
+    OpRow("amax", ("amax",), _REDUCTION),
+    OpRow("amin", ("amin",), _REDUCTION),
     OpRow("maximum", ("maximum",), _EXTREME),
     OpRow("minimum", ("minimum",), _EXTREME),
     OpRow(
@@ -206,7 +217,16 @@ ROWS: tuple[OpRow, ...] = (
     ),
     OpRow("softmax", ("softmax",), _both(_FLOAT)),
     OpRow("log_softmax", ("log_softmax",), _both(_FLOAT)),
-    OpRow("relu", ("nn.functional.relu",), _both(_EXACT), ("relu_",), (_OV_CLAMP,)),
+    OpRow(
+        "relu",
+        ("nn.functional.relu",),
+        {
+            "onnxruntime": (_EXACT,),
+            "openvino": (_EXACT_FLOAT, Rule(Verdict.KEPT, "int", _OV_INT_VIA_FLOAT)),
+        },
+        ("relu_",),
+        (_OV_CLAMP,),
+    ),
     OpRow("sigmoid", ("sigmoid",), _both(_FLOAT)),
     OpRow("tanh", ("tanh",), _both(_FLOAT)),
     OpRow(
@@ -228,8 +248,27 @@ ROWS: tuple[OpRow, ...] = (
     OpRow("relu6", ("nn.functional.relu6",), _both(_FLOAT), (), (_OV_CLAMP,)),
     OpRow("add", ("add",), _elementwise(), ("add_", "iadd", "__add__")),
     OpRow("sub", ("sub",), _elementwise(), ("sub_", "isub", "__sub__")),
-    OpRow("mul", ("mul",), _elementwise(), ("mul_", "imul", "__mul__")),
-    OpRow("cumsum", ("cumsum",), _elementwise()),
+    OpRow(
+        "mul",
+        ("mul",),
+        _elementwise(),
+        ("mul_", "imul", "__mul__"),
+        (Difference("openvino", "255", "uint8 products saturate at 255 instead of wrapping"),),
+    ),
+    OpRow(
+        "cumsum",
+        ("cumsum",),
+        {
+            "onnxruntime": (
+                _FLOAT,
+                Rule(Verdict.EXACT, "int", "integers add up in int64 (graph/exact_ops.py)"),
+            ),
+            "openvino": (
+                _FLOAT,
+                Rule(Verdict.KEPT, "int", "int64 running sums computed as int32 wrap above 2**31"),
+            ),
+        },
+    ),
     OpRow("mean", ("mean",), _both(_FLOAT)),
     OpRow("matmul", ("matmul",), _both(_FLOAT), ("__matmul__",)),
     OpRow("linear", ("nn.functional.linear",), _both(_FLOAT)),

@@ -57,6 +57,16 @@ CASES = {
         (torch.tensor([[1, 2, 3]]),),
         (torch.tensor([[2**53, 1, 2]]),),
     ),
+    "cumsum_int32_gives_int64": (
+        lambda x: torch.cumsum(x + 0, 0),
+        (torch.tensor([1, 0, 1], dtype=torch.int32),),
+        (torch.tensor([2**31 - 1, 1, 1], dtype=torch.int32),),
+    ),
+    "amax_int_above_2_24": (
+        lambda x: torch.amax(x + 0, 0),
+        (torch.tensor([1, 2, 3], dtype=torch.int32),),
+        (torch.tensor([2**24 + 1, 5, 2**30 + 3], dtype=torch.int32),),
+    ),
     "topk_ties": (
         lambda x: torch.topk(x * 1, 2),
         (torch.tensor([[0.0, 1.0, 2.0, 3.0]]),),
