@@ -4,7 +4,7 @@ One table, the single source of truth for three readers: the compile keeps a sub
 PyTorch when one of its ops is ``kept`` on the runtime that would run it
 (:func:`kept_in_pytorch`), the conformance suite (``tests/runtimes/test_conformance.py``)
 takes each row as the expected result of PyTorch's own OpInfo samples plus edge values, and
-``docs/op-conformance.md`` is generated from it (:func:`markdown_table`).
+``docs/op-conformance.md`` is generated from it (``python -m bench.op_conformance_doc``).
 
 * ``exact``: the runtime's outputs equal PyTorch's bit for bit (same dtype and shape; NaN and
   infinities where PyTorch has them), on every sample and edge value;
@@ -43,7 +43,6 @@ __all__ = [
     "Verdict",
     "differences",
     "kept_in_pytorch",
-    "markdown_table",
     "op_name",
     "rule_for",
 ]
@@ -367,44 +366,3 @@ def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
                 what = f"{op} on {dtype}" if dtype is not None else op
                 return f"{what} stays in PyTorch on {runtime}: {rule.reason}"
     return None
-
-
-def _cell(rules: tuple[Rule, ...]) -> str:
-    parts = []
-    for rule in rules:
-        label = (
-            rule.verdict.value if rule.dtypes == "any" else f"{rule.dtypes}: {rule.verdict.value}"
-        )
-        parts.append(label)
-    return "; ".join(parts)
-
-
-def markdown_table(rows: Iterable[OpRow] = ROWS) -> str:
-    """The table as Markdown: one line per op, a column per runtime, then the reasons."""
-    rows = tuple(rows)
-    lines = [
-        "| op | OpInfo samples | " + " | ".join(CPU_RUNTIMES) + " |",
-        "|---|---|" + "---|" * len(CPU_RUNTIMES),
-    ]
-    notes: dict[str, list[str]] = {}
-    for row in rows:
-        cells = [_cell(row.rules.get(r, ())) for r in CPU_RUNTIMES]
-        lines.append(f"| `{row.op}` | {', '.join(row.opinfo)} | " + " | ".join(cells) + " |")
-        for runtime in CPU_RUNTIMES:
-            for rule in row.rules.get(runtime, ()):
-                if rule.reason:
-                    notes.setdefault(rule.reason, []).append(
-                        f"`{row.op}` ({runtime}, {rule.dtypes})"
-                    )
-    known = [(row.op, d) for row in rows for d in row.differs]
-    lines += [
-        "",
-        "Known differences on edge values (listed, not fixed; the suite expects them):",
-        "",
-    ]
-    lines += [f"- `{op}` on {d.runtime}, {d.edge}: {d.reason}" for op, d in known]
-    lines.append("")
-    lines.append("Reasons:")
-    lines.append("")
-    lines += [f"- {reason}: {', '.join(where)}" for reason, where in notes.items()]
-    return "\n".join(lines) + "\n"

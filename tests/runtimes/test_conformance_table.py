@@ -6,13 +6,12 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from bench.op_conformance_doc import PAGE, render
+from bench.op_conformance_doc import PAGE, markdown_table, render
 from embedl_dynamo.runtimes.conformance import (
     ROWS,
     Verdict,
     differences,
     kept_in_pytorch,
-    markdown_table,
     rule_for,
 )
 
