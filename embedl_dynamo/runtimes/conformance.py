@@ -252,7 +252,10 @@ ROWS: tuple[OpRow, ...] = (
         ("mul",),
         _elementwise(),
         ("mul_", "imul", "__mul__"),
-        (Difference("openvino", "255", "uint8 products saturate at 255 instead of wrapping"),),
+        tuple(
+            Difference("openvino", edge, "uint8 products saturate at 255 instead of wrapping")
+            for edge in ("255", "extremes")
+        ),
     ),
     OpRow(
         "cumsum",
