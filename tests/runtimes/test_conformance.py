@@ -244,8 +244,8 @@ def test_op_conforms(op, name, runtime, dtype):
 
 # open findings of the slow run, not yet explained or fixed (issue 39, item 2: dtypes)
 _FLOAT64 = pytest.mark.xfail(
-    reason="float64: some batched graphs return float32 outputs, and OpenVINO gives "
-    "+-3.4e38 for +-inf; open",
+    reason="float64: an output computed from a 0-d float64 input alone comes back float32 "
+    "(f(x, s) = (x + s, s * 2): the second output), and OpenVINO gives +-3.4e38 for +-inf; open",
     strict=False,
 )
 
