@@ -127,3 +127,14 @@ def _isolated_in_compiling_folders(request: pytest.FixtureRequest):
     if folder in ISOLATED_FOLDERS:
         request.getfixturevalue("compile_isolation")
     yield
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` (the exhaustive conformance dtypes) run only when asked for,
+    ``-m slow``: the default run, CI's, stays within its time."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -6,7 +6,8 @@ Per subgraph Dynamo hands over (the runtime is routed first,
 0. where no runtime of the target runs (none installed, or none that takes a graph on a CUDA
    device), Dynamo's own graph runs, with one warning a process: eager's numbers to the bit;
 1. a training graph or inputs that require grad run eagerly, with one warning;
-2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch;
+2. subgraphs with fewer than ``min_subgraph_size`` ops stay in PyTorch, and so do those with
+   an op the runtime computes otherwise than PyTorch (:mod:`embedl_dynamo.runtimes.conformance`);
 3. :func:`~embedl_dynamo.graph.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`,
    then the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
 4. if export or the runtime fails, ``fallback="eager"`` runs the graph in PyTorch and the
@@ -33,16 +34,12 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
+    refuse_non_finite,
     watch_calibrated_ranges,
     wrap_compiled,
 )
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
-from embedl_dynamo.dynamo.warm_start import (
-    calibration_identity,
-    remember_build,
-    source_key,
-    warm_start,
-)
+from embedl_dynamo.dynamo.warm_start import alias_key_of, remember_build, start_warm
 from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.dynamic_axes import dynamic_axes
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
@@ -53,11 +50,12 @@ from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.conformance import kept_in_pytorch
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import AUTO
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.half_form import choose_half_form
-from embedl_dynamo.tuning.int8_speed import Int8Speed, compare_with_float, warn_if_slower
+from embedl_dynamo.tuning.int8_speed import compare_with_float
 from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
@@ -118,8 +116,9 @@ def compile_subgraph(
         reason = "the graph takes non-tensor inputs that are not batch sizes"
         return job.stay_eager("eager", reason, gm.forward)
     split = split_scalar_outputs(frozen.gm)  # sizes among the outputs are computed in PyTorch
-    if split.blocker is not None:
-        return job.stay_eager("eager", split.blocker, gm.forward)
+    blocker = split.blocker or _keep_conforming(job, split.tensors)
+    if blocker is not None:
+        return job.stay_eager("eager", blocker, gm.forward)
     job.original = graph = split.tensors
     axes = dynamic_axes(gm, user, job.inputs, settings.dynamic_batch)
     numbers = split.scalars.positions if split.scalars is not None else ()
@@ -133,9 +132,9 @@ def compile_subgraph(
                              frozen.specialized, frozen.written, frozen.returned,
                              frozen.views)  # fmt: skip
 
-    alias_key = _alias_key(job, graph)
+    alias_key = alias_key_of(job, graph)
     if alias_key is not None:
-        infer = _warm_start(job, graph, alias_key)
+        infer = start_warm(job, graph, alias_key)
         if infer is not None:
             return wrap(infer)
 
@@ -151,39 +150,19 @@ def compile_subgraph(
     return wrap(infer)
 
 
-def _alias_key(job: SubgraphJob, frozen: fx.GraphModule) -> str | None:
-    """The subgraph's key before any rewrite, under which a warm start finds what it compiled
-    to (None: no warm start, for a runtime that keeps no ONNX artifact, or calibration data
-    that cannot be fingerprinted)."""
-    if job.runtime_cls.cpu_target is None:
-        return None
-    calibration = calibration_identity(job.settings, frozen)
-    if calibration is None:
-        logger.info("subgraph %d: no warm start (calibration_data cannot be fingerprinted)",
-                    job.report.index)  # fmt: skip
-        return None
-    return source_key(frozen, job.inputs, job.axes, job.backend, job.settings, calibration)
-
-
-def _warm_start(
-    job: SubgraphJob, frozen: fx.GraphModule, alias_key: str
-) -> Callable[..., Any] | None:
-    """The runtime's infer from the warm cache (the report recorded), or None."""
-    runtimes = job.timed or [job.runtime_cls]
-    report = job.report
-    loaded = warm_start(alias_key, frozen, job.inputs, job.axes, job.settings, report, runtimes)
-    if loaded is None:
-        return None
-    report.status = "compiled"
-    report.compile_s = time.perf_counter() - job.start
-    record(report)
-    logger.info("%s", report)
-    speed = report.pipeline.get("int8_speed")
-    if isinstance(speed, dict):  # a slower INT8 is said on every start, as at its build
-        warn_if_slower(Int8Speed.from_dict(speed), report.index)
-    if loaded.input_bounds:
-        return watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
-    return loaded.infer
+def _keep_conforming(job: SubgraphJob, graph: fx.GraphModule) -> str | None:
+    """Leave out of ``job.timed`` the runtimes the conformance table keeps one of ``graph``'s
+    ops from (:func:`~embedl_dynamo.runtimes.conformance.kept_in_pytorch`); the reason the
+    graph stays in PyTorch (with one warning) when its runtime is one of them."""
+    if job.timed:
+        fits = [c for c in job.timed if kept_in_pytorch(graph, [c.name]) is None]
+        job.timed = fits if len(fits) >= 2 else []
+        if job.runtime_cls not in fits and fits and not job.settings.precision.lower:
+            job.runtime_cls = fits[0]
+    kept = kept_in_pytorch(graph, [job.runtime_cls.name])
+    if kept is not None:
+        warnings.warn(f"embedl_{job.backend.name}: {kept}", RuntimeWarning, stacklevel=3)
+    return kept
 
 
 def _fit_calibration(job: SubgraphJob, frozen: fx.GraphModule) -> Settings:
@@ -311,6 +290,9 @@ def _build(
         if speed is not None:  # INT8 runs as asked; a slower INT8 is said, not hidden
             report.pipeline = dict(report.pipeline, int8_speed=speed.to_dict())
     runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
+    if float_model is not None and job.settings.precision.qdq_type == "int8":
+        if "rejected" not in report.reason:  # INT8 runs: NaN and inf would quantize to finite
+            return refuse_non_finite(runtime.serve(), report.index)
     return runtime.serve()
 
 

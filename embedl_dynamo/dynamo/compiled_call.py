@@ -28,6 +28,7 @@ __all__ = [
     "WEIGHT_SETS",
     "calibrated_input_bounds",
     "in_place_writes",
+    "refuse_non_finite",
     "watch_calibrated_ranges",
     "wrap_compiled",
 ]
@@ -388,3 +389,21 @@ def watch_calibrated_ranges(
         return infer(*inputs)
 
     return watched
+
+
+def refuse_non_finite(infer: Callable[..., Any], index: int) -> Callable[..., Any]:
+    """``infer`` of an INT8 artifact that refuses a call whose float inputs hold NaN or an
+    infinity: QuantizeLinear turns them into finite codes, so the artifact would answer with
+    finite numbers where PyTorch gives NaN or infinities. The refused call runs in PyTorch
+    (:func:`wrap_compiled`'s fallback, one warning). One pass over each float input."""
+
+    def guarded(*inputs: Any) -> Any:
+        for position, tensor in enumerate(inputs):
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise ValueError(
+                    f"subgraph {index}: input {position} holds NaN or infinity, which INT8 "
+                    "quantizes to finite values; the call runs in PyTorch"
+                )
+        return infer(*inputs)
+
+    return guarded

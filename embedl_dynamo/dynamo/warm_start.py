@@ -18,6 +18,7 @@ verdict) and is checked to give finite outputs here.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable, library_versions
+from embedl_dynamo.dynamo.compiled_call import watch_calibrated_ranges
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
@@ -33,20 +35,24 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
 from embedl_dynamo.quant.calibrate import data_fingerprint
 from embedl_dynamo.report.plan_rows import PlanSnapshot
+from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.int8_speed import Int8Speed, warn_if_slower
 from embedl_dynamo.tuning.judge import check_finite, judge_artifact
 from embedl_dynamo.tuning.runtime_choice import cpu_name
 
 __all__ = [
     "WarmStart",
+    "alias_key_of",
     "calibration_identity",
     "decided_here",
     "remember_build",
     "source_key",
+    "start_warm",
     "warm_start",
 ]
 
@@ -212,3 +218,38 @@ def _storable(pipeline: dict[str, Any]) -> dict[str, Any]:
         except TypeError:
             continue
     return kept
+
+
+def alias_key_of(job: SubgraphJob, frozen: fx.GraphModule) -> str | None:
+    """The subgraph's key before any rewrite, under which a warm start finds what it compiled
+    to (None: no warm start, for a runtime that keeps no ONNX artifact, or calibration data
+    that cannot be fingerprinted)."""
+    if job.runtime_cls.cpu_target is None:
+        return None
+    calibration = calibration_identity(job.settings, frozen)
+    if calibration is None:
+        logger.info("subgraph %d: no warm start (calibration_data cannot be fingerprinted)",
+                    job.report.index)  # fmt: skip
+        return None
+    return source_key(frozen, job.inputs, job.axes, job.backend, job.settings, calibration)
+
+
+def start_warm(
+    job: SubgraphJob, frozen: fx.GraphModule, alias_key: str
+) -> Callable[..., Any] | None:
+    """The runtime's infer from the warm cache (the report recorded), or None."""
+    runtimes = job.timed or [job.runtime_cls]
+    report = job.report
+    loaded = warm_start(alias_key, frozen, job.inputs, job.axes, job.settings, report, runtimes)
+    if loaded is None:
+        return None
+    report.status = "compiled"
+    report.compile_s = time.perf_counter() - job.start
+    record(report)
+    logger.info("%s", report)
+    speed = report.pipeline.get("int8_speed")
+    if isinstance(speed, dict):  # a slower INT8 is said on every start, as at its build
+        warn_if_slower(Int8Speed.from_dict(speed), report.index)
+    if loaded.input_bounds:
+        return watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
+    return loaded.infer

@@ -38,6 +38,7 @@ from torch import fx, nn
 
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+from embedl_dynamo.graph.exact_ops import exact_lowering
 from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, rest_precision
 from embedl_dynamo.onnx.exporter_hooks import (
     capture_initializers,
@@ -302,7 +303,8 @@ def _export(
     if exporter not in _EXPORTERS:
         raise ValueError(f"invalid exporter={exporter!r}; valid values: {', '.join(_EXPORTERS)}")
     opset = fp8_opset(gm, opset, DEFAULT_OPSET)
-    module = _FlatOutputs(gm).eval()
+    # the ops a runtime computes otherwise, in forms it computes as PyTorch does
+    module = _FlatOutputs(exact_lowering(gm)).eval()
     args = tuple(example_inputs)
     if outputs is None:
         with torch.no_grad():

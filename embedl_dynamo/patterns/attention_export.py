@@ -18,7 +18,13 @@ from typing import Any
 import torch
 from torch.onnx import symbolic_helper
 
-__all__ = ["attention_for_export", "attention_probs", "mask_in_dtype_of", "reshape_keeping_batch"]
+__all__ = [
+    "attention_for_export",
+    "attention_probs",
+    "fully_masked",
+    "mask_in_dtype_of",
+    "reshape_keeping_batch",
+]
 
 
 #: a size in :func:`reshape_keeping_batch`'s tail: a number, ``(source, axis)``, or
@@ -98,10 +104,12 @@ def attention_probs(
     attn_mask: torch.Tensor | None,
     is_causal: bool,
     scale: float | None,
+    zero_masked_rows: bool = True,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + mask)`` op by op: the MatMul reads q and k^T, the scale
     follows it (see :func:`attention_for_export`). As in ``scaled_dot_product_attention``, a
-    boolean mask's fully masked rows give zeros and an additive mask is added as it is."""
+    boolean mask's fully masked rows give zeros and an additive mask is added as it is (a row
+    it masks by ``-inf`` everywhere gives zeros, unless ``zero_masked_rows`` is False)."""
     factor = scale if scale is not None else float(q.shape[-1]) ** -0.5
     scores = torch.matmul(q, k.transpose(-2, -1)) * factor
     low = torch.finfo(scores.dtype).min
@@ -111,10 +119,19 @@ def attention_probs(
     if attn_mask is None:
         return torch.softmax(scores, dim=-1)
     if attn_mask.dtype != torch.bool:
-        return torch.softmax(scores + attn_mask, dim=-1)
+        probs = torch.softmax(scores + attn_mask, dim=-1)
+        # a query whose every key is masked by -inf gets zeros, as scaled_dot_product_attention
+        # gives (a plain softmax gives NaN); attention_for_export zeroes its output instead
+        return probs.masked_fill(fully_masked(attn_mask), 0.0) if zero_masked_rows else probs
     probs = torch.softmax(scores.masked_fill(~attn_mask, low), dim=-1)
     # a query whose every key is masked gets zeros, as scaled_dot_product_attention gives
     return probs * attn_mask.any(dim=-1, keepdim=True).to(probs.dtype)
+
+
+def fully_masked(attn_mask: torch.Tensor) -> torch.Tensor:
+    """Which queries an additive float mask masks by ``-inf`` at every key (``(..., L, 1)``):
+    ``scaled_dot_product_attention`` gives them zeros where a softmax gives NaN."""
+    return attn_mask.eq(float("-inf")).all(dim=-1, keepdim=True)
 
 
 def attention_for_export(
@@ -147,7 +164,12 @@ def attention_for_export(
     regroups by constant shapes (:func:`reshape_keeping_batch`).
     """
     if groups == 1:
-        return torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale), v)
+        out = torch.matmul(attention_probs(q, k, attn_mask, is_causal, scale, False), v)
+        if attn_mask is not None and attn_mask.is_floating_point():
+            # zeros for a query whose every key is masked by -inf, as PyTorch gives: on the
+            # output, so the Softmax -> MatMul the runtimes' attention fusions match stays
+            out = out.masked_fill(fully_masked(attn_mask), 0.0)
+        return out
     # (N, Hq, L, D) -> (N, Hkv, groups, L, D), and back
     if heads is not None:
         num_heads, depth, value_depth = heads

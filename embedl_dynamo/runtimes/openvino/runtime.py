@@ -62,8 +62,11 @@ from embedl_dynamo.runtimes.openvino.compile import (
 )
 from embedl_dynamo.settings import Settings
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
 __all__ = [
     "OpenVINORuntime",
+    "check_int32_range",
     "openvino_node_times",
 ]
 
@@ -81,6 +84,21 @@ _NOT_COMPUTE = frozenset(
     {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
      "ShapeOf", "Gather", "Concatenation", "Broadcast", "Convert", "StridedSlice", "Split"}
 )  # fmt: skip
+
+
+def check_int32_range(args: Sequence[torch.Tensor]) -> None:
+    """Raise ``ValueError`` when an int64 input holds a value outside int32's range: the CPU
+    plugin computes int64 as int32 and would wrap it, so such a call runs in PyTorch
+    (:mod:`embedl_dynamo.runtimes.conformance`). Two reductions per int64 input (ids,
+    positions, masks: small)."""
+    for position, t in enumerate(args):
+        if t.dtype == torch.int64 and t.numel():
+            low, high = torch.aminmax(t)
+            if low < _INT32_MIN or high > _INT32_MAX:
+                raise ValueError(
+                    f"input {position} holds int64 values outside int32's range "
+                    f"[{int(low)}, {int(high)}], which OpenVINO's CPU plugin computes as int32"
+                )
 
 
 class OpenVINORuntime(OnnxArtifactRuntime):
@@ -257,6 +275,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         return self._dynamic
 
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        check_int32_range(args)
         compiled, request = self._for_shapes(args)
         if len(args) != len(compiled.inputs):
             raise ValueError(f"expected {len(compiled.inputs)} inputs, got {len(args)}")
@@ -280,6 +299,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         into them, and writes its outputs there), so right after the run its inputs and those
         outputs get memory of their own again: no later call touches the caller's tensors.
         """
+        check_int32_range(args)
         count = len(self._compiled.outputs)
         static = self._for_shapes(args)[0] is self._compiled
         if len(args) != len(self._compiled.inputs) or not in_place or not static:
