@@ -12,7 +12,6 @@ in place of the originals in the graph that is exported (the table of which op n
 * ``scaled_dot_product_attention`` with an additive float mask: a query whose every key the
   mask sets to ``-inf`` gets zeros in PyTorch; a softmax written out gives NaN. Here ``Where``
   gives the zeros.
-* ``cumsum`` of integers and bools: PyTorch returns int64; the export kept the input's type.
 * ``sum`` of integers: ONNX Runtime's ``ReduceSum`` accumulates int64 through a double, which
   rounds above 2**53; ``CumSum`` adds integers as integers, so the sum is the last running sum
   (a zero is padded in front, so an empty axis sums to 0).
@@ -33,7 +32,6 @@ __all__ = [
     "exact_argmax",
     "exact_argmin",
     "exact_attention",
-    "exact_cumsum",
     "exact_log_softmax",
     "exact_lowering",
     "exact_max_pool2d",
@@ -249,14 +247,6 @@ def exact_max_pool2d(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # 
     return out.masked_fill(mask > 0, float("nan"))
 
 
-def exact_cumsum(input: torch.Tensor, dim: int, *, dtype: torch.dtype | None = None):  # noqa: A002
-    """``torch.cumsum``: integers and bools add up in int64, as PyTorch returns them (the ONNX
-    export keeps the input's type: an int32 mask's running sum came back int32)."""
-    if dtype is None and not (input.is_floating_point() or input.is_complex()):
-        dtype = torch.int64
-    return torch.cumsum(input.to(dtype) if dtype is not None else input, dim)
-
-
 #: the torch function or Tensor method -> its exact form
 EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.argmax: exact_argmax,
@@ -268,8 +258,6 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.maximum: _maximum,
     torch.minimum: _minimum,
     torch.sum: exact_sum,
-    torch.cumsum: exact_cumsum,
-    "cumsum": exact_cumsum,
     F.scaled_dot_product_attention: exact_attention,
     F.softmax: exact_softmax,
     torch.softmax: _softmax_method,
@@ -295,6 +283,8 @@ def exact_lowering(gm: fx.GraphModule) -> fx.GraphModule:
     """A copy of ``gm`` (sharing its weights) in which each op of :data:`EXACT_FUNCTIONS` is
     its exact form; ``gm`` itself when it holds none. The copy computes the same values in
     PyTorch; its ONNX export computes them on every runtime."""
+    if not isinstance(gm, fx.GraphModule):
+        return gm  # a module exported as it is: no graph to rewrite
     if not any(_exact(node) is not None for node in gm.graph.nodes):
         return gm
     copy = fx.GraphModule(gm, _copied_graph(gm.graph), gm.__class__.__name__)

@@ -41,12 +41,17 @@ from embedl_dynamo.graph.aliasing import (
 from embedl_dynamo.graph.meta import infer_meta
 
 __all__ = [
+    "POSITIONS_META",
     "REPLAYABLE_VIEWS",
     "functionalize_view_writes",
     "inputs_written_through_views",
     "view_position",
     "view_write_plan",
 ]
+
+#: marks the running count that numbers a tensor's elements (0 .. numel-1) for a scatter: an
+#: int64 sum a runtime computing int32 still gets exact below 2**31 elements
+POSITIONS_META = "embedl_element_positions"
 
 #: view ops that select elements by logical position, replayable on an index tensor
 REPLAYABLE_VIEWS = frozenset({
@@ -254,6 +259,7 @@ def _scatter(graph: fx.Graph, base: fx.Node, ops: list[fx.Node], value: fx.Node)
     through the same ops, a scatter, reshaped back."""
     ones = graph.call_function(torch.ones_like, (base,), {"dtype": torch.int64})
     counts = graph.call_method("cumsum", (graph.call_method("reshape", (ones, -1)), 0))
+    counts.meta[POSITIONS_META] = True
     grid = graph.call_method("reshape_as", (graph.call_method("sub", (counts, 1)), base))
     index = graph.call_method("reshape", (_replay(graph, ops, grid), -1))
     index = graph.call_method("to", (index, torch.int64))  # diagonal's export: float32

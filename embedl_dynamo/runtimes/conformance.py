@@ -31,6 +31,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.nodes import node_value_meta
+from embedl_dynamo.graph.view_writes import POSITIONS_META
 
 __all__ = [
     "CPU_RUNTIMES",
@@ -359,8 +360,8 @@ def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
     names = list(runtimes)
     for node in gm.graph.nodes:
         op = op_name(node)
-        if op is None or op not in _BY_NAME:
-            continue
+        if op is None or op not in _BY_NAME or node.meta.get(POSITIONS_META):
+            continue  # a scatter's element positions are exact below 2**31 elements
         dtype = _input_dtype(node)  # unknown: kept if any of the op's rules keeps it
         for runtime in names:
             rules = _BY_NAME[op].rules.get(runtime, ())

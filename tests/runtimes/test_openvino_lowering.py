@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import embedl_dynamo
+from embedl_dynamo.onnx import export as onnx_export
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from tests.models import MobileNetLike, ResNetLike
 
@@ -63,7 +64,12 @@ def _classifier_free(counts: Counter) -> Counter:
 
 
 @pytest.mark.parametrize("model_class", [MobileNetLike, ResNetLike])
-def test_lowered_file_runs_the_layers_of_openvinos_own_conversion(model_class, tmp_path):
+def test_lowered_file_runs_the_layers_of_openvinos_own_conversion(
+    model_class, tmp_path, monkeypatch
+):
+    # the layers the lowering gives, less the exact forms that OpenVINO's own conversion does
+    # not have (a max pool's NaN windows: graph/exact_ops.py)
+    monkeypatch.setattr(onnx_export, "exact_lowering", lambda gm: gm)
     ours, theirs = _both_sides(model_class().eval(), tmp_path, lowering=True)
     only_ours = {kind for kind, _ in ours} - {kind for kind, _ in theirs}
     assert not only_ours, f"layer types OpenVINO's own conversion does not run: {only_ours}"
