@@ -41,6 +41,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -58,10 +59,9 @@ def _model(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
         from bench.models import resnet50
 
         return resnet50(), (torch.randn(2, 3, 224, 224),)
-    from bench.zoo import MODELS, import_model_libraries
+    from bench.zoo import ZOO
 
-    import_model_libraries()
-    return MODELS[name][1]()
+    return ZOO[name][1]()
 
 
 def _stats(name: str, clients: int, latencies: list[float], wall: float, samples: int) -> dict:
@@ -132,6 +132,15 @@ def _kill_one_replica(ray) -> Callable[[], None]:
     return kill
 
 
+def _sample(rng: np.random.Generator, example: torch.Tensor) -> np.ndarray:
+    """One request's input shaped and typed like one row of ``example`` (token ids in its range)."""
+    shape = (1, *example.shape[1:])
+    if example.is_floating_point():
+        return rng.standard_normal(shape).astype(np.float32)
+    high = max(int(example.max()) + 1, 2)
+    return rng.integers(0, high, shape).astype(example.numpy().dtype)
+
+
 def run(args: argparse.Namespace) -> list[dict]:
     import ray
     from ray import serve
@@ -143,13 +152,13 @@ def run(args: argparse.Namespace) -> list[dict]:
                   precision=args.precision, progress=False)  # fmt: skip
     module = load(path, device="CPU", num_threads=args.cpus_per_node)
     rng = np.random.default_rng(0)
-    requests = [[rng.standard_normal((1, *t.shape[1:])).astype(np.float32) for t in example]
-                for _ in range(args.requests)]  # fmt: skip
+    requests = [[_sample(rng, t) for t in example] for _ in range(args.requests)]
 
     def local(arrays: list[np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
             out = module(*(torch.from_numpy(a) for a in arrays))
-        return [t.numpy() for t in ((out,) if isinstance(out, torch.Tensor) else out)]
+        leaves = tree_leaves(out)  # load() gives the model's own structure (a BERT output dict)
+        return [t.numpy() for t in leaves if isinstance(t, torch.Tensor)]
 
     expected = [local(r) for r in requests]
     names = list(module.input_names)
