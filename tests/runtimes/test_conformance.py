@@ -40,10 +40,20 @@ MAX_SAMPLES = 24  # per op and dtype (max_pool2d has 1,440)
 RUNTIMES = ("onnxruntime", "openvino")
 
 
+def _no_op() -> None:
+    return None
+
+
 @functools.cache
 def _op_db() -> dict[str, Any]:
-    from torch.testing._internal.common_methods_invocations import op_db
-
+    # importing PyTorch's test utilities freezes torch.backends' global flags for the rest of
+    # the process (common_utils calls disable_global_flags): tests after this one in the same
+    # worker set them (tests/graph/test_float32.py), so the import must leave them as they are
+    frozen, torch.backends.disable_global_flags = torch.backends.disable_global_flags, _no_op
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db
+    finally:
+        torch.backends.disable_global_flags = frozen
     return {o.name + (f".{o.variant_test_name}" if o.variant_test_name else ""): o for o in op_db}
 
 
