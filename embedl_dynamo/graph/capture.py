@@ -202,8 +202,29 @@ def _capture(
     user = [inputs[i] for i in frozen.user_inputs]
     if any(not isinstance(v, torch.Tensor) for v in user):
         raise RuntimeError("the captured graph takes non-tensor inputs; pass tensors only")
+    _follow_argument_order(frozen.gm, user, args)
     frozen.gm.meta[OUTPUT_TREE_META] = _output_tree(result, returned, args)
     return frozen.gm
+
+
+def _follow_argument_order(gm: fx.GraphModule, user: list[Any], args: Sequence[Any]) -> None:
+    """Put ``gm``'s inputs in the order of the call's arguments.
+
+    Dynamo numbers a graph's inputs in the order the code first reads them: ``forward(x, ids)``
+    that embeds ``ids`` before it reads ``x`` takes ``ids`` first, and the file, its checks and
+    ``load()`` take the arguments in the order the caller passes them. Each input is matched to
+    its argument by identity (Dynamo traces the very tensors it was called with).
+    """
+    positions = [next((j for j, a in enumerate(args) if a is t), None) for t in user]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if None in positions or len(set(positions)) != len(positions):
+        return  # an input that is no argument, or one passed twice: left as traced
+    if positions == sorted(positions) or len(placeholders) != len(positions):
+        return
+    anchor = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    for _, node in sorted(zip(positions, placeholders), key=lambda pair: pair[0]):
+        anchor.prepend(node)
+    gm.recompile()
 
 
 def _output_tree(result: Any, returned: list[Any], args: Sequence[Any]) -> OutputTree | str:

@@ -523,3 +523,25 @@ def test_bad_dynamic_shapes_name_the_fix(tmp_path, shapes, message) -> None:
     with pytest.raises(ExportArgumentError, match=message):
         export(_Encoder().eval(), (torch.randint(0, 50, (2, 12)),), tmp_path / "b.onnx",
                dynamic_shapes=shapes)  # fmt: skip
+
+
+class _ReadsItsSecondArgumentFirst(nn.Module):
+    """Embeds ``ids`` before it reads ``x``: Dynamo takes ``ids`` as its first input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.proj = nn.Embedding(10, 4), nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.embed(ids)) + x
+
+
+def test_the_file_takes_the_arguments_in_the_callers_order(tmp_path):
+    model = _ReadsItsSecondArgumentFirst().eval()
+    x, ids = torch.randn(2, 3, 4), torch.randint(0, 10, (2, 3))
+    path = embedl_dynamo.export(model, (x, ids), tmp_path / "m.onnx", backend="onnxruntime")
+    loaded = embedl_dynamo.load(path)
+    x, ids = torch.randn(5, 3, 4), torch.randint(0, 10, (5, 3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, ids), model(x, ids), rtol=1e-5, atol=1e-5)
