@@ -11,7 +11,8 @@ after the other, so every number is a process's first. Cases:
 * ``bert-fp32``: BERT-base, sequence 128, ``embedl_openvino``;
 * ``qwen-int4``, ``qwen-int8``: the Qwen2.5-0.5B shape (``--layers``, default 24),
   ``model.forward = torch.compile(...)`` at int4/int8 weight-only (``accuracy_budget=0.5``:
-  random weights), first output = the first ``generate()`` of ``--new-tokens`` tokens.
+  random weights), first output = the first ``generate()`` of ``--new-tokens`` tokens;
+  ``qwen-int4-dynamic`` passes ``dynamic=True`` (two graphs instead of three).
 
 Columns (seconds): ``construct`` (building the model), ``eager`` (its first eager call),
 ``trace`` (Dynamo's trace alone: the first call through ``backend="eager"`` less an eager
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 CASES = ("resnet50-fp32", "resnet50-int8", "resnet50-mixed", "bert-fp32", "qwen-int4",
-         "qwen-int8")  # fmt: skip
+         "qwen-int8", "qwen-int4-dynamic")  # fmt: skip
 PHASES = ("eager", "cold", "warm", "read-only", "load")
 
 
@@ -75,6 +76,8 @@ def _first_output(case: str, model: torch.nn.Module, inputs: tuple[torch.Tensor,
     if case.startswith("qwen"):
         if options is not None or backend == "eager":
             compile_options = {"options": options} if options is not None else {}
+            if case.endswith("-dynamic"):  # sizes symbolic from the first trace: two graphs
+                compile_options["dynamic"] = True
             model.forward = torch.compile(model.forward, backend=backend, **compile_options)
         with torch.no_grad():
             model.generate(*inputs, max_new_tokens=new_tokens, do_sample=False)
