@@ -357,3 +357,20 @@ def test_fused_modules_differing_only_in_an_attribute_have_different_keys(attrib
         assert "FusedConv" in {type(m).__name__ for m in fused.modules()}
         keys.append(fingerprint_graph(fused))
     assert keys[0] != keys[1]
+
+
+def test_weights_that_view_a_flat_vector_at_any_offset_are_keyed_and_reused(monkeypatch):
+    # vector_to_parameters leaves each parameter a view of one flat vector, at offsets that are
+    # no multiple of 8 bytes: the reuse check must read them there too
+    model = nn.Sequential(nn.Linear(7, 9), nn.ReLU(), nn.Linear(9, 3)).eval()
+    with torch.no_grad():
+        vector = torch.nn.utils.parameters_to_vector(model.parameters())
+        torch.nn.utils.vector_to_parameters(vector * 2, model.parameters())
+    assert any(p.storage_offset() * 4 % 8 for p in model.parameters())
+    hashed = _counted_digests(monkeypatch)
+    first = fingerprint_graph(fx.symbolic_trace(model))
+    assert fingerprint_graph(fx.symbolic_trace(model)) == first
+    assert len(hashed) == 4  # each once
+    with torch.no_grad():
+        model[0].weight.data.mul_(3)  # behind the version counter, at an odd offset
+    assert fingerprint_graph(fx.symbolic_trace(model)) != first
