@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,29 +92,10 @@ class ExportedModule(nn.Module):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {i} is a {type(t).__name__}; pass torch tensors")
         check_inputs(self.path.name, self.metadata, inputs)  # dtypes, static axes
-        self._check_static_axes(inputs)
         outputs = self.artifact_runtime.infer(*inputs)
         if self.output_tree is not None:
             return self.output_tree.rebuild(outputs, inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
-
-    def _check_static_axes(self, inputs: Sequence[torch.Tensor]) -> None:
-        """Name the axis a call cannot change (the sidecar's shapes: a number is static, a
-        name dynamic) instead of the runtime's dimension error."""
-        specs = self.metadata.get("inputs")
-        if not isinstance(specs, list) or len(specs) != len(inputs):
-            return
-        for i, (spec, t) in enumerate(zip(specs, inputs)):
-            shape = spec.get("shape") if isinstance(spec, dict) else None
-            if not isinstance(shape, list) or len(shape) != t.dim():
-                continue
-            for axis, (want, got) in enumerate(zip(shape, t.shape)):
-                if isinstance(want, int) and want != got:
-                    raise ValueError(
-                        f"{self.path.name}: input {i} axis {axis} is static ({want}) in this "
-                        f"file, got {got}; export with dynamic_shapes (e.g. "
-                        f"dynamic_shapes=[{{{axis}: 'seq'}}, ...]) to make it dynamic"
-                    )
 
     def extra_repr(self) -> str:
         return f"path={str(self.path)!r}, runtime={self.runtime!r}, providers={self.providers}"

@@ -32,7 +32,7 @@ from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, stor
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.onnx.artifact import code_fingerprint, input_specs
+from embedl_dynamo.onnx.artifact import input_specs
 from embedl_dynamo.quant.calibrate import data_fingerprint
 from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.record import record
@@ -92,7 +92,6 @@ def source_key(
         backend.to_dict(),
         settings.key_dict(),
         {"calibration": calibration},
-        code_fingerprint(),
         library_versions(),
     )
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -27,7 +25,6 @@ from embedl_dynamo.settings import Settings
 __all__ = [
     "OnnxArtifact",
     "cached_onnx",
-    "code_fingerprint",
     "input_specs",
     "onnx_artifact",
 ]
@@ -159,14 +156,3 @@ def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]]
     """The cached ONNX file for ``key`` and the ``confirm()`` that raises unless its sha256
     (computed meanwhile on a helper thread) matches; None when absent or found corrupt."""
     return ArtifactCache(settings.cache_dir, "onnx").get_verifying(key, ".onnx")
-
-
-@functools.lru_cache(maxsize=1)
-def code_fingerprint() -> str:
-    """sha256 of this package's source: a transformation result depends on the code too."""
-    package = Path(__file__).resolve().parent.parent
-    h = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        h.update(str(path.relative_to(package)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()

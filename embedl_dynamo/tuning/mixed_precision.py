@@ -48,7 +48,7 @@ from embedl_dynamo.cache.keys import content_key, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.rest_precision import with_rest_precision
-from embedl_dynamo.onnx.artifact import code_fingerprint, onnx_artifact
+from embedl_dynamo.onnx.artifact import onnx_artifact
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
 from embedl_dynamo.quant.quantizer import Quantizer
@@ -138,7 +138,6 @@ def choose_mixed(
         measured_on.name,
         rest,
         library_versions([measured_on, runtime]),
-        code_fingerprint(),
     )
     cache = ArtifactCache(cache_dir, CALIBRATION_NAMESPACE) if cache_dir is not None else None
     cached = _load(cache, key, calibrated)

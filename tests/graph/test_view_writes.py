@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 import torch
-from torch import nn
 
 import embedl_dynamo
+from tests.graph.test_inplace_idioms import Idiom
 
 
 def _y(x):
@@ -89,16 +89,6 @@ BODIES = [
 ]
 
 
-class _Body(nn.Module):
-    def __init__(self, body) -> None:
-        super().__init__()
-        self.body = body
-        self.register_buffer("b", torch.zeros(6))
-
-    def forward(self, x):
-        return self.body(self, x)
-
-
 def _tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
@@ -108,7 +98,7 @@ def test_view_write_compiles_and_equals_eager(body):
     torch.manual_seed(0)
     x = torch.randn(4, 6)
     x_eager = x.clone()
-    model, reference = _Body(body).eval(), _Body(body).eval()
+    model, reference = Idiom(body).eval(), Idiom(body).eval()
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
