@@ -139,14 +139,19 @@ def view_write_plan(gm: fx.GraphModule, write_back: bool) -> tuple[set[fx.Node],
     reason one of them cannot be."""
     keys = alias_classes(gm)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    classes: dict[Any, list[fx.Node]] = {}
+    for member, key in keys.items():
+        classes.setdefault(key, []).append(member)
     marked = set()
     for node, target in _writes(gm):
-        if target in keys and (_chain(target, keys)[1] or _read_alias(node, target, keys, order)):
+        if target in keys and (
+            _chain(target, keys)[1] or _read_alias(node, target, classes[keys[target]], order)
+        ):
             marked.add(keys[target])
     handled = {node for node, target in _writes(gm) if keys.get(target) in marked}
     sources = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in keys]
     for key in marked:
-        members = [n for n in keys if keys[n] == key and n.op != "output"]
+        members = [n for n in classes[key] if n.op != "output"]
         roots = {view_position(n, keys)[0] for n in members}
         if len(roots) != 1:
             names = ", ".join(sorted(r.name for r in roots))
@@ -173,12 +178,13 @@ def inputs_written_through_views(gm: fx.GraphModule) -> set[fx.Node]:
 
 
 def _read_alias(
-    node: fx.Node, target: fx.Node, keys: dict[fx.Node, Any], order: dict[fx.Node, int]
+    node: fx.Node, target: fx.Node, storage_class: list[fx.Node], order: dict[fx.Node, int]
 ) -> bool:
-    """Whether another tensor sharing ``target``'s storage is read after ``node`` writes."""
+    """Whether another tensor sharing ``target``'s storage (the nodes of ``storage_class``)
+    is read after ``node`` writes."""
     same = identity_root(target)
-    for other, key in keys.items():
-        if key != keys[target] or other is node or order.get(other, order[node]) >= order[node]:
+    for other in storage_class:
+        if other is node or order.get(other, order[node]) >= order[node]:
             continue
         if identity_root(other) is not same and any(order[u] > order[node] for u in other.users):
             return True

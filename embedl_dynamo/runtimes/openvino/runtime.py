@@ -60,6 +60,7 @@ from embedl_dynamo.runtimes.openvino.compile import (
     cpu_capabilities,
     openvino_cause,
 )
+from embedl_dynamo.runtimes.openvino.compiled_cache import compile_or_import
 from embedl_dynamo.settings import Settings
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
@@ -205,14 +206,11 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory would copy them
         path = self._artifact.path
-        self._compiled = compile_openvino(
-            path,
-            self.settings.num_threads,
-            info=self.build_info,
-            hint=self._hint,
-            shapes=self._static_shapes,
-            device=self._device,
-        )
+        self._compiled = compile_or_import(
+            path, self._artifact.key, self.settings.cache_dir, self.build_info,
+            num_threads=self.settings.num_threads, hint=self._hint,
+            shapes=self._static_shapes, device=self._device,
+        )  # fmt: skip
         self._request = self._compiled.create_infer_request()
         self.build_info.update(_integer_layers(self.layer_precisions()))
 

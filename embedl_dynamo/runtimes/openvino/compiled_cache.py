@@ -1,0 +1,138 @@
+"""OpenVINO's compiled models kept in the artifact cache, so that a warm start imports one.
+
+Reading an ONNX file through OpenVINO's frontend and compiling it for the CPU plugin is most of
+what a warm start spends outside Dynamo's own trace; importing the plugin's exported compiled
+model (``CompiledModel.export_model`` / ``Core.import_model``, the format OpenVINO's own
+``CACHE_DIR`` stores) skips both. This module keeps those exports in this package's cache, not
+in a ``CACHE_DIR`` of OpenVINO's, so they follow the cache's rules: content-keyed, written
+atomically with a sha256 sidecar that is checked on every read, kept within the size budget,
+and never written in a read-only cache (a replica that ships one uses what it holds).
+
+An entry is keyed by the ONNX artifact's content key, the device, every property the model is
+compiled with (precision hint, threads, static shapes) and what decides the plugin's code: the
+OpenVINO version, the CPU's name and its instruction-set flags. Only artifacts of this
+package's cache are kept (a file ``load()`` reads from elsewhere is compiled as it is), and only
+up to :data:`MAX_ARTIFACT_BYTES`, since an export holds the weights a second time. The
+``build_info`` entries :func:`~.compile.compile_openvino` fills (the precision hint and what
+was lowered) are stored beside the export and restored with it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any
+
+from embedl_dynamo.cache.keys import content_key
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.runtimes.openvino.compile import compile_openvino
+
+__all__ = ["MAX_ARTIFACT_BYTES", "compile_or_import"]
+
+logger = logging.getLogger(__name__)
+
+#: ONNX artifacts up to this size keep their compiled model in the cache
+MAX_ARTIFACT_BYTES = 1 << 30
+_NAMESPACE = "openvino_compiled"
+_FORMAT = 1
+_SUFFIX = ".blob"
+_INFO_KEYS = ("inference_precision", "half_precision_note", "openvino_lowering", "static_shapes")
+
+
+@functools.cache
+def _cpu_identity() -> tuple[str, str]:
+    """The CPU's model name and instruction-set flags, as the kernel lists them."""
+    name, flags = "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and not name:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        import platform
+
+        name = platform.processor() or platform.machine()
+    return name, flags
+
+
+def _entry(cache_dir: Path, artifact_key: str, settings: dict[str, Any]) -> tuple[Any, str]:
+    """The cache (None when it cannot be opened) and the key of a compiled model."""
+    import openvino as ov
+
+    key = content_key(_NAMESPACE, _FORMAT, artifact_key, settings, ov.get_version(),
+                      _cpu_identity())  # fmt: skip
+    try:
+        return ArtifactCache(cache_dir, _NAMESPACE), key
+    except OSError:
+        return None, key
+
+
+def _imported(cache: ArtifactCache, key: str, device: str, threads: int | None) -> Any:
+    """The compiled model stored under ``key`` with its ``build_info`` entries, or None.
+
+    The import is given the precision hint the model was compiled with: the CPU plugin
+    applies its own default to an imported model otherwise (bf16 on CPUs that compute in it).
+    """
+    import openvino as ov
+
+    path = cache.get(key, _SUFFIX)  # checked before OpenVINO parses it: a bad blob could crash it
+    if path is None:
+        return None
+    stored = cache.metadata(key, _SUFFIX).get("build_info", {})
+    properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": stored.get("inference_precision")}
+    if threads and device == "CPU":
+        properties["INFERENCE_NUM_THREADS"] = threads
+    try:
+        if not isinstance(properties["INFERENCE_PRECISION_HINT"], str):
+            raise ValueError("its entry records no precision hint")
+        compiled = ov.Core().import_model(path.read_bytes(), device, properties)
+    except (OSError, RuntimeError, ValueError) as exc:
+        logger.warning("compiled OpenVINO model %s not used (%s); compiling again", path, exc)
+        return None
+    return compiled, stored
+
+
+def compile_or_import(
+    path: Path,
+    artifact_key: str | None,
+    cache_dir: Path,
+    info: dict[str, Any],
+    **options: Any,
+) -> Any:
+    """:func:`~.compile.compile_openvino` of ``path`` with ``options``, or the compiled model
+    a build of the same artifact with the same options stored in the cache (see the module).
+
+    Args:
+        path: the ONNX file.
+        artifact_key: its content key in this package's cache (None: compile, keep nothing).
+        cache_dir: the cache root.
+        info: ``build_info``, which gets what :func:`~.compile.compile_openvino` records.
+        options: ``num_threads``, ``hint``, ``shapes``, ``device`` for
+            :func:`~.compile.compile_openvino`.
+    """
+    if artifact_key is None or Path(path).stat().st_size > MAX_ARTIFACT_BYTES:
+        return compile_openvino(path, info=info, **options)
+    shapes = options.get("shapes")
+    keyed = {**options, "shapes": [list(s) for s in shapes] if shapes else None}
+    cache, key = _entry(cache_dir, artifact_key, keyed)
+    if cache is not None:
+        device, threads = options.get("device", "CPU"), options.get("num_threads")
+        found = _imported(cache, key, device, threads)
+        if found is not None:
+            compiled, stored = found
+            info.update(stored)
+            info["openvino_compiled_model"] = "imported from the cache"
+            return compiled
+    compiled = compile_openvino(path, info=info, **options)
+    if cache is not None and not cache.read_only:
+        stored = {k: info[k] for k in _INFO_KEYS if k in info}
+        try:
+            blob = compiled.export_model()
+            cache.put(key, blob.getvalue(), _SUFFIX,
+                      meta={"kind": "openvino compiled model", "build_info": stored})  # fmt: skip
+        except (OSError, RuntimeError) as exc:
+            logger.debug("compiled OpenVINO model not cached: %s", exc)
+    return compiled
