@@ -8,8 +8,10 @@ blocked along K by 128 at opset 21, int8 per output channel), with weights of th
 session options) and OpenVINO (compressed ``FullyConnected``), interleaved in rounds. With
 ``--merged`` the linears that read one input are one weight each, as our files store them
 (:mod:`embedl_dynamo.quant.weight_only_merge`): q|k|v ``[896, 1152]`` and gate|up ``[896,
-9728]``, four matmuls a layer instead of seven. Prints each round's median ms per chain and the
-weight bytes streamed per second.
+9728]``, four matmuls a layer instead of seven. ``torch`` runs the same chain
+on PyTorch's own CPU weight-only kernels (``_weight_int4pack_mm_for_cpu``,
+``_weight_int8pack_mm``), the eager runtime's candidates. Prints each round's median ms per
+chain and the weight bytes streamed per second.
 
 Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5] [--merged]``
 """
@@ -106,6 +108,61 @@ def chain_model(layers: int, bits: int, path: Path, merged: bool = False) -> Non
     onnx.save(model, str(path))
 
 
+def torch_chain(layers: int, bits: int, merged: bool = False):
+    """The same chain on the weight-only kernels PyTorch ships for CPUs
+    (``aten._weight_int4pack_mm_for_cpu``, groups of :data:`BLOCK`, and
+    ``aten._weight_int8pack_mm``, per output channel), as ``run()``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+
+    def weight(k: int, n: int):
+        if bits == 8:
+            codes = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=generator)
+            scales = torch.rand(n, generator=generator) * 1e-3
+            return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales)
+        codes = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=generator)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        scales_zeros = torch.rand(k // BLOCK, n, 2, generator=generator) * 1e-3
+        return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, BLOCK, scales_zeros)
+
+    steps = []
+    for _ in range(layers):
+        if merged:
+            steps.append(
+                (
+                    weight(HIDDEN, HIDDEN + 2 * KV),
+                    weight(HIDDEN, HIDDEN),
+                    weight(HIDDEN, 2 * INTERMEDIATE),
+                    weight(INTERMEDIATE, HIDDEN),
+                )
+            )
+        else:
+            steps.append(
+                tuple(weight(HIDDEN, n) for n in (HIDDEN, KV, KV, HIDDEN))
+                + tuple(weight(HIDDEN, INTERMEDIATE) for _ in range(2))
+                + (weight(INTERMEDIATE, HIDDEN),)
+            )
+    x = torch.rand(1, HIDDEN, generator=generator)
+
+    def run():
+        with torch.no_grad():
+            h = x
+            for step in steps:
+                if merged:
+                    q = step[0](h)[:, :HIDDEN]
+                    both = step[2](step[1](q.contiguous()))
+                    h = step[3](both[:, :INTERMEDIATE] * both[:, INTERMEDIATE:])
+                else:
+                    q = step[0](h)
+                    step[1](h), step[2](h)
+                    o = step[3](q)
+                    h = step[6](step[4](o) * step[5](o))
+            return h
+
+    return run
+
+
 def runners(path: Path) -> dict:
     """``{runtime: run()}`` over the file, each built as this package builds its sessions."""
     from embedl_dynamo.runtimes.onnxruntime.session import create_session
@@ -135,6 +192,7 @@ def main() -> None:
             path = Path(folder) / f"chain{bits}.onnx"
             chain_model(args.layers, bits, path, args.merged)
             runs, times = runners(path), {}
+            runs["torch"] = torch_chain(args.layers, bits, args.merged)
             for _ in range(args.rounds):
                 for name, run in runs.items():
                     for _ in range(3):

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy
 import torch
 from torch import fx
 
@@ -325,12 +326,11 @@ def in_place_writes(
 
 #: builds for this many sets of live weights are kept per compiled graph (see wrap_compiled)
 WEIGHT_SETS = 4
-
-
 #: an input this many times larger than the largest value calibration saw is clipped by INT8
 OUT_OF_RANGE = 10.0
 #: the range watch inspects every one of the first calls, then one call in this many
 WATCH_EVERY_CALL, WATCH_STRIDE = 16, 8
+_NUMPY_FLOATS = (torch.float32, torch.float64)  # read through numpy on the CPU
 
 
 def calibrated_input_bounds(quantized: fx.GraphModule) -> dict[int, float]:
@@ -351,7 +351,7 @@ def _peak(tensor: torch.Tensor) -> float:
     runtime's for the cores during the inference that follows."""
     if not tensor.numel():
         return 0.0
-    if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64):
+    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS:
         values = tensor.detach().numpy()
         return float(max(values.max(), -values.min()))
     return float(tensor.detach().abs().max())
@@ -391,6 +391,15 @@ def watch_calibrated_ranges(
     return watched
 
 
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no NaN or infinity; on the CPU by numpy's ``min`` and ``max``
+    (NaN propagates through both), on one thread, without a copy (see :func:`_peak`)."""
+    if tensor.numel() and tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS:
+        values = tensor.detach().numpy()
+        return bool(numpy.isfinite(values.max()) and numpy.isfinite(values.min()))
+    return bool(torch.isfinite(tensor).all())
+
+
 def refuse_non_finite(infer: Callable[..., Any], index: int) -> Callable[..., Any]:
     """``infer`` of an INT8 artifact that refuses a call whose float inputs hold NaN or an
     infinity: QuantizeLinear turns them into finite codes, so the artifact would answer with
@@ -399,7 +408,7 @@ def refuse_non_finite(infer: Callable[..., Any], index: int) -> Callable[..., An
 
     def guarded(*inputs: Any) -> Any:
         for position, tensor in enumerate(inputs):
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            if tensor.is_floating_point() and not _all_finite(tensor):
                 raise ValueError(
                     f"subgraph {index}: input {position} holds NaN or infinity, which INT8 "
                     "quantizes to finite values; the call runs in PyTorch"

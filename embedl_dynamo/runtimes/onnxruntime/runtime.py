@@ -19,6 +19,7 @@ from ONNX Runtime's own profile (``SessionOptions.enable_profiling``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -263,6 +264,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
         return tuple(torch.from_numpy(o).to(device) for o in outputs)
 
 
+@functools.cache
 def _numpy_dtype(dtype: torch.dtype) -> Any:
     return torch.empty((), dtype=dtype).numpy().dtype
 
