@@ -12,10 +12,12 @@ the values it froze:
 * **a sample of the bytes** (:class:`ByteSample`): an in-place write through ``.data``
   (``p.data.mul_(2)``, ``p.data.copy_(new)``, ``buf.data.add_(1)``) changes the memory through a
   tensor with a version counter of its own, so only the values can tell. A weight of at most
-  :data:`SMALL_BYTES` bytes is compared whole; a larger one in :data:`SAMPLED_WORDS` words of
-  8 bytes spread evenly over its memory from the first (64 of a float32
-  weight's values, two in each of 32 places). A ``.data`` write that changes none of the
-  sampled bytes is not seen.
+  :data:`SMALL_BYTES` bytes is compared whole; a larger one in :data:`SAMPLED_RUNS` runs of
+  :data:`RUN_BYTES` bytes (a cache line each: 16 float32 values) spread evenly over its memory
+  from the first to the last byte. Reading a run costs about what one word costs (one cache
+  miss), so a decoder's hundreds of weights are checked in a fraction of what as many words
+  spread apart would take. A ``.data`` write that changes none of the sampled bytes is not
+  seen.
 
 What is not seen: such a write outside the sample, and ``p.data`` replaced by another view of
 the same memory at the same address (``p.data = p.data.t()`` of a square weight), which
@@ -38,7 +40,8 @@ import torch
 
 __all__ = [
     "SAMPLED_BYTES",
-    "SAMPLED_WORDS",
+    "RUN_BYTES",
+    "SAMPLED_RUNS",
     "SMALL_BYTES",
     "ByteSample",
     "FrozenWeights",
@@ -47,8 +50,9 @@ __all__ = [
 
 #: a weight of at most this many bytes is compared whole
 SMALL_BYTES = 1024
-#: a larger weight is compared in this many 8-byte words, spread evenly over its memory
-SAMPLED_WORDS = 32
+#: a larger weight is compared in this many runs of RUN_BYTES, spread evenly over its memory
+SAMPLED_RUNS = 4
+RUN_BYTES = 64
 _WORD = 8  # bytes compared as one int64
 #: what :meth:`FrozenWeights.changed` returns for a write seen only in the sampled bytes
 SAMPLED_BYTES = "the sampled bytes"
@@ -89,8 +93,8 @@ def _sample_views(tensor: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         if length % _WORD:
             views.append((_WORD, raw.as_strided((1, _WORD), (_WORD, 1), start + length - _WORD)))
         return views
-    step = (length - _WORD) // (SAMPLED_WORDS - 1)
-    return [(_WORD, raw.as_strided((SAMPLED_WORDS, _WORD), (step, 1), start))]
+    step = (length - RUN_BYTES) // (SAMPLED_RUNS - 1)
+    return [(RUN_BYTES, raw.as_strided((SAMPLED_RUNS, RUN_BYTES), (step, 1), start))]
 
 
 class ByteSample:

@@ -14,7 +14,12 @@ import torch
 from torch import nn
 
 from embedl_dynamo.dynamo import compiled_call
-from embedl_dynamo.dynamo.frozen_weights import SAMPLED_WORDS, SMALL_BYTES, FrozenWeights
+from embedl_dynamo.dynamo.frozen_weights import (
+    RUN_BYTES,
+    SAMPLED_RUNS,
+    SMALL_BYTES,
+    FrozenWeights,
+)
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 
 X = torch.randn(2, 3, 8, 8)
@@ -113,8 +118,15 @@ def test_the_sample_covers_a_small_weight_whole_and_a_large_one_in_places():
     args = [small, large, scalar]
     weights = FrozenWeights(args, [])
     assert weights.changed(args) is None
-    step = (large.nbytes - 8) // (SAMPLED_WORDS - 1) // 4  # in elements
-    for tensor, position in ((small, -1), (small, 1), (large, 0), (large, 5 * step + 1)):
+    step = (large.nbytes - RUN_BYTES) // (SAMPLED_RUNS - 1) // 4  # between runs, in elements
+    last_of_second_run = step + RUN_BYTES // 4 - 1
+    for tensor, position in (
+        (small, -1),
+        (small, 1),
+        (large, 0),
+        (large, last_of_second_run),
+        (large, -1),
+    ):
         tensor.data[position] = 1.0  # through .data: no version bump
         assert weights.changed(args) is not None
         tensor.data[position] = 0.0
