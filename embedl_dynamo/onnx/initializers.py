@@ -54,6 +54,9 @@ _ALIGN = 4096  # each weight in a data file starts at a multiple of this (mappab
 # this name stands in for them: ONNX Runtime checks it exists, and reads nothing from it)
 SHARED_LOCATION = "embedl-shared-initializers"
 SHARED_MIN_BYTES = 1 << 20  # smaller weights (shapes, norms) are copied: they cost nothing
+# convolution weights are copied, never shared: ONNX Runtime's NCHWc layout pass reorders them
+# from the initializer's file before a shared one replaces it, and fails on the empty stand-in
+_REORDERED_WEIGHTS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
 
 
 def _onnx_types() -> dict[torch.dtype, int]:
@@ -219,6 +222,7 @@ class UnwrittenOnnx:
         model.CopyFrom(self.model)
         arrays = OrtInitializers()
         read_transposed(model, self.transposed)
+        convolved = {n.input[1] for n in model.graph.node if n.op_type in _REORDERED_WEIGHTS}
         for name, tensor in self.weights.items():
             if not tensor.numel():
                 model.graph.initializer.append(tensor_proto(name, tensor))
@@ -229,6 +233,7 @@ class UnwrittenOnnx:
             # -> MatMulNBits fusion reads them from the file a shared one names
             shared = (
                 name not in copied
+                and name not in convolved
                 and arrays[name].nbytes >= SHARED_MIN_BYTES
                 and tensor.is_floating_point()
             )

@@ -437,3 +437,25 @@ def test_a_weight_modified_in_place_before_the_file_is_written_fails_the_write(t
     _, _, untouched = _embed_source(tmp_path)
     untouched.write(tmp_path / "ok.onnx")  # nothing modified: written
     assert onnx.load(str(tmp_path / "ok.onnx")).graph.initializer
+
+
+def test_a_large_convolution_weight_is_copied_and_its_session_builds(tmp_path):
+    """ONNX Runtime's NCHWc pass reorders a convolution's weight from the initializer's own
+    file before a weight given by reference replaces it: a shared conv weight made the session
+    fail (and ResNet-50 ran in PyTorch on its first compile). Conv weights are copied."""
+    from embedl_dynamo.onnx.export import export_onnx_unwritten
+    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(256, 256, 3, padding=1), nn.ReLU()).eval()
+    assert model[0].weight.nbytes >= SHARED_MIN_BYTES
+    x = torch.randn(1, 256, 8, 8)
+    gm = fx.symbolic_trace(model)
+    unwritten = export_onnx_unwritten(gm, [x], tmp_path / "m.onnx", outputs=[model(x)])
+    unwritten.make_contiguous()
+    model_bytes, arrays = unwritten.ort_source()
+    session = create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
+    got = torch.from_numpy(session.run(None, {"input_0": x.numpy()})[0])
+    torch.testing.assert_close(got, model(x).detach(), rtol=1e-4, atol=1e-4)
+    assert not arrays.shared
