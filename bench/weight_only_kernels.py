@@ -13,7 +13,8 @@ on PyTorch's own CPU weight-only kernels (``_weight_int4pack_mm_for_cpu``,
 ``_weight_int8pack_mm``), the eager runtime's candidates. Prints each round's median ms per
 chain and the weight bytes streamed per second.
 
-Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5] [--merged]``
+Usage: ``python -m bench.weight_only_kernels [--layers 24] [--bits 4 8] [--rounds 5] [--merged]
+[--ov-group-sizes 0 32 128]``
 """
 
 from __future__ import annotations
@@ -163,18 +164,25 @@ def torch_chain(layers: int, bits: int, merged: bool = False):
     return run
 
 
-def runners(path: Path) -> dict:
-    """``{runtime: run()}`` over the file, each built as this package builds its sessions."""
+def runners(path: Path, group_sizes: list[int]) -> dict:
+    """``{runtime: run()}`` over the file, each built as this package builds its sessions;
+    OpenVINO also with each of ``group_sizes`` as its ``DYNAMIC_QUANTIZATION_GROUP_SIZE`` (the
+    activations quantized to int8 in groups of that many, for its VNNI/AMX kernels)."""
     from embedl_dynamo.runtimes.onnxruntime.session import create_session
     from embedl_dynamo.runtimes.openvino.compile import compile_openvino
 
     x = np.random.default_rng(1).random((1, 1, HIDDEN), dtype=np.float32)
     session = create_session(path, ["CPUExecutionProvider"], num_threads=2)
     request = compile_openvino(path, num_threads=2).create_infer_request()
-    return {
+    runs = {
         "onnxruntime": lambda: session.run(None, {"x": x}),
         "openvino": lambda: request.infer([x]),
     }
+    for size in group_sizes:
+        config = {"DYNAMIC_QUANTIZATION_GROUP_SIZE": size}
+        grouped = compile_openvino(path, num_threads=2, config=config).create_infer_request()
+        runs[f"openvino group {size}"] = lambda r=grouped: r.infer([x])
+    return runs
 
 
 def main() -> None:
@@ -185,13 +193,20 @@ def main() -> None:
     parser.add_argument(
         "--merged", action="store_true", help="q|k|v and gate|up as one weight each"
     )
+    parser.add_argument(
+        "--ov-group-sizes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also OpenVINO with these DYNAMIC_QUANTIZATION_GROUP_SIZE values",
+    )
     args = parser.parse_args()
     linear_weights = HIDDEN * (2 * HIDDEN + 2 * KV + 3 * INTERMEDIATE) * args.layers
     with tempfile.TemporaryDirectory(prefix="embedl-wo-kernels-") as folder:
         for bits in args.bits:
             path = Path(folder) / f"chain{bits}.onnx"
             chain_model(args.layers, bits, path, args.merged)
-            runs, times = runners(path), {}
+            runs, times = runners(path, args.ov_group_sizes), {}
             runs["torch"] = torch_chain(args.layers, bits, args.merged)
             for _ in range(args.rounds):
                 for name, run in runs.items():
