@@ -210,7 +210,9 @@ def main() -> None:
     names = [*variants, *(name for peer in peers for name in peer.info)]
     rows = report(names, times, meta, args, bandwidth)
     if args.json:
-        Path(args.json).write_text(json.dumps({"bandwidth_gbs": bandwidth, "rows": rows}))
+        peer_info = {name: meta[name] for name in names if name not in variants}
+        result = {"bandwidth_gbs": bandwidth, "rows": rows, "peers": peer_info}
+        Path(args.json).write_text(json.dumps(result, indent=1))
     if args.plot:
         title = f"Qwen2.5-0.5B shape, {args.layers} layers, batch 1, 2 threads"
         plot(rows, args.new_tokens[-1], title, args.plot)
@@ -333,7 +335,8 @@ def report(names: list[str], times: dict, meta: dict, args, bandwidth: float) ->
 
 
 def plot(rows: list[dict], tokens: int, title: str, path: str) -> None:
-    """Bars of ms per token at ``tokens`` new tokens, each with its roofline as a tick."""
+    """Bars of ms per token at ``tokens`` new tokens, each with its roofline as a tick, colored
+    by family (ours, OpenVINO, llama.cpp, PyTorch)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,7 +344,11 @@ def plot(rows: list[dict], tokens: int, title: str, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(1.4 * len(rows) + 2, 3.6))
     xs = range(len(rows))
-    ax.bar(xs, [r["ms_per_token"][tokens] for r in rows], 0.6, label="ms per token")
+    families = {"ours-": "C0", "openvino-": "C1", "llama.cpp-": "C2"}
+    colors = [next((c for p, c in families.items() if r["variant"].startswith(p)), "0.6")
+              for r in rows]  # fmt: skip
+    ax.bar(xs, [r["ms_per_token"][tokens] for r in rows], 0.6, color=colors,
+           label="ms per token (blue: ours, orange: OpenVINO, green: llama.cpp)")  # fmt: skip
     ax.scatter(xs, [r["roofline_ms"] for r in rows], marker="_", s=900, color="black",
                label="roofline (weight bytes / read bandwidth)")  # fmt: skip
     ax.set_xticks(list(xs), [r["variant"].removeprefix("ours-") for r in rows], fontsize=8)

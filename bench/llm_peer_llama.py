@@ -190,6 +190,8 @@ def build(args: argparse.Namespace) -> tuple[dict, dict]:
                       "build_s": prepared, "first_generate_s": time.perf_counter() - start,
                       "n_ubatch": variant.llm.context_params.n_ubatch,
                       "version": llama_cpp.__version__}  # fmt: skip
+        print(f"{name}: {weight_bytes / 1e6:.0f} MB of tensors {by_type}, n_ubatch "
+              f"{info[name]['n_ubatch']}, ready in {prepared:.1f} s")  # fmt: skip
         variants[name] = variant
     return variants, info
 
