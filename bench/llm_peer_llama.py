@@ -15,9 +15,9 @@ Variants (``--variants``):
 Token ids go in and come out (greedy: the argmax of the last logits), so no tokenizer is
 needed. Each variant's ``weight_bytes`` is the GGUF's tensor bytes (a decode step reads every
 tensor once: the embedding is also the head). On a CPU with AMX, llama.cpp's AMX weight
-buffer crashes on batched prompts (ggml-org/llama.cpp#20824), so there the prompt is
-evaluated one token per micro-batch (``n_ubatch=1``; ``--ubatch`` overrides): decoding is
-unaffected, the time to first token is then pessimistic.
+buffer (quantized types only) crashes on batched prompts (ggml-org/llama.cpp#20824), so there
+the quantized variants evaluate the prompt one token per micro-batch (``n_ubatch=1``;
+``--ubatch`` overrides): decoding is unaffected, their time to first token is pessimistic.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ class LlamaCppVariant:
         self.vocab = args.vocab
         self.llm = llama_cpp.Llama(
             model_path=str(path), n_ctx=args.context, n_batch=args.context,
-            n_ubatch=args.ubatch or (1 if has_amx() else 512), n_threads=args.threads,
+            n_ubatch=args.ubatch or (1 if has_amx() and not exact else 512), n_threads=args.threads,
             n_threads_batch=args.threads, flash_attn=not exact, verbose=False,
             **(kv_type if exact else {}),
         )  # fmt: skip
@@ -204,7 +204,8 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=512, help="KV cache length (tokens)")
-    parser.add_argument("--ubatch", type=int, default=0, help="0: 1 on AMX CPUs, else 512")
+    parser.add_argument("--ubatch", type=int, default=0,
+                        help="0: 1 for quantized files on AMX CPUs, else 512")  # fmt: skip
     args = parser.parse_args()
     config = json.loads((Path(args.model_dir) / "config.json").read_text())
     args.vocab = config["vocab_size"]
