@@ -145,5 +145,6 @@ def start_peers(
         try:
             peers.append(Peer(spec, command))
         except PeerDied as error:
-            print(f"{spec.name} rows skipped: {error}")
+            print(f"{spec.name} rows skipped: {error} (an incomplete venv? re-run "
+                  f"`bash bench/peers_setup.sh {spec.venv}`)")  # fmt: skip
     return peers
