@@ -29,20 +29,18 @@ scales and zero points) over the read bandwidth of a large ``sum``.
 This script runs in its own environment, not the project's: optimum-intel 2.2 pins
 transformers < 5.6 and huggingface-hub < 1.22, below ``constraints.txt``. It does not import
 ``embedl_dynamo``; the model, prompt, timing and bandwidth probe are ``bench.bench_llm``'s
-(which imports only torch and transformers). The environment (``torch==2.13.0`` first, so pip
-keeps the local CPU wheel; check each step with ``pip install --dry-run`` for nvidia-*/cuda
-packages or another torch)::
+(which imports only torch and transformers). ``bash bench/peers_setup.sh optimum_intel`` makes
+that environment (``torch==2.13.0`` first, so pip keeps the local CPU wheel; then
+``optimum-intel[openvino,nncf]==2.2.0`` under ``constraints.txt`` less its transformers,
+tokenizers and huggingface_hub pins): optimum-intel 2.2.0, openvino 2026.4.1, nncf 3.4.0,
+transformers 5.5.4, torch 2.13.0+cpu.
 
-    mkdir -p /work/ovpeer && cd /work/ovpeer && python3.11 -m venv .venv
-    .venv/bin/pip install torch==2.13.0
-    # constraints.txt less transformers, tokenizers and huggingface_hub, plus torchvision==0.28.0
-    grep -vE "^(transformers|tokenizers|huggingface_hub)==" /work/main/constraints.txt \\
-        > constraints.txt && echo "torchvision==0.28.0" >> constraints.txt
-    .venv/bin/pip install -c constraints.txt "optimum-intel[openvino,nncf]==2.2.0"
+``bench/bench_llm.py`` runs it as a peer (``--serve --model-dir DIR``: converting the model
+that ``bench_llm.py`` saved, then timed round by round between our variants over
+``bench/llm_peer_protocol.py``). Alone, it saves the model itself and times its variants.
 
-(optimum-intel 2.2.0, openvino 2026.4.1, nncf 3.4.0, transformers 5.5.4, torch 2.13.0+cpu.)
-
-Usage, from the repository root: ``/work/ovpeer/.venv/bin/python -m bench.bench_llm_openvino
+Usage, from the repository root: ``~/.cache/embedl_dynamo_bench/peers/optimum_intel/bin/python
+-m bench.bench_llm_openvino
 [--layers 24] [--new-tokens 32 128] [--rounds 3] [--variants fp32 int8 int4] [--threads 2]
 [--json out.json]``.
 """
@@ -216,6 +214,30 @@ def report(variants: dict, times: dict, new_tokens: list[int], bandwidth: float)
     return rows
 
 
+class ServedVariant:
+    """One converted model as ``bench/llm_peer_protocol.py`` times it (token ids in and out)."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def generate(self, prompt: list[int], tokens: int) -> list[int]:
+        out = generate(self.model, torch.tensor([prompt]), tokens)
+        return out[0, len(prompt) :].tolist()
+
+
+def build_served(args) -> tuple[dict, dict]:
+    """Each variant converted from ``--model-dir`` (``bench_llm.py``'s saved model), with the
+    weight bytes its matmuls read as ``weight_bytes`` (see :func:`weight_report`)."""
+    torch.set_num_threads(args.threads)
+    ids = torch.randint(0, 1000, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    variants, info = {}, {}
+    for name, (model, details) in build_variants(args, args.model_dir, ids).items():
+        variants[name] = ServedVariant(model)
+        info[name] = {**details, "weight_bytes": details["matmul_weight_bytes"],
+                      "build_s": details["convert_s"], "versions": versions()}  # fmt: skip
+    return variants, info
+
+
 def versions() -> dict:
     from importlib.metadata import version
 
@@ -232,7 +254,16 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["fp32", "int8", "int4"],
                         choices=list(VARIANTS))  # fmt: skip
     parser.add_argument("--json", help="also write the rows as JSON")
+    parser.add_argument(
+        "--serve", action="store_true", help="be bench_llm.py's peer (bench/llm_peer_protocol.py)"
+    )
+    parser.add_argument("--model-dir", help="with --serve: the save_pretrained model to convert")
     args = parser.parse_args()
+    if args.serve:
+        from bench.llm_peer_protocol import serve
+
+        serve(lambda: build_served(args))
+        return
     torch.set_num_threads(args.threads)
     bandwidth = read_bandwidth_gbs()
     print(f"read bandwidth: {bandwidth:.1f} GB/s; layers {args.layers}; prompt {PROMPT}; "
