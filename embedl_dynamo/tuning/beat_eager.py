@@ -1,12 +1,15 @@
 """Beats eager, or eager runs: a compiled subgraph must be faster than PyTorch running it.
 
 A runtime's call has a fixed cost (inputs in, outputs out, its own dispatch) that a small graph
-at a small batch may not earn back: a tiny MLP at batch 1 can run faster in PyTorch than on any
-runtime. So, as AITune does, the runtime ``runtime="auto"`` chose must beat Dynamo's own graph
-run in PyTorch by the margin every speed decision uses (:func:`~.timer.fastest_of`: at most
+may not earn back, and some ops run slower on a runtime than in PyTorch (a ``scatter_add``, a
+``grid_sample``): such a graph runs faster in PyTorch than on any runtime. So, as AITune
+does, the runtime ``runtime="auto"`` chose must beat Dynamo's own graph run in PyTorch by the
+margin every speed decision uses (:func:`~.timer.fastest_of`: at most
 :data:`~embedl_dynamo.tuning.judge.LOWER_PRECISION_MARGIN` of eager's time), or the original
 graph runs in PyTorch, as every other fallback does; one warning and the report give both
-medians (``eager: 0.41 ms, onnxruntime: 0.55 ms; runs in PyTorch``).
+medians (``eager: 0.41 ms, onnxruntime: 0.55 ms; runs in PyTorch``). Timing eager costs a few
+of its calls (one to warm up, two a round, three rounds where the lead is clear), once per
+architecture.
 
 Eager is one more option of the runtime contest (:func:`~.runtime_choice.fastest`): timed in
 the same rounds as the runtimes by the same timer (with one runtime, a contest of two), and
