@@ -125,6 +125,10 @@ class Settings:
         weight_only_symmetric: weight-only zero points all 0; None: symmetric for the
             TensorRT target (its quantization is symmetric), asymmetric elsewhere (NNCF's
             and optimum-intel's default).
+        beat_eager: under ``runtime="auto"``, an ``fp32`` or ``mixed`` subgraph on the CPU
+            runs in PyTorch unless the runtime chosen for it is timed faster than PyTorch
+            itself by the speed margin (:mod:`embedl_dynamo.tuning.beat_eager`); False keeps
+            the runtime without timing PyTorch.
     """
 
     runtime: str = "auto"
@@ -144,6 +148,7 @@ class Settings:
     progress: bool | None = None
     weight_only_group_size: int = 128
     weight_only_symmetric: bool | None = None
+    beat_eager: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.runtime, str) or not self.runtime:
@@ -160,6 +165,7 @@ class Settings:
                 _int(name, getattr(self, name), 1)
         _bool("dynamic_batch", self.dynamic_batch)
         _bool("calibration_cache", self.calibration_cache)
+        _bool("beat_eager", self.beat_eager)
         budget = self.accuracy_budget
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 1:
             raise ValueError(

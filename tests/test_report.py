@@ -42,7 +42,7 @@ class TestFirstScreen(expecttest.TestCase):
             _normalised(text),
             """\
 embedl_dynamo: 1 subgraph, 1 compiled (onnxruntime), 0 in PyTorch; compile <t> s
-  subgraph 0: compiled on onnxruntime (backend onnxruntime, 37 ops, 13 rewrites, <t> s)
+  subgraph 0: compiled on onnxruntime (backend onnxruntime, 37 ops, 13 rewrites, <t> s): auto: onnxruntime, timed fastest here (onnxruntime 1.00 ms, eager 4.00 ms)
 rewrites: conv_bn_add_relu x4, conv_bn_relu x4, adaptive_avg_pool x1, conv x1, conv_bn x1, flatten_linear x1, +1 kinds
 precision: fp32
 full plan: print(report[i].plan)""",

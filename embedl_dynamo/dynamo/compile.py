@@ -11,7 +11,10 @@ Per subgraph Dynamo hands over (the runtime is routed first,
 3. :func:`~embedl_dynamo.graph.freeze.freeze`, :func:`~embedl_dynamo.pipeline.run_pipeline`,
    then the runtime is built through the artifact cache (:mod:`embedl_dynamo.runtimes`);
 4. if export or the runtime fails, ``fallback="eager"`` runs the graph in PyTorch and the
-   report says why; ``fallback="raise"`` raises.
+   report says why; ``fallback="raise"`` raises;
+5. under ``runtime="auto"``, a runtime timed no faster than PyTorch running the graph leaves it
+   in PyTorch, with one warning and both times in the report
+   (:mod:`embedl_dynamo.tuning.beat_eager`).
 
 With a warm cache a subgraph keyed before transformation loads its artifact without re-running
 the pipeline; INT8 without calibration data calibrates on the first real calls.
@@ -48,12 +51,12 @@ from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
-from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.conformance import kept_in_pytorch
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import AUTO
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.beat_eager import times_eager
 from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.int8_speed import compare_with_float
 from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
@@ -134,9 +137,9 @@ def compile_subgraph(
 
     alias_key = alias_key_of(job, graph)
     if alias_key is not None:
-        infer = start_warm(job, graph, alias_key)
-        if infer is not None:
-            return wrap(infer)
+        warm = start_warm(job, graph, alias_key)
+        if warm is not None:  # its infer is None where eager beat the runtimes
+            return wrap(warm.infer)
 
     job.settings = _fit_calibration(job, graph)
     result = _transform(job, graph)
@@ -281,6 +284,9 @@ def _build(
         except Exception as float_exc:
             return _runtime_failed(job, _label(job, float_model), float_exc)
     report = job.report
+    if report.status == "eager":  # PyTorch beat the runtimes: the original graph runs
+        runtime.deactivate()
+        return None
     report.runtime = runtime.name
     report.cached = runtime.from_cache
     report.runtime_info = dict(runtime.build_info)
@@ -319,7 +325,9 @@ def _judged_runtime(
     """``model`` built on the fastest of its runtimes, its artifact judged against the graph
     before any rewrite (:func:`~embedl_dynamo.tuning.judge.judge_against`: a float one on the
     build sample, a lower-precision one within ``accuracy_budget``). An artifact ``mixed`` held to the
-    budget on this runtime in this compile (the report's ``judged``) is not judged again."""
+    budget on this runtime in this compile (the report's ``judged``) is not judged again.
+    Where eager beat the runtimes, the report says so (status ``eager``) and the runtime
+    returned is PyTorch's, which the caller does not serve."""
     settings, report = job.settings, job.report
     judged = result.report.get("judged") if model is result.model else None
     options = run_options(model, float_model, job.runtime_cls, job.timed, settings.precision)
@@ -329,15 +337,19 @@ def _judged_runtime(
     judge = judge_against(job.original, job.inputs, lower)
     half = choose_half_form(model, float_model, job.runtime_cls, job.original, job.inputs,
                             settings, job.axes)  # fmt: skip
+    eager = job.original if times_eager(settings, job.on_cuda) else None  # it must beat eager
     if half is not None:  # bf16/fp16 on OpenVINO: the typed graph or the f32 graph + hint
         runtime = half.runtime
         report.reason = "; ".join(r for r in (report.reason, half.note) if r)
-    elif len(options) > 1:
-        choice = fastest(options, job.inputs, settings, job.axes, judge)
+    elif len(options) > 1 or eager is not None:
+        choice = fastest(options, job.inputs, settings, job.axes, judge, eager)
         runtime = choice.runtime
         report.reason = "; ".join(r for r in (report.reason, choice.note) if r)
+        if choice.eager is not None:
+            job.eager_won(choice.eager, choice.note)
+            return runtime
         if choice.option.model is not model:  # the float graph beat the mixed one
-            _record_float_won(report, choice.note)
+            job.float_won(choice.note)
             float_model = None
     else:
         runtime = options[0].runtime(settings, job.axes).build(model, job.inputs, judge)
@@ -385,14 +397,3 @@ def _judged_already(runtime: Runtime, judged: dict[str, str] | None) -> bool:
         and judged["runtime"] == runtime.name
         and judged["artifact"] == runtime.key()
     )
-
-
-def _record_float_won(report: SubgraphReport, note: str) -> None:
-    """The float graph on another runtime beat the mixed one: its layers run fp32."""
-    report.pipeline = dict(report.pipeline, quantized=False)
-    report.pipeline.pop("quantization", None)
-    report.pipeline.pop("judged", None)
-    report.pipeline["layers"] = [
-        dict(r, precision="fp32", reason=f"the float graph ran faster ({note})")
-        for r in report.pipeline.get("layers", [])
-    ]

@@ -1,7 +1,7 @@
 """Which ONNX artifact a Dynamo subgraph (keyed before any transformation) compiled to.
 
 A warm start looks the subgraph up by its source key and skips the pipeline when the alias
-names an artifact still in the cache.
+names an artifact still in the cache, or says that eager beat the runtimes (no artifact).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from embedl_dynamo.cache.keys import is_content_key
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.settings import Settings
 
 __all__ = ["forget_alias", "lookup_alias", "store_alias"]
@@ -29,7 +30,8 @@ def lookup_alias(source_key: str, settings: Settings) -> dict[str, Any] | None:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not is_content_key(data.get("onnx_key")):
+    eager = isinstance(data, dict) and data.get("runtime") == EagerRuntime.name  # no artifact
+    if not isinstance(data, dict) or not (eager or is_content_key(data.get("onnx_key"))):
         logger.warning("ignoring malformed subgraph alias %s; rebuilding", path.name)
         cache.remove(source_key, ".json")
         return None

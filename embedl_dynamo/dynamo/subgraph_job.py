@@ -25,6 +25,7 @@ from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.registry import runtime_candidates
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.beat_eager import EagerSpeed, warn_eager_faster
 from embedl_dynamo.tuning.routing import cpu_precision_route, int8_route, precision_route
 
 __all__ = ["SubgraphJob", "route_subgraph"]
@@ -74,6 +75,28 @@ class SubgraphJob:
         record(self.report)
         logger.info("subgraph %d stays in PyTorch: %s", self.report.index, reason)
         return fn
+
+    def float_won(self, note: str, what: str = "the float graph") -> None:
+        """The float graph on another runtime (or in PyTorch) beat the mixed one: its layers
+        run fp32."""
+        pipeline = dict(self.report.pipeline, quantized=False)
+        pipeline.pop("quantization", None)
+        pipeline.pop("judged", None)
+        pipeline["layers"] = [
+            dict(r, precision="fp32", reason=f"{what} ran faster ({note})")
+            for r in pipeline.get("layers", [])
+        ]
+        self.report.pipeline = pipeline
+
+    def eager_won(self, speed: EagerSpeed, note: str) -> None:
+        """PyTorch beat every runtime (:mod:`~embedl_dynamo.tuning.beat_eager`): the original
+        graph runs; the report gives both times (``note``) and one warning says it."""
+        report = self.report
+        report.status, report.runtime, report.reason = "eager", "eager", note
+        if report.pipeline.get("quantized"):  # mixed: its INT8 layers do not run
+            self.float_won(note, "PyTorch")
+        report.pipeline = dict(report.pipeline, eager_speed=speed.to_dict())
+        warn_eager_faster(speed, report.index)
 
 
 def route_subgraph(

@@ -12,7 +12,9 @@ versions is used as built, and the report says where it was made (``decided on <
 
 A float artifact is checked against the frozen graph on the example inputs, as at its build; a
 lower-precision one was held to ``accuracy_budget`` when it was built (the report keeps that
-verdict) and is checked to give finite outputs here.
+verdict) and is checked to give finite outputs here. A subgraph that eager beat the runtimes on
+(:mod:`embedl_dynamo.tuning.beat_eager`) has an alias that says so, with both times: its warm
+start runs the original graph in PyTorch, builds nothing and times nothing.
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes import Runtime
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.beat_eager import EagerSpeed, warn_eager_faster
 from embedl_dynamo.tuning.int8_speed import Int8Speed, warn_if_slower
 from embedl_dynamo.tuning.judge import check_finite, judge_artifact
 from embedl_dynamo.tuning.runtime_choice import cpu_name
@@ -105,11 +109,12 @@ class WarmStart:
     """What :func:`warm_start` loaded: the callable, and the INT8 input bounds to watch.
 
     Attributes:
-        infer: the runtime's served callable.
+        infer: the runtime's served callable; None where eager beat the runtimes (the
+            original graph runs).
         input_bounds: graph input position -> the largest magnitude calibration saw there.
     """
 
-    def __init__(self, infer: Callable[..., Any], input_bounds: dict[int, float]) -> None:
+    def __init__(self, infer: Callable[..., Any] | None, input_bounds: dict[int, float]) -> None:
         self.infer = infer
         self.input_bounds = input_bounds
 
@@ -136,6 +141,16 @@ def warm_start(
         return None
     if alias is None:
         return None
+    if alias.get("runtime") == EagerRuntime.name:  # eager beat the runtimes: nothing to build
+        try:
+            EagerSpeed.from_dict((alias.get("pipeline") or {})["eager_speed"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.warning("subgraph %d: eager decision unusable (%s); compiling",
+                           report.index, error_line(exc))  # fmt: skip
+            return None
+        report.status, report.runtime = "eager", EagerRuntime.name
+        _fill_report(report, alias, runtimes[0])
+        return WarmStart(None, {})
     by_name = {cls.name: cls for cls in runtimes}
     runtime_cls = by_name.get(str(alias.get("runtime", OnnxRuntime.name)))
     if runtime_cls is None or not runtime_cls.is_available():
@@ -156,12 +171,17 @@ def warm_start(
         return None
     report.runtime, report.cached = runtime.name, True
     report.runtime_info = dict(runtime.build_info)
+    _fill_report(report, alias, runtime_cls)
+    bounds = {int(k): float(v) for k, v in (alias.get("input_bounds") or {}).items()}
+    return WarmStart(runtime.serve(), bounds)
+
+
+def _fill_report(report: SubgraphReport, alias: dict[str, Any], runtime_cls: type[Runtime]) -> None:
+    """The report of a warm start from what the alias stored (no graph is kept for it)."""
     report.pipeline = dict(alias.get("pipeline") or {})
     report.plan = PlanSnapshot.from_dicts(alias.get("plan") or [])  # rows, never the graph
     report.reason = str(alias.get("reason") or report.reason)
     report.loaded = _where_decided(alias.get("decided"), runtime_cls)
-    bounds = {int(k): float(v) for k, v in (alias.get("input_bounds") or {}).items()}
-    return WarmStart(runtime.serve(), bounds)
 
 
 def _judge_loaded(
@@ -192,14 +212,21 @@ def _where_decided(decided: Any, runtime_cls: type[Runtime]) -> str:
 
 
 def remember_build(job: SubgraphJob, alias_key: str | None) -> None:
-    """Store the alias a warm start loads: the artifact, its runtime, the report's plan rows,
-    pipeline summary and reason, the INT8 input bounds, and where it was decided."""
+    """Store the alias a warm start loads: the artifact (none where eager beat the runtimes),
+    its runtime, the report's plan rows, pipeline summary and reason, the INT8 input bounds,
+    and where it was decided."""
     report = job.report
     built = report.status == "compiled" and report.runtime_info.get("key")
-    runtime_cls = runtime_classes().get(report.runtime)
-    if alias_key is None or not built or runtime_cls is None:
+    eager = report.status == "eager" and "eager_speed" in report.pipeline
+    # an eager decision: where the warm start reads it (start_warm's first runtime)
+    runtime_cls = (
+        (job.timed or [job.runtime_cls])[0] if eager else runtime_classes().get(report.runtime)
+    )
+    if alias_key is None or not (built or eager) or runtime_cls is None:
         return
-    alias = {"onnx_key": report.runtime_info["key"], "runtime": report.runtime}
+    alias = {"runtime": report.runtime}
+    if built:
+        alias["onnx_key"] = report.runtime_info["key"]
     alias["plan"] = report.plan.summary()["matches"] if report.plan is not None else []
     alias["pipeline"] = _storable(report.pipeline)
     alias["reason"] = report.reason
@@ -233,22 +260,23 @@ def alias_key_of(job: SubgraphJob, frozen: fx.GraphModule) -> str | None:
     return source_key(frozen, job.inputs, job.axes, job.backend, job.settings, calibration)
 
 
-def start_warm(
-    job: SubgraphJob, frozen: fx.GraphModule, alias_key: str
-) -> Callable[..., Any] | None:
-    """The runtime's infer from the warm cache (the report recorded), or None."""
+def start_warm(job: SubgraphJob, frozen: fx.GraphModule, alias_key: str) -> WarmStart | None:
+    """What the warm cache holds for the subgraph (the report recorded): the runtime's infer,
+    or None as it where eager beat the runtimes; None when nothing usable is cached."""
     runtimes = job.timed or [job.runtime_cls]
     report = job.report
     loaded = warm_start(alias_key, frozen, job.inputs, job.axes, job.settings, report, runtimes)
     if loaded is None:
         return None
-    report.status = "compiled"
+    report.status = report.status or "compiled"
     report.compile_s = time.perf_counter() - job.start
     record(report)
     logger.info("%s", report)
     speed = report.pipeline.get("int8_speed")
     if isinstance(speed, dict):  # a slower INT8 is said on every start, as at its build
         warn_if_slower(Int8Speed.from_dict(speed), report.index)
-    if loaded.input_bounds:
-        return watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
-    return loaded.infer
+    if loaded.infer is None:  # eager beat the runtimes: said on every start, as at its decision
+        warn_eager_faster(EagerSpeed.from_dict(report.pipeline["eager_speed"]), report.index)
+    if loaded.infer is not None and loaded.input_bounds:
+        loaded.infer = watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
+    return loaded

@@ -111,7 +111,7 @@ def settle(
         # the per-layer set failed; INT8 everywhere holds
         layers.int8, layers.cosine = every, full_cosine
     lower = {"mixed", "int8", INT8_FP32_REST, layers.rest} - {"fp32"}
-    best = fastest_of(timed.timings, lower_precision=lower)
+    best = fastest_of(timed.timings, must_beat=lower)
     timing = timed.shown()
     if best in ("fp32", layers.rest) and layers.int8:
         if timed.refused and "int8" not in timed.timings:

@@ -16,6 +16,10 @@ which one did:
   only the winner and measures nothing;
 * a family rule (a large transformer's float graph: OpenVINO first) builds the leader alone and
   stops there when it builds.
+
+Given the graph before any rewrite, :func:`fastest` times PyTorch running it with the options,
+and the winner must beat it by the margin or eager wins (:mod:`.beat_eager`); the decision is
+cached with the others.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
+from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.reference import graph_outputs
 from embedl_dynamo.settings import Settings
+from embedl_dynamo.tuning.beat_eager import EAGER, EagerSpeed, compiled_beats_eager
 from embedl_dynamo.tuning.judge import judge_artifact
 from embedl_dynamo.tuning.runtime_rules import architecture_key, family_rule
 from embedl_dynamo.tuning.timer import fastest_of, time_options
@@ -80,12 +86,15 @@ class RunOption:
 @dataclass
 class RuntimeChoice:
     """The winning option, its built and active runtime, the medians per option label (ms;
-    empty when the choice came from the cache or nothing was timed) and a note for the report."""
+    empty when the choice came from the cache or nothing was timed) and a note for the report;
+    ``eager`` is set when PyTorch beat the runtimes (the option is eager's: the graph before
+    any rewrite, which the caller runs as it is)."""
 
     option: RunOption
     runtime: Runtime
     timings: dict[str, float]
     note: str
+    eager: EagerSpeed | None = None
 
 
 @lru_cache(maxsize=1)
@@ -122,19 +131,23 @@ class _Builder:
         judge: ArtifactJudge = judge_artifact,
     ) -> None:
         self.inputs, self.settings, self.axes, self.judge = inputs, settings, axes, judge
+        self.options = options
         self.outputs: dict[int, tuple[torch.Tensor, ...]] = {}
         self.exported: dict[int, OnnxArtifact] = {}
-        for o in options:
-            if id(o.model) not in self.exported:
-                in_memory = any(
-                    p.runtime.builds_from_memory()
-                    for p in options
-                    if p.model is o.model and issubclass(p.runtime, OnnxArtifactRuntime)
-                )
-                self.exported[id(o.model)] = onnx_artifact(
-                    o.model, list(inputs), settings, axes,
-                    reference=lambda m=o.model: self.outputs_of(m), in_memory=in_memory,
-                )  # fmt: skip
+
+    def exported_of(self, model: fx.GraphModule) -> OnnxArtifact:
+        """``model``'s ONNX artifact, exported once for every option that builds it."""
+        if id(model) not in self.exported:
+            in_memory = any(
+                p.runtime.builds_from_memory()
+                for p in self.options
+                if p.model is model and issubclass(p.runtime, OnnxArtifactRuntime)
+            )
+            self.exported[id(model)] = onnx_artifact(
+                model, list(self.inputs), self.settings, self.axes,
+                reference=lambda: self.outputs_of(model), in_memory=in_memory,
+            )  # fmt: skip
+        return self.exported[id(model)]
 
     def outputs_of(self, model: fx.GraphModule) -> tuple[torch.Tensor, ...]:
         """``model``'s outputs on the sample, computed once."""
@@ -146,26 +159,36 @@ class _Builder:
         """``option``'s runtime, built (raises what the build raises)."""
         runtime = option.runtime(self.settings, self.axes)
         if isinstance(runtime, OnnxArtifactRuntime):
-            runtime.use_artifact(self.exported[id(option.model)])
+            runtime.use_artifact(self.exported_of(option.model))
         if id(option.model) in self.outputs:
             runtime.share_reference(option.model, self.inputs, self.outputs[id(option.model)])
         return runtime.build(option.model, self.inputs, self.judge)
 
 
-def _load(cache: ArtifactCache | None, key: str, labels: set[str]) -> str | None:
-    def read(document: dict[str, Any]) -> str:
+def _load(
+    cache: ArtifactCache | None, key: str, labels: set[str]
+) -> tuple[str, EagerSpeed | None] | None:
+    def read(document: dict[str, Any]) -> tuple[str, EagerSpeed | None]:
         label = document["option"]
         if document.get("format") != _FORMAT or label not in labels:
             raise ValueError(f"format {document.get('format')!r}, option {label!r}")
-        return label
+        return label, EagerSpeed.from_dict(document["eager"]) if label == EAGER else None
 
     return None if cache is None else cache.get_json(key, read, "runtime choice", "timing again")
 
 
-def _store(cache: ArtifactCache | None, key: str, winner: str, timings: dict[str, float]) -> None:
+def _store(
+    cache: ArtifactCache | None,
+    key: str,
+    winner: str,
+    timings: dict[str, float],
+    eager: EagerSpeed | None,
+) -> None:
     if cache is None:
         return
     document = {"format": _FORMAT, "option": winner, "ms": timings, "cpu": cpu_name()}
+    if eager is not None:
+        document["eager"] = eager.to_dict()
     try:
         cache.put(key, json.dumps(document, indent=1).encode(), ".json",
                   meta={"kind": "runtime choice"})  # fmt: skip
@@ -178,17 +201,19 @@ def _cached_choice(
 ) -> RuntimeChoice | None:
     """The cached winner, built alone (None: nothing cached, or it no longer builds)."""
     by_label = {o.label: o for o in options}
-    cached = _load(cache, key, set(by_label)) if len(options) > 1 else None
-    if cached is None:
+    loaded = _load(cache, key, set(by_label)) if len(options) > 1 else None
+    if loaded is None:
         return None
+    cached, eager = loaded
     option = by_label[cached]
     try:
         runtime = builder.build(option)
-    except Exception as exc:
-        logger.warning("cached runtime choice %s failed to build (%s); timing again", cached, exc)
+    except Exception as exc:  # the others are timed; where none builds, the caller says so
+        logger.info("cached runtime choice %s failed to build (%s); timing again", cached, exc)
         return None
-    note = f"auto: {cached} (cached decision for this architecture on this CPU; not timed)"
-    return RuntimeChoice(option, runtime, {}, note)
+    how = "cached decision for this architecture on this CPU; not timed"
+    note = f"{eager.reason} ({how})" if eager is not None else f"auto: {cached} ({how})"
+    return RuntimeChoice(option, runtime, {}, note, eager)
 
 
 def _by_rule(options: Sequence[RunOption], builder: _Builder) -> RuntimeChoice | str | None:
@@ -233,6 +258,7 @@ def fastest(
     settings: Settings,
     axes: DynamicAxes | None = None,
     judge: ArtifactJudge = judge_artifact,
+    eager: fx.GraphModule | None = None,
 ) -> RuntimeChoice:
     """The cached decision, else the family rule's leader, else every option built and the
     fastest kept (see the module docstring).
@@ -245,6 +271,8 @@ def fastest(
         axes: the dynamic axes of the artifacts.
         judge: the verdict on each artifact's outputs on the sample (see
             :func:`~embedl_dynamo.tuning.judge.judge_against`).
+        eager: the graph before any rewrite: PyTorch running it is timed with the options
+            (even one), and the winner must beat it (:mod:`.beat_eager`); None: not timed.
 
     Returns:
         The :class:`RuntimeChoice`.
@@ -253,39 +281,56 @@ def fastest(
         Exception: what the last option raised, when none of them builds.
     """
     builder = _Builder(options, inputs, settings, axes, judge)
-    architectures = {id(o.model): architecture_key(o.model, inputs, repr(axes)) for o in options}
+    contest = [*options, RunOption(EAGER, EagerRuntime, eager)] if eager is not None else options
+    architectures = {id(o.model): architecture_key(o.model, inputs, repr(axes)) for o in contest}
     key = content_key(
         _NAMESPACE, _FORMAT,
-        [[o.label, o.runtime.name, architectures[id(o.model)]] for o in options],
+        [[o.label, o.runtime.name, architectures[id(o.model)]] for o in contest],
         settings.num_threads, library_versions(o.runtime for o in options), cpu_name(),
     )  # fmt: skip
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
     except OSError:
         cache = None
-    cached = _cached_choice(options, builder, cache, key)
+    cached = _cached_choice(contest, builder, cache, key)
     if cached is not None:
         return cached
-    ruled = _by_rule(options, builder)
+    ruled = _by_rule(options, builder)  # a rule's graph: eager is not timed
     if isinstance(ruled, RuntimeChoice):
         return ruled
     built = _build_all([o for o in options if o.label != ruled], builder)
-    if len(built) == 1:
-        (winner,) = built
-        timings: dict[str, float] = {}
-    else:
-        timings = measure_runtimes(built, inputs)
-        lower = {o.label for o in options if o.lower_precision}
-        winner = fastest_of({label: timings[label] for label in built}, lower)
-        _store(cache, key, winner, timings)
+    if eager is not None:
+        built[EAGER] = builder.build(contest[-1])
+    winner, timings, beaten = _timed_winner(contest, built, inputs)
+    if timings:
+        _store(cache, key, winner, timings, beaten)
     for label, runtime in built.items():
         if label != winner:
             runtime.deactivate()
     shown = ", ".join(f"{n} {ms:.2f} ms" for n, ms in sorted(timings.items(), key=lambda t: t[1]))
     note = f"auto: {winner}, timed fastest here ({shown})" if timings else f"auto: {winner}"
+    note = beaten.reason if beaten is not None else note
     logger.info("%s", note)
-    option = next(o for o in options if o.label == winner)
-    return RuntimeChoice(option, built[winner], timings, note)
+    option = next(o for o in contest if o.label == winner)
+    return RuntimeChoice(option, built[winner], timings, note, beaten)
+
+
+def _timed_winner(
+    contest: Sequence[RunOption], built: dict[str, Runtime], inputs: Sequence[torch.Tensor]
+) -> tuple[str, dict[str, float], EagerSpeed | None]:
+    """The winner among the ``built`` options of the ``contest``, their medians (none when one
+    was built) and, where eager won, the fastest runtime's and eager's medians: eager wins
+    unless that runtime beats it by the margin (:func:`~.beat_eager.compiled_beats_eager`)."""
+    if len(built) == 1:
+        (winner,) = built
+        return winner, {}, None
+    timings = measure_runtimes(built, inputs)
+    lower = {o.label for o in contest if o.lower_precision}
+    winner = fastest_of({label: timings[label] for label in built if label != EAGER}, lower)
+    if EAGER not in built:
+        return winner, timings, None
+    speed = EagerSpeed(winner, timings[winner], timings[EAGER])
+    return (winner, timings, None) if compiled_beats_eager(speed) else (EAGER, timings, speed)
 
 
 def run_options(

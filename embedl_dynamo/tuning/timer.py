@@ -9,7 +9,8 @@ Every choice made by measuring speed (the runtime among several CPU runtimes, th
   :data:`MIN_ROUNDS`, at most :data:`MAX_ROUNDS`), or sooner once every round ranked the same
   option first by :data:`CLEAR` (large graphs: a few rounds settle it, and more would only
   lengthen the compile), or when there is one option only. The statistic is each option's median.
-* :func:`fastest_of`: the fastest of timed options, where a lower precision must take at most
+* :func:`fastest_of`: the fastest of timed options, where a challenger (a lower precision
+  against float, a compiled runtime against PyTorch itself) must take at most
   :data:`~embedl_dynamo.tuning.judge.LOWER_PRECISION_MARGIN` of the time of the others, so timing
   noise cannot pick it; ties favour the earlier option.
 """
@@ -73,13 +74,14 @@ def time_options(
     return {name: statistics.median(v) * 1000.0 for name, v in samples.items()}
 
 
-def fastest_of(timings: Mapping[str, float], lower_precision: Collection[str] = ()) -> str:
-    """The fastest option; one in ``lower_precision`` must take at most
+def fastest_of(timings: Mapping[str, float], must_beat: Collection[str] = ()) -> str:
+    """The fastest option; one in ``must_beat`` must take at most
     :data:`~embedl_dynamo.tuning.judge.LOWER_PRECISION_MARGIN` of another's time to beat it.
 
     Args:
         timings: name -> time (any unit), best first: ties favour the earlier.
-        lower_precision: the names of lower-precision options (INT8, mixed, ...).
+        must_beat: the names of the challengers: lower-precision options (INT8, mixed, ...)
+            against float, a compiled runtime against eager (:mod:`.beat_eager`).
 
     Returns:
         The winning name.
@@ -91,7 +93,7 @@ def fastest_of(timings: Mapping[str, float], lower_precision: Collection[str] = 
         raise ValueError("no timed option to choose from; time at least one option first")
 
     def score(name: str) -> float:
-        margin = LOWER_PRECISION_MARGIN if name in lower_precision else 1.0
+        margin = LOWER_PRECISION_MARGIN if name in must_beat else 1.0
         return timings[name] / margin
 
     return min(timings, key=score)
