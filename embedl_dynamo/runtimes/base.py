@@ -377,8 +377,9 @@ class Served:
 
     A first call on the very sample :meth:`Runtime.check_artifact` ran (the same tensor
     objects, unmodified: Dynamo calls the compiled graph with the inputs it compiled it for)
-    returns the outputs the check computed. :meth:`writing_in_place` gives the callable that
-    lets the runtime write some outputs straight into their inputs.
+    returns the outputs the check computed, if they are the kind of tensor the call makes
+    (:func:`_made_like_this_call`). :meth:`writing_in_place` gives the callable that lets the
+    runtime write some outputs straight into their inputs.
     """
 
     def __init__(
@@ -402,10 +403,25 @@ class Served:
         checked, self._checked = self._checked, None
         if checked is not None:
             sample, versions, outputs = checked
-            if len(args) == len(sample) and all(
-                a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
+            if (
+                len(args) == len(sample)
+                and all(a is s and _version(a) == v for a, s, v in zip(args, sample, versions))
+                and _made_like_this_call(outputs)
             ):
                 return outputs
         if self.in_place:
             return self.runtime.infer(*args, in_place=self.in_place)
         return self.runtime.infer(*args)
+
+
+def _made_like_this_call(outputs: Sequence[Any]) -> bool:
+    """Whether tensors made before this call are what it makes: inference tensors under
+    ``torch.inference_mode``, ordinary ones outside it, as eager's ops would return.
+
+    Dynamo compiles outside inference mode, so the check's outputs are ordinary tensors even
+    when the call that triggered the compile runs under it. Handed to the caller, they become
+    a model's state (a KV cache, the cache's lazily made tensors), and Dynamo's guards on the
+    dispatch keys of the next call's inputs then fail on every later call's inference tensors:
+    each compiled graph was built again in the second ``generate()`` under inference mode."""
+    inference = torch.is_inference_mode_enabled()
+    return all(t.is_inference() == inference for t in outputs if isinstance(t, torch.Tensor))
