@@ -90,14 +90,16 @@ def test_a_static_cache_decoder_builds_per_shape_class():
 def test_an_encoder_decoder_builds_nothing_in_its_second_generate(make):
     """T5 and BART: the first greedy ``generate()`` builds the graphs of the first decoding
     step (which fills the cross-attention cache), the second and the later steps; a second
-    ``generate()`` of another prompt of the same length builds none."""
+    ``generate()`` of another prompt of the same length builds none, nor does one of more
+    tokens (the later steps' graph already takes any cache length)."""
     eager, model = _compiled(make)
     built = []
-    for ids in (_prompt(10), _prompt(10, 2)):
+    for ids, new_tokens in ((_prompt(10), NEW_TOKENS), (_prompt(10, 2), NEW_TOKENS),
+                            (_prompt(10), NEW_TOKENS + 3)):  # fmt: skip
         before = _graphs()
-        assert torch.equal(_generate(model, ids, NEW_TOKENS), _generate(eager, ids, NEW_TOKENS))
+        assert torch.equal(_generate(model, ids, new_tokens), _generate(eager, ids, new_tokens))
         built.append(_graphs() - before)
-    assert built == [3, 0], built
+    assert built == [3, 0, 0], built
 
 
 class _Step(nn.Module):
