@@ -21,7 +21,7 @@ from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
-from embedl_dynamo.runtimes.base import Served
+from embedl_dynamo.runtimes.served import Served
 from embedl_dynamo.settings import Settings
 
 __all__ = [

@@ -31,6 +31,7 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.reference import graph_outputs
+from embedl_dynamo.runtimes.served import CheckedCall, Served, tensor_version
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ __all__ = [
     "LayerProfiler",
     "PROFILE_WARMUP_RUNS",
     "Runtime",
-    "Served",
     "package_version",
     "target_device",
 ]
@@ -84,12 +84,6 @@ ArtifactJudge = Callable[
 ]
 
 
-def _version(tensor: torch.Tensor) -> int:
-    """The tensor's version counter (bumped by in-place changes); -1 for an inference tensor,
-    which has none (nothing runs between Dynamo's compile and its first call to modify it)."""
-    return -1 if tensor.is_inference() else tensor._version
-
-
 class Runtime(ABC):
     """One way to run a transformed graph. Subclasses set :attr:`name` and implement the hooks.
 
@@ -127,7 +121,7 @@ class Runtime(ABC):
         self.judge: ArtifactJudge | None = None  # given to build(); None: nothing is judged
         self._reference: tuple[tuple[int, ...], tuple[torch.Tensor, ...]] | None = None
         # (sample, its version counters, the artifact's outputs on it) from check_artifact
-        self._checked_call: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None
+        self._checked_call: CheckedCall | None = None
 
     # facts --------------------------------------------------------------------------------
     @classmethod
@@ -277,7 +271,7 @@ class Runtime(ABC):
             reference = lambda: self.reference_outputs(gm, example_inputs)  # noqa: E731
             self.judge(gm, reference, actual, what, self.float_rtol)
         sample = tuple(example_inputs)
-        self._checked_call = (sample, tuple(map(_version, sample)), actual)
+        self._checked_call = (sample, tuple(map(tensor_version, sample)), actual)
 
     @abstractmethod
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
@@ -370,42 +364,3 @@ class Runtime(ABC):
             raise ValueError(f"not a {cls.name!r} state with an artifact: {dict(state)}")
         settings = Settings(num_threads=state.get("num_threads"))
         return cls.load_artifact(Path(artifact), settings, **dict(state.get("options") or {}))
-
-
-class Served:
-    """What a compiled model calls: its runtime's :meth:`Runtime.infer`.
-
-    A first call on the very sample :meth:`Runtime.check_artifact` ran (the same tensor
-    objects, unmodified: Dynamo calls the compiled graph with the inputs it compiled it for)
-    returns the outputs the check computed. :meth:`writing_in_place` gives the callable that
-    lets the runtime write some outputs straight into their inputs.
-    """
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        checked: tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]] | None = None,
-        in_place: Mapping[int, int] | None = None,
-    ) -> None:
-        self.runtime = runtime
-        self.in_place = dict(in_place or {})
-        self._checked = checked
-
-    def writing_in_place(self, in_place: Mapping[int, int]) -> Served:
-        """This callable, with the outputs ``in_place`` maps to (input position -> output
-        position, negative from the end) written into their inputs' tensors where the runtime
-        can (:meth:`Runtime.infer`). The checked first call moves to the new callable."""
-        checked, self._checked = self._checked, None
-        return Served(self.runtime, checked, in_place)
-
-    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        checked, self._checked = self._checked, None
-        if checked is not None:
-            sample, versions, outputs = checked
-            if len(args) == len(sample) and all(
-                a is s and _version(a) == v for a, s, v in zip(args, sample, versions)
-            ):
-                return outputs
-        if self.in_place:
-            return self.runtime.infer(*args, in_place=self.in_place)
-        return self.runtime.infer(*args)

@@ -12,7 +12,7 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.dynamo.compiled_call import WEIGHT_SETS
-from embedl_dynamo.runtimes.base import Served
+from embedl_dynamo.runtimes.served import Served
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import TinyConvNet
 

@@ -160,6 +160,24 @@ def test_the_first_served_call_on_the_checked_sample_reuses_the_checks_outputs(
     assert len(runs) == before + 1
 
 
+def test_a_first_served_call_under_inference_mode_returns_inference_tensors(
+    transformed, tmp_path, monkeypatch
+):
+    """Dynamo builds outside inference mode, so the check's outputs are ordinary tensors; a
+    first call under ``torch.inference_mode`` runs again rather than return them (as a KV
+    cache they failed Dynamo's dispatch-key guards on every later ``generate()``)."""
+    model, gm, x = transformed
+    runs = []
+    real = OnnxRuntime._infer
+    monkeypatch.setattr(OnnxRuntime, "_infer", lambda self, a: runs.append(1) or real(self, a))
+    rt = OnnxRuntime(_settings(tmp_path)).build(gm, [x])
+    assert len(runs) == 1 and not torch.is_inference_mode_enabled()
+    with torch.inference_mode():
+        (first,) = rt.serve()(x)
+    assert len(runs) == 2 and first.is_inference()
+    torch.testing.assert_close(first, model(x).detach(), rtol=1e-4, atol=1e-5)
+
+
 def test_onnxruntime_second_runtime_uses_cache(transformed, tmp_path):
     _, gm, x = transformed
     OnnxRuntime(_settings(tmp_path)).build(gm, [x])

@@ -48,12 +48,7 @@ from torch import fx
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.runtimes.base import (
-    PROFILE_WARMUP_RUNS,
-    LayerProfiler,
-    Served,
-    package_version,
-)
+from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (
     compile_openvino,
@@ -61,6 +56,7 @@ from embedl_dynamo.runtimes.openvino.compile import (
     openvino_cause,
 )
 from embedl_dynamo.runtimes.openvino.compiled_cache import compile_or_import
+from embedl_dynamo.runtimes.served import Served
 from embedl_dynamo.settings import Settings
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
