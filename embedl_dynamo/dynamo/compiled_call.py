@@ -375,7 +375,7 @@ def watch_calibrated_ranges(
             for position, bound in bounds.items():
                 tensor = inputs[position]
                 peak = _peak(tensor)
-                if peak > OUT_OF_RANGE * max(bound, 1e-12):
+                if OUT_OF_RANGE * max(bound, 1e-12) < peak < float("inf"):  # inf: refused
                     warned = True
                     warnings.warn(
                         f"subgraph {index}: input {position} reaches {peak:.3g}, "
