@@ -7,6 +7,7 @@ the op's input dtype says ``exact`` or ``bounded``.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Iterable
 
@@ -40,7 +41,19 @@ def op_name(node: fx.Node) -> str | None:
     name = getattr(node.target, "__name__", None) or str(node.target)
     if name == "embedding" and _max_norm(node) is not None:
         return "embedding_renorm_"  # rescales the weight's rows in place first: another op
+    if name in ("floordiv", "floor_divide") and _plain_divisor(node):
+        return "floordiv_by_number"  # neither -1 nor an infinity: another row
+    if name == "div" and node.kwargs.get("rounding_mode") is not None:
+        return f"div(rounding_mode={node.kwargs['rounding_mode']!r})"  # floor or trunc: another op
     return name
+
+
+def _plain_divisor(node: fx.Node) -> bool:
+    """Whether the divisor is a Python number other than 0, -1 and the infinities."""
+    divisor = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, float)):
+        return False
+    return divisor not in (0, -1) and math.isfinite(divisor)
 
 
 def _max_norm(node: fx.Node) -> object:
@@ -96,6 +109,8 @@ def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
         op = op_name(node)
         if op is None or node.meta.get(POSITIONS_META):
             continue  # a scatter's element positions are exact below 2**31 elements
+        if not node.users:
+            continue  # nothing reads its value: no runtime computes it (dead code)
         dtype = _input_dtype(node)
         for runtime in names:
             reason = _judge(op, runtime, dtype)

@@ -78,6 +78,10 @@ _INT_DIV = (
     "integer division by -1 of the smallest int64 ends the process (SIGFPE in ONNX Runtime's "
     "Div), where PyTorch wraps"
 )
+_OV_SATURATES = (
+    "a float infinity converted to another float type gives the largest finite value "
+    "(OpenVINO's Convert saturates)"
+)
 _OV_NAN_GREATER = Rule(Verdict.KEPT, "float", "a NaN compares greater than a number (OpenVINO)")
 _OV_INT_ROW = Rule(Verdict.BOUNDED, "int", _OV_INT)
 # ops that move or pick values (or build them from sizes): exact on every dtype
@@ -106,6 +110,14 @@ _MOVES = (
     ("zeros", ("zeros",), ()),
     ("zeros_like", ("zeros_like",), ()),
     ("arange", ("arange",), ()),
+    ("narrow", ("narrow",), ()),
+    ("t", ("t",), ()),
+    ("reshape_as", ("reshape_as",), ()),
+    ("ones_like", ("ones_like",), ()),
+    ("zero_", ("zero_",), ()),
+    ("fill_", ("fill",), ("fill",)),
+    ("index_add", ("index_add",), ()),
+    ("scatter", ("scatter",), ()),
 )
 # dtype conversions
 # float functions
@@ -116,6 +128,9 @@ _FLOAT_FUNCTIONS = (
     ("sin", ("sin",), ()),
     ("cos", ("cos",), ()),
     ("truediv", ("true_divide",), ("true_divide", "__truediv__")),
+    ("div", ("div.no_rounding_mode",), ()),
+    ("log", ("log",), ()),
+    ("sqrt", ("sqrt",), ()),
     ("batch_norm", ("nn.functional.batch_norm",), ()),
 )
 # integer arithmetic, comparisons and logic: float bounded; integers exact (int32 on OpenVINO)
@@ -135,6 +150,8 @@ _STRUCTURE = (
     ("tensor", "a constant the graph builds from Python numbers: no arithmetic"),
     ("dropout", "the identity at inference; a graph that trains runs eagerly (graph/freeze.py)"),
     ("item", "reads one element as a Python number: no arithmetic"),
+    ("empty", "allocates a tensor whose values PyTorch leaves unspecified"),
+    ("empty_like", "allocates a tensor whose values PyTorch leaves unspecified"),
 )
 _MORE_ROWS: tuple[OpRow, ...] = (
     *(OpRow(op, opinfo, _both(_EXACT), aliases) for op, opinfo, aliases in _MOVES),
@@ -144,15 +161,7 @@ _MORE_ROWS: tuple[OpRow, ...] = (
         ("to",),
         _both(_EXACT),
         ("type_as",),
-        tuple(
-            Difference(
-                "openvino",
-                edge,
-                "a float infinity converted to another float type "
-                "gives the largest finite value (OpenVINO's Convert saturates)",
-            )
-            for edge in ("inf", "-inf")
-        ),
+        tuple(Difference("openvino", edge, _OV_SATURATES) for edge in ("inf", "-inf")),
     ),
     OpRow("embedding", ("nn.functional.embedding",), _both(_EXACT)),
     *(
@@ -163,6 +172,77 @@ _MORE_ROWS: tuple[OpRow, ...] = (
             (f"__{op}__",),
         )
         for op in ("gt", "ge")
+    ),
+    OpRow(
+        "diff",
+        (),  # OpInfo's samples do not export; a decoder's packed-sequence mask does
+        {
+            "onnxruntime": _BOUNDED,
+            "openvino": (Rule(Verdict.KEPT, reason="not checked on OpenVINO"),),
+        },
+        checked_by="dynamo/test_perplexity.py",
+    ),
+    OpRow(
+        "floordiv_by_number",
+        (),  # x // 2: no -1 or infinite divisor; graph/division.py rounds towards -inf
+        _elementwise(),
+        checked_by="graph/test_value_semantics.py",
+    ),
+    OpRow(
+        "double",
+        ("double",),
+        _both(_EXACT),
+        (),
+        tuple(Difference("openvino", edge, _OV_SATURATES) for edge in ("inf", "-inf")),
+    ),
+    OpRow(
+        "long",
+        ("long",),
+        _both(_EXACT),
+        (),
+        tuple(
+            Difference(
+                "openvino",
+                edge,
+                "a NaN or infinity converted to int64 gives int32's smallest value "
+                "(PyTorch int64's; C leaves it undefined)",
+            )
+            for edge in ("nan", "inf", "-inf")
+        ),
+    ),
+    OpRow(
+        "index_put",
+        ("index_put",),
+        _both(_EXACT),
+        (),
+        tuple(
+            Difference(
+                runtime,
+                "ties",
+                "duplicate indices: which value lands PyTorch leaves "
+                "undefined, and the runtimes pick another",
+            )
+            for runtime in CPU_RUNTIMES
+        ),
+    ),
+    OpRow(
+        "exp",
+        ("exp",),
+        {
+            "onnxruntime": (_FLOAT,),
+            "openvino": (Rule(Verdict.KEPT, "float", "exp of NaN gives +inf (OpenVINO)"),),
+        },
+    ),
+    OpRow(
+        "diagonal",
+        ("diagonal",),
+        _both(
+            Rule(
+                Verdict.KEPT,
+                reason="reads other elements than PyTorch (the export's form "
+                "of an offset or non-contiguous input)",
+            )
+        ),
     ),
     OpRow(
         "clamp",
