@@ -53,6 +53,7 @@ _MOVES = (
     ("split", ("split",), ()),
     ("unbind", ("unbind",), ()),
     ("roll", ("roll",), ()),
+    ("flip", ("flip",), ()),
     ("gather", ("gather",), ()),
     ("getitem", ("__getitem__",), ()),
     ("index_copy", ("index_copy",), ()),
