@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, ROWS, OpRow, Rule
+from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, ROWS, STRUCTURAL, OpRow, Rule
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "op-conformance.md"
 START, END = "<!-- table:start (python -m bench.op_conformance_doc) -->", "<!-- table:end -->"
@@ -28,17 +28,24 @@ def _cell(rules: tuple[Rule, ...]) -> str:
     return "; ".join(parts)
 
 
+def _checked(row: OpRow) -> str:
+    """What checks the row: its OpInfo entries, a test file, or ``structural``."""
+    if row.opinfo:
+        return "OpInfo " + ", ".join(row.opinfo)
+    return row.checked_by if row.checked_by == STRUCTURAL else f"`tests/{row.checked_by}`"
+
+
 def markdown_table(rows: Iterable[OpRow] = ROWS) -> str:
     """The table as Markdown: one line per op, a column per runtime, then the reasons."""
     rows = tuple(rows)
     lines = [
-        "| op | OpInfo samples | " + " | ".join(CPU_RUNTIMES) + " |",
+        "| op | checked by | " + " | ".join(CPU_RUNTIMES) + " |",
         "|---|---|" + "---|" * len(CPU_RUNTIMES),
     ]
     notes: dict[str, list[str]] = {}
     for row in rows:
         cells = [_cell(row.rules.get(r, ())) for r in CPU_RUNTIMES]
-        lines.append(f"| `{row.op}` | {', '.join(row.opinfo)} | " + " | ".join(cells) + " |")
+        lines.append(f"| `{row.op}` | {_checked(row)} | " + " | ".join(cells) + " |")
         for runtime in CPU_RUNTIMES:
             for rule in row.rules.get(runtime, ()):
                 if rule.reason:

@@ -15,6 +15,8 @@ in place of the originals in the graph that is exported (the table of which op n
 * ``sum`` of integers: ONNX Runtime's ``ReduceSum`` accumulates int64 through a double, which
   rounds above 2**53; ``CumSum`` adds integers as integers, so the sum is the last running sum
   (a zero is padded in front, so an empty axis sums to 0).
+* ``expand``/``expand_as`` of a 0-d tensor to rank 0 (a no-op): the exporter's form of it
+  crashes OpenVINO's ``compile_model``; here it is the tensor itself.
 """
 
 from __future__ import annotations
@@ -247,6 +249,24 @@ def exact_max_pool2d(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # 
     return out.masked_fill(mask > 0, float("nan"))
 
 
+def _flat_sizes(sizes: tuple[Any, ...]) -> list[Any]:
+    return [d for s in sizes for d in (s if isinstance(s, (tuple, list, torch.Size)) else (s,))]
+
+
+def _expand_method(x: torch.Tensor, *sizes: Any) -> torch.Tensor:
+    """``x.expand(*sizes)``; a 0-d ``x`` expanded to rank 0 (a no-op) is ``x``: the exporter
+    writes that no-op as an ``Expand`` to the shape of an empty ``ConstantOfShape``, on which
+    OpenVINO's ``compile_model`` crashes the process."""
+    if x.dim() == 0 and not _flat_sizes(sizes):
+        return x
+    return x.expand(*sizes)
+
+
+def _expand_as_method(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``x.expand_as(other)``; a 0-d ``other`` (so a 0-d ``x``) gives ``x``, as above."""
+    return x if other.dim() == 0 and x.dim() == 0 else x.expand_as(other)
+
+
 #: the torch function or Tensor method -> its exact form
 EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.argmax: exact_argmax,
@@ -276,6 +296,8 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     "maximum": _maximum,
     "minimum": _minimum,
     "sum": exact_sum,
+    "expand": _expand_method,
+    "expand_as": _expand_as_method,
 }
 
 

@@ -47,12 +47,22 @@ CALLS = [
     (F.softmax, (X,), {"dim": 1}),
     (F.log_softmax, (X, 0), {}),
     (F.max_pool2d, (X.reshape(1, 1, 3, 4), 2), {}),
+    ("expand", (torch.tensor(3.0), ()), {}),
+    ("expand", (torch.tensor([3.0]), 2, 1), {}),
+    ("expand_as", (torch.tensor(3.0), torch.tensor(2.0)), {}),
+    ("expand_as", (torch.tensor(3.0), X), {}),
 ]
 
 
-@pytest.mark.parametrize(("fn", "args", "kwargs"), CALLS, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    ("fn", "args", "kwargs"),
+    CALLS,
+    ids=lambda v: v if isinstance(v, str) else getattr(v, "__name__", ""),
+)
 def test_exact_form_matches_pytorch(fn, args, kwargs):
-    _same(fn(*args, **kwargs), EXACT_FUNCTIONS[fn](*args, **kwargs))
+    eager = getattr(args[0], fn) if isinstance(fn, str) else fn  # a Tensor method
+    rest = args[1:] if isinstance(fn, str) else args
+    _same(eager(*rest, **kwargs), EXACT_FUNCTIONS[fn](*args, **kwargs))
 
 
 def test_attention_gives_zeros_to_fully_masked_rows():

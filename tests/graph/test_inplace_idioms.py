@@ -190,10 +190,22 @@ def _assert_same(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
 
 
+# idioms whose op the conformance table keeps in PyTorch on a runtime
+# (embedl_dynamo/runtimes/conformance): OpenVINO's Greater, Clamp and Exp answer a NaN
+# otherwise; diagonal's export reads other elements on both CPU runtimes (the tensorrt and
+# lattice targets run on them here)
+KEPT_ON = {
+    ("masked_fill_", "openvino"),
+    ("clamp_ not reassigned", "openvino"),
+    ("exp_ then sigmoid_", "openvino"),
+    *(("diagonal fill_", t) for t in ("onnxruntime", "tensorrt", "openvino", "lattice")),
+}
+
+
 @pytest.mark.parametrize("target", ["onnxruntime", "tensorrt", "openvino", "lattice"])
 @pytest.mark.parametrize("name", list(IDIOMS))
 def test_idiom_equals_eager_or_runs_in_pytorch(name, target, compile_isolation):
-    expected_route = IDIOMS[name][0]
+    expected_route = "eager" if (name, target) in KEPT_ON else IDIOMS[name][0]
     model, x = _fresh(name)
     reference, x_ref = _fresh(name)
     compiled = torch.compile(model, backend=f"embedl_{target}")

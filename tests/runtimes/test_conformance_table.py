@@ -3,17 +3,26 @@ docs read it; the suite that checks its rows is ``test_conformance.py``."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import torch
 from torch import fx
 
 from bench.op_conformance_doc import PAGE, markdown_table, render
+from embedl_dynamo import last_report
 from embedl_dynamo.runtimes.conformance import (
     ROWS,
+    STRUCTURAL,
     Verdict,
     differences,
     kept_in_pytorch,
+    op_name,
     rule_for,
 )
+from tests.runtimes.conformance_check import compile_on
+
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def test_the_docs_page_shows_the_table():
@@ -51,3 +60,63 @@ def test_every_row_has_a_rule_per_runtime_and_reasons_for_kept():
             assert all(r.reason for r in row.rules[runtime] if r.verdict is Verdict.KEPT)
     assert differences("relu", "openvino") and not differences("relu", "onnxruntime")
     assert "Known differences" in markdown_table()
+
+
+def test_an_op_without_a_row_stays_in_pytorch_naming_it():
+    """The table is an allow-list: ``cosh`` has no row, so its graph is not handed to either
+    CPU runtime (before, an op without a row was not judged and reached the runtime)."""
+    x = torch.randn(3, 4)
+    for runtime in ("onnxruntime", "openvino"):
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = compile_on(lambda t: torch.cosh(t) + 1, runtime, fallback="eager")(x)
+        assert torch.equal(out, torch.cosh(x) + 1)
+        (sub,) = last_report().subgraphs
+        expected = f"cosh on torch.float32 has no conformance row for {runtime}; runs in PyTorch"
+        assert sub.runtime == "eager" and expected in sub.reason, sub
+        assert sum(expected in str(w.message) for w in caught) == 1
+
+
+def test_a_row_for_floats_only_keeps_an_integer_input():
+    gm = fx.symbolic_trace(lambda x: torch.rsqrt(x))
+    for node in gm.graph.nodes:  # what the compile's shape propagation records
+        node.meta["val"] = torch.empty(2, dtype=torch.int64)
+    reason = kept_in_pytorch(gm, ["onnxruntime"])
+    assert reason == "rsqrt on torch.int64 has no conformance row for onnxruntime; runs in PyTorch"
+    for node in gm.graph.nodes:
+        node.meta["val"] = torch.empty(2)
+    assert kept_in_pytorch(gm, ["onnxruntime", "openvino"]) is None
+
+
+def test_runtimes_the_table_does_not_speak_for_are_not_judged():
+    gm = fx.symbolic_trace(lambda x: torch.cosh(x))
+    assert kept_in_pytorch(gm, ["tensorrt"]) is None
+    assert "no conformance row for openvino" in kept_in_pytorch(gm, ["tensorrt", "openvino"])
+
+
+def test_picking_an_output_is_not_judged_but_indexing_a_tensor_is():
+    gm = fx.symbolic_trace(lambda x: torch.max(x, 1)[0][1:])
+    picks = [n for n in gm.graph.nodes if n.op == "call_function" and "getitem" in n.name]
+    picks[0].args[0].meta["val"] = (torch.empty(2), torch.empty(2, dtype=torch.int64))
+    picks[1].args[0].meta["val"] = torch.empty(2)
+    assert [op_name(n) for n in picks] == [None, "getitem"]
+
+
+def test_every_row_is_checked_by_samples_or_is_structural():
+    for row in ROWS:
+        if row.opinfo:
+            continue
+        assert row.checked_by, f"{row.op}: no OpInfo entry and no checked_by"
+        assert row.checked_by == STRUCTURAL or (TESTS / row.checked_by).is_file(), row
+
+
+def test_an_embedding_with_max_norm_is_another_op():
+    """``max_norm`` rescales the weight's rows first (``embedding_renorm_``), which the
+    runtimes' export leaves out: the row of ``embedding`` does not speak for it."""
+    weight = torch.randn(5, 3)
+    plain = fx.symbolic_trace(lambda i: torch.nn.functional.embedding(i, weight))
+    renorm = fx.symbolic_trace(lambda i: torch.nn.functional.embedding(i, weight, max_norm=1.0))
+    assert kept_in_pytorch(plain, ["onnxruntime"]) is None
+    reason = kept_in_pytorch(renorm, ["onnxruntime"])
+    assert reason is not None and reason.startswith("embedding_renorm_ has no conformance row")

@@ -89,3 +89,15 @@ def test_without_the_lowering_the_squeeze_excite_gate_runs_unfused(tmp_path):
     assert ("Math", "ref_any_f32") not in theirs
     reorders = sum(v for k, v in ours.items() if k[0] == "Reorder")
     assert reorders > sum(v for k, v in theirs.items() if k[0] == "Reorder")
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.expand(()).clone(), lambda x: x.expand_as(x) * 1])
+def test_a_0d_tensor_expanded_to_rank_0_compiles(fn):
+    """Regression: the exporter's form of this no-op (Expand to the shape of an empty
+    ConstantOfShape) crashed OpenVINO's compile_model with a segmentation fault."""
+    torch._dynamo.reset()
+    options = {"runtime": "openvino", "min_subgraph_size": 1, "fallback": "raise"}
+    x = torch.tensor(3.0)
+    out = torch.compile(fn, backend="embedl_openvino", options=options, dynamic=False)(x)
+    assert torch.equal(out, fn(x))
+    assert embedl_dynamo.last_report().subgraphs[0].runtime == "openvino"

@@ -1,0 +1,119 @@
+"""Reading the conformance table: an op's rule, and whether a graph may run on a runtime.
+
+The table is an allow-list for the runtimes it speaks for (:data:`~.rules.CPU_RUNTIMES`): a
+graph reaches one of them only when every op in it has a row whose rule for that runtime and
+the op's input dtype says ``exact`` or ``bounded``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+
+import torch
+from torch import fx
+
+from embedl_dynamo.graph.nodes import node_value_meta
+from embedl_dynamo.graph.view_writes import POSITIONS_META
+from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
+from embedl_dynamo.runtimes.conformance.table import ROWS
+
+__all__ = ["differences", "kept_in_pytorch", "op_name", "rule_for"]
+
+_BY_NAME: dict[str, OpRow] = {}
+for _row in ROWS:
+    for _name in (_row.op, *_row.aliases):
+        _BY_NAME[_name] = _row
+
+
+def op_name(node: fx.Node) -> str | None:
+    """The name the table knows ``node``'s op by (None: not a call, or picking one output of
+    a multi-output op, which computes nothing)."""
+    if node.op == "call_method":
+        return str(node.target)
+    if node.op != "call_function":
+        return None
+    if node.target is operator.getitem:
+        source = node.args[0]
+        picked = node_value_meta(source) if isinstance(source, fx.Node) else source
+        return None if isinstance(picked, (tuple, list)) else "getitem"  # a tensor: indexing
+    name = getattr(node.target, "__name__", None) or str(node.target)
+    if name == "embedding" and _max_norm(node) is not None:
+        return "embedding_renorm_"  # rescales the weight's rows in place first: another op
+    if name in ("floordiv", "floor_divide") and _plain_divisor(node):
+        return "floordiv_by_number"  # neither -1 nor an infinity: another row
+    if name == "div" and node.kwargs.get("rounding_mode") is not None:
+        return f"div(rounding_mode={node.kwargs['rounding_mode']!r})"  # floor or trunc: another op
+    return name
+
+
+def _plain_divisor(node: fx.Node) -> bool:
+    """Whether the divisor is a Python number other than 0, -1 and the infinities."""
+    divisor = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
+    if isinstance(divisor, bool) or not isinstance(divisor, (int, float)):
+        return False
+    return divisor not in (0, -1) and math.isfinite(divisor)
+
+
+def _max_norm(node: fx.Node) -> object:
+    """``F.embedding``'s ``max_norm`` (its fourth argument)."""
+    return node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
+
+
+def rule_for(op: str, runtime: str, dtype: torch.dtype | None) -> Rule | None:
+    """The rule on ``op`` for ``runtime`` and an input of ``dtype`` (None: no row for it)."""
+    row = _BY_NAME.get(op)
+    if row is None:
+        return None
+    return next((r for r in row.rules.get(runtime, ()) if r.covers(dtype)), None)
+
+
+def differences(op: str, runtime: str) -> tuple[Difference, ...]:
+    """The known differences of ``op`` on ``runtime`` (:class:`~.rules.Difference`)."""
+    row = _BY_NAME.get(op)
+    return tuple(d for d in row.differs if d.runtime == runtime) if row is not None else ()
+
+
+def _input_dtype(node: fx.Node) -> torch.dtype | None:
+    for arg in (*node.args, *node.kwargs.values()):
+        if isinstance(arg, fx.Node):
+            value = node_value_meta(arg)
+            dtype = getattr(value, "dtype", None)
+            if isinstance(dtype, torch.dtype):
+                return dtype
+    return None
+
+
+def _judge(op: str, runtime: str, dtype: torch.dtype | None) -> str | None:
+    """Why ``op`` on an input of ``dtype`` may not run on ``runtime`` (None: it may)."""
+    what = f"{op} on {dtype}" if dtype is not None else op
+    row = _BY_NAME.get(op)
+    rules = row.rules.get(runtime, ()) if row is not None else ()
+    covering = [r for r in rules if r.covers(dtype)]  # unknown dtype: every rule of the row
+    if not covering:
+        return f"{what} has no conformance row for {runtime}; runs in PyTorch"
+    kept = next((r for r in covering if r.verdict is Verdict.KEPT), None)
+    return f"{what} stays in PyTorch on {runtime}: {kept.reason}" if kept is not None else None
+
+
+def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
+    """Why ``gm`` runs in PyTorch rather than on ``runtimes`` (None: nothing keeps it): the
+    first op without a row for one of them (and its input's dtype), or whose row says
+    ``kept``, with the row's reason. Runtimes the table does not speak for (TensorRT,
+    third-party ones) are not judged here."""
+    names = [name for name in runtimes if name in CPU_RUNTIMES]
+    if not names:
+        return None
+    for node in gm.graph.nodes:
+        op = op_name(node)
+        if op is None or node.meta.get(POSITIONS_META):
+            continue  # a scatter's element positions are exact below 2**31 elements
+        if not node.users:
+            continue  # nothing reads its value: no runtime computes it (dead code)
+        dtype = _input_dtype(node)
+        for runtime in names:
+            reason = _judge(op, runtime, dtype)
+            if reason is not None:
+                return reason
+    return None
