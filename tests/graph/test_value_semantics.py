@@ -18,7 +18,8 @@ class FloorDivision(nn.Module):
 
     def forward(self, x):
         i = (x * 10).long()
-        return (i * 3) // 2, torch.floor_divide(i * 5, 3), (x * 7) // 2.0 + 1
+        thrice = i + i + i  # sums, not products: OpenVINO keeps integer products in PyTorch
+        return thrice // 2, torch.floor_divide(thrice + i + i, 3), (x * 7) // 2.0 + 1
 
 
 class NonFinite(nn.Module):

@@ -142,3 +142,16 @@ def test_int8_nan_input_runs_in_pytorch(runtime, value):
     assert not [w for w in caught if "clips" in str(w.message)]
     assert torch.equal(actual.isfinite(), expected.isfinite()) and not actual.isfinite().all()
     assert torch.equal(actual.isnan(), expected.isnan())
+
+
+def test_openvino_integer_products_run_in_pytorch_and_do_not_wrap_on_later_calls():
+    """OpenVINO computes int64 as int32: products of inputs well inside int32 wrap silently
+    ([3e10, -7e10] came back as [2147483645, -2147483641]). Integer products stay in PyTorch
+    there, with the reason."""
+    fn = lambda t: (t * 100000) * 100000  # noqa: E731
+    compiled = compile_on(fn, "openvino", fallback="eager")
+    assert torch.equal(compiled(torch.tensor([0, 0])), fn(torch.tensor([0, 0])))
+    later = torch.tensor([3, -7])
+    assert torch.equal(compiled(later), fn(later))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "eager" and "int32" in report.reason

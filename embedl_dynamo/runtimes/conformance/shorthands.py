@@ -17,6 +17,7 @@ __all__ = [
     "NAN",
     "OV_CLAMP",
     "OV_INT",
+    "OV_INT_PRODUCT",
     "OV_INT_ROW",
     "OV_INT_VIA_FLOAT",
     "OV_NAN_GREATER",
@@ -34,6 +35,10 @@ BOUNDED = (Rule(Verdict.BOUNDED, "float"), Rule(Verdict.EXACT, "int"))
 OV_INT = (
     "OpenVINO's CPU plugin computes int64 as int32: a call whose int64 inputs leave int32's "
     "range runs in PyTorch; an intermediate value outside it wraps"
+)
+OV_INT_PRODUCT = (
+    "OpenVINO's CPU plugin computes int64 as int32, and a product leaves int32's range from "
+    "inputs well inside it (it would wrap silently; uint8 products saturate)"
 )
 OV_CLAMP = Difference(
     "openvino",

@@ -23,6 +23,7 @@ from embedl_dynamo.runtimes.conformance.shorthands import (
     FLOOR_INF,
     INT_DIV,
     OV_CLAMP,
+    OV_INT_PRODUCT,
     OV_INT_ROW,
     OV_INT_VIA_FLOAT,
     OV_NAN_GREATER,
@@ -314,7 +315,13 @@ ROWS: tuple[OpRow, ...] = (
     OpRow(
         "mul",
         ("mul",),
-        elementwise(),
+        {
+            "onnxruntime": BOUNDED,
+            "openvino": (
+                BOUNDED[0],
+                Rule(Verdict.KEPT, "int", OV_INT_PRODUCT),
+            ),
+        },
         ("mul_", "imul", "__mul__"),
         tuple(
             Difference("openvino", edge, "uint8 products saturate at 255 instead of wrapping")
