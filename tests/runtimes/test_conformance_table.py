@@ -120,3 +120,15 @@ def test_an_embedding_with_max_norm_is_another_op():
     assert kept_in_pytorch(plain, ["onnxruntime"]) is None
     reason = kept_in_pytorch(renorm, ["onnxruntime"])
     assert reason is not None and reason.startswith("embedding_renorm_ has no conformance row")
+
+
+def test_the_readme_counts_the_tables_rules():
+    """The README's summary of the table (rules by dtype class, per runtime) is the table's."""
+    from collections import Counter
+
+    readme = (TESTS.parent / "README.md").read_text()
+    for runtime, label in (("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO")):
+        counted = Counter(rule.verdict for row in ROWS for rule in row.rules.get(runtime, ()))
+        cells = [counted[Verdict.EXACT], counted[Verdict.BOUNDED], counted[Verdict.KEPT]]
+        assert f"| {label} | {' | '.join(map(str, cells))} |" in readme, (runtime, cells)
+    assert f"the [op conformance table](docs/op-conformance.md) ({len(ROWS)} ops" in readme
