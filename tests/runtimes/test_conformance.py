@@ -190,7 +190,12 @@ def _compile_parts(
     if {r.runtime for r in reports} == {runtime} or not _expect_runs_on(runtime, tensors):
         return [(fn, tensors, compiled)], []
     refused = [r.reason for r in reports if r.runtime != runtime]
-    assert all("failed" in r for r in refused), f"{info.name} did not run on {runtime}: {refused}"
+    # an export or build error, or a float64 value, which OpenVINO computes as float32 (the
+    # compile keeps such a graph in PyTorch: judge._float64_on_openvino): halve and go on
+    expected = ("failed", "which OpenVINO computes as float32")
+    assert all(any(e in r for e in expected) for r in refused), (
+        f"{info.name} did not run on {runtime}: {refused}"
+    )
     if len(samples) == 1:
         return [], refused
     half = len(samples) // 2

@@ -155,3 +155,14 @@ def test_openvino_integer_products_run_in_pytorch_and_do_not_wrap_on_later_calls
     assert torch.equal(compiled(later), fn(later))
     (report,) = last_report().subgraphs
     assert report.runtime == "eager" and "int32" in report.reason
+
+
+def test_openvino_keeps_float64_in_pytorch():
+    """OpenVINO computes float64 as float32: an int32 of 2**31 - 1 made float64 came back 2**31.
+    A graph with a float64 value runs in PyTorch there, with the reason."""
+    fn = lambda t: t.double() + 1  # noqa: E731
+    compiled = compile_on(fn, "openvino", fallback="eager")
+    x = torch.tensor([2**31 - 1, 5], dtype=torch.int32)
+    assert torch.equal(compiled(x), fn(x))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "eager" and "float64" in report.reason

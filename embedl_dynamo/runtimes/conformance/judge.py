@@ -113,7 +113,17 @@ def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
             continue  # nothing reads its value: no runtime computes it (dead code)
         dtype = _input_dtype(node)
         for runtime in names:
-            reason = _judge(op, runtime, dtype)
+            reason = _judge(op, runtime, dtype) or _float64_on_openvino(node, op, runtime)
             if reason is not None:
                 return reason
     return None
+
+
+def _float64_on_openvino(node: fx.Node, op: str, runtime: str) -> str | None:
+    """OpenVINO's CPU plugin computes float64 as float32, whatever the op: an int32 of
+    ``2**31 - 1`` converted to float64 came back ``2**31``, and float64 infinities the largest
+    float32. A node with a float64 value runs in PyTorch there."""
+    value = node_value_meta(node)
+    if runtime != "openvino" or getattr(value, "dtype", None) != torch.float64:
+        return None
+    return f"{op} makes float64, which OpenVINO computes as float32; runs in PyTorch"

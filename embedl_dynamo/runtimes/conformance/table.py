@@ -23,6 +23,7 @@ from embedl_dynamo.runtimes.conformance.shorthands import (
     FLOOR_INF,
     INT_DIV,
     OV_CLAMP,
+    OV_INDEX_PUT_INT,
     OV_INT_PRODUCT,
     OV_INT_ROW,
     OV_INT_VIA_FLOAT,
@@ -166,7 +167,10 @@ _MORE_ROWS: tuple[OpRow, ...] = (
     OpRow(
         "index_put",
         ("index_put",),
-        both(EXACT),
+        {
+            "onnxruntime": (EXACT,),
+            "openvino": (EXACT_FLOAT, Rule(Verdict.KEPT, "int", OV_INDEX_PUT_INT)),
+        },
         (),
         tuple(
             Difference(
