@@ -100,3 +100,20 @@ def test_a_file_from_elsewhere_is_compiled_and_not_kept(tmp_path, compiles, monk
     monkeypatch.setenv("EMBEDL_DYNAMO_CACHE_DIR", str(tmp_path / "default"))
     OpenVINORuntime.load_artifact(path, Settings(cache_dir=tmp_path / "default"))
     assert len(compiles) == 2 and not (tmp_path / "default" / "openvino_compiled").exists()
+
+
+def test_an_artifact_over_the_bound_keeps_only_its_file_weights_in_a_data_file_included(
+    tmp_path, compiles, monkeypatch
+):
+    """The bound counts the weights in the data file, not only the small graph file."""
+    from embedl_dynamo.onnx import external_data
+
+    model, x = randomize_batchnorm(ResNetLike().eval()), torch.randn(2, 3, 16, 16)
+    monkeypatch.setattr(external_data, "EXTERNAL_DATA_BYTES", 1024)
+    built = _build(tmp_path, model, x)
+    onnx_file = built.build_info["artifact"]
+    graph_bytes = os.path.getsize(onnx_file)
+    assert os.path.exists(external_data.data_path(onnx_file))
+    monkeypatch.setattr(compiled_cache, "MAX_ARTIFACT_BYTES", graph_bytes + 1)
+    _build(tmp_path / "other", model, x)
+    assert not _blobs(tmp_path / "other")
