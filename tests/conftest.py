@@ -118,8 +118,8 @@ def compile_isolation(tmp_path, monkeypatch):
     torch._dynamo.reset()
     clear_reports()
     BUILD_COUNTS.clear()
-    embedl_dynamo.reset_backends()
-    yield
+    embedl_dynamo.set_backend(None)  # the selection; the discovered entry points stay (a scan
+    yield  # of every installed distribution per test; tests/backends rediscover on purpose
     torch._dynamo.reset()
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "jsonable",
     "library_versions",
     "module_attributes",
+    "package_version",
     "source_digest",
     "sha256_file",
     "tensor_bytes",
@@ -45,13 +46,17 @@ __all__ = [
 ]
 
 
-def _version(module: str) -> str | None:
+@functools.cache  # read from the installed files: once a process
+def package_version(*distributions: str) -> str | None:
+    """The installed version of the first of ``distributions`` that is installed (None: none)."""
     from importlib import metadata
 
-    try:
-        return metadata.version(module)
-    except metadata.PackageNotFoundError:
-        return None
+    for distribution in distributions:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def source_digest(root: Path | None = None) -> str:
@@ -89,8 +94,8 @@ def library_versions(runtimes: Iterable[Any] = ()) -> dict[str, str | None]:
     """
     versions = {
         "torch": torch.__version__,
-        "onnx": _version("onnx"),
-        "embedl_dynamo": _version("embedl-dynamo"),
+        "onnx": package_version("onnx"),
+        "embedl_dynamo": package_version("embedl-dynamo"),
         "embedl_dynamo_sources": source_digest(),
     }
     for runtime in runtimes:

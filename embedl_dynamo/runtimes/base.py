@@ -45,7 +45,6 @@ __all__ = [
     "LayerProfiler",
     "PROFILE_WARMUP_RUNS",
     "Runtime",
-    "package_version",
     "target_device",
 ]
 
@@ -54,18 +53,6 @@ logger = logging.getLogger(__name__)
 
 # untimed runs before a per-layer profile: thread pools and allocators settle
 PROFILE_WARMUP_RUNS = 5
-
-
-def package_version(*distributions: str) -> str | None:
-    """The installed version of the first of ``distributions`` that is installed (None: none)."""
-    from importlib import metadata
-
-    for distribution in distributions:
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def target_device() -> torch.device:

@@ -34,9 +34,10 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backends.onnxruntime import BACKEND as ONNXRUNTIME
+from embedl_dynamo.cache.keys import package_version
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler, package_version
+from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.onnxruntime.session import (
     CPU_PROVIDER,

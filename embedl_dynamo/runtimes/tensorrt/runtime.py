@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx
 
-from embedl_dynamo.cache.keys import content_key
+from embedl_dynamo.cache.keys import content_key, package_version
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
 from embedl_dynamo.onnx.artifact import onnx_artifact
-from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
+from embedl_dynamo.runtimes.base import Runtime, target_device
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:

@@ -35,10 +35,11 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.cache.keys import package_version
 from embedl_dynamo.quant.fp8_qdq import holds_fp8
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
-from embedl_dynamo.runtimes.base import Runtime, package_version, target_device
+from embedl_dynamo.runtimes.base import Runtime, target_device
 
 __all__ = [
     "MAX_SHAPES",
