@@ -182,6 +182,7 @@ def build_app(
     autoscaling: Mapping[str, Any] | None = None,
     objective: str | None = None,
     latency_budget_ms: float | None = None,
+    deployment_options: Mapping[str, Any] | None = None,
 ) -> Any:
     """The Ray Serve application serving ``path`` (for ``serve.run`` or a Serve config).
 
@@ -203,6 +204,9 @@ def build_app(
             become the batch limit and the CPUs per replica; the CPUs in all stay
             ``replicas x cpus_per_replica``); None: the options as given.
         latency_budget_ms: the p99 a batch may take under ``objective="throughput"``.
+        deployment_options: more of Ray Serve's ``Deployment.options`` (such as
+            ``health_check_period_s``, ``graceful_shutdown_timeout_s``); not those the
+            arguments above set.
 
     Returns:
         A bound ``ray.serve.Application``.
@@ -227,12 +231,15 @@ def build_app(
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
     )
-    deployment = _deployment_class().options(
-        name=name,
-        ray_actor_options={"num_cpus": cpus_per_replica},
-        max_ongoing_requests=2 * (max_batch_size or 8),
-        **scaling,
-    )
+    ours = {"name": name, "ray_actor_options": {"num_cpus": cpus_per_replica},
+            "max_ongoing_requests": 2 * (max_batch_size or 8), **scaling}  # fmt: skip
+    taken = sorted(set(deployment_options or {}) & {*ours, "num_replicas", "autoscaling_config"})
+    if taken:
+        raise ValueError(
+            f"deployment_options sets {taken}, which build_app's own arguments "
+            "set (name, replicas, cpus_per_replica, max_batch_size, autoscaling)"
+        )
+    deployment = _deployment_class().options(**ours, **(deployment_options or {}))
     return deployment.bind(str(path), name, threads, max_batch_size, batch_wait_timeout_s)
 
 

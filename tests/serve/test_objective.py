@@ -82,3 +82,14 @@ def test_latency_and_static_batch_files(files, tmp_path):
 def test_the_deployment_takes_the_choices_batch_and_threads(batch, threads, replicas, cpus, plan):
     choice = ServingChoice("throughput", batch, threads, 1.0, 1.0, "measured")
     assert replica_plan(choice, replicas, cpus) == plan
+
+
+def test_build_app_passes_deployment_options_and_refuses_its_own(files):
+    pytest.importorskip("ray.serve")
+    from embedl_dynamo.serve.ray_serve import build_app
+
+    app = build_app(files[0], replicas=2, deployment_options={"health_check_period_s": 0.5})
+    config = app._bound_deployment._deployment_config  # Ray Serve's own record of the options
+    assert (config.health_check_period_s, config.num_replicas) == (0.5, 2)
+    with pytest.raises(ValueError, match=r"deployment_options sets \['num_replicas'\]"):
+        build_app(files[0], deployment_options={"num_replicas": 3})

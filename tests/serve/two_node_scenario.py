@@ -36,6 +36,9 @@ from embedl_dynamo.serve import decode_outputs, deploy, infer_request, post_infe
 
 REQUESTS, CLIENTS, KILL_AFTER = 40, 8, 12
 NODE = {"num_cpus": 1, "node_ip_address": "127.0.0.1", "object_store_memory": 80 * 1024**2}
+# Serve finds a killed replica by its next health check (every 10 s by default) and waits up to
+# 20 s for a replica's requests to drain when it stops one: seconds here, the test waits for both
+QUICK_RECOVERY = {"health_check_period_s": 0.5, "graceful_shutdown_timeout_s": 1}
 
 
 def _free_port() -> int:
@@ -135,7 +138,8 @@ def main(path: str) -> dict:
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         port = _free_port()
         handle = deploy(path, name="mlp", port=port, replicas=2, cpus_per_replica=1,
-                        max_batch_size=4, batch_wait_timeout_s=0.01)  # fmt: skip
+                        max_batch_size=4, batch_wait_timeout_s=0.01,
+                        deployment_options=QUICK_RECOVERY)  # fmt: skip
         summary["nodes"] = sum(n["Alive"] for n in ray.nodes())
         summary["cpus"] = ray.cluster_resources().get("CPU", 0)
         summary["cpus_free"] = ray.available_resources().get("CPU", 0)
