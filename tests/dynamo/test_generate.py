@@ -33,11 +33,10 @@ transformers = pytest.importorskip("transformers")
 NEW_TOKENS = 8
 
 
-# Qwen2's dynamic cache is covered by the static one here and by test_decoders' prefill;
-# Llama's static cache on ONNX Runtime by test_the_static_cache_stays_in_its_tensors_through_generate
+# The static cache on ONNX Runtime: test_the_static_cache_stays_in_its_tensors_through_generate
+# here, test_decoders' mistral (left-padded batch) and test_generate_bounds (other lengths)
 @pytest.mark.parametrize(("name", "cache", "runtime"), [
-    ("llama", "dynamic", "onnxruntime"), ("qwen2", "static", "onnxruntime"),
-    ("llama", "static", "openvino"),
+    ("llama", "dynamic", "onnxruntime"), ("llama", "static", "openvino"),
 ])  # fmt: skip
 def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, cache, runtime):
     """Batch 1, then a left-padded batch of 2, through one compiled forward. The static cache's
