@@ -21,12 +21,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
+
+from embedl_dynamo.cache.keys import cpu_name
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -50,14 +51,6 @@ def _build(name: str, size: int, width: int) -> tuple[torch.nn.Module, tuple[int
     return model.eval(), tuple(example[0].shape)
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if "model name" in line)
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def record(name: str, size: int, width: int, backend: str, budget: float | None) -> dict:
     """Compile ``name`` at ``mixed`` once; return the report's layers with where they ran."""
     import embedl_dynamo
@@ -77,7 +70,7 @@ def record(name: str, size: int, width: int, backend: str, budget: float | None)
     return {
         "command": "python -m bench.bench_mixed_layers " + " ".join(sys.argv[1:]),
         "date": datetime.date.today().isoformat(),
-        "machine": f"{_cpu_name()}, {torch.get_num_threads()} threads",
+        "machine": f"{cpu_name()}, {torch.get_num_threads()} threads",
         "versions": {"torch": torch.__version__, "embedl_dynamo": embedl_dynamo.__version__},
         "model": name,
         "input": list(shape),

@@ -32,6 +32,8 @@ from embedl_dynamo.graph.rest_precision import rest_precision
 
 __all__ = [
     "content_key",
+    "cpu_identity",
+    "cpu_name",
     "digests_reused",
     "fingerprint_graph",
     "is_content_key",
@@ -57,6 +59,33 @@ def package_version(*distributions: str) -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+@functools.cache
+def cpu_identity() -> tuple[str, str]:
+    """The CPU's model name and its instruction-set flags (sorted), as the kernel lists them:
+    what decides which kernels a runtime picks, so measured decisions and compiled code are
+    keyed by it. Off Linux: the platform's processor name and no flags."""
+    name, flags = "", ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name") and not name:
+                    name = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    if not name:
+        import platform
+
+        name = platform.processor() or platform.machine()
+    return name, flags
+
+
+def cpu_name() -> str:
+    """The CPU model (decisions timed on one CPU do not carry over to another)."""
+    return cpu_identity()[0]
 
 
 def source_digest(root: Path | None = None) -> str:

@@ -28,7 +28,13 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
-from embedl_dynamo.cache.keys import content_key, fingerprint_graph, jsonable, library_versions
+from embedl_dynamo.cache.keys import (
+    content_key,
+    cpu_name,
+    fingerprint_graph,
+    jsonable,
+    library_versions,
+)
 from embedl_dynamo.dynamo.compiled_call import watch_calibrated_ranges
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
@@ -47,7 +53,6 @@ from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.beat_eager import EagerSpeed, warn_eager_faster
 from embedl_dynamo.tuning.int8_speed import Int8Speed, warn_if_slower
 from embedl_dynamo.tuning.judge import check_finite, judge_artifact
-from embedl_dynamo.tuning.runtime_choice import cpu_name
 
 __all__ = [
     "WarmStart",

@@ -27,10 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedl_dynamo.cache.keys import content_key, library_versions, sha256_file
+from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions, sha256_file
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.serve.artifact import ServedArtifact, artifact_specs
-from embedl_dynamo.tuning.runtime_choice import cpu_name
 
 __all__ = ["OBJECTIVES", "ServingChoice", "choose_serving"]
 

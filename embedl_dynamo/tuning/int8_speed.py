@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from embedl_dynamo.cache.keys import content_key, library_versions
+from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
@@ -141,7 +141,7 @@ def _cache_entry(int8: Runtime, settings: Settings) -> tuple[ArtifactCache | Non
     if artifact is None:
         return None, ""
     key = content_key(_NAMESPACE, _FORMAT, int8.name, artifact, settings.num_threads,
-                      library_versions([type(int8)]), runtime_choice.cpu_name())  # fmt: skip
+                      library_versions([type(int8)]), cpu_name())  # fmt: skip
     try:
         return ArtifactCache(settings.cache_dir, _NAMESPACE), key
     except OSError:

@@ -26,16 +26,15 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import torch
 from torch import fx
 
-from embedl_dynamo.cache.keys import content_key, library_versions
+from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, onnx_artifact
@@ -53,7 +52,6 @@ from embedl_dynamo.tuning.timer import fastest_of, time_options
 __all__ = [
     "RunOption",
     "RuntimeChoice",
-    "cpu_name",
     "fastest",
     "measure_runtimes",
     "run_options",
@@ -95,19 +93,6 @@ class RuntimeChoice:
     timings: dict[str, float]
     note: str
     eager: EagerSpeed | None = None
-
-
-@lru_cache(maxsize=1)
-def cpu_name() -> str:
-    """The CPU model (decisions do not carry over to other CPUs)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure_runtimes(

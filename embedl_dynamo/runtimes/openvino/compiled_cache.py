@@ -19,12 +19,11 @@ was lowered) are stored beside the export and restored with it.
 
 from __future__ import annotations
 
-import functools
 import logging
 from pathlib import Path
 from typing import Any
 
-from embedl_dynamo.cache.keys import content_key
+from embedl_dynamo.cache.keys import content_key, cpu_identity
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.runtimes.openvino.compile import compile_openvino
@@ -41,30 +40,12 @@ _SUFFIX = ".blob"
 _INFO_KEYS = ("inference_precision", "half_precision_note", "openvino_lowering", "static_shapes")
 
 
-@functools.cache
-def _cpu_identity() -> tuple[str, str]:
-    """The CPU's model name and instruction-set flags, as the kernel lists them."""
-    name, flags = "", ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name") and not name:
-                    name = line.split(":", 1)[1].strip()
-                elif line.startswith("flags") and not flags:
-                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        import platform
-
-        name = platform.processor() or platform.machine()
-    return name, flags
-
-
 def _entry(cache_dir: Path, artifact_key: str, settings: dict[str, Any]) -> tuple[Any, str]:
     """The cache (None when it cannot be opened) and the key of a compiled model."""
     import openvino as ov
 
     key = content_key(_NAMESPACE, _FORMAT, artifact_key, settings, ov.get_version(),
-                      _cpu_identity())  # fmt: skip
+                      cpu_identity())  # fmt: skip
     try:
         return ArtifactCache(cache_dir, _NAMESPACE), key
     except OSError:
