@@ -27,8 +27,6 @@ from pathlib import Path
 
 import torch
 
-from embedl_dynamo.cache.keys import cpu_name
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["MODELS", "plot", "record"]
@@ -54,6 +52,7 @@ def _build(name: str, size: int, width: int) -> tuple[torch.nn.Module, tuple[int
 def record(name: str, size: int, width: int, backend: str, budget: float | None) -> dict:
     """Compile ``name`` at ``mixed`` once; return the report's layers with where they ran."""
     import embedl_dynamo
+    from embedl_dynamo.cache.keys import cpu_name
 
     torch.manual_seed(0)
     model, shape = _build(name, size, width)

@@ -28,10 +28,11 @@ import torch
 from torch import fx
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.cache.keys import version_of
 from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.runtimes.reference import graph_outputs
-from embedl_dynamo.runtimes.served import CheckedCall, Served, tensor_version
+from embedl_dynamo.runtimes.served import CheckedCall, Served
 from embedl_dynamo.settings import Settings
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ class Runtime(ABC):
             reference = lambda: self.reference_outputs(gm, example_inputs)  # noqa: E731
             self.judge(gm, reference, actual, what, self.float_rtol)
         sample = tuple(example_inputs)
-        self._checked_call = (sample, tuple(map(tensor_version, sample)), actual)
+        self._checked_call = (sample, tuple(map(version_of, sample)), actual)
 
     @abstractmethod
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:

@@ -8,10 +8,14 @@ from typing import Any, Protocol
 
 import torch
 
-__all__ = ["CheckedCall", "Inference", "Served", "tensor_version"]
+from embedl_dynamo.cache.keys import version_of
 
-#: the check's call: its sample, the sample's versions (:func:`tensor_version`), its outputs
-CheckedCall = tuple[tuple[Any, ...], tuple[int, ...], tuple[Any, ...]]
+__all__ = ["CheckedCall", "Inference", "Served"]
+
+#: the check's call: its sample, the sample's version counters
+#: (:func:`~embedl_dynamo.cache.keys.version_of`: None for an inference tensor, which keeps
+#: none; nothing runs between Dynamo's compile and its first call to modify it), its outputs
+CheckedCall = tuple[tuple[Any, ...], tuple[int | None, ...], tuple[Any, ...]]
 
 
 class Inference(Protocol):
@@ -20,12 +24,6 @@ class Inference(Protocol):
     def infer(
         self, *args: torch.Tensor, in_place: Mapping[int, int] | None = None
     ) -> tuple[torch.Tensor, ...]: ...
-
-
-def tensor_version(tensor: torch.Tensor) -> int:
-    """The tensor's version counter (bumped by in-place changes); -1 for an inference tensor,
-    which has none (nothing runs between Dynamo's compile and its first call to modify it)."""
-    return -1 if tensor.is_inference() else tensor._version
 
 
 class Served:
@@ -79,6 +77,6 @@ def _reusable(checked: CheckedCall, args: Sequence[Any]) -> bool:
     inference = torch.is_inference_mode_enabled()
     return (
         len(args) == len(sample)
-        and all(a is s and tensor_version(a) == v for a, s, v in zip(args, sample, versions))
+        and all(a is s and version_of(a) == v for a, s, v in zip(args, sample, versions))
         and all(t.is_inference() == inference for t in outputs if isinstance(t, torch.Tensor))
     )

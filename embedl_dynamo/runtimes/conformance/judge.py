@@ -63,10 +63,14 @@ def _max_norm(node: fx.Node) -> object:
 
 def rule_for(op: str, runtime: str, dtype: torch.dtype | None) -> Rule | None:
     """The rule on ``op`` for ``runtime`` and an input of ``dtype`` (None: no row for it)."""
+    return next(iter(_covering(op, runtime, dtype)), None)
+
+
+def _covering(op: str, runtime: str, dtype: torch.dtype | None) -> list[Rule]:
+    """The rules of ``op``'s row for ``runtime`` that cover ``dtype`` (an unknown dtype: every
+    rule of the row; no row: none)."""
     row = _BY_NAME.get(op)
-    if row is None:
-        return None
-    return next((r for r in row.rules.get(runtime, ()) if r.covers(dtype)), None)
+    return [r for r in (row.rules.get(runtime, ()) if row is not None else ()) if r.covers(dtype)]
 
 
 def differences(op: str, runtime: str) -> tuple[Difference, ...]:
@@ -88,9 +92,7 @@ def _input_dtype(node: fx.Node) -> torch.dtype | None:
 def _judge(op: str, runtime: str, dtype: torch.dtype | None) -> str | None:
     """Why ``op`` on an input of ``dtype`` may not run on ``runtime`` (None: it may)."""
     what = f"{op} on {dtype}" if dtype is not None else op
-    row = _BY_NAME.get(op)
-    rules = row.rules.get(runtime, ()) if row is not None else ()
-    covering = [r for r in rules if r.covers(dtype)]  # unknown dtype: every rule of the row
+    covering = _covering(op, runtime, dtype)
     if not covering:
         return f"{what} has no conformance row for {runtime}; runs in PyTorch"
     kept = next((r for r in covering if r.verdict is Verdict.KEPT), None)

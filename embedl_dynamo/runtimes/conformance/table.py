@@ -73,7 +73,6 @@ _MOVES = (
     ("index_add", ("index_add",), ()),
     ("scatter", ("scatter",), ()),
 )
-# dtype conversions
 # float functions
 _FLOAT_FUNCTIONS = (
     ("neg", ("neg",), ("__neg__",)),
