@@ -18,7 +18,6 @@ import math
 import os
 import re
 import threading
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import fx, nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.graph.rest_precision import rest_precision
@@ -156,9 +156,10 @@ def _digest(tensor: torch.Tensor) -> bytes:
     return hashlib.sha256(tensor_bytes(tensor)).digest()
 
 
-# the memory a tensor views -> (a weak reference to it, its version, its word sum, its digest)
-_REUSED: dict[tuple, tuple[weakref.ref, int, int, bytes]] = {}
+# the memory a tensor views -> (a weak reference to its storage, its version, word sum, digest)
+_REUSED: dict[tuple, tuple[StorageWeakRef, int, int, bytes]] = {}
 _REUSED_LOCK = threading.Lock()
+_PRUNE_ABOVE = [1024]  # entries whose storage was freed are dropped when the table outgrows this
 
 
 @contextlib.contextmanager
@@ -202,23 +203,25 @@ def _reused_digests(tensors: list[torch.Tensor]) -> dict[int, bytes]:
     hold them.
 
     A model is keyed before its rewrites and at its export, and each of a decoder's graphs
-    (prefill, decode step, the dynamic recompile) keys the same weights again. A digest is
-    reused for the same memory (storage, offset, sizes, strides, dtype) while the tensor first
-    hashed there is alive (a weak reference: its memory cannot have been freed and reused), its
-    version counter, which an in-place op bumps, is the one it was hashed at, and the sum of its
-    64-bit words is unchanged: a write behind PyTorch's back (``p.data.copy_(w)``,
-    ``p.data.mul_(2)``, numpy), which leaves the version as it was, changes the sum (only a
-    write that keeps every word's sum, such as swapping two words, would not). A tensor without
-    a version counter (an inference tensor) is hashed each time.
+    (prefill, decode step, the dynamic recompile) keys the same weights again, each time through
+    tensor objects of its own (the frozen graph's detached views of the parameters). A digest
+    is reused for the same memory (storage, offset, sizes, strides, dtype) while the storage
+    first hashed there is alive (a weak reference to the storage itself,
+    ``StorageWeakRef``: its memory cannot have been freed and reused), the tensor's version
+    counter, which an in-place op bumps, is the one it was hashed at, and the sum of its 64-bit
+    words is unchanged: a write behind PyTorch's back (``p.data.copy_(w)``, ``p.data.mul_(2)``,
+    numpy), which leaves the version as it was, changes the sum (only a write that keeps every
+    word's sum, such as swapping two words, would not). A tensor without a version counter (an
+    inference tensor) is hashed each time.
     """
     found = {}
     for tensor in tensors:
         memory = _memory_of(tensor)
         with _REUSED_LOCK:
             held = _REUSED.get(memory) if memory is not None else None
-        if held is None or held[0]() is None or held[1] != version_of(tensor):
+        if held is None or held[0].expired() or held[1] != version_of(tensor):
             continue
-        if version_of(held[0]()) == held[1] and _word_sum(tensor) == held[2]:
+        if _word_sum(tensor) == held[2]:
             found[id(tensor)] = held[3]
     return found
 
@@ -227,15 +230,13 @@ def _remember(tensor: torch.Tensor, digest: bytes) -> None:
     memory = _memory_of(tensor)
     if memory is None:
         return
-
-    def forget(_ref: weakref.ref) -> None:
-        with _REUSED_LOCK:
-            if memory in _REUSED and _REUSED[memory][0] is _ref:
-                del _REUSED[memory]
-
-    entry = (weakref.ref(tensor, forget), version_of(tensor), _word_sum(tensor), digest)
+    entry = (StorageWeakRef(tensor.untyped_storage()), version_of(tensor), _word_sum(tensor))
     with _REUSED_LOCK:
-        _REUSED[memory] = entry
+        _REUSED[memory] = (*entry, digest)
+        if len(_REUSED) > _PRUNE_ABOVE[0]:
+            for key in [key for key, held in _REUSED.items() if held[0].expired()]:
+                del _REUSED[key]
+            _PRUNE_ABOVE[0] = max(1024, 2 * len(_REUSED))
 
 
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -113,6 +114,27 @@ def test_a_weight_is_hashed_once_per_process_and_keys_are_unchanged(monkeypatch)
         again = fingerprint_graph(fx.symbolic_trace(model))  # the same tensors: no hashing
     later = fingerprint_graph(fx.symbolic_trace(model))  # a later compile: still none
     assert first == again == later and len(hashed) == count == 6  # 3 weights, 3 biases
+
+
+def test_a_weight_is_not_hashed_again_through_other_tensor_objects_over_its_memory(monkeypatch):
+    # each graph Dynamo hands over is frozen into tensor objects of its own (detached views of
+    # the parameters), and those of the first graph are freed before the next is keyed
+    model = _TwoBig().eval()
+    hashed = _counted_digests(monkeypatch)
+
+    def graph_over_the_same_memory() -> fx.GraphModule:
+        other = _TwoBig().eval()
+        other.load_state_dict(model.state_dict(), assign=True)
+        return fx.symbolic_trace(other)
+
+    first = fingerprint_graph(graph_over_the_same_memory())
+    gc.collect()
+    assert fingerprint_graph(graph_over_the_same_memory()) == first
+    assert len(hashed) == 6  # each weight once
+    with torch.no_grad():
+        model.a.weight.data.add_(1)  # behind the version counter
+    assert fingerprint_graph(graph_over_the_same_memory()) != first
+    assert len(hashed) == 7
 
 
 @pytest.mark.parametrize(
