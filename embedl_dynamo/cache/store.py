@@ -39,7 +39,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
-from embedl_dynamo.cache.companion import companion_path, companion_problem, move_companion
+from embedl_dynamo.cache.checksums import (
+    PendingChecksum,
+    hash_problem,
+    recorded_digest,
+    sidecar_path,
+    sidecar_problem,
+)
+from embedl_dynamo.cache.companion import companion_path, move_companion
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -50,7 +57,6 @@ from embedl_dynamo.cache.files import (
     mark_cache_root,
     read_only_reason,
     remove_tree,
-    run_in_background,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
@@ -113,7 +119,7 @@ class ArtifactCache:
 
     @staticmethod
     def _meta_path(path: Path) -> Path:
-        return path.with_name(path.name + ".meta.json")
+        return sidecar_path(path)
 
     def _remove(self, path: Path) -> None:
         if self.read_only:
@@ -136,8 +142,8 @@ class ArtifactCache:
         if found is None:
             return None
         path, meta_path = found
-        problem, sha256 = self._verify(path, meta_path)
-        problem = problem or self._hash_problem(path, sha256)
+        problem, sha256 = sidecar_problem(path)
+        problem = problem or hash_problem(path, sha256)
         if problem is None:
             return self._used(path)
         self._report_corrupt(path, problem)
@@ -149,10 +155,18 @@ class ArtifactCache:
         logger.warning("cache entry %s is corrupt (%s); %s", path, problem, then)
         self._remove(path)
 
-    def get_verifying(self, key: str, suffix: str = "") -> tuple[Path, Callable[[], None]] | None:
+    def get_verifying(
+        self, key: str, suffix: str = "", start: bool = True
+    ) -> tuple[Path, PendingChecksum] | None:
         """Like :meth:`get`, but the sha256 is computed on a helper thread while the caller
         starts reading the file (say, an ONNX Runtime session over it): hashing and reading
         overlap instead of running one after the other.
+
+        Args:
+            key: the content key.
+            suffix: the file extension.
+            start: start hashing now; when False, :meth:`PendingChecksum.start` does (a caller
+                that may never read the file: it then never hashes it).
 
         Returns:
             None as :meth:`get` would, else ``(path, confirm)``: the caller must call
@@ -163,19 +177,19 @@ class ArtifactCache:
         if found is None:
             return None
         path, meta_path = found
-        problem, sha256 = self._verify(path, meta_path)
+        problem, sha256 = sidecar_problem(path)
         if problem is not None:
             self._report_corrupt(path, problem)
             return None
-        hashing = run_in_background(lambda: self._hash_problem(path, sha256), "embedl-verify")
 
-        def confirm() -> None:
-            problem = hashing.result()
-            if problem is not None:
-                self._remove(path)
-                raise CorruptEntryError(f"cache entry {path} is corrupt ({problem})")
+        def corrupt(problem: str) -> None:
+            self._remove(path)  # by the caller, once it is done reading it
+            raise CorruptEntryError(f"cache entry {path} is corrupt ({problem})")
 
-        return self._used(path), confirm
+        pending = PendingChecksum(lambda: hash_problem(path, sha256), corrupt)
+        if start:
+            pending.start()
+        return self._used(path), pending
 
     def _find(self, key: str, suffix: str) -> tuple[Path, Path] | None:
         """The entry's file and sidecar paths, None when absent; symbolic links are removed."""
@@ -224,31 +238,10 @@ class ArtifactCache:
         except (OSError, ValueError):
             return {}
 
-    def _verify(self, path: Path, meta_path: Path) -> tuple[str | None, str]:
-        """``(problem, recorded sha256)``: what is wrong short of hashing the file (missing,
-        sidecar missing/unreadable/malformed, size mismatch), or None."""
-        if not path.exists():
-            return "artifact file missing", ""
-        try:
-            meta = json.loads(meta_path.read_text())
-        except FileNotFoundError:
-            return "checksum sidecar missing", ""
-        except (OSError, ValueError) as exc:
-            return f"checksum sidecar unreadable: {exc}", ""
-        if not isinstance(meta, dict) or "sha256" not in meta or "size" not in meta:
-            return "checksum sidecar malformed", ""
-        size = path.stat().st_size
-        if size != meta["size"]:
-            return f"size {size} != recorded {meta['size']}", ""
-        return companion_problem(path, meta.get("companion"), False), str(meta["sha256"])
-
-    def _hash_problem(self, path: Path, sha256: str) -> str | None:
-        """ "sha256 mismatch" unless the file hashes to ``sha256`` (and its companion to the
-        sha256 its sidecar records)."""
-        if sha256_file(path) != sha256:
-            return "sha256 mismatch"
-        companion = json.loads(self._meta_path(path).read_text()).get("companion")
-        return companion_problem(path, companion, True)
+    def recorded_digest(self, key: str, suffix: str = "") -> str | None:
+        """The sha256 the entry's sidecar records (:func:`~.checksums.recorded_digest`): what a
+        file derived from the entry is keyed by. None when absent or unreadable."""
+        return recorded_digest(self.path(key, suffix))
 
     def put(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.cache.checksums import PendingChecksum
 from embedl_dynamo.cache.keys import (
     content_key,
     fingerprint_graph,
@@ -27,6 +28,7 @@ __all__ = [
     "cached_onnx",
     "input_specs",
     "onnx_artifact",
+    "recorded_digest",
 ]
 
 logger = logging.getLogger(__name__)
@@ -152,7 +154,14 @@ def onnx_artifact(
     return OnnxArtifact(key, built, path, writing, unwritten)
 
 
-def cached_onnx(key: str, settings: Settings) -> tuple[Path, Callable[[], None]] | None:
-    """The cached ONNX file for ``key`` and the ``confirm()`` that raises unless its sha256
-    (computed meanwhile on a helper thread) matches; None when absent or found corrupt."""
-    return ArtifactCache(settings.cache_dir, "onnx").get_verifying(key, ".onnx")
+def cached_onnx(key: str, settings: Settings) -> tuple[Path, PendingChecksum] | None:
+    """The cached ONNX file for ``key`` and its pending checksum, not started (a runtime that
+    runs a file derived from it may never read it): calling it raises unless the file's sha256
+    matches; None when absent or found corrupt."""
+    return ArtifactCache(settings.cache_dir, "onnx").get_verifying(key, ".onnx", start=False)
+
+
+def recorded_digest(key: str, settings: Settings) -> str | None:
+    """The sha256 the cached ONNX file for ``key`` is recorded with (see
+    :meth:`~embedl_dynamo.cache.store.ArtifactCache.recorded_digest`); None when absent."""
+    return ArtifactCache(settings.cache_dir, "onnx").recorded_digest(key, ".onnx")

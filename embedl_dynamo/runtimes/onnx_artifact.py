@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
-from embedl_dynamo.onnx.artifact import OnnxArtifact, cached_onnx, onnx_artifact
+from embedl_dynamo.onnx.artifact import OnnxArtifact, cached_onnx, onnx_artifact, recorded_digest
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.settings import Settings
 
@@ -25,19 +26,22 @@ class OnnxArtifactRuntime(Runtime):
         self._prebuilt: OnnxArtifact | None = None
         self._artifact: OnnxArtifact | None = None  # what the runtime runs
         self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
+        self._read_artifact: Callable[[], None] | None = None  # starts that sha256
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
 
         ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
         the untransformed graph (same function, so the check still holds). The file's sha256
-        is computed while the runtime reads it, and confirmed before that check
-        (:class:`~embedl_dynamo.errors.CorruptEntryError` if it does not match).
+        is computed while the runtime reads it (from :meth:`read_artifact`), and confirmed
+        before that check (:class:`~embedl_dynamo.errors.CorruptEntryError` if it does not
+        match).
         """
         found = cached_onnx(key, self.settings)
         if found is None:
             return False
-        path, self._confirm = found
+        path, pending = found
+        self._confirm, self._read_artifact = pending, pending.start
         self._prebuilt = OnnxArtifact(key, False, path)
         return True
 
@@ -45,10 +49,35 @@ class OnnxArtifactRuntime(Runtime):
         self, gm: fx.GraphModule, example_inputs: Sequence[torch.Tensor], what: str
     ) -> None:
         """Confirm a cached artifact's checksum, then :meth:`Runtime.check_artifact`."""
+        self.confirm_artifact()
+        super().check_artifact(gm, example_inputs, what)
+
+    def confirm_artifact(self) -> None:
+        """Confirm a cached artifact's checksum now, once (raises
+        :class:`~embedl_dynamo.errors.CorruptEntryError` if it does not match)."""
         confirm, self._confirm = self._confirm, None
         if confirm is not None:
             confirm()
-        super().check_artifact(gm, example_inputs, what)
+
+    def artifact_digest(self) -> str | None:
+        """The sha256 the artifact's file is recorded with in the cache (None: not a cached
+        file), which the files a runtime derives from it are keyed by."""
+        key = self._artifact.key if self._artifact is not None else None
+        return recorded_digest(key, self.settings) if key else None
+
+    def read_artifact(self) -> Path:
+        """The artifact's file, for a runtime about to read it: a cached file's checksum starts
+        now, on a helper thread."""
+        start, self._read_artifact = self._read_artifact, None
+        if start is not None:
+            start()
+        assert self._artifact is not None
+        return self._artifact.path
+
+    def artifact_not_read(self) -> None:
+        """The runtime runs a file derived from the artifact, whose checksum it confirmed
+        itself, and never read the artifact: the artifact's checksum is not computed."""
+        self._confirm, self._read_artifact = None, None
 
     @classmethod
     def builds_from_memory(cls) -> bool:

@@ -315,6 +315,35 @@ def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipp
     assert "is corrupt (size" in caplog.text
 
 
+def test_a_lazy_checksum_hashes_nothing_until_started_or_confirmed(tmp_path, monkeypatch):
+    from embedl_dynamo.cache import checksums
+    from embedl_dynamo.errors import CorruptEntryError
+
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("lazy")
+    path = cache.put(key, b"0123456789", ".onnx")
+    hashed = []
+    real = checksums.sha256_file
+    monkeypatch.setattr(checksums, "sha256_file", lambda p: hashed.append(p) or real(p))
+    _, pending = cache.get_verifying(key, ".onnx", start=False)
+    del pending  # never read, never hashed
+    _, pending = cache.get_verifying(key, ".onnx", start=False)
+    time.sleep(0.05)
+    assert hashed == []
+    pending.start()
+    pending.start()  # once
+    pending()
+    assert hashed == [path]
+    path.write_bytes(b"0123456780")
+    _, pending = cache.get_verifying(key, ".onnx", start=False)
+    pending.start()
+    time.sleep(0.2)
+    assert path.exists()  # found in the background; removed only by the caller, when it asks
+    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+        pending()
+    assert not path.exists()
+
+
 def test_get_or_start_stores_the_entry_when_the_helper_thread_finishes(tmp_path):
     cache = ArtifactCache(tmp_path, "onnx")
     key = content_key("background")

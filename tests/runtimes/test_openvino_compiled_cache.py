@@ -117,3 +117,27 @@ def test_an_artifact_over_the_bound_keeps_only_its_file_weights_in_a_data_file_i
     monkeypatch.setattr(compiled_cache, "MAX_ARTIFACT_BYTES", graph_bytes + 1)
     _build(tmp_path / "other", model, x)
     assert not _blobs(tmp_path / "other")
+
+
+def test_an_artifact_replaced_by_other_bytes_is_not_imported_the_old_model(tmp_path, compiles):
+    """The compiled model is keyed by the sha256 its artifact is recorded with: an artifact
+    rebuilt under its key with other bytes (one found wrong, then replaced) compiles anew."""
+    import hashlib
+    import json
+
+    model, x = randomize_batchnorm(ResNetLike().eval()), torch.randn(2, 3, 16, 16)
+    key = _build(tmp_path, model, x).build_info["key"]
+    other = _build(tmp_path / "other", randomize_batchnorm(ResNetLike().eval()), x)
+    (artifact,) = (tmp_path / "onnx").rglob("*.onnx")
+    artifact.write_bytes(open(other.build_info["artifact"], "rb").read())
+    meta = artifact.with_name(artifact.name + ".meta.json")  # signed as if it were right
+    record = json.loads(meta.read_text())
+    record.update(sha256=hashlib.sha256(artifact.read_bytes()).hexdigest(),
+                  size=artifact.stat().st_size)  # fmt: skip
+    meta.write_text(json.dumps(record))
+    runtime = OpenVINORuntime(Settings(cache_dir=tmp_path, num_threads=1))
+    assert runtime.use_cached(key)
+    runtime.build(torch.fx.symbolic_trace(model), [x])  # a warm start's judge would refuse it
+    assert len(compiles) == 3 and "openvino_compiled_model" not in runtime.build_info
+    with torch.no_grad():
+        assert torch.equal(runtime.infer(x)[0], other.infer(x)[0])  # the bytes it holds

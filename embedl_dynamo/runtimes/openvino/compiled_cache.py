@@ -8,7 +8,8 @@ in a ``CACHE_DIR`` of OpenVINO's, so they follow the cache's rules: content-keye
 atomically with a sha256 sidecar that is checked on every read, kept within the size budget,
 and never written in a read-only cache (a replica that ships one uses what it holds).
 
-An entry is keyed by the ONNX artifact's content key, the device, every property the model is
+An entry is keyed by the sha256 the ONNX artifact is recorded with in the cache (an artifact
+replaced by other bytes under its key is never served the old file's model), the device, every property the model is
 compiled with (precision hint, threads, static shapes) and what decides the plugin's code: the
 OpenVINO version, the CPU's name and its instruction-set flags. Only artifacts of this
 package's cache are kept (a file ``load()`` reads from elsewhere is compiled as it is), and only
@@ -20,6 +21,7 @@ was lowered) are stored beside the export and restored with it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +42,11 @@ _SUFFIX = ".blob"
 _INFO_KEYS = ("inference_precision", "half_precision_note", "openvino_lowering", "static_shapes")
 
 
-def _entry(cache_dir: Path, artifact_key: str, settings: dict[str, Any]) -> tuple[Any, str]:
+def _entry(cache_dir: Path, artifact_digest: str, settings: dict[str, Any]) -> tuple[Any, str]:
     """The cache (None when it cannot be opened) and the key of a compiled model."""
     import openvino as ov
 
-    key = content_key(_NAMESPACE, _FORMAT, artifact_key, settings, ov.get_version(),
+    key = content_key(_NAMESPACE, _FORMAT, artifact_digest, settings, ov.get_version(),
                       cpu_identity())  # fmt: skip
     try:
         return ArtifactCache(cache_dir, _NAMESPACE), key
@@ -85,7 +87,8 @@ def _artifact_bytes(path: Path) -> int:
 
 def compile_or_import(
     path: Path,
-    artifact_key: str | None,
+    artifact_digest: str | None,
+    confirm_artifact: Callable[[], None],
     cache_dir: Path,
     info: dict[str, Any],
     **options: Any,
@@ -95,17 +98,20 @@ def compile_or_import(
 
     Args:
         path: the ONNX file.
-        artifact_key: its content key in this package's cache (None: compile, keep nothing).
+        artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
+            from elsewhere: compile, keep nothing).
+        confirm_artifact: confirms the file's checksum (raises if it does not match); a
+            compiled model is stored only after it returns.
         cache_dir: the cache root.
         info: ``build_info``, which gets what :func:`~.compile.compile_openvino` records.
         options: ``num_threads``, ``hint``, ``shapes``, ``device`` for
             :func:`~.compile.compile_openvino`.
     """
-    if artifact_key is None or _artifact_bytes(Path(path)) > MAX_ARTIFACT_BYTES:
+    if artifact_digest is None or _artifact_bytes(Path(path)) > MAX_ARTIFACT_BYTES:
         return compile_openvino(path, info=info, **options)
     shapes = options.get("shapes")
     keyed = {**options, "shapes": [list(s) for s in shapes] if shapes else None}
-    cache, key = _entry(cache_dir, artifact_key, keyed)
+    cache, key = _entry(cache_dir, artifact_digest, keyed)
     if cache is not None:
         device, threads = options.get("device", "CPU"), options.get("num_threads")
         found = _imported(cache, key, device, threads)
@@ -117,6 +123,7 @@ def compile_or_import(
     compiled = compile_openvino(path, info=info, **options)
     if cache is not None and not cache.read_only:
         stored = {k: info[k] for k in _INFO_KEYS if k in info}
+        confirm_artifact()
         try:
             blob = compiled.export_model()
             cache.put(key, blob.getvalue(), _SUFFIX,

@@ -202,9 +202,10 @@ class OpenVINORuntime(OnnxArtifactRuntime):
             return
         # the file, once written: OpenVINO maps its weights, where parsing the same bytes
         # from memory would copy them
-        path = self._artifact.path
+        path = self.read_artifact()
         self._compiled = compile_or_import(
-            path, self._artifact.key, self.settings.cache_dir, self.build_info,
+            path, self.artifact_digest(), self.confirm_artifact, self.settings.cache_dir,
+            self.build_info,
             num_threads=self.settings.num_threads, hint=self._hint,
             shapes=self._static_shapes, device=self._device,
         )  # fmt: skip

@@ -1,0 +1,98 @@
+"""A cache entry's checksum sidecar (``<file>.meta.json``: sha256, size, its companion's) and
+the checks against it: the cheap one (present, readable, sizes), the full one (sha256), and
+the full one run on a helper thread while the caller reads the file (:class:`PendingChecksum`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+from embedl_dynamo.cache.companion import companion_problem
+from embedl_dynamo.cache.files import run_in_background
+from embedl_dynamo.cache.keys import sha256_file
+
+__all__ = [
+    "PendingChecksum",
+    "hash_problem",
+    "recorded_digest",
+    "sidecar_path",
+    "sidecar_problem",
+]
+
+
+def sidecar_path(path: Path) -> Path:
+    """The checksum sidecar of the entry at ``path``."""
+    return path.with_name(path.name + ".meta.json")
+
+
+def sidecar_problem(path: Path) -> tuple[str | None, str]:
+    """``(problem, recorded sha256)``: what is wrong short of hashing the file (missing,
+    sidecar missing/unreadable/malformed, size mismatch), or None."""
+    if not path.exists():
+        return "artifact file missing", ""
+    try:
+        meta = json.loads(sidecar_path(path).read_text())
+    except FileNotFoundError:
+        return "checksum sidecar missing", ""
+    except (OSError, ValueError) as exc:
+        return f"checksum sidecar unreadable: {exc}", ""
+    if not isinstance(meta, dict) or "sha256" not in meta or "size" not in meta:
+        return "checksum sidecar malformed", ""
+    size = path.stat().st_size
+    if size != meta["size"]:
+        return f"size {size} != recorded {meta['size']}", ""
+    return companion_problem(path, meta.get("companion"), False), str(meta["sha256"])
+
+
+def hash_problem(path: Path, sha256: str) -> str | None:
+    """ "sha256 mismatch" unless the file hashes to ``sha256`` (and its companion to the
+    sha256 its sidecar records)."""
+    if sha256_file(path) != sha256:
+        return "sha256 mismatch"
+    companion = json.loads(sidecar_path(path).read_text()).get("companion")
+    return companion_problem(path, companion, True)
+
+
+def recorded_digest(path: Path) -> str | None:
+    """The sha256 the sidecar of ``path`` records for its bytes (and its companion's, after a
+    ``+``), read without hashing: what a file derived from the entry is keyed by, so that an
+    entry replaced by other bytes under the same key is not served a stale derivation. None
+    when the sidecar is absent or unreadable."""
+    try:
+        record = json.loads(sidecar_path(path).read_text())
+        digest = str(record["sha256"])
+        companion = record.get("companion")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"{digest}+{companion['sha256']}" if isinstance(companion, dict) else digest
+
+
+class PendingChecksum:
+    """An entry's sha256 check, run on a helper thread from :meth:`start` (at most once).
+    Calling it waits for the check (starting it if needed); a problem found goes to
+    ``corrupt(problem)``, which raises, in the caller's thread: nothing is removed under a
+    reader still opening the file.
+
+    Args:
+        check: returns the problem found (:func:`hash_problem`), or None.
+        corrupt: called with it; raises.
+    """
+
+    def __init__(self, check: Callable[[], str | None], corrupt: Callable[[str], None]) -> None:
+        self._check = check
+        self._corrupt = corrupt
+        self._running: Future[str | None] | None = None
+
+    def start(self) -> None:
+        if self._running is None:
+            self._running = run_in_background(self._check, "embedl-verify")
+
+    def __call__(self) -> None:
+        self.start()
+        assert self._running is not None
+        problem = self._running.result()
+        if problem is not None:
+            self._corrupt(problem)
