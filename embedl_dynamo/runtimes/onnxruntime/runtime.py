@@ -39,6 +39,12 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
+from embedl_dynamo.runtimes.onnxruntime.optimized_cache import (
+    LOADED,
+    OPTIMIZED_GRAPH,
+    cpu_session,
+    store_in_background,
+)
 from embedl_dynamo.runtimes.onnxruntime.session import (
     CPU_PROVIDER,
     create_session,
@@ -184,8 +190,19 @@ class OnnxRuntime(OnnxArtifactRuntime):
             )
             del model, arrays, source
             self._artifact.unwritten = None  # ORT copied the weights; the writer holds its own
+            if providers == [CPU_PROVIDER] and self._artifact.key:
+                artifact = self._artifact
+                store_in_background(lambda: artifact.path, self.artifact_digest,
+                                    self.settings.cache_dir, threads)  # fmt: skip
+        elif providers == [CPU_PROVIDER]:
+            self._session = cpu_session(
+                self.read_artifact, self.confirm_artifact, self.artifact_digest(),
+                self.settings.cache_dir, threads, self.build_info,
+            )  # fmt: skip
+            if self.build_info.get(OPTIMIZED_GRAPH) == LOADED:
+                self.artifact_not_read()
         else:
-            self._session = create_session(self._artifact.path, providers, num_threads=threads)
+            self._session = create_session(self.read_artifact(), providers, num_threads=threads)
         self._input_names = [i.name for i in self._session.get_inputs()]
         self._output_names = [o.name for o in self._session.get_outputs()]
 

@@ -30,6 +30,7 @@ __all__ = [
     "CPU_PROVIDER",
     "GPU_PROVIDERS",
     "create_session",
+    "graph_config",
     "device_providers",
     "ort_log_severity",
     "ort_providers",
@@ -58,6 +59,12 @@ _SESSION_CONFIG = {
 }
 _NO_SPINNING = {"session.intra_op.allow_spinning": "0"}
 _SPINNING_IN_RUNS = {"session.intra_op.allow_spinning": "1", "session.force_spinning_stop": "1"}
+
+
+def graph_config() -> dict[str, str]:
+    """The config entries every session gets that decide its optimised graph (what
+    :func:`create_session` adds besides the threads' spinning)."""
+    return dict(_SESSION_CONFIG)
 
 
 def _spinning_config() -> dict[str, str]:

@@ -1,0 +1,240 @@
+"""ONNX Runtime's optimised graph kept in the artifact cache, so that a warm start loads it.
+
+Most of what an ONNX Runtime session costs to create over one of our files is its graph
+optimisation: a weight-only file's ``DequantizeLinear`` -> ``MatMul`` pairs become
+``MatMulNBits`` (their codes re-laid out), and the level-3 passes rewrite the layout. ONNX
+Runtime can write the graph it optimised (``SessionOptions.optimized_model_filepath``, its
+"offline mode") and run that file later with its optimisations off, the same kernels on the
+same weights. This module keeps those files in this package's cache, so they follow the
+cache's rules: content-keyed, written atomically with a sha256 sidecar that is checked on
+every read (while ONNX Runtime reads the file), kept within the size budget, and never written
+in a read-only cache (a replica that ships one uses what it holds).
+
+An entry is keyed by the sha256 the ONNX artifact is recorded with (so an artifact replaced by
+other bytes under its key is never served the old file's graph), the session settings that shape the
+optimised graph (:func:`~.session.graph_config`), the ONNX Runtime version and the CPU's name
+and instruction-set flags: the level-3 passes write kernels for this CPU (ONNX Runtime warns
+that such a file "should only be used in the same environment"). The first session a process
+creates from a cached artifact on the CPU writes its entry while it is created, and stores it
+once the artifact's own checksum is confirmed; a session built from a fresh export in memory
+has a helper thread write it once the file is stored (:func:`store_in_background`), so the
+first warm start finds it. Only artifacts of this package's cache are kept (a file ``load()``
+reads from elsewhere is optimised as it is), and only from :data:`MIN_ARTIFACT_BYTES` (a small
+graph's session is quick to make) up to :data:`MAX_ARTIFACT_BYTES`, since an entry holds the
+weights a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from embedl_dynamo.cache.companion import COMPANION_SUFFIX
+from embedl_dynamo.cache.files import write_in_background
+from embedl_dynamo.cache.keys import content_key, cpu_identity, package_version
+from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.errors import CorruptEntryError
+from embedl_dynamo.onnx.external_data import data_path
+from embedl_dynamo.runtimes.onnxruntime.session import (
+    CPU_PROVIDER,
+    create_session,
+    graph_config,
+    ort_log_severity,
+)
+
+__all__ = [
+    "LOADED",
+    "MAX_ARTIFACT_BYTES",
+    "MIN_ARTIFACT_BYTES",
+    "OPTIMIZED_GRAPH",
+    "cpu_session",
+    "store_in_background",
+]
+
+logger = logging.getLogger(__name__)
+
+#: ONNX artifacts from this size up to the next keep their optimised graph in the cache
+MIN_ARTIFACT_BYTES = 32 << 20
+MAX_ARTIFACT_BYTES = 1 << 30
+#: the ``build_info`` entry that says where a session's optimised graph came from
+OPTIMIZED_GRAPH = "onnxruntime_optimized_graph"
+#: its value when the session runs the optimised graph the cache held
+LOADED = "loaded from the cache"
+_NAMESPACE = "onnxruntime_optimized"
+_FORMAT = 1
+_SUFFIX = ".onnx"
+
+
+def _options(optimized: bool) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = ort_log_severity()
+    level = ort.GraphOptimizationLevel
+    options.graph_optimization_level = level.ORT_DISABLE_ALL if optimized else level.ORT_ENABLE_ALL
+    return options
+
+
+def _entry(cache_dir: Path, artifact_digest: str) -> tuple[ArtifactCache | None, str]:
+    """The cache (None when it cannot be opened) and the key of an optimised graph."""
+    key = content_key(_NAMESPACE, _FORMAT, artifact_digest, graph_config(),
+                      package_version("onnxruntime", "onnxruntime-gpu"), cpu_identity())  # fmt: skip
+    try:
+        return ArtifactCache(cache_dir, _NAMESPACE), key
+    except OSError:
+        return None, key
+
+
+def _loaded(cache: ArtifactCache, key: str, num_threads: int | None) -> Any:
+    """A session over the optimised graph stored under ``key``, its checksum confirmed; None
+    when there is none, or it is corrupt (removed, with a warning) or ONNX Runtime refuses it."""
+    found = cache.get_verifying(key, _SUFFIX)  # hashed while ONNX Runtime reads it
+    if found is None:
+        return None
+    path, confirm = found
+    try:
+        session = create_session(path, [CPU_PROVIDER], num_threads=num_threads,
+                                 options=_options(optimized=True))  # fmt: skip
+    except Exception as exc:  # ONNX Runtime raises its own exception types
+        logger.warning("optimised ONNX Runtime graph %s not used (%s); optimising again", path, exc)
+        confirm = _removing(cache, key, confirm)
+        session = None
+    try:
+        confirm()
+    except CorruptEntryError as exc:
+        logger.warning("%s; optimising the artifact again", exc)
+        return None
+    return session
+
+
+def _removing(cache: ArtifactCache, key: str, confirm: Callable[[], None]) -> Callable[[], None]:
+    """``confirm``, then the entry removed (a file ONNX Runtime refused; a read-only cache keeps it)."""
+
+    def then() -> None:
+        confirm()
+        if not cache.read_only:
+            cache.remove(key, _SUFFIX)
+
+    return then
+
+
+def _written(
+    cache: ArtifactCache,
+    key: str,
+    artifact: Path,
+    confirm_artifact: Callable[[], None],
+    num_threads: int | None,
+) -> Any:
+    """A session over ``artifact`` that writes its optimised graph into the cache as it is
+    created, stored once ``confirm_artifact()`` returns (it raises for a corrupt artifact: then
+    nothing is stored); None when another process stored one meanwhile, or it could not be
+    stored."""
+    made: list[Any] = []
+
+    def build(tmp: Path) -> None:
+        options = _options(optimized=False)
+        options.optimized_model_filepath = str(tmp)
+        for entry, value in (
+            (
+                "session.optimized_model_external_initializers_file_name",
+                tmp.name + COMPANION_SUFFIX,
+            ),
+            ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
+        ):
+            options.add_session_config_entry(entry, value)
+        made.append(create_session(artifact, [CPU_PROVIDER], num_threads=num_threads,
+                                   options=options))  # fmt: skip
+        confirm_artifact()
+
+    try:
+        cache.get_or_build(key, build, _SUFFIX, meta={"kind": "onnxruntime optimized graph"})
+    except OSError as exc:
+        logger.debug("optimised ONNX Runtime graph not cached: %s", exc)
+    return made[0] if made else None
+
+
+def _kept(path: Path) -> bool:
+    """Whether an artifact's size is within the bounds whose optimised graph is kept."""
+    data = data_path(path)
+    size = path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+    return MIN_ARTIFACT_BYTES <= size <= MAX_ARTIFACT_BYTES
+
+
+_ONE_AT_A_TIME = threading.Lock()  # each background write holds a session's weights
+
+
+def store_in_background(
+    artifact: Callable[[], Path],
+    artifact_digest: Callable[[], str | None],
+    cache_dir: Path,
+    num_threads: int | None,
+) -> None:
+    """Write the optimised graph of an artifact being stored (its session was built from
+    memory) on a helper thread, once the file is stored, one artifact at a time;
+    :func:`~embedl_dynamo.cache.files.wait_for_cache_writes` waits for it.
+
+    Args:
+        artifact: gives the artifact's file (waits until it is written).
+        artifact_digest: gives the sha256 it is recorded with (after that).
+        cache_dir: the cache root.
+        num_threads: the intra-op threads its sessions use.
+    """
+
+    def store() -> Path:
+        path = artifact()
+        with _ONE_AT_A_TIME:
+            digest = artifact_digest()
+            cache, key = _entry(cache_dir, digest) if digest else (None, "")
+            if cache is None or cache.read_only or not _kept(path):
+                return path
+            if cache.get(key, _SUFFIX) is None:
+                _written(cache, key, path, lambda: None, num_threads)  # the session is let go
+            return path
+
+    def logged() -> Path:
+        try:
+            return store()
+        except Exception as exc:  # the compile already has its session: a miss costs time only
+            logger.debug("optimised ONNX Runtime graph not cached: %s", exc)
+            raise
+
+    write_in_background(logged)
+
+
+def cpu_session(
+    artifact: Callable[[], Path],
+    confirm_artifact: Callable[[], None],
+    artifact_digest: str | None,
+    cache_dir: Path,
+    num_threads: int | None,
+    info: dict[str, Any],
+) -> Any:
+    """A CPU session over an ONNX artifact: over its optimised graph from the cache when there
+    is one, else over the artifact itself, writing that graph to the cache (see the module).
+
+    Args:
+        artifact: gives the artifact's file, for a caller about to read it (its own checksum
+            starts then: it is not read, nor hashed, when the optimised graph is loaded).
+        confirm_artifact: confirms the artifact's checksum (raises if it does not match).
+        artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
+            from elsewhere).
+        cache_dir: the cache root.
+        num_threads: intra-op threads.
+        info: ``build_info``; gets :data:`OPTIMIZED_GRAPH` when the cache held or took one.
+    """
+    cache, key = _entry(cache_dir, artifact_digest) if artifact_digest else (None, "")
+    if cache is not None:  # an artifact too small or too large has no entry to find
+        session = _loaded(cache, key, num_threads)
+        if session is not None:
+            info[OPTIMIZED_GRAPH] = LOADED
+            return session
+    path = artifact()
+    if cache is not None and not cache.read_only and _kept(path):
+        session = _written(cache, key, path, confirm_artifact, num_threads)
+        if session is not None:
+            info[OPTIMIZED_GRAPH] = "written to the cache"
+            return session
+    return create_session(path, [CPU_PROVIDER], num_threads=num_threads)
