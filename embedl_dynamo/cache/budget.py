@@ -4,6 +4,10 @@ Every entry is an artifact plus its ``.meta.json`` sidecar (see :mod:`embedl_dyn
 An entry's last use is its artifact's modification time: :meth:`ArtifactCache.get` touches it on
 every hit, so eviction removes the entries no process has used for longest. After each ``put`` the
 whole cache root is trimmed to the budget, oldest first, never removing the entry just written.
+*Derived* entries (a runtime's own form of an artifact, such as OpenVINO's compiled model or
+ONNX Runtime's optimised graph: their sidecar's metadata says ``"derived": true``) go first,
+since they are rebuilt from their artifact at a small cost; a derived entry just written that
+does not fit beside the others removes itself rather than an artifact.
 
 The budget is ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` (bytes, or with a ``KB``/``MB``/``GB`` suffix;
 ``0`` or ``none`` means unlimited), else :data:`DEFAULT_MAX_BYTES` (5 GB, Torch-TensorRT's default
@@ -13,6 +17,7 @@ engine cache size).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -33,6 +38,7 @@ __all__ = [
     "evict_to_budget",
     "max_cache_bytes",
     "parse_size",
+    "room_for_derived",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +63,7 @@ class CacheEntry:
     path: Path
     size: int
     last_used: float
+    derived: bool = False
 
     def remove(self) -> None:
         """Delete the artifact and its sidecar."""
@@ -134,32 +141,47 @@ def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
             size = stat.st_size + meta.stat().st_size
             with contextlib.suppress(OSError):
                 size += companion_path(path).stat().st_size
-            entries.append(CacheEntry(meta.parent.parent.name, path, size, stat.st_mtime))
+            entries.append(CacheEntry(meta.parent.parent.name, path, size, stat.st_mtime,
+                                      _is_derived(meta)))  # fmt: skip
     return entries
+
+
+def _is_derived(meta: Path) -> bool:
+    try:
+        record = json.loads(meta.read_text())
+        return bool(record.get("meta", {}).get("derived", False))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def evict_to_budget(
     root: str | os.PathLike[str], max_bytes: int | None, keep: Path | None = None
 ) -> list[CacheEntry]:
-    """Remove least-recently-used entries until the cache holds at most ``max_bytes``.
+    """Remove entries until the cache holds at most ``max_bytes``: derived entries first, then
+    the others, each least recently used first (see the module).
 
     Args:
         root: the cache root.
         max_bytes: the budget; None means unlimited.
-        keep: an artifact never to remove (the one just written).
+        keep: the entry just written: never removed, unless it is derived and the derived
+            entries alone hold more than the artifacts leave of the budget.
 
     Returns:
         The removed entries.
     """
     if max_bytes is None:
         return []
-    entries = sorted(cache_entries(root), key=lambda e: e.last_used)
+    entries = sorted(cache_entries(root), key=lambda e: (not e.derived, e.last_used))
     total = sum(e.size for e in entries)
+    kept = next((e for e in entries if e.path == keep), None)
+    if kept is not None and kept.derived:  # after the other derived entries, before any artifact
+        entries.remove(kept)
+        entries.insert(sum(e.derived for e in entries), kept)
     removed = []
     for entry in entries:
         if total <= max_bytes:
             break
-        if keep is not None and entry.path == keep:
+        if entry is kept and not entry.derived:
             continue
         entry.remove()
         total -= entry.size
@@ -170,6 +192,15 @@ def evict_to_budget(
             root, max_bytes, len(removed),
         )  # fmt: skip
     return removed
+
+
+def room_for_derived(root: str | os.PathLike[str], max_bytes: int | None, nbytes: int) -> bool:
+    """Whether a derived entry of ``nbytes`` fits in the budget without evicting anything: a
+    caller asks before it spends the time to make one that would only remove itself, or push
+    out another derived entry that the next start would make again."""
+    if max_bytes is None:
+        return True
+    return sum(e.size for e in cache_entries(root)) + nbytes <= max_bytes
 
 
 def clear_cache(root: str | os.PathLike[str]) -> int:

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes
+from embedl_dynamo.cache.budget import evict_to_budget, max_cache_bytes, room_for_derived
 from embedl_dynamo.cache.checksums import (
     PendingChecksum,
     hash_problem,
@@ -304,6 +304,12 @@ class ArtifactCache:
                 raise
         evict_to_budget(self.root, max_cache_bytes(), keep=path)
         return path
+
+    def room_for_derived(self, nbytes: int) -> bool:
+        """Whether a derived entry (``meta={"derived": True}``: a runtime's own form of an
+        artifact) of about ``nbytes`` fits in the cache's budget without evicting anything
+        (:func:`~.budget.room_for_derived`)."""
+        return room_for_derived(self.root, max_cache_bytes(), nbytes)
 
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
         """Hold an exclusive per-key file lock (:func:`exclusive_lock`, :func:`lock_timeout`)."""

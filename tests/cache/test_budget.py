@@ -51,6 +51,22 @@ def test_budget_spans_namespaces_and_keeps_the_entry_just_written(tmp_path, monk
     assert not old.exists() and new.exists()  # larger than the budget, yet just built: kept
 
 
+def test_derived_entries_are_evicted_before_artifacts_and_never_evict_one(tmp_path, monkeypatch):
+    # a runtime's own form of an artifact (OpenVINO's compiled model, ONNX Runtime's optimised
+    # graph) is rebuilt from it cheaply: it goes first, and it never pushes an artifact out
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "3000")
+    onnx, derived = ArtifactCache(tmp_path, "onnx"), ArtifactCache(tmp_path, "derived")
+    old = onnx.put(content_key("old"), b"o" * 900, ".onnx")
+    _age(old, 100)  # the least recently used of all
+    form = derived.put(content_key("form"), b"f" * 900, ".blob", meta={"derived": True})
+    assert derived.room_for_derived(900) and not derived.room_for_derived(2000)
+    new = onnx.put(content_key("new"), b"n" * 900, ".onnx")  # over 3000 bytes with sidecars
+    assert old.exists() and new.exists() and not form.exists()
+    big = derived.put(content_key("big"), b"b" * 1500, ".blob", meta={"derived": True})
+    assert old.exists() and new.exists() and not big.exists()  # it removed itself
+    assert {e.derived for e in cache_entries(tmp_path)} == {False}
+
+
 def test_lock_files_are_removed_after_a_build(tmp_path):
     """Regression (issue 12 item 18): one .lock file per key stayed forever."""
     cache = ArtifactCache(tmp_path, "onnx")

@@ -21,7 +21,8 @@ has a helper thread write it once the file is stored (:func:`store_in_background
 first warm start finds it. Only artifacts of this package's cache are kept (a file ``load()``
 reads from elsewhere is optimised as it is), and only from :data:`MIN_ARTIFACT_BYTES` (a small
 graph's session is quick to make) up to :data:`MAX_ARTIFACT_BYTES`, since an entry holds the
-weights a second time.
+weights a second time, and only where the cache's budget has room for it without evicting
+anything (a derived entry is evicted before any artifact: :mod:`~embedl_dynamo.cache.budget`).
 """
 
 from __future__ import annotations
@@ -150,17 +151,19 @@ def _written(
         confirm_artifact()
 
     try:
-        cache.get_or_build(key, build, _SUFFIX, meta={"kind": "onnxruntime optimized graph"})
+        meta = {"kind": "onnxruntime optimized graph", "derived": True}
+        cache.get_or_build(key, build, _SUFFIX, meta=meta)
     except OSError as exc:
         logger.debug("optimised ONNX Runtime graph not cached: %s", exc)
     return made[0] if made else None
 
 
-def _kept(path: Path) -> bool:
-    """Whether an artifact's size is within the bounds whose optimised graph is kept."""
+def _kept(cache: ArtifactCache, path: Path) -> bool:
+    """Whether an artifact's optimised graph is kept: its size within the bounds, and room
+    for about as much in the cache's budget."""
     data = data_path(path)
     size = path.stat().st_size + (data.stat().st_size if data.exists() else 0)
-    return MIN_ARTIFACT_BYTES <= size <= MAX_ARTIFACT_BYTES
+    return MIN_ARTIFACT_BYTES <= size <= MAX_ARTIFACT_BYTES and cache.room_for_derived(size)
 
 
 _ONE_AT_A_TIME = threading.Lock()  # each background write holds a session's weights
@@ -188,7 +191,7 @@ def store_in_background(
         with _ONE_AT_A_TIME:
             digest = artifact_digest()
             cache, key = _entry(cache_dir, digest) if digest else (None, "")
-            if cache is None or cache.read_only or not _kept(path):
+            if cache is None or cache.read_only or not _kept(cache, path):
                 return path
             if cache.get(key, _SUFFIX) is None:
                 _written(cache, key, path, lambda: None, num_threads)  # the session is let go
@@ -232,7 +235,7 @@ def cpu_session(
             info[OPTIMIZED_GRAPH] = LOADED
             return session
     path = artifact()
-    if cache is not None and not cache.read_only and _kept(path):
+    if cache is not None and not cache.read_only and _kept(cache, path):
         session = _written(cache, key, path, confirm_artifact, num_threads)
         if session is not None:
             info[OPTIMIZED_GRAPH] = "written to the cache"

@@ -13,7 +13,8 @@ replaced by other bytes under its key is never served the old file's model), the
 compiled with (precision hint, threads, static shapes) and what decides the plugin's code: the
 OpenVINO version, the CPU's name and its instruction-set flags. Only artifacts of this
 package's cache are kept (a file ``load()`` reads from elsewhere is compiled as it is), and only
-up to :data:`MAX_ARTIFACT_BYTES`, since an export holds the weights a second time. The
+up to :data:`MAX_ARTIFACT_BYTES`, since an export holds the weights a second time, where the
+cache's budget has room for it without evicting anything (a derived entry is evicted first). The
 ``build_info`` entries :func:`~.compile.compile_openvino` fills (the precision hint and what
 was lowered) are stored beside the export and restored with it.
 """
@@ -126,8 +127,10 @@ def compile_or_import(
         confirm_artifact()
         try:
             blob = compiled.export_model()
-            cache.put(key, blob.getvalue(), _SUFFIX,
-                      meta={"kind": "openvino compiled model", "build_info": stored})  # fmt: skip
+            data = blob.getvalue()
+            if cache.room_for_derived(len(data)):
+                meta = {"kind": "openvino compiled model", "build_info": stored, "derived": True}
+                cache.put(key, data, _SUFFIX, meta=meta)
         except (OSError, RuntimeError) as exc:
             logger.debug("compiled OpenVINO model not cached: %s", exc)
     return compiled
