@@ -141,3 +141,20 @@ def test_an_artifact_replaced_by_other_bytes_is_not_imported_the_old_model(tmp_p
     assert len(compiles) == 3 and "openvino_compiled_model" not in runtime.build_info
     with torch.no_grad():
         assert torch.equal(runtime.infer(x)[0], other.infer(x)[0])  # the bytes it holds
+
+
+def test_an_imported_model_reads_its_mapped_blob_for_as_long_as_it_lives(tmp_path, compiles):
+    """OpenVINO keeps reading the blob it imported from a mapping (no copy): the compiled
+    model holds the mapping, so an entry removed or replaced meanwhile does not pull the
+    memory from under it."""
+    import gc
+
+    model, x = randomize_batchnorm(ResNetLike().eval()), torch.randn(2, 3, 16, 16)
+    expected = _build(tmp_path, model, x).infer(x)[0]
+    imported = _build(tmp_path, model, x)
+    assert imported.build_info["openvino_compiled_model"] == "imported from the cache"
+    for blob in _blobs(tmp_path):
+        blob.unlink()  # as eviction or a replacement would
+    gc.collect()
+    with torch.no_grad():
+        assert torch.equal(imported.infer(x)[0], expected)

@@ -31,10 +31,12 @@ from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.runtimes.openvino.compile import compile_openvino
 
-__all__ = ["MAX_ARTIFACT_BYTES", "compile_or_import"]
+__all__ = ["BLOB_MAPPING", "MAX_ARTIFACT_BYTES", "compile_or_import"]
 
 logger = logging.getLogger(__name__)
 
+#: the attribute of an imported compiled model that holds the mapped blob it reads
+BLOB_MAPPING = "embedl_blob_mapping"
 #: ONNX artifacts up to this size keep their compiled model in the cache
 MAX_ARTIFACT_BYTES = 1 << 30
 _NAMESPACE = "openvino_compiled"
@@ -60,7 +62,13 @@ def _imported(cache: ArtifactCache, key: str, device: str, threads: int | None) 
 
     The import is given the precision hint the model was compiled with: the CPU plugin
     applies its own default to an imported model otherwise (bf16 on CPUs that compute in it).
+    It reads the blob where it is mapped (a private, copy-on-write ``mmap``, as OpenVINO maps
+    the weights of the files it reads itself) instead of a copy of its bytes, and keeps using
+    that memory: the mapping is the compiled model's :data:`BLOB_MAPPING` attribute and lives
+    as long as it does. The cache replaces an entry by renaming a new file over it, never by
+    writing it in place, so the mapped bytes stay the ones verified.
     """
+    import numpy as np
     import openvino as ov
 
     path = cache.get(key, _SUFFIX)  # checked before OpenVINO parses it: a bad blob could crash it
@@ -73,7 +81,9 @@ def _imported(cache: ArtifactCache, key: str, device: str, threads: int | None) 
     try:
         if not isinstance(properties["INFERENCE_PRECISION_HINT"], str):
             raise ValueError("its entry records no precision hint")
-        compiled = ov.Core().import_model(path.read_bytes(), device, properties)
+        blob = np.memmap(path, dtype=np.uint8, mode="c")
+        compiled = ov.Core().import_model(ov.Tensor(blob, shared_memory=True), device, properties)
+        setattr(compiled, BLOB_MAPPING, blob)
     except (OSError, RuntimeError, ValueError) as exc:
         logger.warning("compiled OpenVINO model %s not used (%s); compiling again", path, exc)
         return None

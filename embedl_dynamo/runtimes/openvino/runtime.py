@@ -248,9 +248,9 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         return found
 
     def _deactivate(self) -> None:
-        self._compiled = None
-        self._request = None
+        self._request = None  # before the compiled model, which may hold the memory it reads
         self._dynamic = None
+        self._compiled = None
 
     def serve(self) -> Served:
         # a compiled graph of static sizes is called with those only: the dynamic model the
