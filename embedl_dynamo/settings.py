@@ -97,7 +97,8 @@ class Settings:
             why); ``raise`` raises.
         min_subgraph_size: subgraphs with fewer operations stay in PyTorch.
         dynamic_batch: export with a dynamic batch axis so a new batch size does not rebuild.
-        num_threads: ONNX Runtime intra-op threads (its default when None).
+        num_threads: ONNX Runtime intra-op threads (PyTorch's ``torch.get_num_threads()``
+            when None).
         precision: a registered :class:`~embedl_dynamo.precision.Precision`, given by name:
             ``fp32`` (default); ``fp16``/``bf16`` (compute in half precision, with
             reductions, normalisation statistics, softmax and the outputs kept in fp32);

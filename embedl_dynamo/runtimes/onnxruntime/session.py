@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from embedl_dynamo.onnx.fp8_weights import has_fp8_qdq
 from embedl_dynamo.onnx.initializers import SHARED_LOCATION
 
@@ -51,7 +53,7 @@ _EXTERNAL_FOLDER = "session.model_external_initializers_file_folder_path"
 # * without MatMulAddFusion, which would first turn a 2-d MatMul + bias into a Gemm that
 #   dequantises its weights on every call (onnxruntime-genai's builder disables it for its int4
 #   models too). Our float linears export as Gemm already, so they do not need it;
-# * worker threads that do not spin (:func:`_spinning_config`).
+# * worker threads that spin within a run only (:func:`_spinning_config`).
 _SESSION_CONFIG = {
     "session.qdq_matmulnbits_accuracy_level": "4",
     "session.qdq_matmulnbits_block_size": "-1",
@@ -70,16 +72,17 @@ def graph_config() -> dict[str, str]:
 def _spinning_config() -> dict[str, str]:
     """Whether the session's worker threads spin between the ops of a run.
 
-    PyTorch runs between our calls (``generate()``'s loop, graph breaks, the caller's code), and
-    its OpenMP workers spin for a while after each parallel op (GNU libgomp's default) on the
-    cores our run is about to use. Spinning workers of ours then fight them for those cores
-    (a decoder's ``generate()`` is slower per token), so by default ours sleep. Where the
-    process set ``OMP_WAIT_POLICY=PASSIVE``, PyTorch's workers sleep at once, and ours spin
-    within a run (quicker hand-offs between its thousands of small ops) and stop when it
-    returns (``session.force_spinning_stop``); docs/benchmarks/llm-decode.md gives the measurements.
+    A run hands thousands of small ops to its workers (a decode step's), and a worker that
+    sleeps between them is woken by the kernel each time; spinning workers pick them up at
+    once. They spin within a run only and stop when it returns
+    (``session.force_spinning_stop``), so between our calls they leave the cores to PyTorch
+    (``generate()``'s loop, graph breaks, the caller's code), whose OpenMP workers (GNU libgomp)
+    spin only briefly after each parallel op. Where the process set ``OMP_WAIT_POLICY=ACTIVE``,
+    PyTorch's workers keep spinning, and ours sleep rather than fight them for the cores;
+    docs/benchmarks/llm-decode.md gives the measurements.
     """
-    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "PASSIVE"
-    return _SPINNING_IN_RUNS if passive else _NO_SPINNING
+    active = os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "ACTIVE"
+    return _NO_SPINNING if active else _SPINNING_IN_RUNS
 
 
 def ort_providers() -> list[str]:
@@ -135,7 +138,9 @@ def create_session(
         model: an ``.onnx`` path or serialized model bytes.
         providers: execution providers, best first, each a name or ``(name, provider
             options)`` (:func:`device_providers`); :func:`ort_providers` when None.
-        num_threads: intra-op threads (ONNX Runtime's default when None).
+        num_threads: intra-op threads; when None (and ``options`` sets none), PyTorch's
+            ``torch.get_num_threads()``: the process's own choice (``torch.set_num_threads``,
+            ``OMP_NUM_THREADS``), by default one per physical core, as ONNX Runtime's.
         options: an ``onnxruntime.SessionOptions`` to start from; when None, full graph
             optimisation (``ORT_ENABLE_ALL``) and warnings-and-above logging only.
         initializers: name -> numpy array for the model's external-data initializers
@@ -157,6 +162,8 @@ def create_session(
         options.log_severity_level = ort_log_severity()
     if num_threads is not None:
         options.intra_op_num_threads = num_threads
+    elif not options.intra_op_num_threads:  # the threads the process gave PyTorch
+        options.intra_op_num_threads = torch.get_num_threads()
     for key, value in {**_SESSION_CONFIG, **_spinning_config()}.items():
         try:  # a caller's own value is kept
             options.get_session_config_entry(key)
