@@ -221,3 +221,18 @@ def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
     mask = torch.ones(2, 8, dtype=torch.long)
     ids[1, :3], mask[1, :3] = 0, 0
     return ids, mask
+
+
+def replace_cache_file(path: Any, data: bytes) -> None:
+    """Write ``data`` over a cache entry's file and re-sign its checksum sidecar to match: an
+    entry whose bytes are valid but not what its key promises (a wrong artifact)."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.write_bytes(data)
+    meta = path.with_name(path.name + ".meta.json")
+    record = json.loads(meta.read_text())
+    record.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    meta.write_text(json.dumps(record))

@@ -5,8 +5,6 @@ outputs bit for bit. The models here are small: the size bound is lowered to tak
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import stat
 
@@ -19,6 +17,7 @@ from embedl_dynamo.runtimes.onnxruntime import optimized_cache
 from embedl_dynamo.runtimes.onnxruntime.optimized_cache import LOADED, OPTIMIZED_GRAPH
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.settings import Settings
+from tests.helpers import replace_cache_file
 from tests.models import ResNetLike, randomize_batchnorm
 
 pytestmark = pytest.mark.skipif(not OnnxRuntime.is_available(), reason=f"{OnnxRuntime.missing()}")
@@ -116,13 +115,7 @@ def test_an_artifact_replaced_by_other_bytes_is_not_served_the_old_graph(tmp_pat
     key = _build(tmp_path, model).build_info["key"]  # and the optimised graph of its artifact
     (artifact,) = (tmp_path / "onnx").rglob("*.onnx")
     wrong = _build(tmp_path / "other", other)
-    artifact.write_bytes((tmp_path / "other").joinpath(
-        *wrong.build_info["artifact"].split("/")[-3:]).read_bytes())  # fmt: skip
-    meta = artifact.with_name(artifact.name + ".meta.json")  # signed as if it were right
-    record = json.loads(meta.read_text())
-    record.update(sha256=hashlib.sha256(artifact.read_bytes()).hexdigest(),
-                  size=artifact.stat().st_size)  # fmt: skip
-    meta.write_text(json.dumps(record))
+    replace_cache_file(artifact, open(wrong.build_info["artifact"], "rb").read())
     runtime = OnnxRuntime(Settings(cache_dir=tmp_path, num_threads=1))
     assert runtime.use_cached(key)
     runtime.build(torch.fx.symbolic_trace(model), [X])  # the warm start's judge would refuse it

@@ -14,6 +14,7 @@ from embedl_dynamo.runtimes.openvino import compile as openvino_compile
 from embedl_dynamo.runtimes.openvino import compiled_cache
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.settings import Settings
+from tests.helpers import replace_cache_file
 from tests.models import ResNetLike, randomize_batchnorm
 
 pytestmark = pytest.mark.skipif(
@@ -122,19 +123,11 @@ def test_an_artifact_over_the_bound_keeps_only_its_file_weights_in_a_data_file_i
 def test_an_artifact_replaced_by_other_bytes_is_not_imported_the_old_model(tmp_path, compiles):
     """The compiled model is keyed by the sha256 its artifact is recorded with: an artifact
     rebuilt under its key with other bytes (one found wrong, then replaced) compiles anew."""
-    import hashlib
-    import json
-
     model, x = randomize_batchnorm(ResNetLike().eval()), torch.randn(2, 3, 16, 16)
     key = _build(tmp_path, model, x).build_info["key"]
     other = _build(tmp_path / "other", randomize_batchnorm(ResNetLike().eval()), x)
     (artifact,) = (tmp_path / "onnx").rglob("*.onnx")
-    artifact.write_bytes(open(other.build_info["artifact"], "rb").read())
-    meta = artifact.with_name(artifact.name + ".meta.json")  # signed as if it were right
-    record = json.loads(meta.read_text())
-    record.update(sha256=hashlib.sha256(artifact.read_bytes()).hexdigest(),
-                  size=artifact.stat().st_size)  # fmt: skip
-    meta.write_text(json.dumps(record))
+    replace_cache_file(artifact, open(other.build_info["artifact"], "rb").read())
     runtime = OpenVINORuntime(Settings(cache_dir=tmp_path, num_threads=1))
     assert runtime.use_cached(key)
     runtime.build(torch.fx.symbolic_trace(model), [x])  # a warm start's judge would refuse it
