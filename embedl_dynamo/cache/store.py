@@ -117,14 +117,10 @@ class ArtifactCache:
         # get() instead of being followed out of the cache
         return self.dir / key[:2] / f"{key}{suffix}"
 
-    @staticmethod
-    def _meta_path(path: Path) -> Path:
-        return sidecar_path(path)
-
     def _remove(self, path: Path) -> None:
         if self.read_only:
             return  # a shipped cache is never changed: the entry is ignored, not removed
-        for p in (path, companion_path(path), self._meta_path(path)):
+        for p in (path, companion_path(path), sidecar_path(path)):
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
 
@@ -138,10 +134,9 @@ class ArtifactCache:
         A corrupt entry (sidecar missing or unreadable, size or sha256 mismatch) is logged as a
         warning and removed, so the caller rebuilds it.
         """
-        found = self._find(key, suffix)
-        if found is None:
+        path = self._find(key, suffix)
+        if path is None:
             return None
-        path, meta_path = found
         problem, sha256 = sidecar_problem(path)
         problem = problem or hash_problem(path, sha256)
         if problem is None:
@@ -173,10 +168,9 @@ class ArtifactCache:
             ``confirm()`` before trusting what it read. It raises :class:`CorruptEntryError`
             (the entry already removed) when the bytes do not match their sidecar.
         """
-        found = self._find(key, suffix)
-        if found is None:
+        path = self._find(key, suffix)
+        if path is None:
             return None
-        path, meta_path = found
         problem, sha256 = sidecar_problem(path)
         if problem is not None:
             self._report_corrupt(path, problem)
@@ -191,10 +185,11 @@ class ArtifactCache:
             pending.start()
         return self._used(path), pending
 
-    def _find(self, key: str, suffix: str) -> tuple[Path, Path] | None:
-        """The entry's file and sidecar paths, None when absent; symbolic links are removed."""
+    def _find(self, key: str, suffix: str) -> Path | None:
+        """The entry's file, None when absent; symbolic links (to it, its directory, companion or
+        sidecar) are removed."""
         path = self.path(key, suffix)
-        meta_path = self._meta_path(path)
+        meta_path = sidecar_path(path)
         if self._unusable is not None:
             return None
         links = [p for p in (path.parent, path, companion_path(path), meta_path) if p.is_symlink()]
@@ -205,7 +200,7 @@ class ArtifactCache:
             return None
         if not path.exists():  # absent, or a sidecar whose file is being stored right now
             return None
-        return path, meta_path
+        return path
 
     def _used(self, path: Path) -> Path:
         if not self.read_only:
@@ -232,7 +227,7 @@ class ArtifactCache:
 
     def metadata(self, key: str, suffix: str = "") -> dict[str, Any]:
         """The caller metadata stored with an entry by :meth:`put` (empty if none)."""
-        meta_path = self._meta_path(self.path(key, suffix))
+        meta_path = sidecar_path(self.path(key, suffix))
         try:
             return dict(json.loads(meta_path.read_text()).get("meta", {}))
         except (OSError, ValueError):
@@ -277,7 +272,7 @@ class ArtifactCache:
             # the sidecar goes first: a reader that finds the file always finds its checksum
             record = {"sha256": digest, "size": size, "meta": meta or {}}
             record.update({"companion": companion} if companion else {})
-            atomic_write_text(self._meta_path(path), json.dumps(jsonable(record), sort_keys=True))
+            atomic_write_text(sidecar_path(path), json.dumps(jsonable(record), sort_keys=True))
 
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)

@@ -24,6 +24,7 @@ __all__ = [
     "EXTERNAL_DATA_BYTES",
     "data_path",
     "external_locations",
+    "file_bytes",
     "initializer_bytes",
     "save_model_file",
 ]
@@ -37,6 +38,12 @@ def data_path(path: str | Path) -> Path:
     """The data file of the model at ``path``: ``model.onnx`` -> ``model.onnx.data``."""
     path = Path(path)
     return path.with_name(path.name + DATA_SUFFIX)
+
+
+def file_bytes(path: str | Path) -> int:
+    """The bytes of the model file at ``path`` and of its data file, where it has one."""
+    data = data_path(path)
+    return Path(path).stat().st_size + (data.stat().st_size if data.exists() else 0)
 
 
 def initializer_bytes(model: Any) -> int:

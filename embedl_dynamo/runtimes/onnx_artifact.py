@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import fx
 
+from embedl_dynamo.cache.checksums import PendingChecksum
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact, cached_onnx, onnx_artifact, recorded_digest
 from embedl_dynamo.runtimes.base import Runtime
@@ -25,8 +26,7 @@ class OnnxArtifactRuntime(Runtime):
         super().__init__(settings, dynamic_axes)
         self._prebuilt: OnnxArtifact | None = None
         self._artifact: OnnxArtifact | None = None  # what the runtime runs
-        self._confirm: Callable[[], None] | None = None  # the cached file's pending sha256
-        self._read_artifact: Callable[[], None] | None = None  # starts that sha256
+        self._confirm: PendingChecksum | None = None  # the cached file's sha256, to confirm
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
@@ -40,8 +40,7 @@ class OnnxArtifactRuntime(Runtime):
         found = cached_onnx(key, self.settings)
         if found is None:
             return False
-        path, pending = found
-        self._confirm, self._read_artifact = pending, pending.start
+        path, self._confirm = found
         self._prebuilt = OnnxArtifact(key, False, path)
         return True
 
@@ -68,16 +67,15 @@ class OnnxArtifactRuntime(Runtime):
     def read_artifact(self) -> Path:
         """The artifact's file, for a runtime about to read it: a cached file's checksum starts
         now, on a helper thread."""
-        start, self._read_artifact = self._read_artifact, None
-        if start is not None:
-            start()
+        if self._confirm is not None:
+            self._confirm.start()
         assert self._artifact is not None
         return self._artifact.path
 
     def artifact_not_read(self) -> None:
         """The runtime runs a file derived from the artifact, whose checksum it confirmed
         itself, and never read the artifact: the artifact's checksum is not computed."""
-        self._confirm, self._read_artifact = None, None
+        self._confirm = None
 
     @classmethod
     def builds_from_memory(cls) -> bool:

@@ -149,3 +149,25 @@ def test_a_file_from_elsewhere_is_optimised_as_it_is_and_not_kept(tmp_path, monk
     loaded.activate()
     assert OPTIMIZED_GRAPH not in loaded.build_info
     assert not (tmp_path / "default" / "onnxruntime_optimized").exists()
+
+
+def test_a_weight_only_graph_loaded_optimised_gives_the_same_outputs_bit_for_bit(tmp_path):
+    """int4 weight-only: the optimised graph holds the MatMulNBits ONNX Runtime fused (codes
+    re-laid out, accuracy level baked in); run with optimisations off it computes the same."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256)
+    ).eval()
+    x = torch.randn(4, 256)
+    options = {"cache_dir": tmp_path, "precision": "int4_weight_only", "accuracy_budget": 0.01}
+    outputs, graphs = [], []
+    for _ in range(2):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="embedl_onnxruntime", options=options)
+        with torch.no_grad():
+            outputs.append(compiled(x))
+        embedl_dynamo.wait_for_cache_writes()
+        (report,) = embedl_dynamo.last_report().subgraphs
+        graphs.append(report.runtime_info.get(OPTIMIZED_GRAPH))
+    assert graphs == [None, LOADED] and len(_entries(tmp_path)) == 1
+    assert torch.equal(outputs[0], outputs[1])

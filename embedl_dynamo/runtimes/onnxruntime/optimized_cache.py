@@ -38,7 +38,7 @@ from embedl_dynamo.cache.files import write_in_background
 from embedl_dynamo.cache.keys import content_key, cpu_identity, package_version
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.errors import CorruptEntryError
-from embedl_dynamo.onnx.external_data import data_path
+from embedl_dynamo.onnx.external_data import file_bytes
 from embedl_dynamo.runtimes.onnxruntime.session import (
     CPU_PROVIDER,
     create_session,
@@ -101,25 +101,15 @@ def _loaded(cache: ArtifactCache, key: str, num_threads: int | None) -> Any:
                                  options=_options(optimized=True))  # fmt: skip
     except Exception as exc:  # ONNX Runtime raises its own exception types
         logger.warning("optimised ONNX Runtime graph %s not used (%s); optimising again", path, exc)
-        confirm = _removing(cache, key, confirm)
         session = None
     try:
         confirm()
-    except CorruptEntryError as exc:
+    except CorruptEntryError as exc:  # removed already
         logger.warning("%s; optimising the artifact again", exc)
         return None
+    if session is None and not cache.read_only:  # intact, yet refused: made again
+        cache.remove(key, _SUFFIX)
     return session
-
-
-def _removing(cache: ArtifactCache, key: str, confirm: Callable[[], None]) -> Callable[[], None]:
-    """``confirm``, then the entry removed (a file ONNX Runtime refused; a read-only cache keeps it)."""
-
-    def then() -> None:
-        confirm()
-        if not cache.read_only:
-            cache.remove(key, _SUFFIX)
-
-    return then
 
 
 def _written(
@@ -161,8 +151,7 @@ def _written(
 def _kept(cache: ArtifactCache, path: Path) -> bool:
     """Whether an artifact's optimised graph is kept: its size within the bounds, and room
     for about as much in the cache's budget."""
-    data = data_path(path)
-    size = path.stat().st_size + (data.stat().st_size if data.exists() else 0)
+    size = file_bytes(path)
     return MIN_ARTIFACT_BYTES <= size <= MAX_ARTIFACT_BYTES and cache.room_for_derived(size)
 
 

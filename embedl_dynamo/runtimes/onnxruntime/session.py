@@ -32,8 +32,8 @@ __all__ = [
     "CPU_PROVIDER",
     "GPU_PROVIDERS",
     "create_session",
-    "graph_config",
     "device_providers",
+    "graph_config",
     "ort_log_severity",
     "ort_providers",
 ]

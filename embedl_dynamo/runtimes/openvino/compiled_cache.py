@@ -28,7 +28,7 @@ from typing import Any
 
 from embedl_dynamo.cache.keys import content_key, cpu_identity
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.onnx.external_data import data_path
+from embedl_dynamo.onnx.external_data import file_bytes
 from embedl_dynamo.runtimes.openvino.compile import compile_openvino
 
 __all__ = ["BLOB_MAPPING", "MAX_ARTIFACT_BYTES", "compile_or_import"]
@@ -90,12 +90,6 @@ def _imported(cache: ArtifactCache, key: str, device: str, threads: int | None) 
     return compiled, stored
 
 
-def _artifact_bytes(path: Path) -> int:
-    """The bytes of an ONNX file and of its data file (its weights, where it has one)."""
-    data = data_path(path)
-    return path.stat().st_size + (data.stat().st_size if data.exists() else 0)
-
-
 def compile_or_import(
     path: Path,
     artifact_digest: str | None,
@@ -118,7 +112,7 @@ def compile_or_import(
         options: ``num_threads``, ``hint``, ``shapes``, ``device`` for
             :func:`~.compile.compile_openvino`.
     """
-    if artifact_digest is None or _artifact_bytes(Path(path)) > MAX_ARTIFACT_BYTES:
+    if artifact_digest is None or file_bytes(path) > MAX_ARTIFACT_BYTES:
         return compile_openvino(path, info=info, **options)
     shapes = options.get("shapes")
     keyed = {**options, "shapes": [list(s) for s in shapes] if shapes else None}
