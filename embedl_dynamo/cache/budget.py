@@ -3,11 +3,18 @@
 Every entry is an artifact plus its ``.meta.json`` sidecar (see :mod:`embedl_dynamo.cache.store`).
 An entry's last use is its artifact's modification time: :meth:`ArtifactCache.get` touches it on
 every hit, so eviction removes the entries no process has used for longest. After each ``put`` the
-whole cache root is trimmed to the budget, oldest first, never removing the entry just written.
-*Derived* entries (a runtime's own form of an artifact, such as OpenVINO's compiled model or
-ONNX Runtime's optimised graph: their sidecar's metadata says ``"derived": true``) go first,
-since they are rebuilt from their artifact at a small cost; a derived entry just written that
-does not fit beside the others removes itself rather than an artifact.
+whole cache root is trimmed to the budget, never removing the entry just written, in this order:
+
+1. *stale* entries, those no process has used since this one started (:data:`PROCESS_START`),
+   derived ones first, each least recently used first;
+2. then derived entries this start (or a replica running beside it) has used;
+3. then the other entries it has used.
+
+*Derived* entries are a runtime's own form of an artifact, such as OpenVINO's compiled model or
+ONNX Runtime's optimised graph (their sidecar's metadata says ``"derived": true``): they are
+rebuilt from their artifact at a small cost. A derived entry just written pushes out stale
+entries only; where they leave no room it removes itself. So a cache filled by models that no
+longer run makes room for it, and it never evicts what the next start would build again.
 
 The budget is ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` (bytes, or with a ``KB``/``MB``/``GB`` suffix;
 ``0`` or ``none`` means unlimited), else :data:`DEFAULT_MAX_BYTES` (5 GB, Torch-TensorRT's default
@@ -21,6 +28,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +40,7 @@ from embedl_dynamo.errors import ConfigurationError, NotACacheError
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "ENV_CACHE_MAX_SIZE",
+    "PROCESS_START",
     "CacheEntry",
     "cache_entries",
     "clear_cache",
@@ -45,6 +54,9 @@ logger = logging.getLogger(__name__)
 
 ENV_CACHE_MAX_SIZE = "EMBEDL_DYNAMO_CACHE_MAX_SIZE"
 DEFAULT_MAX_BYTES = 5 * 1024**3
+#: when this process loaded the cache's code: an entry last used before it is stale (no process
+#: has read it since), and only a stale entry makes room for a derived one
+PROCESS_START = time.time()
 _META = ".meta.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
@@ -157,26 +169,26 @@ def _is_derived(meta: Path) -> bool:
 def evict_to_budget(
     root: str | os.PathLike[str], max_bytes: int | None, keep: Path | None = None
 ) -> list[CacheEntry]:
-    """Remove entries until the cache holds at most ``max_bytes``: derived entries first, then
-    the others, each least recently used first (see the module).
+    """Remove entries until the cache holds at most ``max_bytes``: stale entries first, then
+    derived entries in use, then the others (see the module).
 
     Args:
         root: the cache root.
         max_bytes: the budget; None means unlimited.
-        keep: the entry just written: never removed, unless it is derived and the derived
-            entries alone hold more than the artifacts leave of the budget.
+        keep: the entry just written: never removed, unless it is derived and the stale entries
+            (:data:`PROCESS_START`) are too few to make room for it; a derived ``keep`` evicts
+            no entry used since this process started.
 
     Returns:
         The removed entries.
     """
     if max_bytes is None:
         return []
-    entries = sorted(cache_entries(root), key=lambda e: (not e.derived, e.last_used))
+    entries = sorted(cache_entries(root), key=_eviction_order)
     total = sum(e.size for e in entries)
     kept = next((e for e in entries if e.path == keep), None)
-    if kept is not None and kept.derived:  # after the other derived entries, before any artifact
-        entries.remove(kept)
-        entries.insert(sum(e.derived for e in entries), kept)
+    if kept is not None and kept.derived:  # the stale entries, then itself
+        entries = [e for e in entries if not _in_use(e) and e is not kept] + [kept]
     removed = []
     for entry in entries:
         if total <= max_bytes:
@@ -194,13 +206,23 @@ def evict_to_budget(
     return removed
 
 
+def _in_use(entry: CacheEntry) -> bool:
+    """Whether a process has used the entry since this one started (it is not stale)."""
+    return entry.last_used >= PROCESS_START
+
+
+def _eviction_order(entry: CacheEntry) -> tuple[bool, bool, float]:
+    return _in_use(entry), not entry.derived, entry.last_used
+
+
 def room_for_derived(root: str | os.PathLike[str], max_bytes: int | None, nbytes: int) -> bool:
-    """Whether a derived entry of ``nbytes`` fits in the budget without evicting anything: a
-    caller asks before it spends the time to make one that would only remove itself, or push
-    out another derived entry that the next start would make again."""
+    """Whether a derived entry of ``nbytes`` fits in the budget once the stale entries (none
+    used since this process started) are evicted: a caller asks before it spends the time to
+    make one that would only remove itself, or push out an entry that this start reads."""
     if max_bytes is None:
         return True
-    return sum(e.size for e in cache_entries(root)) + nbytes <= max_bytes
+    in_use = sum(e.size for e in cache_entries(root) if _in_use(e))
+    return in_use + nbytes <= max_bytes
 
 
 def clear_cache(root: str | os.PathLike[str]) -> int:

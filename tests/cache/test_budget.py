@@ -51,20 +51,55 @@ def test_budget_spans_namespaces_and_keeps_the_entry_just_written(tmp_path, monk
     assert not old.exists() and new.exists()  # larger than the budget, yet just built: kept
 
 
-def test_derived_entries_are_evicted_before_artifacts_and_never_evict_one(tmp_path, monkeypatch):
+def test_derived_entries_are_evicted_before_artifacts_and_never_evict_one_in_use(
+    tmp_path, monkeypatch
+):
     # a runtime's own form of an artifact (OpenVINO's compiled model, ONNX Runtime's optimised
-    # graph) is rebuilt from it cheaply: it goes first, and it never pushes an artifact out
+    # graph) is rebuilt from it cheaply: it goes first, and it never pushes out an entry this
+    # process has used (every entry here was written by it)
     monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "3000")
     onnx, derived = ArtifactCache(tmp_path, "onnx"), ArtifactCache(tmp_path, "derived")
-    old = onnx.put(content_key("old"), b"o" * 900, ".onnx")
-    _age(old, 100)  # the least recently used of all
+    used = onnx.put(content_key("used"), b"u" * 900, ".onnx")
     form = derived.put(content_key("form"), b"f" * 900, ".blob", meta={"derived": True})
     assert derived.room_for_derived(900) and not derived.room_for_derived(2000)
     new = onnx.put(content_key("new"), b"n" * 900, ".onnx")  # over 3000 bytes with sidecars
-    assert old.exists() and new.exists() and not form.exists()
+    assert used.exists() and new.exists() and not form.exists()
+    other = derived.put(content_key("other"), b"o" * 500, ".blob", meta={"derived": True})
     big = derived.put(content_key("big"), b"b" * 1500, ".blob", meta={"derived": True})
-    assert old.exists() and new.exists() and not big.exists()  # it removed itself
-    assert {e.derived for e in cache_entries(tmp_path)} == {False}
+    assert used.exists() and new.exists() and other.exists() and not big.exists()  # it went
+    assert not derived.room_for_derived(1500)
+
+
+def test_a_derived_entry_evicts_stale_entries_to_make_room(tmp_path, monkeypatch):
+    """Regression: a cache at its budget never got a derived entry (it had to fit without
+    evicting anything), so a warm start kept optimising its sessions on every start while the
+    cache held artifacts of models no process had run for days."""
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "4000")
+    onnx, derived = ArtifactCache(tmp_path, "onnx"), ArtifactCache(tmp_path, "derived")
+    oldest, older = (onnx.put(content_key("stale", i), b"s" * 900, ".onnx") for i in range(2))
+    _age(oldest, 2 * 86400)  # last used before this process started
+    _age(older, 86400)
+    used = onnx.put(content_key("used"), b"u" * 900, ".onnx")
+    assert derived.room_for_derived(1500)  # once the stale entries are evicted
+    form = derived.put(content_key("form"), b"f" * 1500, ".blob", meta={"derived": True})
+    assert form.exists() and used.exists() and older.exists() and not oldest.exists()
+    assert sum(e.size for e in cache_entries(tmp_path)) <= 4000
+    assert not derived.room_for_derived(2500)  # only `older` is stale now
+
+
+def test_an_artifact_evicts_stale_entries_before_a_derived_entry_in_use(tmp_path, monkeypatch):
+    """Regression: a derived entry this process had just written went before any artifact, so
+    a decoder's later graphs evicted its first graph's optimised session while artifacts no
+    process had used for days stayed."""
+    monkeypatch.setenv(ENV_CACHE_MAX_SIZE, "3000")
+    onnx, derived = ArtifactCache(tmp_path, "onnx"), ArtifactCache(tmp_path, "derived")
+    stale = onnx.put(content_key("stale"), b"s" * 900, ".onnx")
+    _age(stale, 86400)
+    form = derived.put(content_key("form"), b"f" * 900, ".blob", meta={"derived": True})
+    new = onnx.put(content_key("new"), b"n" * 900, ".onnx")  # over 3000 bytes with sidecars
+    assert form.exists() and new.exists() and not stale.exists()
+    newer = onnx.put(content_key("newer"), b"n" * 900, ".onnx")  # nothing stale is left
+    assert new.exists() and newer.exists() and not form.exists()
 
 
 def test_lock_files_are_removed_after_a_build(tmp_path):

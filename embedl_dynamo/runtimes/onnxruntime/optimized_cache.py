@@ -21,8 +21,9 @@ has a helper thread write it once the file is stored (:func:`store_in_background
 first warm start finds it. Only artifacts of this package's cache are kept (a file ``load()``
 reads from elsewhere is optimised as it is), and only from :data:`MIN_ARTIFACT_BYTES` (a small
 graph's session is quick to make) up to :data:`MAX_ARTIFACT_BYTES`, since an entry holds the
-weights a second time, and only where the cache's budget has room for it without evicting
-anything (a derived entry is evicted before any artifact: :mod:`~embedl_dynamo.cache.budget`).
+weights a second time, and only where the cache's budget has room for it without evicting an
+entry used since this process started (a derived entry is evicted before any artifact:
+:mod:`~embedl_dynamo.cache.budget`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ compiled with (precision hint, threads, static shapes) and what decides the plug
 OpenVINO version, the CPU's name and its instruction-set flags. Only artifacts of this
 package's cache are kept (a file ``load()`` reads from elsewhere is compiled as it is), and only
 up to :data:`MAX_ARTIFACT_BYTES`, since an export holds the weights a second time, where the
-cache's budget has room for it without evicting anything (a derived entry is evicted first). The
+cache's budget has room for it without evicting an entry used since this process started (a
+derived entry is evicted first: :mod:`~embedl_dynamo.cache.budget`). The
 ``build_info`` entries :func:`~.compile.compile_openvino` fills (the precision hint and what
 was lowered) are stored beside the export and restored with it.
 """
