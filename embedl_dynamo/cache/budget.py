@@ -3,18 +3,15 @@
 Every entry is an artifact plus its ``.meta.json`` sidecar (see :mod:`embedl_dynamo.cache.store`).
 An entry's last use is its artifact's modification time: :meth:`ArtifactCache.get` touches it on
 every hit, so eviction removes the entries no process has used for longest. After each ``put`` the
-whole cache root is trimmed to the budget, never removing the entry just written, in this order:
-
-1. *stale* entries, those no process has used since this one started (:data:`PROCESS_START`),
-   derived ones first, each least recently used first;
-2. then derived entries this start (or a replica running beside it) has used;
-3. then the other entries it has used.
-
-*Derived* entries are a runtime's own form of an artifact, such as OpenVINO's compiled model or
-ONNX Runtime's optimised graph (their sidecar's metadata says ``"derived": true``): they are
-rebuilt from their artifact at a small cost. A derived entry just written pushes out stale
-entries only; where they leave no room it removes itself. So a cache filled by models that no
-longer run makes room for it, and it never evicts what the next start would build again.
+whole cache root is trimmed to the budget, oldest first, never removing the entry just written.
+*Derived* entries (a runtime's own form of an artifact, such as OpenVINO's compiled model or
+ONNX Runtime's optimised graph: their sidecar's metadata says ``"derived": true``) go first,
+since they are rebuilt from their artifact in a second or so, where an artifact can take
+minutes. A derived entry just written pushes out only *stale* derived entries, those no process
+has used since this one started (:data:`PROCESS_START`), and removes itself where they leave no
+room: it never evicts an artifact, nor a derived entry this start (or a replica beside it)
+reads, so two models sharing a full cache do not evict each other's artifacts for a second
+saved per start.
 
 The budget is ``$EMBEDL_DYNAMO_CACHE_MAX_SIZE`` (bytes, or with a ``KB``/``MB``/``GB`` suffix;
 ``0`` or ``none`` means unlimited), else :data:`DEFAULT_MAX_BYTES` (5 GB, Torch-TensorRT's default
@@ -54,8 +51,8 @@ logger = logging.getLogger(__name__)
 
 ENV_CACHE_MAX_SIZE = "EMBEDL_DYNAMO_CACHE_MAX_SIZE"
 DEFAULT_MAX_BYTES = 5 * 1024**3
-#: when this process loaded the cache's code: an entry last used before it is stale (no process
-#: has read it since), and only a stale entry makes room for a derived one
+#: when this process loaded the cache's code: a derived entry last used before it is stale (no
+#: process has read it since), and only such an entry makes room for another derived one
 PROCESS_START = time.time()
 _META = ".meta.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -169,26 +166,26 @@ def _is_derived(meta: Path) -> bool:
 def evict_to_budget(
     root: str | os.PathLike[str], max_bytes: int | None, keep: Path | None = None
 ) -> list[CacheEntry]:
-    """Remove entries until the cache holds at most ``max_bytes``: stale entries first, then
-    derived entries in use, then the others (see the module).
+    """Remove entries until the cache holds at most ``max_bytes``: derived entries first, then
+    the others, each least recently used first (see the module).
 
     Args:
         root: the cache root.
         max_bytes: the budget; None means unlimited.
-        keep: the entry just written: never removed, unless it is derived and the stale entries
-            (:data:`PROCESS_START`) are too few to make room for it; a derived ``keep`` evicts
-            no entry used since this process started.
+        keep: the entry just written: never removed, unless it is derived and the stale derived
+            entries (:data:`PROCESS_START`) are too few to make room for it; a derived ``keep``
+            evicts nothing else.
 
     Returns:
         The removed entries.
     """
     if max_bytes is None:
         return []
-    entries = sorted(cache_entries(root), key=_eviction_order)
+    entries = sorted(cache_entries(root), key=lambda e: (not e.derived, e.last_used))
     total = sum(e.size for e in entries)
     kept = next((e for e in entries if e.path == keep), None)
-    if kept is not None and kept.derived:  # the stale entries, then itself
-        entries = [e for e in entries if not _in_use(e) and e is not kept] + [kept]
+    if kept is not None and kept.derived:  # the stale derived entries, then itself
+        entries = [e for e in entries if _stale_derived(e) and e is not kept] + [kept]
     removed = []
     for entry in entries:
         if total <= max_bytes:
@@ -206,23 +203,26 @@ def evict_to_budget(
     return removed
 
 
-def _in_use(entry: CacheEntry) -> bool:
-    """Whether a process has used the entry since this one started (it is not stale)."""
-    return entry.last_used >= PROCESS_START
-
-
-def _eviction_order(entry: CacheEntry) -> tuple[bool, bool, float]:
-    return _in_use(entry), not entry.derived, entry.last_used
+def _stale_derived(entry: CacheEntry) -> bool:
+    """Whether ``entry`` is derived and no process has used it since this one started."""
+    return entry.derived and entry.last_used < PROCESS_START
 
 
 def room_for_derived(root: str | os.PathLike[str], max_bytes: int | None, nbytes: int) -> bool:
-    """Whether a derived entry of ``nbytes`` fits in the budget once the stale entries (none
-    used since this process started) are evicted: a caller asks before it spends the time to
-    make one that would only remove itself, or push out an entry that this start reads."""
+    """Whether a derived entry of ``nbytes`` fits in the budget once the stale derived entries
+    (none used since this process started) are evicted: a caller asks before it spends the time
+    to make one that would only remove itself. Where it does not, says so at INFO level."""
     if max_bytes is None:
         return True
-    in_use = sum(e.size for e in cache_entries(root) if _in_use(e))
-    return in_use + nbytes <= max_bytes
+    kept = sum(e.size for e in cache_entries(root) if not _stale_derived(e))
+    if kept + nbytes <= max_bytes:
+        return True
+    logger.info(
+        "cache %s: no room in its %d-byte budget for a derived entry of %d bytes (a runtime's "
+        "own form of an artifact never evicts an artifact); raise %s or clear old entries with "
+        "`embedl-dynamo cache clear`", root, max_bytes, nbytes, ENV_CACHE_MAX_SIZE,
+    )  # fmt: skip
+    return False
 
 
 def clear_cache(root: str | os.PathLike[str]) -> int:

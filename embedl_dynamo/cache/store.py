@@ -302,8 +302,8 @@ class ArtifactCache:
 
     def room_for_derived(self, nbytes: int) -> bool:
         """Whether a derived entry (``meta={"derived": True}``: a runtime's own form of an
-        artifact) of about ``nbytes`` fits in the cache's budget, evicting only entries no
-        process has used since this one started (:func:`~.budget.room_for_derived`)."""
+        artifact) of about ``nbytes`` fits in the cache's budget, evicting only derived entries
+        no process has used since this one started (:func:`~.budget.room_for_derived`)."""
         return room_for_derived(self.root, max_cache_bytes(), nbytes)
 
     def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
