@@ -31,7 +31,7 @@ HIDDEN, INTERMEDIATE, KV = 896, 4864, 128
 BLOCK = 128
 
 
-def _weight(name: str, k: int, n: int, bits: int, rng: np.random.Generator) -> list:
+def weight_initializers(name: str, k: int, n: int, bits: int, rng: np.random.Generator) -> list:
     """Codes, scales and zero points of one ``[K, N]`` weight, as our writer stores them."""
     from onnx import TensorProto, numpy_helper
 
@@ -63,7 +63,7 @@ def chain_model(layers: int, bits: int, path: Path, merged: bool = False) -> Non
     nodes, initializers = [], []
 
     def linear(x: str, k: int, n: int, name: str) -> str:
-        initializers.extend(_weight(name, k, n, bits, rng))
+        initializers.extend(weight_initializers(name, k, n, bits, rng))
         attrs = {"axis": 0, "block_size": BLOCK} if bits == 4 else {"axis": 1}
         nodes.append(helper.make_node("DequantizeLinear", [name + "_q", name + "_s", name + "_z"],
                                       [name + "_w"], **attrs))  # fmt: skip
