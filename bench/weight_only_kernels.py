@@ -185,6 +185,18 @@ def runners(path: Path, group_sizes: list[int]) -> dict:
     return runs
 
 
+def round_median(run, warmup: int = 3, samples: int = 15) -> float:
+    """The median seconds of ``samples`` calls of ``run`` after ``warmup`` calls."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=24)
@@ -210,14 +222,7 @@ def main() -> None:
             runs["torch"] = torch_chain(args.layers, bits, args.merged)
             for _ in range(args.rounds):
                 for name, run in runs.items():
-                    for _ in range(3):
-                        run()
-                    samples = []
-                    for _ in range(15):
-                        start = time.perf_counter()
-                        run()
-                        samples.append(time.perf_counter() - start)
-                    times.setdefault(name, []).append(statistics.median(samples) * 1e3)
+                    times.setdefault(name, []).append(round_median(run) * 1e3)
             gigabytes = linear_weights * bits / 8 / 1e9
             for name, ms in times.items():
                 rounds = ", ".join(f"{t:.2f}" for t in ms)

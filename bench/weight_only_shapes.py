@@ -26,12 +26,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.weight_only_kernels import BLOCK, HIDDEN, INTERMEDIATE, KV, weight_initializers
+from bench.weight_only_kernels import (
+    BLOCK,
+    HIDDEN,
+    INTERMEDIATE,
+    KV,
+    round_median,
+    weight_initializers,
+)
 
 SHAPES = {
     "q|k|v": (HIDDEN, HIDDEN + 2 * KV),
@@ -76,17 +82,7 @@ def _runs(path: Path, k: int) -> dict:
 
 
 def _median_seconds(run, rounds: int) -> float:
-    medians = []
-    for _ in range(rounds):
-        for _ in range(2):
-            run()
-        samples = []
-        for _ in range(10):
-            start = time.perf_counter()
-            run()
-            samples.append(time.perf_counter() - start)
-        medians.append(statistics.median(samples))
-    return statistics.median(medians)
+    return statistics.median(round_median(run, warmup=2, samples=10) for _ in range(rounds))
 
 
 def main() -> None:
