@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -58,6 +58,14 @@ class OnnxArtifactRuntime(Runtime):
         if confirm is not None:
             confirm()
 
+    def artifact_checksum(self) -> Callable[[], None]:
+        """Waits for a cached artifact's checksum, raising
+        :class:`~embedl_dynamo.errors.CorruptEntryError` if it does not match, for a file
+        derived from the artifact on a helper thread; :meth:`confirm_artifact` still confirms
+        it for the runtime (a file this process wrote has nothing to wait for)."""
+        pending = self._confirm
+        return pending if pending is not None else _nothing
+
     def artifact_digest(self) -> str | None:
         """The sha256 the artifact's file is recorded with in the cache (None: not a cached
         file), which the files a runtime derives from it are keyed by."""
@@ -104,3 +112,7 @@ class OnnxArtifactRuntime(Runtime):
         self.from_cache = not artifact.built
         self._artifact = artifact
         return artifact
+
+
+def _nothing() -> None:
+    return None

@@ -14,16 +14,16 @@ An entry is keyed by the sha256 the ONNX artifact is recorded with (so an artifa
 other bytes under its key is never served the old file's graph), the session settings that shape the
 optimised graph (:func:`~.session.graph_config`), the ONNX Runtime version and the CPU's name
 and instruction-set flags: the level-3 passes write kernels for this CPU (ONNX Runtime warns
-that such a file "should only be used in the same environment"). The first session a process
-creates from a cached artifact on the CPU writes its entry while it is created, and stores it
-once the artifact's own checksum is confirmed; a session built from a fresh export in memory
-has a helper thread write it once the file is stored (:func:`store_in_background`), so the
-first warm start finds it. Only artifacts of this package's cache are kept (a file ``load()``
-reads from elsewhere is optimised as it is), and only from :data:`MIN_ARTIFACT_BYTES` (a small
-graph's session is quick to make) up to :data:`MAX_ARTIFACT_BYTES`, since an entry holds the
-weights a second time, and only where the cache's budget has room for it without evicting an
-entry used since this process started (a derived entry is evicted before any artifact:
-:mod:`~embedl_dynamo.cache.budget`).
+that such a file "should only be used in the same environment"). It is written on a helper
+thread, one artifact at a time, so no start waits for it (:func:`store_in_background`): by a
+compile whose session was built from a fresh export in memory, once the file is stored, and by
+a start that found the artifact but no optimised graph (another CPU's cache, one evicted), once
+the artifact's own checksum is confirmed; that start runs its session over the artifact
+meanwhile. Only artifacts of this package's cache are kept (a file ``load()`` reads from
+elsewhere is optimised as it is), and only from :data:`MIN_ARTIFACT_BYTES` (a small graph's
+session is quick to make) up to :data:`MAX_ARTIFACT_BYTES`, since an entry holds the weights a
+second time, and only where the cache's budget has room for it, evicting only derived entries
+no process has used since this one started (:mod:`~embedl_dynamo.cache.budget`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from embedl_dynamo.runtimes.onnxruntime.session import (
 
 __all__ = [
     "LOADED",
+    "WRITING",
     "MAX_ARTIFACT_BYTES",
     "MIN_ARTIFACT_BYTES",
     "OPTIMIZED_GRAPH",
@@ -65,6 +66,8 @@ MAX_ARTIFACT_BYTES = 1 << 30
 OPTIMIZED_GRAPH = "onnxruntime_optimized_graph"
 #: its value when the session runs the optimised graph the cache held
 LOADED = "loaded from the cache"
+#: its value when the session runs the artifact and a helper thread writes the optimised graph
+WRITING = "being written to the cache"
 _NAMESPACE = "onnxruntime_optimized"
 _FORMAT = 1
 _SUFFIX = ".onnx"
@@ -119,12 +122,10 @@ def _written(
     artifact: Path,
     confirm_artifact: Callable[[], None],
     num_threads: int | None,
-) -> Any:
-    """A session over ``artifact`` that writes its optimised graph into the cache as it is
-    created, stored once ``confirm_artifact()`` returns (it raises for a corrupt artifact: then
-    nothing is stored); None when another process stored one meanwhile, or it could not be
-    stored."""
-    made: list[Any] = []
+) -> None:
+    """Store the optimised graph of ``artifact`` under ``key``: written by a session created
+    for it (then let go), stored once ``confirm_artifact()`` returns (it raises for a corrupt
+    artifact: then nothing is stored)."""
 
     def build(tmp: Path) -> None:
         options = _options(optimized=False)
@@ -137,16 +138,11 @@ def _written(
             ("session.optimized_model_external_initializers_min_size_in_bytes", "1024"),
         ):
             options.add_session_config_entry(entry, value)
-        made.append(create_session(artifact, [CPU_PROVIDER], num_threads=num_threads,
-                                   options=options))  # fmt: skip
+        create_session(artifact, [CPU_PROVIDER], num_threads=num_threads, options=options)
         confirm_artifact()
 
-    try:
-        meta = {"kind": "onnxruntime optimized graph", "derived": True}
-        cache.get_or_build(key, build, _SUFFIX, meta=meta)
-    except OSError as exc:
-        logger.debug("optimised ONNX Runtime graph not cached: %s", exc)
-    return made[0] if made else None
+    meta = {"kind": "onnxruntime optimized graph", "derived": True}
+    cache.get_or_build(key, build, _SUFFIX, meta=meta)
 
 
 def _kept(cache: ArtifactCache, path: Path) -> bool:
@@ -164,9 +160,9 @@ def store_in_background(
     artifact_digest: Callable[[], str | None],
     cache_dir: Path,
     num_threads: int | None,
+    confirm_artifact: Callable[[], None] = lambda: None,
 ) -> None:
-    """Write the optimised graph of an artifact being stored (its session was built from
-    memory) on a helper thread, once the file is stored, one artifact at a time;
+    """Write the optimised graph of an artifact on a helper thread, one artifact at a time;
     :func:`~embedl_dynamo.cache.files.wait_for_cache_writes` waits for it.
 
     Args:
@@ -174,6 +170,8 @@ def store_in_background(
         artifact_digest: gives the sha256 it is recorded with (after that).
         cache_dir: the cache root.
         num_threads: the intra-op threads its sessions use.
+        confirm_artifact: waits for a cached artifact's checksum and raises if it does not
+            match (then nothing is stored); a file this process just wrote needs none.
     """
 
     def store() -> Path:
@@ -184,7 +182,7 @@ def store_in_background(
             if cache is None or cache.read_only or not _kept(cache, path):
                 return path
             if cache.get(key, _SUFFIX) is None:
-                _written(cache, key, path, lambda: None, num_threads)  # the session is let go
+                _written(cache, key, path, confirm_artifact, num_threads)
             return path
 
     def logged() -> Path:
@@ -199,24 +197,26 @@ def store_in_background(
 
 def cpu_session(
     artifact: Callable[[], Path],
-    confirm_artifact: Callable[[], None],
+    artifact_checksum: Callable[[], None],
     artifact_digest: str | None,
     cache_dir: Path,
     num_threads: int | None,
     info: dict[str, Any],
 ) -> Any:
     """A CPU session over an ONNX artifact: over its optimised graph from the cache when there
-    is one, else over the artifact itself, writing that graph to the cache (see the module).
+    is one, else over the artifact itself, a helper thread writing that graph to the cache (see
+    the module).
 
     Args:
         artifact: gives the artifact's file, for a caller about to read it (its own checksum
             starts then: it is not read, nor hashed, when the optimised graph is loaded).
-        confirm_artifact: confirms the artifact's checksum (raises if it does not match).
+        artifact_checksum: waits for the artifact's checksum, raising if it does not match,
+            and leaves the caller's own confirmation in place.
         artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
             from elsewhere).
         cache_dir: the cache root.
         num_threads: intra-op threads.
-        info: ``build_info``; gets :data:`OPTIMIZED_GRAPH` when the cache held or took one.
+        info: ``build_info``; gets :data:`OPTIMIZED_GRAPH` when the cache held or takes one.
     """
     cache, key = _entry(cache_dir, artifact_digest) if artifact_digest else (None, "")
     if cache is not None:  # an artifact too small or too large has no entry to find
@@ -225,9 +225,9 @@ def cpu_session(
             info[OPTIMIZED_GRAPH] = LOADED
             return session
     path = artifact()
+    session = create_session(path, [CPU_PROVIDER], num_threads=num_threads)
     if cache is not None and not cache.read_only and _kept(cache, path):
-        session = _written(cache, key, path, confirm_artifact, num_threads)
-        if session is not None:
-            info[OPTIMIZED_GRAPH] = "written to the cache"
-            return session
-    return create_session(path, [CPU_PROVIDER], num_threads=num_threads)
+        store_in_background(lambda: path, lambda: artifact_digest, cache_dir, num_threads,
+                            artifact_checksum)  # fmt: skip
+        info[OPTIMIZED_GRAPH] = WRITING
+    return session
