@@ -90,9 +90,14 @@ class PendingChecksum:
         if self._running is None:
             self._running = run_in_background(self._check, "embedl-verify")
 
-    def __call__(self) -> None:
+    def problem(self) -> str | None:
+        """Wait for the check (starting it if needed) and return the problem found, or None;
+        nothing is removed: for a reader that only needs the verdict."""
         self.start()
         assert self._running is not None
-        problem = self._running.result()
+        return self._running.result()
+
+    def __call__(self) -> None:
+        problem = self.problem()
         if problem is not None:
             self._corrupt(problem)

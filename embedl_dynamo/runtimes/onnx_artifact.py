@@ -58,13 +58,12 @@ class OnnxArtifactRuntime(Runtime):
         if confirm is not None:
             confirm()
 
-    def artifact_checksum(self) -> Callable[[], None]:
-        """Waits for a cached artifact's checksum, raising
-        :class:`~embedl_dynamo.errors.CorruptEntryError` if it does not match, for a file
-        derived from the artifact on a helper thread; :meth:`confirm_artifact` still confirms
-        it for the runtime (a file this process wrote has nothing to wait for)."""
-        pending = self._confirm
-        return pending if pending is not None else _nothing
+    def artifact_problem(self) -> Callable[[], str | None] | None:
+        """For a file derived from a cached artifact on a helper thread: waits for the
+        artifact's checksum and returns the problem found, or None, removing nothing (the
+        runtime's own :meth:`confirm_artifact` acts on it). None: nothing to wait for (a file
+        this process wrote)."""
+        return self._confirm.problem if self._confirm is not None else None
 
     def artifact_digest(self) -> str | None:
         """The sha256 the artifact's file is recorded with in the cache (None: not a cached
@@ -112,7 +111,3 @@ class OnnxArtifactRuntime(Runtime):
         self.from_cache = not artifact.built
         self._artifact = artifact
         return artifact
-
-
-def _nothing() -> None:
-    return None

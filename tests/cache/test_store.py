@@ -315,6 +315,26 @@ def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipp
     assert "is corrupt (size" in caplog.text
 
 
+def test_a_checksums_problem_is_told_without_removing_the_entry(tmp_path):
+    """A helper thread deriving a file from an entry asks only for the verdict: the reader that
+    confirms the entry removes it, not the helper (which could remove the entry rebuilt by then
+    under the same key)."""
+    from embedl_dynamo.errors import CorruptEntryError
+
+    cache = ArtifactCache(tmp_path, "onnx")
+    key = content_key("verdict")
+    path = cache.put(key, b"0123456789", ".onnx")
+    path.write_bytes(b"0123456780")
+    _, pending = cache.get_verifying(key, ".onnx")
+    assert "sha256 mismatch" in pending.problem()
+    assert path.exists()  # told, not removed
+    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+        pending()
+    assert not path.exists()
+    intact = cache.put(key, b"abc", ".onnx")
+    assert cache.get_verifying(key, ".onnx")[1].problem() is None and intact.exists()
+
+
 def test_a_lazy_checksum_hashes_nothing_until_started_or_confirmed(tmp_path, monkeypatch):
     from embedl_dynamo.cache import checksums
     from embedl_dynamo.errors import CorruptEntryError

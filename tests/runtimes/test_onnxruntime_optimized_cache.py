@@ -98,6 +98,37 @@ def test_a_session_over_a_cached_artifact_writes_a_missing_entry_on_a_helper_thr
     assert _build(tmp_path, model, key).build_info[OPTIMIZED_GRAPH] == LOADED
 
 
+def test_a_corrupt_artifact_gets_no_optimised_graph(tmp_path, monkeypatch):
+    """The helper thread stores a graph only once the artifact's checksum is right, and leaves
+    the corrupt artifact for the runtime to refuse and remove (by then it may be rebuilt)."""
+    from embedl_dynamo.errors import CorruptEntryError
+
+    model = _model()
+    key = _build(tmp_path, model).build_info["key"]
+    for path in (tmp_path / "onnxruntime_optimized").rglob("*.*"):
+        path.unlink()
+    (artifact,) = (tmp_path / "onnx").rglob("*.onnx")
+    raw = bytearray(artifact.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # a weight: the file still loads, its size matches
+    artifact.write_bytes(bytes(raw))
+    helper = []
+
+    def run_now(work):  # the helper's work, before the runtime confirms the artifact
+        try:
+            work()
+        except CorruptEntryError as exc:
+            helper.append((exc, artifact.exists()))
+
+    monkeypatch.setattr(optimized_cache, "write_in_background", run_now)
+    runtime = OnnxRuntime(Settings(cache_dir=tmp_path, num_threads=1))
+    assert runtime.use_cached(key)
+    with pytest.raises(CorruptEntryError):
+        runtime.build(torch.fx.symbolic_trace(model), [X])
+    (exc, kept), *_ = helper
+    assert "sha256 mismatch" in str(exc) and kept  # told, and removed nothing
+    assert not _entries(tmp_path) and not artifact.exists()  # the runtime removed it
+
+
 def test_a_small_artifact_keeps_no_optimised_graph(tmp_path, monkeypatch):
     monkeypatch.setattr(optimized_cache, "MIN_ARTIFACT_BYTES", 32 << 20)
     key = _build(tmp_path, _model()).build_info["key"]

@@ -120,12 +120,12 @@ def _written(
     cache: ArtifactCache,
     key: str,
     artifact: Path,
-    confirm_artifact: Callable[[], None],
+    artifact_problem: Callable[[], str | None] | None,
     num_threads: int | None,
 ) -> None:
     """Store the optimised graph of ``artifact`` under ``key``: written by a session created
-    for it (then let go), stored once ``confirm_artifact()`` returns (it raises for a corrupt
-    artifact: then nothing is stored)."""
+    for it (then let go), stored once ``artifact_problem()`` finds the artifact's checksum
+    right (a corrupt artifact raises :class:`CorruptEntryError`: nothing is stored)."""
 
     def build(tmp: Path) -> None:
         options = _options(optimized=False)
@@ -139,7 +139,9 @@ def _written(
         ):
             options.add_session_config_entry(entry, value)
         create_session(artifact, [CPU_PROVIDER], num_threads=num_threads, options=options)
-        confirm_artifact()
+        problem = artifact_problem() if artifact_problem is not None else None
+        if problem is not None:
+            raise CorruptEntryError(f"ONNX artifact {artifact} is corrupt ({problem})")
 
     meta = {"kind": "onnxruntime optimized graph", "derived": True}
     cache.get_or_build(key, build, _SUFFIX, meta=meta)
@@ -160,7 +162,7 @@ def store_in_background(
     artifact_digest: Callable[[], str | None],
     cache_dir: Path,
     num_threads: int | None,
-    confirm_artifact: Callable[[], None] = lambda: None,
+    artifact_problem: Callable[[], str | None] | None = None,
 ) -> None:
     """Write the optimised graph of an artifact on a helper thread, one artifact at a time;
     :func:`~embedl_dynamo.cache.files.wait_for_cache_writes` waits for it.
@@ -170,8 +172,9 @@ def store_in_background(
         artifact_digest: gives the sha256 it is recorded with (after that).
         cache_dir: the cache root.
         num_threads: the intra-op threads its sessions use.
-        confirm_artifact: waits for a cached artifact's checksum and raises if it does not
-            match (then nothing is stored); a file this process just wrote needs none.
+        artifact_problem: waits for a cached artifact's checksum and returns the problem
+            found (then nothing is stored), removing nothing; None for a file this process
+            just wrote.
     """
 
     def store() -> Path:
@@ -179,10 +182,11 @@ def store_in_background(
         with _ONE_AT_A_TIME:
             digest = artifact_digest()
             cache, key = _entry(cache_dir, digest) if digest else (None, "")
+            # room checked under the lock: a write queued before this one may have taken it
             if cache is None or cache.read_only or not _kept(cache, path):
                 return path
             if cache.get(key, _SUFFIX) is None:
-                _written(cache, key, path, confirm_artifact, num_threads)
+                _written(cache, key, path, artifact_problem, num_threads)
             return path
 
     def logged() -> Path:
@@ -197,7 +201,7 @@ def store_in_background(
 
 def cpu_session(
     artifact: Callable[[], Path],
-    artifact_checksum: Callable[[], None],
+    artifact_problem: Callable[[], str | None] | None,
     artifact_digest: str | None,
     cache_dir: Path,
     num_threads: int | None,
@@ -210,8 +214,9 @@ def cpu_session(
     Args:
         artifact: gives the artifact's file, for a caller about to read it (its own checksum
             starts then: it is not read, nor hashed, when the optimised graph is loaded).
-        artifact_checksum: waits for the artifact's checksum, raising if it does not match,
-            and leaves the caller's own confirmation in place.
+        artifact_problem: waits for the artifact's checksum and returns the problem found,
+            or None, without acting on it (the caller confirms the artifact itself); None: no
+            checksum pending.
         artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
             from elsewhere).
         cache_dir: the cache root.
@@ -228,6 +233,6 @@ def cpu_session(
     session = create_session(path, [CPU_PROVIDER], num_threads=num_threads)
     if cache is not None and not cache.read_only and _kept(cache, path):
         store_in_background(lambda: path, lambda: artifact_digest, cache_dir, num_threads,
-                            artifact_checksum)  # fmt: skip
+                            artifact_problem)  # fmt: skip
         info[OPTIMIZED_GRAPH] = WRITING
     return session

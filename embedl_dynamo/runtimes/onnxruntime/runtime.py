@@ -196,7 +196,7 @@ class OnnxRuntime(OnnxArtifactRuntime):
                                     self.settings.cache_dir, threads)  # fmt: skip
         elif providers == [CPU_PROVIDER]:
             self._session = cpu_session(
-                self.read_artifact, self.artifact_checksum(), self.artifact_digest(),
+                self.read_artifact, self.artifact_problem(), self.artifact_digest(),
                 self.settings.cache_dir, threads, self.build_info,
             )  # fmt: skip
             if self.build_info.get(OPTIMIZED_GRAPH) == LOADED:
