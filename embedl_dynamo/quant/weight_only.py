@@ -29,7 +29,8 @@ Which layers keep 8 bits under ``int4_weight_only`` (each one reported with its 
   weight error, doubling the count each step, until the outputs are within the budget (or
   every layer has 8 bits).
 
-Embeddings (``Gather`` of a table) stay float: they are looked up, not multiplied.
+Embedding tables become per-row int8 codes under both precisions
+(:mod:`embedl_dynamo.quant.weight_only_embedding`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ from embedl_dynamo.quant.weight_codes import (
     dequantize_weight,
     dequantize_weight_t,
     quantize_weight,
+)
+from embedl_dynamo.quant.weight_only_embedding import (
+    WeightOnlyEmbedding,
+    embedding_tables,
+    swap_embeddings,
 )
 
 __all__ = [
@@ -207,13 +213,14 @@ def weight_only_graph(
                 "default"
             )
     made: dict[tuple[fx.Node, int], WeightOnlyLinear] = {}
-    built = _build(gm, nodes, spec, int8, reasons, made)
+    tables, embedding_rows = embedding_tables(gm)
+    built = _build(gm, nodes, spec, int8, reasons, made, tables)
     kept: list[str] = []
     cosine = None
     if spec.bits == 4 and accuracy_budget is not None:
         built, kept, cosine = _within_budget(gm, example_inputs, nodes, spec, int8, reasons,
-                                             accuracy_budget, built, made)  # fmt: skip
-    layers = []
+                                             accuracy_budget, built, made, tables)  # fmt: skip
+    layers = list(embedding_rows)
     for node in nodes:
         bits = 8 if spec.bits == 8 or node in reasons else 4
         why = reasons.get(node, f"weight-only int{spec.bits}: integer weights, float activations")
@@ -230,9 +237,11 @@ def _build(
     int8: WeightOnlySpec,
     reasons: dict[fx.Node, str],
     made: dict[tuple[fx.Node, int], WeightOnlyLinear],
+    tables: dict[str, WeightOnlyEmbedding],
 ) -> fx.GraphModule:
     """A copy of ``gm`` with each linear's weight-only layer, quantized once per node and bits
-    (``made``): the budget's next attempt reuses every layer it does not change."""
+    (``made``): the budget's next attempt reuses every layer it does not change; and each
+    embedding lookup in ``tables`` reading its int8 table."""
     out = copy.deepcopy(gm, _shared_constants(gm, nodes))
     for node in nodes:
         chosen = int8 if node in reasons else spec
@@ -243,6 +252,7 @@ def _build(
             )
         owner, _, name = str(node.target).rpartition(".")
         setattr(out.get_submodule(owner) if owner else out, name, layer)
+    swap_embeddings(out, tables)
     out.recompile()
     return out
 
@@ -299,6 +309,7 @@ def _within_budget(
     budget: float,
     built: fx.GraphModule,
     made: dict[tuple[fx.Node, int], WeightOnlyLinear],
+    tables: dict[str, WeightOnlyEmbedding],
 ) -> tuple[fx.GraphModule, list[str], float]:
     """Keep the most int4-sensitive layers at 8 bits until the outputs meet ``budget``: the
     output head first (its error reaches the logits directly), then by weight error. Each
@@ -331,7 +342,7 @@ def _within_budget(
                 f"{which} keeps 8 bits"
             )
             kept.append(f"{gm.get_submodule(node.target).kind}@{module_path(node) or node.name}")
-        built = _build(gm, nodes, spec, int8, reasons, made)
+        built = _build(gm, nodes, spec, int8, reasons, made, tables)
         with torch.no_grad():
             cosine = _cosine(built(*example_inputs), reference)
         count *= 2
