@@ -226,13 +226,14 @@ def left_padded_batch() -> tuple[torch.Tensor, torch.Tensor]:
 def replace_cache_file(path: Any, data: bytes) -> None:
     """Write ``data`` over a cache entry's file and re-sign its checksum sidecar to match: an
     entry whose bytes are valid but not what its key promises (a wrong artifact)."""
-    import hashlib
     import json
     from pathlib import Path
+
+    from embedl_dynamo.cache.digests import DIGEST, bytes_digest
 
     path = Path(path)
     path.write_bytes(data)
     meta = path.with_name(path.name + ".meta.json")
     record = json.loads(meta.read_text())
-    record.update(sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    record.update({DIGEST: bytes_digest(data), "size": len(data)})
     meta.write_text(json.dumps(record))

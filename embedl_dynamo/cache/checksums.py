@@ -1,5 +1,6 @@
-"""A cache entry's checksum sidecar (``<file>.meta.json``: sha256, size, its companion's) and
-the checks against it: the cheap one (present, readable, sizes), the full one (sha256), and
+"""A cache entry's checksum sidecar (``<file>.meta.json``: its BLAKE3 digest, size, its
+companion's) and the checks against it: the cheap one (present, readable, sizes), the full one
+(the digest, :func:`~embedl_dynamo.cache.keys.file_digest`), and
 the full one run on a helper thread while the caller reads the file (:class:`PendingChecksum`).
 """
 
@@ -11,8 +12,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from embedl_dynamo.cache.companion import companion_problem
+from embedl_dynamo.cache.digests import DIGEST, file_digest
 from embedl_dynamo.cache.files import run_in_background
-from embedl_dynamo.cache.keys import sha256_file
 
 __all__ = [
     "PendingChecksum",
@@ -29,7 +30,7 @@ def sidecar_path(path: Path) -> Path:
 
 
 def sidecar_problem(path: Path) -> tuple[str | None, str]:
-    """``(problem, recorded sha256)``: what is wrong short of hashing the file (missing,
+    """``(problem, recorded digest)``: what is wrong short of hashing the file (missing,
     sidecar missing/unreadable/malformed, size mismatch), or None."""
     if not path.exists():
         return "artifact file missing", ""
@@ -39,39 +40,39 @@ def sidecar_problem(path: Path) -> tuple[str | None, str]:
         return "checksum sidecar missing", ""
     except (OSError, ValueError) as exc:
         return f"checksum sidecar unreadable: {exc}", ""
-    if not isinstance(meta, dict) or "sha256" not in meta or "size" not in meta:
+    if not isinstance(meta, dict) or DIGEST not in meta or "size" not in meta:
         return "checksum sidecar malformed", ""
     size = path.stat().st_size
     if size != meta["size"]:
         return f"size {size} != recorded {meta['size']}", ""
-    return companion_problem(path, meta.get("companion"), False), str(meta["sha256"])
+    return companion_problem(path, meta.get("companion"), False), str(meta[DIGEST])
 
 
-def hash_problem(path: Path, sha256: str) -> str | None:
-    """ "sha256 mismatch" unless the file hashes to ``sha256`` (and its companion to the
-    sha256 its sidecar records)."""
-    if sha256_file(path) != sha256:
-        return "sha256 mismatch"
+def hash_problem(path: Path, digest: str) -> str | None:
+    """ "checksum mismatch" unless the file hashes to ``digest`` (and its companion to the
+    digest its sidecar records)."""
+    if file_digest(path) != digest:
+        return "checksum mismatch"
     companion = json.loads(sidecar_path(path).read_text()).get("companion")
     return companion_problem(path, companion, True)
 
 
 def recorded_digest(path: Path) -> str | None:
-    """The sha256 the sidecar of ``path`` records for its bytes (and its companion's, after a
+    """The digest the sidecar of ``path`` records for its bytes (and its companion's, after a
     ``+``), read without hashing: what a file derived from the entry is keyed by, so that an
     entry replaced by other bytes under the same key is not served a stale derivation. None
     when the sidecar is absent or unreadable."""
     try:
         record = json.loads(sidecar_path(path).read_text())
-        digest = str(record["sha256"])
+        digest = str(record[DIGEST])
         companion = record.get("companion")
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return f"{digest}+{companion['sha256']}" if isinstance(companion, dict) else digest
+    return f"{digest}+{companion[DIGEST]}" if isinstance(companion, dict) else digest
 
 
 class PendingChecksum:
-    """An entry's sha256 check, run on a helper thread from :meth:`start` (at most once).
+    """An entry's checksum, verified on a helper thread from :meth:`start` (at most once).
     Calling it waits for the check (starting it if needed); a problem found goes to
     ``corrupt(problem)``, which raises, in the caller's thread: nothing is removed under a
     reader still opening the file.

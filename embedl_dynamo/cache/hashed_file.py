@@ -1,9 +1,9 @@
-"""Write a file and its sha256 at once, the hash computed on a helper thread.
+"""Write a file and its checksum (BLAKE3) at once, the hash computed on a helper thread.
 
-:meth:`~embedl_dynamo.cache.store.ArtifactCache.put` records every artifact's sha256 in its
+:meth:`~embedl_dynamo.cache.store.ArtifactCache.put` records every artifact's digest in its
 sidecar. Reading a large ONNX file back just to hash it reads every byte a second time; a
 builder that writes through :func:`open_hashed` has its bytes hashed while they are written
-(``write`` and ``hashlib`` both release the GIL, so the two overlap on two cores), and ``put``
+(``write`` and ``blake3`` both release the GIL, so the two overlap on two cores), and ``put``
 takes the digest from :func:`written_digest` instead of reading the file again.
 
 The digest is only used for the very file that was written, at the size it was closed with;
@@ -13,7 +13,6 @@ anything else (renamed, appended to, another process's file) is hashed from disk
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import queue
 import threading
@@ -21,19 +20,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import blake3
+
 __all__ = ["HashedWriter", "open_hashed", "written_digest"]
 
-_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> (identity, sha256 hex)
+_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}  # path -> (identity, hex digest)
 _LOCK = threading.Lock()
 _DONE = object()
 
 
 class HashedWriter:
-    """A binary file writer whose bytes are hashed (sha256) on a helper thread, in order."""
+    """A binary file writer whose bytes are hashed (BLAKE3) on a helper thread, in order."""
 
     def __init__(self, file: Any) -> None:
         self._file = file
-        self._hash = hashlib.sha256()
+        self._hash = blake3.blake3()
         self._pending: queue.Queue[Any] = queue.Queue(maxsize=64)
         self._thread = threading.Thread(target=self._consume, name="embedl-hash", daemon=True)
         self._thread.start()
@@ -58,7 +59,7 @@ class HashedWriter:
 
 @contextlib.contextmanager
 def open_hashed(path: str | os.PathLike[str]) -> Iterator[HashedWriter]:
-    """Open ``path`` for writing; on a clean exit, its sha256 is known to :func:`written_digest`."""
+    """Open ``path`` for writing; on a clean exit, its digest is known to :func:`written_digest`."""
     path = Path(path)
     with open(path, "wb") as f:
         writer = HashedWriter(f)
@@ -76,7 +77,7 @@ def _identity(path: Path) -> tuple[int, int, int]:
 
 
 def written_digest(path: str | os.PathLike[str]) -> str | None:
-    """The sha256 of ``path`` as :func:`open_hashed` wrote it, if it is still that file (same
+    """The digest of ``path`` as :func:`open_hashed` wrote it, if it is still that file (same
     inode, size and modification time); None otherwise. Forgotten once asked."""
     with _LOCK:
         known = _DIGESTS.pop(str(Path(path)), None)

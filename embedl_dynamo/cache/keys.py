@@ -27,6 +27,7 @@ import torch
 from torch import fx, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from embedl_dynamo.cache.digests import blake3_digest
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.graph.rest_precision import rest_precision
 
@@ -42,7 +43,6 @@ __all__ = [
     "module_attributes",
     "package_version",
     "source_digest",
-    "sha256_file",
     "tensor_bytes",
     "version_of",
 ]
@@ -152,8 +152,8 @@ def _header(tensor: torch.Tensor) -> str:
 
 
 def _digest(tensor: torch.Tensor) -> bytes:
-    """sha256 of the tensor's bytes (a CPU copy exists only while it is hashed)."""
-    return hashlib.sha256(tensor_bytes(tensor)).digest()
+    """:data:`DIGEST` of the tensor's bytes (a CPU copy exists only while it is hashed)."""
+    return blake3_digest(tensor_bytes(tensor))
 
 
 # the memory a tensor views -> (a weak reference to its storage, its version, word sum, digest)
@@ -190,7 +190,7 @@ def _memory_of(tensor: torch.Tensor) -> tuple | None:
 
 def _word_sum(tensor: torch.Tensor) -> int:
     """The wrapping sum of the tensor's bytes read as 64-bit words (the tail as bytes), read at
-    memory speed where sha256 runs at a fraction of it; numpy reads words at any byte offset
+    memory speed where a cryptographic hash runs at a fraction of it; numpy reads words at any byte offset
     (a parameter that views a flat vector at an odd element)."""
     data = tensor_bytes(tensor)
     whole = data.size // 8 * 8
@@ -240,7 +240,7 @@ def _remember(tensor: torch.Tensor, digest: bytes) -> None:
 
 
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
-    """Add each tensor's name, dtype, shape and the sha256 of its bytes to ``h``, in order.
+    """Add each tensor's name, dtype, shape and the digest of its bytes to ``h``, in order.
 
     Tensors over 1 MiB are hashed on threads, several at a time (``hashlib`` releases the GIL,
     so a large model's weights hash on several cores at once); a tensor this process hashed
@@ -393,15 +393,6 @@ def content_key(*parts: Any) -> str:
     """
     text = json.dumps(jsonable(list(parts)), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def is_content_key(value: object) -> bool:

@@ -9,7 +9,7 @@ nothing; anything that changes the artifact changes the key, so stale entries ar
 Safety rules, all enforced here:
 
 * writes are atomic (a temporary file, then ``os.replace``); the sidecar, with the artifact's
-  sha256 and size, is synced before the artifact is moved in, and both are verified on every
+  digest (BLAKE3) and size, is synced before the artifact is moved in, and both are verified on every
   read: an entry that does not match (truncated, corrupted, half-written by a killed process)
   is logged as a warning, removed and rebuilt, never trusted; an artifact's companion
   (:mod:`.companion`) is moved in first, verified and removed with it;
@@ -27,7 +27,6 @@ Safety rules, all enforced here:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from embedl_dynamo.cache.checksums import (
     sidecar_problem,
 )
 from embedl_dynamo.cache.companion import companion_path, move_companion
+from embedl_dynamo.cache.digests import DIGEST, bytes_digest, file_digest
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -60,7 +60,7 @@ from embedl_dynamo.cache.files import (
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
-from embedl_dynamo.cache.keys import is_content_key, jsonable, sha256_file
+from embedl_dynamo.cache.keys import is_content_key, jsonable
 from embedl_dynamo.cache.scratch_builds import build_for_read_only, build_for_unusable
 from embedl_dynamo.errors import CacheLockTimeoutError, CorruptEntryError, ReadOnlyCacheError
 
@@ -78,7 +78,7 @@ class ArtifactCache:
     """One namespace (``onnx``, ``calibration``, ``trt_engine``...) of the on-disk cache.
 
     Entries live at ``<root>/<namespace>/<key[:2]>/<key><suffix>`` with a sidecar
-    ``<key><suffix>.meta.json`` holding ``sha256``, ``size`` and caller metadata.
+    ``<key><suffix>.meta.json`` holding its digest (``blake3``), ``size`` and caller metadata.
 
     Args:
         root: the cache root (:func:`default_cache_dir` when None).
@@ -131,14 +131,14 @@ class ArtifactCache:
     def get(self, key: str, suffix: str = "") -> Path | None:
         """The verified artifact path for ``key``, or None if absent or corrupt.
 
-        A corrupt entry (sidecar missing or unreadable, size or sha256 mismatch) is logged as a
+        A corrupt entry (sidecar missing or unreadable, size or checksum mismatch) is logged as a
         warning and removed, so the caller rebuilds it.
         """
         path = self._find(key, suffix)
         if path is None:
             return None
-        problem, sha256 = sidecar_problem(path)
-        problem = problem or hash_problem(path, sha256)
+        problem, digest = sidecar_problem(path)
+        problem = problem or hash_problem(path, digest)
         if problem is None:
             return self._used(path)
         self._report_corrupt(path, problem)
@@ -153,7 +153,7 @@ class ArtifactCache:
     def get_verifying(
         self, key: str, suffix: str = "", start: bool = True
     ) -> tuple[Path, PendingChecksum] | None:
-        """Like :meth:`get`, but the sha256 is computed on a helper thread while the caller
+        """Like :meth:`get`, but the digest is computed on a helper thread while the caller
         starts reading the file (say, an ONNX Runtime session over it): hashing and reading
         overlap instead of running one after the other.
 
@@ -171,7 +171,7 @@ class ArtifactCache:
         path = self._find(key, suffix)
         if path is None:
             return None
-        problem, sha256 = sidecar_problem(path)
+        problem, digest = sidecar_problem(path)
         if problem is not None:
             self._report_corrupt(path, problem)
             return None
@@ -180,7 +180,7 @@ class ArtifactCache:
             self._remove(path)  # by the caller, once it is done reading it
             raise CorruptEntryError(f"cache entry {path} is corrupt ({problem})")
 
-        pending = PendingChecksum(lambda: hash_problem(path, sha256), corrupt)
+        pending = PendingChecksum(lambda: hash_problem(path, digest), corrupt)
         if start:
             pending.start()
         return self._used(path), pending
@@ -234,7 +234,7 @@ class ArtifactCache:
             return {}
 
     def recorded_digest(self, key: str, suffix: str = "") -> str | None:
-        """The sha256 the entry's sidecar records (:func:`~.checksums.recorded_digest`): what a
+        """The digest the entry's sidecar records (:func:`~.checksums.recorded_digest`): what a
         file derived from the entry is keyed by. None when absent or unreadable."""
         return recorded_digest(self.path(key, suffix))
 
@@ -270,13 +270,13 @@ class ArtifactCache:
 
         def record(digest: str, size: int) -> None:
             # the sidecar goes first: a reader that finds the file always finds its checksum
-            record = {"sha256": digest, "size": size, "meta": meta or {}}
+            record = {DIGEST: digest, "size": size, "meta": meta or {}}
             record.update({"companion": companion} if companion else {})
             atomic_write_text(sidecar_path(path), json.dumps(jsonable(record), sort_keys=True))
 
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)
-            record(hashlib.sha256(data).hexdigest(), len(data))
+            record(bytes_digest(data), len(data))
             atomic_write_bytes(path, data)
         else:
             src = Path(data)
@@ -291,7 +291,7 @@ class ArtifactCache:
                     import shutil
 
                     shutil.copyfile(src, tmp)
-                record(digest or sha256_file(tmp), os.stat(tmp).st_size)
+                record(digest or file_digest(tmp), os.stat(tmp).st_size)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(OSError):

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import torch
 
+from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import atomic_write_bytes
-from embedl_dynamo.cache.keys import content_key, sha256_file
+from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.errors import EngineUnavailableError
 from embedl_dynamo.graph.dynamic_axes import batch_axes

@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from embedl_dynamo.backend import Backend, as_backend
+from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import (
     atomic_write_text,
 )
-from embedl_dynamo.cache.keys import jsonable, sha256_file
+from embedl_dynamo.cache.keys import jsonable
 from embedl_dynamo.deploy.engine import build_engine_file
 from embedl_dynamo.deploy.export_file import (
     ExportStages,

@@ -21,8 +21,9 @@ import torch
 from torch import nn
 
 from embedl_dynamo.backend import Backend
+from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import file_mode
-from embedl_dynamo.cache.keys import library_versions, sha256_file
+from embedl_dynamo.cache.keys import library_versions
 from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, data_file_record, io_specs
 from embedl_dynamo.deploy.verify import Verification, verify_onnx
 from embedl_dynamo.errors import ExportError, VerificationError

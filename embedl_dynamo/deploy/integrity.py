@@ -23,8 +23,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import run_in_background
-from embedl_dynamo.cache.keys import sha256_file
 from embedl_dynamo.deploy.sidecar import sidecar_path
 
 __all__ = ["ArtifactCheck", "recorded_digests"]

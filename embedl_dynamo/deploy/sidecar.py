@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import atomic_write_text
-from embedl_dynamo.cache.keys import sha256_file
 from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.report.compile_report import CompileReport

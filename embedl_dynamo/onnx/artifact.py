@@ -156,12 +156,12 @@ def onnx_artifact(
 
 def cached_onnx(key: str, settings: Settings) -> tuple[Path, PendingChecksum] | None:
     """The cached ONNX file for ``key`` and its pending checksum, not started (a runtime that
-    runs a file derived from it may never read it): calling it raises unless the file's sha256
+    runs a file derived from it may never read it): calling it raises unless the file's checksum
     matches; None when absent or found corrupt."""
     return ArtifactCache(settings.cache_dir, "onnx").get_verifying(key, ".onnx", start=False)
 
 
 def recorded_digest(key: str, settings: Settings) -> str | None:
-    """The sha256 the cached ONNX file for ``key`` is recorded with (see
+    """The digest the cached ONNX file for ``key`` is recorded with (see
     :meth:`~embedl_dynamo.cache.store.ArtifactCache.recorded_digest`); None when absent."""
     return ArtifactCache(settings.cache_dir, "onnx").recorded_digest(key, ".onnx")

@@ -26,13 +26,13 @@ class OnnxArtifactRuntime(Runtime):
         super().__init__(settings, dynamic_axes)
         self._prebuilt: OnnxArtifact | None = None
         self._artifact: OnnxArtifact | None = None  # what the runtime runs
-        self._confirm: PendingChecksum | None = None  # the cached file's sha256, to confirm
+        self._confirm: PendingChecksum | None = None  # the cached file's checksum, to confirm
 
     def use_cached(self, key: str) -> bool:
         """Build from the cached ONNX artifact ``key`` instead of exporting; False if absent.
 
         ``build(gm, ...)`` then only checks the artifact's outputs against ``gm``, which may be
-        the untransformed graph (same function, so the check still holds). The file's sha256
+        the untransformed graph (same function, so the check still holds). The file's checksum
         is computed while the runtime reads it (from :meth:`read_artifact`), and confirmed
         before that check (:class:`~embedl_dynamo.errors.CorruptEntryError` if it does not
         match).
@@ -66,7 +66,7 @@ class OnnxArtifactRuntime(Runtime):
         return self._confirm.problem if self._confirm is not None else None
 
     def artifact_digest(self) -> str | None:
-        """The sha256 the artifact's file is recorded with in the cache (None: not a cached
+        """The digest the artifact's file is recorded with in the cache (None: not a cached
         file), which the files a runtime derives from it are keyed by."""
         key = self._artifact.key if self._artifact is not None else None
         return recorded_digest(key, self.settings) if key else None

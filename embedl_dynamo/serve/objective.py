@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions, sha256_file
+from embedl_dynamo.cache.digests import sha256_file
+from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.serve.artifact import ServedArtifact, artifact_specs
 

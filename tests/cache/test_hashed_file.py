@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from embedl_dynamo.cache import checksums, store
+from embedl_dynamo.cache.digests import file_digest
 from embedl_dynamo.cache.hashed_file import open_hashed, written_digest
-from embedl_dynamo.cache.keys import sha256_file
 from embedl_dynamo.cache.store import ArtifactCache
 
 KEY = "ab" * 32
@@ -27,10 +27,10 @@ def _blocks():
     return [b"header", rng.random(300_000).astype(np.float32), b"", memoryview(b"tail")]
 
 
-def test_the_digest_is_the_files_sha256(tmp_path):
+def test_the_digest_is_the_files_own(tmp_path):
     path = tmp_path / "a.bin"
     _write(path, _blocks())
-    assert written_digest(path) == sha256_file(path)
+    assert written_digest(path) == file_digest(path)
     assert written_digest(path) is None  # forgotten once asked
 
 
@@ -53,9 +53,9 @@ def test_a_failed_write_records_nothing(tmp_path):
 
 def test_put_takes_the_digest_instead_of_reading_the_file_again(tmp_path, monkeypatch):
     reads = []
-    counted = lambda p: reads.append(p) or sha256_file(p)  # noqa: E731
-    monkeypatch.setattr(store, "sha256_file", counted)  # where put hashes
-    monkeypatch.setattr(checksums, "sha256_file", counted)  # where get verifies
+    counted = lambda p: reads.append(p) or file_digest(p)  # noqa: E731
+    monkeypatch.setattr(store, "file_digest", counted)  # where put hashes
+    monkeypatch.setattr(checksums, "file_digest", counted)  # where get verifies
     cache = ArtifactCache(tmp_path / "cache", "onnx")
     built = tmp_path / "built.onnx"
     _write(built, _blocks())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -14,6 +13,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.cache.digests import DIGEST, bytes_digest
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import TinyConvNet
 
@@ -32,7 +32,7 @@ def _resign(path: Path) -> None:
     """Rewrite an entry's checksum sidecar so it matches the (tampered) file."""
     meta = path.with_name(path.name + ".meta.json")
     record = json.loads(meta.read_text())
-    record.update(sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=path.stat().st_size)
+    record.update({DIGEST: bytes_digest(path.read_bytes()), "size": path.stat().st_size})
     meta.write_text(json.dumps(record))
 
 
@@ -122,7 +122,7 @@ def test_a_cached_artifact_with_a_flipped_byte_is_caught_on_a_warm_start(tmp_pat
     BUILD_COUNTS.clear()
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
         _compile_and_check(model, tmp_path / "c")
-    assert any("sha256 mismatch" in r.getMessage() for r in caplog.records)
+    assert any("checksum mismatch" in r.getMessage() for r in caplog.records)
     assert BUILD_COUNTS["onnx"] == 1 and onnx.read_bytes() != bytes(data)
 
 

@@ -305,7 +305,7 @@ def test_get_verifying_hashes_while_the_caller_reads_and_confirm_refuses_a_flipp
     assert cache.get(key, ".onnx") == path
     path.write_bytes(b"0123456780")  # same size: only the sha256 can tell
     found, confirm = cache.get_verifying(key, ".onnx")
-    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
         confirm()
     assert not path.exists() and cache.get_verifying(key, ".onnx") is None
     cache.put(key, b"0123", ".onnx")
@@ -326,9 +326,9 @@ def test_a_checksums_problem_is_told_without_removing_the_entry(tmp_path):
     path = cache.put(key, b"0123456789", ".onnx")
     path.write_bytes(b"0123456780")
     _, pending = cache.get_verifying(key, ".onnx")
-    assert "sha256 mismatch" in pending.problem()
+    assert "checksum mismatch" in pending.problem()
     assert path.exists()  # told, not removed
-    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
         pending()
     assert not path.exists()
     intact = cache.put(key, b"abc", ".onnx")
@@ -343,8 +343,8 @@ def test_a_lazy_checksum_hashes_nothing_until_started_or_confirmed(tmp_path, mon
     key = content_key("lazy")
     path = cache.put(key, b"0123456789", ".onnx")
     hashed = []
-    real = checksums.sha256_file
-    monkeypatch.setattr(checksums, "sha256_file", lambda p: hashed.append(p) or real(p))
+    real = checksums.file_digest
+    monkeypatch.setattr(checksums, "file_digest", lambda p: hashed.append(p) or real(p))
     _, pending = cache.get_verifying(key, ".onnx", start=False)
     del pending  # never read, never hashed
     _, pending = cache.get_verifying(key, ".onnx", start=False)
@@ -359,7 +359,7 @@ def test_a_lazy_checksum_hashes_nothing_until_started_or_confirmed(tmp_path, mon
     pending.start()
     time.sleep(0.2)
     assert path.exists()  # found in the background; removed only by the caller, when it asks
-    with pytest.raises(CorruptEntryError, match="sha256 mismatch"):
+    with pytest.raises(CorruptEntryError, match="checksum mismatch"):
         pending()
     assert not path.exists()
 

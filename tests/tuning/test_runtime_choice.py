@@ -356,11 +356,11 @@ def test_one_export_serves_every_runtime_and_is_not_verified_again(monkeypatch, 
     runs, forward = [], gm.forward
     gm.forward = lambda *a: runs.append(1) or forward(*a)
     fingerprints, hashed = [], []
-    real_fingerprint, real_sha = artifacts.fingerprint_graph, store.sha256_file
+    real_fingerprint, real_sha = artifacts.fingerprint_graph, store.file_digest
     monkeypatch.setattr(
         artifacts, "fingerprint_graph", lambda g: fingerprints.append(1) or real_fingerprint(g)
     )
-    monkeypatch.setattr(store, "sha256_file", lambda p: hashed.append(p) or real_sha(p))
+    monkeypatch.setattr(store, "file_digest", lambda p: hashed.append(p) or real_sha(p))
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _winner("openvino"))
     choice = _auto(gm, x, Settings(cache_dir=tmp_path))
     assert choice.option.label == "openvino"

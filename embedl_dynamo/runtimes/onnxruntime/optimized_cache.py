@@ -6,11 +6,11 @@ optimisation: a weight-only file's ``DequantizeLinear`` -> ``MatMul`` pairs beco
 Runtime can write the graph it optimised (``SessionOptions.optimized_model_filepath``, its
 "offline mode") and run that file later with its optimisations off, the same kernels on the
 same weights. This module keeps those files in this package's cache, so they follow the
-cache's rules: content-keyed, written atomically with a sha256 sidecar that is checked on
+cache's rules: content-keyed, written atomically with a checksum sidecar that is checked on
 every read (while ONNX Runtime reads the file), kept within the size budget, and never written
 in a read-only cache (a replica that ships one uses what it holds).
 
-An entry is keyed by the sha256 the ONNX artifact is recorded with (so an artifact replaced by
+An entry is keyed by the digest the ONNX artifact is recorded with (so an artifact replaced by
 other bytes under its key is never served the old file's graph), the session settings that shape the
 optimised graph (:func:`~.session.graph_config`), the ONNX Runtime version and the CPU's name
 and instruction-set flags: the level-3 passes write kernels for this CPU (ONNX Runtime warns
@@ -169,7 +169,7 @@ def store_in_background(
 
     Args:
         artifact: gives the artifact's file (waits until it is written).
-        artifact_digest: gives the sha256 it is recorded with (after that).
+        artifact_digest: gives the digest it is recorded with (after that).
         cache_dir: the cache root.
         num_threads: the intra-op threads its sessions use.
         artifact_problem: waits for a cached artifact's checksum and returns the problem
@@ -217,7 +217,7 @@ def cpu_session(
         artifact_problem: waits for the artifact's checksum and returns the problem found,
             or None, without acting on it (the caller confirms the artifact itself); None: no
             checksum pending.
-        artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
+        artifact_digest: the digest it is recorded with in this package's cache (None: a file
             from elsewhere).
         cache_dir: the cache root.
         num_threads: intra-op threads.

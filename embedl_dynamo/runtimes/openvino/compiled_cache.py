@@ -5,10 +5,10 @@ what a warm start spends outside Dynamo's own trace; importing the plugin's expo
 model (``CompiledModel.export_model`` / ``Core.import_model``, the format OpenVINO's own
 ``CACHE_DIR`` stores) skips both. This module keeps those exports in this package's cache, not
 in a ``CACHE_DIR`` of OpenVINO's, so they follow the cache's rules: content-keyed, written
-atomically with a sha256 sidecar that is checked on every read, kept within the size budget,
+atomically with a checksum sidecar that is checked on every read, kept within the size budget,
 and never written in a read-only cache (a replica that ships one uses what it holds).
 
-An entry is keyed by the sha256 the ONNX artifact is recorded with in the cache (an artifact
+An entry is keyed by the digest the ONNX artifact is recorded with in the cache (an artifact
 replaced by other bytes under its key is never served the old file's model), the device, every property the model is
 compiled with (precision hint, threads, static shapes) and what decides the plugin's code: the
 OpenVINO version, the CPU's name and its instruction-set flags. Only artifacts of this
@@ -104,7 +104,7 @@ def compile_or_import(
 
     Args:
         path: the ONNX file.
-        artifact_digest: the sha256 it is recorded with in this package's cache (None: a file
+        artifact_digest: the digest it is recorded with in this package's cache (None: a file
             from elsewhere: compile, keep nothing).
         confirm_artifact: confirms the file's checksum (raises if it does not match); a
             compiled model is stored only after it returns.
