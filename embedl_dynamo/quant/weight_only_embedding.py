@@ -17,8 +17,9 @@ the scales: ops every runtime runs, with the table stored and held in 8 bits. Un
 lookup reads a row, not the table, so 4 bits would save memory but no time.
 
 Not rewritten, each with its reason: a lookup with ``max_norm`` (it renormalises the table's
-rows in place), a table that is not a 2-d floating-point constant of the graph, or one the
-graph also writes in place.
+rows in place), a table that is not a 2-d floating-point constant of the graph, one the graph
+writes in place, or one it also reads outside lookups (an output head tied to the table as a
+plain matmul: the file would hold the table twice).
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def _written_attributes(gm: fx.GraphModule) -> set[Any]:
     return {t.target for t in written if isinstance(t, fx.Node) and t.op == "get_attr"}
 
 
+def _read_elsewhere(gm: fx.GraphModule, target: Any) -> bool:
+    """Whether a node other than an ``F.embedding`` lookup of it reads the table ``target``."""
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or node.target != target:
+            continue
+        for user in node.users:
+            lookup = user.op == "call_function" and user.target is F.embedding
+            if not lookup or _table_node(user) is not node:
+                return True
+    return False
+
+
 def _refusal(gm: fx.GraphModule, node: fx.Node) -> str | None:
     """Why the lookup ``node`` keeps its float table (None: it is rewritten)."""
     max_norm = node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
@@ -100,6 +113,8 @@ def _refusal(gm: fx.GraphModule, node: fx.Node) -> str | None:
         return f"the table is not a 2-d floating-point tensor ({table.dtype}, {table.dim()}-d)"
     if _table_node(node).target in _written_attributes(gm):
         return "the graph writes into the table"
+    if _read_elsewhere(gm, _table_node(node).target):
+        return "the graph also reads the table outside lookups (both would be stored)"
     return None
 
 

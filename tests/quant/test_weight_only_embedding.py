@@ -41,6 +41,13 @@ class WrittenTable(Lookup):
         return F.embedding(ids, self.table)
 
 
+class TiedHead(Lookup):
+    """The table also read by a matmul, as an output head tied to the embedding."""
+
+    def forward(self, ids: torch.Tensor, more: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.table) @ self.table.t()
+
+
 class TableInput(nn.Module):
     def forward(self, ids: torch.Tensor, more: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, torch.randn(64, 8) + more.float().sum())
@@ -105,6 +112,7 @@ def test_a_lookup_of_a_constant_float_table_gets_int8_codes_per_row():
         (Lookup(torch.int64), "not a 2-d floating-point tensor"),
         (WrittenTable(), "the graph writes into the table"),
         (TableInput(), "not a constant of the graph"),
+        (TiedHead(), "reads the table outside lookups"),
     ],
 )
 def test_a_lookup_keeps_its_float_table_with_the_reason(model, reason):
