@@ -9,7 +9,6 @@ sidecar of an exported file records sha256 instead, which ``sha256sum`` checks t
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import blake3
@@ -18,6 +17,7 @@ __all__ = ["DIGEST", "blake3_digest", "bytes_digest", "file_digest", "sha256_fil
 
 #: the name of a cache entry's digest in its sidecar
 DIGEST = "blake3"
+_BLOCK_BYTES = 1 << 20  # read into a buffer that stays in the core's cache while hashed
 
 
 def blake3_digest(data: object) -> bytes:
@@ -33,11 +33,15 @@ def bytes_digest(data: bytes) -> str:
 
 def file_digest(path: Path) -> str:
     """Hex :data:`DIGEST` (BLAKE3) of a file's bytes: the checksum of a cache entry, verified
-    each time the entry is read, so at memory speed on every core (the file mapped, not read
-    into Python)."""
-    h = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    if os.path.getsize(path):  # an empty file cannot be mapped
-        h.update_mmap(path)
+    each time the entry is read. Read in blocks into one buffer, not mapped: a file another
+    program truncates while it is hashed then gives a wrong digest (the entry is rebuilt), not
+    a crash (SIGBUS)."""
+    h = blake3.blake3()
+    block = bytearray(_BLOCK_BYTES)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as f:
+        while read := f.readinto(block):
+            h.update(view[:read])
     return h.hexdigest()
 
 
