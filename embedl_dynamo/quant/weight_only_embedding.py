@@ -37,7 +37,6 @@ from embedl_dynamo.quant.weight_codes import WeightOnlySpec, dequantize_weight, 
 __all__ = ["WeightOnlyEmbedding", "embedding_tables", "swap_embeddings"]
 
 _INT8_ROWS = WeightOnlySpec(8, 128, True)  # 8 bits per row: the group is the whole row
-_SUBMODULE = "weight_only_embedding_{}"
 
 
 class WeightOnlyEmbedding(nn.Module):
