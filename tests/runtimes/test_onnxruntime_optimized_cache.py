@@ -217,3 +217,25 @@ def test_a_weight_only_graph_loaded_optimised_gives_the_same_outputs_bit_for_bit
         graphs.append(report.runtime_info.get(OPTIMIZED_GRAPH))
     assert graphs == [None, LOADED] and len(_entries(tmp_path)) == 1
     assert torch.equal(outputs[0], outputs[1])
+
+
+def test_a_graph_that_cannot_be_stored_is_told_once_a_process(tmp_path, monkeypatch, caplog):
+    """A full disk made every start optimise its graphs again, with nothing above debug level
+    to say why: the first failure is a warning naming the cache and the cause, later ones are
+    debug only."""
+    monkeypatch.setattr(optimized_cache, "_TOLD", [])
+
+    def full_disk(*args, **kwargs):
+        raise RuntimeError("Failed to write external initializers to file (no space left)")
+
+    monkeypatch.setattr(optimized_cache, "_written", full_disk)
+    with caplog.at_level(logging.DEBUG, logger=optimized_cache.__name__):
+        for _ in range(2):
+            _build(tmp_path / "cache", _model())
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1, caplog.records
+    assert "no space left" in warned[0].getMessage()
+    assert str(tmp_path / "cache") in warned[0].getMessage()
+    assert any(r.levelno == logging.DEBUG and "not cached" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    assert not _entries(tmp_path / "cache")
