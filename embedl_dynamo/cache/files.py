@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedl_dynamo.errors import CacheLockTimeoutError, ConfigurationError
+from embedl_dynamo.errors import CacheLockTimeoutError, ConfigurationError, error_line
 
 __all__ = [
     "CACHE_MARKER",
@@ -35,6 +35,7 @@ __all__ = [
     "mark_cache_root",
     "read_only_reason",
     "remove_tree",
+    "tell_unstored",
     "run_in_background",
     "wait_for_cache_writes",
     "write_in_background",
@@ -294,3 +295,22 @@ def read_only_reason(root: Path) -> str | None:
     if not os.access(root, os.W_OK):
         return "not writable by this process"
     return None
+
+
+_TOLD_UNSTORED: set[str] = set()  # the kinds of derived entry a failure was told for
+
+
+def tell_unstored(kind: str, cache_dir: str | os.PathLike[str], exc: BaseException) -> None:
+    """Say once a process, as a warning, that a derived entry of ``kind`` (an optimised graph,
+    a compiled model) could not be stored in ``cache_dir`` (a full disk, an unwritable cache):
+    every later start then builds it again, which a user would otherwise see only as slow
+    starts. Later failures of the kind are logged at debug level."""
+    if kind in _TOLD_UNSTORED:
+        logger.debug("%s not cached: %s", kind, exc)
+        return
+    _TOLD_UNSTORED.add(kind)
+    logger.warning(
+        "%s could not be stored in the cache %s (%s); later starts build it again. Free disk "
+        "space there, or point EMBEDL_DYNAMO_CACHE_DIR elsewhere",
+        kind, cache_dir, error_line(exc),
+    )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import embedl_dynamo
-from embedl_dynamo.cache import checksums
+from embedl_dynamo.cache import checksums, files
 from embedl_dynamo.runtimes.onnxruntime import optimized_cache
 from embedl_dynamo.runtimes.onnxruntime.optimized_cache import LOADED, OPTIMIZED_GRAPH, WRITING
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
@@ -223,13 +223,13 @@ def test_a_graph_that_cannot_be_stored_is_told_once_a_process(tmp_path, monkeypa
     """A full disk made every start optimise its graphs again, with nothing above debug level
     to say why: the first failure is a warning naming the cache and the cause, later ones are
     debug only."""
-    monkeypatch.setattr(optimized_cache, "_TOLD", [])
+    monkeypatch.setattr(files, "_TOLD_UNSTORED", set())
 
     def full_disk(*args, **kwargs):
         raise RuntimeError("Failed to write external initializers to file (no space left)")
 
     monkeypatch.setattr(optimized_cache, "_written", full_disk)
-    with caplog.at_level(logging.DEBUG, logger=optimized_cache.__name__):
+    with caplog.at_level(logging.DEBUG, logger=files.__name__):
         for _ in range(2):
             _build(tmp_path / "cache", _model())
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -151,3 +151,29 @@ def test_an_imported_model_reads_its_mapped_blob_for_as_long_as_it_lives(tmp_pat
     gc.collect()
     with torch.no_grad():
         assert torch.equal(imported.infer(x)[0], expected)
+
+
+def test_a_compiled_model_that_cannot_be_stored_is_told_once(tmp_path, monkeypatch, caplog):
+    """A failed store (a full disk) is a warning with its cause the first time, not only a
+    debug line: every later start compiles again."""
+    from embedl_dynamo.cache import files
+    from embedl_dynamo.cache.store import ArtifactCache
+
+    monkeypatch.setattr(files, "_TOLD_UNSTORED", set())
+
+    real_put = ArtifactCache.put
+
+    def full_disk(self, key, data, suffix=".onnx", *args, **kwargs):  # the blob's store fails
+        if suffix == ".blob":
+            raise OSError(28, "No space left on device")
+        return real_put(self, key, data, suffix, *args, **kwargs)
+
+    monkeypatch.setattr(ArtifactCache, "put", full_disk)
+    model, x = randomize_batchnorm(ResNetLike().eval()), torch.randn(2, 3, 16, 16)
+    with caplog.at_level(logging.DEBUG, logger=files.__name__):
+        for _ in range(2):
+            with torch.no_grad():
+                _build(tmp_path, model, x).infer(x)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "OpenVINO's compiled model" in warned[0], warned
+    assert "No space left on device" in warned[0] and not _blobs(tmp_path)

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from embedl_dynamo.cache.companion import COMPANION_SUFFIX
-from embedl_dynamo.cache.files import write_in_background
+from embedl_dynamo.cache.files import tell_unstored, write_in_background
 from embedl_dynamo.cache.keys import content_key, cpu_identity, package_version
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.errors import CorruptEntryError, error_line
+from embedl_dynamo.errors import CorruptEntryError
 from embedl_dynamo.onnx.external_data import file_bytes
 from embedl_dynamo.runtimes.onnxruntime.session import (
     CPU_PROVIDER,
@@ -155,22 +155,6 @@ def _kept(cache: ArtifactCache, path: Path) -> bool:
 
 
 _ONE_AT_A_TIME = threading.Lock()  # each background write holds a session's weights
-_TOLD: list[str] = []  # the first failure to store a graph, told once a process
-
-
-def _told_unwritten(cache_dir: Path, exc: Exception) -> None:
-    """One warning a process when an optimised graph cannot be stored (a full disk, a cache
-    made unwritable): every later start then optimises the graph again, which a user would
-    otherwise see only as slow starts. Later failures are logged at debug level."""
-    if _TOLD:
-        logger.debug("optimised ONNX Runtime graph not cached: %s", exc)
-        return
-    _TOLD.append(str(exc))
-    logger.warning(
-        "ONNX Runtime's optimised graph could not be stored in the cache %s (%s); later starts "
-        "optimise it again. Free disk space there, or point EMBEDL_DYNAMO_CACHE_DIR elsewhere",
-        cache_dir, error_line(exc),
-    )  # fmt: skip
 
 
 def store_in_background(
@@ -211,7 +195,7 @@ def store_in_background(
         except CorruptEntryError:  # the runtime refuses and removes the artifact itself
             raise
         except Exception as exc:  # the compile already has its session: a miss costs time only
-            _told_unwritten(cache_dir, exc)
+            tell_unstored("ONNX Runtime's optimised graph", cache_dir, exc)
             raise
 
     write_in_background(logged)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from embedl_dynamo.cache.files import tell_unstored
 from embedl_dynamo.cache.keys import content_key, cpu_identity
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.onnx.external_data import file_bytes
@@ -137,5 +138,5 @@ def compile_or_import(
                 meta = {"kind": "openvino compiled model", "build_info": stored, "derived": True}
                 cache.put(key, data, _SUFFIX, meta=meta)
         except (OSError, RuntimeError) as exc:
-            logger.debug("compiled OpenVINO model not cached: %s", exc)
+            tell_unstored("OpenVINO's compiled model", cache_dir, exc)
     return compiled
