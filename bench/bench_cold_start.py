@@ -61,6 +61,8 @@ def _options(case: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, Any]:
     if case.startswith("qwen"):
         return {"precision": f"{precision}_weight_only", "accuracy_budget": 0.5}
     options: dict[str, Any] = {"precision": precision}
+    if precision == "int8":  # random weights and data miss the default budget (cosine about
+        options["accuracy_budget"] = 0.95  # 0.98), and the float file would run instead
     if precision in ("int8", "mixed"):
         generator = torch.Generator().manual_seed(1)
         options["calibration_data"] = [
