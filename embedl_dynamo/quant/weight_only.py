@@ -183,6 +183,7 @@ def weight_only_graph(
     example_inputs: list[Any],
     spec: WeightOnlySpec,
     accuracy_budget: float | None = None,
+    tables_kept: str | None = None,
 ) -> tuple[fx.GraphModule, dict[str, Any]]:
     """A copy of ``gm`` with every fused linear weight-only quantized under ``spec``.
 
@@ -192,6 +193,8 @@ def weight_only_graph(
         spec: bits, group size, symmetry.
         accuracy_budget: the least cosine of the outputs to the float graph's (int4 only;
             None: no check).
+        tables_kept: why every embedding table stays float on this target (None: tables
+            become int8, :mod:`~embedl_dynamo.quant.weight_only_embedding`).
 
     Returns:
         ``(graph, report)``: ``layers`` (id, precision, reason), ``bits``, ``group_size``,
@@ -213,7 +216,7 @@ def weight_only_graph(
                 "default"
             )
     made: dict[tuple[fx.Node, int], WeightOnlyLinear] = {}
-    tables, embedding_rows = embedding_tables(gm)
+    tables, embedding_rows = embedding_tables(gm, tables_kept)
     built = _build(gm, nodes, spec, int8, reasons, made, tables)
     kept: list[str] = []
     cosine = None

@@ -16,7 +16,8 @@ the scales: ops every runtime runs, with the table stored and held in 8 bits. Un
 ``int4_weight_only`` the table keeps 8 bits too, as NNCF does by default for embeddings: a
 lookup reads a row, not the table, so 4 bits would save memory but no time.
 
-Not rewritten, each with its reason: a lookup with ``max_norm`` (it renormalises the table's
+Not rewritten, each with its reason: every lookup on the ``tensorrt`` target (its int8
+constants are read through ``DequantizeLinear``; the stage says so), a lookup with ``max_norm`` (it renormalises the table's
 rows in place), a table that is not a 2-d floating-point constant of the graph, one the graph
 writes in place, or one it also reads outside lookups (an output head tied to the table as a
 plain matmul: the file would hold the table twice).
@@ -118,11 +119,12 @@ def _refusal(gm: fx.GraphModule, node: fx.Node) -> str | None:
 
 
 def embedding_tables(
-    gm: fx.GraphModule,
+    gm: fx.GraphModule, kept: str | None = None
 ) -> tuple[dict[str, WeightOnlyEmbedding], list[dict[str, str]]]:
     """The int8 lookup of each ``F.embedding`` of ``gm`` that takes one, by node name (a table
     two lookups share is quantized once), and the report's rows: each lookup's precision and
-    reason (a refused one keeps its float table)."""
+    reason (a refused one keeps its float table). ``kept``: why every table stays float (the
+    target's reason), or None."""
     tables: dict[str, WeightOnlyEmbedding] = {}
     by_table: dict[int, WeightOnlyEmbedding] = {}
     rows = []
@@ -130,7 +132,7 @@ def embedding_tables(
         if node.op != "call_function" or node.target is not F.embedding:
             continue
         layer = f"embedding@{module_path(node) or node.name}"
-        reason = _refusal(gm, node)
+        reason = kept or _refusal(gm, node)
         if reason is not None:
             why = f"the embedding keeps its float table: {reason}"
             rows.append({"id": layer, "precision": "fp32", "reason": why})

@@ -32,6 +32,14 @@ def _spec_for(settings: Settings, backend: Any) -> WeightOnlySpec:
     return WeightOnlySpec(WEIGHT_ONLY_BITS[name], settings.weight_only_group_size, symmetric)
 
 
+def _tables_kept(backend: Any) -> str | None:
+    """Why the target keeps embedding tables float (None: they become int8). TensorRT reads
+    int8 constants through ``DequantizeLinear`` (its lint's rule), not as a ``Gather``'s table."""
+    if getattr(backend, "name", "") == "tensorrt":
+        return "the tensorrt target reads int8 constants only through DequantizeLinear"
+    return None
+
+
 def weight_only_stage(
     gm: fx.GraphModule, example_inputs: Sequence[Any], backend: Any, settings: Settings
 ) -> tuple[fx.GraphModule, dict[str, Any]]:
@@ -51,7 +59,8 @@ def weight_only_stage(
     """
     start = time.perf_counter()
     spec = _spec_for(settings, backend)
-    model, report = weight_only_graph(gm, list(example_inputs), spec, settings.accuracy_budget)
+    model, report = weight_only_graph(gm, list(example_inputs), spec, settings.accuracy_budget,
+                                      _tables_kept(backend))  # fmt: skip
     report["merged"] = merge_sibling_layers(model)
     layers = report.pop("layers")
     entries = {"layers": layers, "weight_only": report}

@@ -167,3 +167,23 @@ def test_the_onnx_file_gathers_from_the_int8_table(tmp_path):
         expected = quantized(_ids(), _ids(1))
     torch.testing.assert_close(torch.from_numpy(session.run(None, feeds)[0]), expected,
                                rtol=0, atol=0)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime", "openvino"])
+def test_the_tensorrt_target_keeps_float_tables_with_its_reason(backend):
+    """TensorRT reads int8 constants through DequantizeLinear (its lint's rule), not as a
+    Gather's table: that target keeps the float table; the others take int8."""
+    from embedl_dynamo.backend import as_backend
+    from embedl_dynamo.quant.weight_only_stage import weight_only_stage
+    from embedl_dynamo.settings import Settings
+
+    settings = Settings(precision="int8_weight_only")
+    model, entries = weight_only_stage(_graph(Lookup()), [_ids(), _ids(1)],
+                                       as_backend(backend), settings)  # fmt: skip
+    lookups = [m for m in model.modules() if isinstance(m, WeightOnlyEmbedding)]
+    precisions = {r["precision"] for r in entries["layers"]}
+    if backend == "tensorrt":
+        assert not lookups and precisions == {"fp32"}
+        assert all("DequantizeLinear" in r["reason"] for r in entries["layers"])
+    else:
+        assert lookups and precisions == {"int8_weight_only"}
