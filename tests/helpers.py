@@ -229,11 +229,11 @@ def replace_cache_file(path: Any, data: bytes) -> None:
     import json
     from pathlib import Path
 
-    from embedl_dynamo.cache.digests import DIGEST, bytes_digest
+    from embedl_dynamo.cache.digests import DIGEST, blake3_digest
 
     path = Path(path)
     path.write_bytes(data)
     meta = path.with_name(path.name + ".meta.json")
     record = json.loads(meta.read_text())
-    record.update({DIGEST: bytes_digest(data), "size": len(data)})
+    record.update({DIGEST: blake3_digest(data).hex(), "size": len(data)})
     meta.write_text(json.dumps(record))

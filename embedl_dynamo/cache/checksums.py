@@ -1,6 +1,6 @@
 """A cache entry's checksum sidecar (``<file>.meta.json``: its BLAKE3 digest, size, its
 companion's) and the checks against it: the cheap one (present, readable, sizes), the full one
-(the digest, :func:`~embedl_dynamo.cache.keys.file_digest`), and
+(the digest, :func:`~embedl_dynamo.cache.digests.file_digest`), and
 the full one run on a helper thread while the caller reads the file (:class:`PendingChecksum`).
 """
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import blake3
 
-__all__ = ["DIGEST", "blake3_digest", "bytes_digest", "file_digest", "sha256_file"]
+__all__ = ["DIGEST", "blake3_digest", "file_digest", "sha256_file"]
 
 #: the name of a cache entry's digest in its sidecar
 DIGEST = "blake3"
@@ -22,13 +22,8 @@ _BLOCK_BYTES = 1 << 20  # read into a buffer that stays in the core's cache whil
 
 def blake3_digest(data: object) -> bytes:
     """The raw :data:`DIGEST` of a C-contiguous buffer's bytes (bytes, a numpy array of any
-    dtype, a memoryview)."""
+    dtype, a memoryview); ``.hex()`` of it is what a sidecar records."""
     return blake3.blake3(memoryview(data).cast("B")).digest()
-
-
-def bytes_digest(data: bytes) -> str:
-    """Hex :data:`DIGEST` of ``data``: the checksum of a cache entry written from memory."""
-    return blake3.blake3(data).hexdigest()
 
 
 def file_digest(path: Path) -> str:

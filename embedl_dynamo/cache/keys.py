@@ -190,8 +190,8 @@ def _memory_of(tensor: torch.Tensor) -> tuple | None:
 
 def _word_sum(tensor: torch.Tensor) -> int:
     """The wrapping sum of the tensor's bytes read as 64-bit words (the tail as bytes), read at
-    memory speed where a cryptographic hash runs at a fraction of it; numpy reads words at any byte offset
-    (a parameter that views a flat vector at an odd element)."""
+    memory speed where a cryptographic hash runs at a fraction of it; numpy reads words at any
+    byte offset (a parameter that views a flat vector at an odd element)."""
     data = tensor_bytes(tensor)
     whole = data.size // 8 * 8
     total = int(data[:whole].view(np.uint64).sum(dtype=np.uint64)) if whole else 0
@@ -242,7 +242,7 @@ def _remember(tensor: torch.Tensor, digest: bytes) -> None:
 def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """Add each tensor's name, dtype, shape and the digest of its bytes to ``h``, in order.
 
-    Tensors over 1 MiB are hashed on threads, several at a time (``hashlib`` releases the GIL,
+    Tensors over 1 MiB are hashed on threads, several at a time (``blake3`` releases the GIL,
     so a large model's weights hash on several cores at once); a tensor this process hashed
     before and that still holds those bytes is not hashed again (:func:`_reused_digests`).
     """

@@ -9,9 +9,9 @@ nothing; anything that changes the artifact changes the key, so stale entries ar
 Safety rules, all enforced here:
 
 * writes are atomic (a temporary file, then ``os.replace``); the sidecar, with the artifact's
-  digest (BLAKE3) and size, is synced before the artifact is moved in, and both are verified on every
-  read: an entry that does not match (truncated, corrupted, half-written by a killed process)
-  is logged as a warning, removed and rebuilt, never trusted; an artifact's companion
+  digest (BLAKE3) and size, is synced before the artifact is moved in, and both are verified
+  on every read: an entry that does not match (truncated, corrupted, half-written by a killed
+  process) is logged as a warning, removed and rebuilt, never trusted; an artifact's companion
   (:mod:`.companion`) is moved in first, verified and removed with it;
 * keys must be lowercase hex and suffixes plain extensions, so no path escapes the cache root;
 * a per-key ``fcntl.flock`` lock makes concurrent processes that build the same key wait for
@@ -46,7 +46,7 @@ from embedl_dynamo.cache.checksums import (
     sidecar_problem,
 )
 from embedl_dynamo.cache.companion import companion_path, move_companion
-from embedl_dynamo.cache.digests import DIGEST, bytes_digest, file_digest
+from embedl_dynamo.cache.digests import DIGEST, blake3_digest, file_digest
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
     atomic_write_text,
@@ -276,7 +276,7 @@ class ArtifactCache:
 
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)
-            record(bytes_digest(data), len(data))
+            record(blake3_digest(data).hex(), len(data))
             atomic_write_bytes(path, data)
         else:
             src = Path(data)

@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.graph.nodes import constant_value, module_path
 from embedl_dynamo.patterns.fused_modules import FusedLinear
 from embedl_dynamo.quant.weight_codes import (
     WeightOnlySpec,
@@ -270,9 +270,7 @@ def _shared_constants(gm: fx.GraphModule, nodes: list[fx.Node]) -> dict[int, Any
         shared.extend([*linear.parameters(), *linear.buffers()])
     for node in gm.graph.nodes:
         if node.op == "get_attr" and not any(_writes(user) for user in node.users):
-            value: Any = gm
-            for part in str(node.target).split("."):
-                value = getattr(value, part, None)
+            value = constant_value(gm, node)
             if isinstance(value, torch.Tensor):
                 shared.append(value)
     return {id(t): t for t in shared}

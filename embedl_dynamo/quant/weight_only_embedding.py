@@ -17,10 +17,11 @@ the scales: ops every runtime runs, with the table stored and held in 8 bits. Un
 lookup reads a row, not the table, so 4 bits would save memory but no time.
 
 Not rewritten, each with its reason: every lookup on the ``tensorrt`` target (its int8
-constants are read through ``DequantizeLinear``; the stage says so), a lookup with ``max_norm`` (it renormalises the table's
-rows in place), a table that is not a 2-d floating-point constant of the graph, one the graph
-writes in place, or one it also reads outside lookups (an output head tied to the table as a
-plain matmul: the file would hold the table twice).
+constants are read through ``DequantizeLinear``; the stage says so), a lookup with
+``max_norm`` (it renormalises the table's rows in place), a table that is not a 2-d
+floating-point constant of the graph, one the graph writes in place, or one it also reads
+outside lookups (an output head tied to the table as a plain matmul: the file would hold the
+table twice).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo.graph.aliasing import mutated_tensor
-from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.graph.nodes import constant_value, module_path
 from embedl_dynamo.quant.weight_codes import WeightOnlySpec, dequantize_weight, quantize_weight
 
 __all__ = ["WeightOnlyEmbedding", "embedding_tables", "swap_embeddings"]
@@ -70,12 +71,7 @@ class WeightOnlyEmbedding(nn.Module):
 
 
 def _table(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor | None:
-    weight = _table_node(node)
-    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
-        return None
-    value: Any = gm
-    for part in str(weight.target).split("."):
-        value = getattr(value, part, None)
+    value = constant_value(gm, _table_node(node))
     return value if isinstance(value, torch.Tensor) else None
 
 
@@ -101,8 +97,9 @@ def _read_elsewhere(gm: fx.GraphModule, target: Any) -> bool:
     return False
 
 
-def _refusal(gm: fx.GraphModule, node: fx.Node) -> str | None:
-    """Why the lookup ``node`` keeps its float table (None: it is rewritten)."""
+def _refusal(gm: fx.GraphModule, node: fx.Node, written: set[Any]) -> str | None:
+    """Why the lookup ``node`` keeps its float table (None: it is rewritten); ``written``: the
+    constants the graph writes in place (:func:`_written_attributes`)."""
     max_norm = node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
     if max_norm is not None:
         return "max_norm renormalises the table's rows in place"
@@ -111,7 +108,7 @@ def _refusal(gm: fx.GraphModule, node: fx.Node) -> str | None:
         return "the table is not a constant of the graph"
     if table.dim() != 2 or not table.is_floating_point() or table.device.type == "meta":
         return f"the table is not a 2-d floating-point tensor ({table.dtype}, {table.dim()}-d)"
-    if _table_node(node).target in _written_attributes(gm):
+    if _table_node(node).target in written:
         return "the graph writes into the table"
     if _read_elsewhere(gm, _table_node(node).target):
         return "the graph also reads the table outside lookups (both would be stored)"
@@ -128,11 +125,12 @@ def embedding_tables(
     tables: dict[str, WeightOnlyEmbedding] = {}
     by_table: dict[int, WeightOnlyEmbedding] = {}
     rows = []
+    written = _written_attributes(gm)
     for node in gm.graph.nodes:
         if node.op != "call_function" or node.target is not F.embedding:
             continue
         layer = f"embedding@{module_path(node) or node.name}"
-        reason = kept or _refusal(gm, node)
+        reason = kept or _refusal(gm, node, written)
         if reason is not None:
             why = f"the embedding keeps its float table: {reason}"
             rows.append({"id": layer, "precision": "fp32", "reason": why})

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.cache.digests import DIGEST, bytes_digest
+from embedl_dynamo.cache.digests import DIGEST, blake3_digest
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import TinyConvNet
 
@@ -32,7 +32,7 @@ def _resign(path: Path) -> None:
     """Rewrite an entry's checksum sidecar so it matches the (tampered) file."""
     meta = path.with_name(path.name + ".meta.json")
     record = json.loads(meta.read_text())
-    record.update({DIGEST: bytes_digest(path.read_bytes()), "size": path.stat().st_size})
+    record.update({DIGEST: blake3_digest(path.read_bytes()).hex(), "size": path.stat().st_size})
     meta.write_text(json.dumps(record))
 
 
