@@ -18,6 +18,7 @@ __all__ = [
     "EngineUnavailableError",
     "ExportArgumentError",
     "ExportError",
+    "IndexGuardError",
     "NonFiniteError",
     "KServeError",
     "NotACacheError",
@@ -53,6 +54,11 @@ class ReadOnlyCacheError(EmbedlDynamoError, PermissionError):
 
 class KServeError(EmbedlDynamoError, ValueError):
     """A served request the KServe v2 protocol or the model cannot take (HTTP 400 with it)."""
+
+
+class IndexGuardError(EmbedlDynamoError, ValueError):
+    """An index of this call is outside the range PyTorch takes in an op a runtime computes
+    (:mod:`embedl_dynamo.graph.index_guards`): the call runs in PyTorch, which raises."""
 
 
 class NotACacheError(EmbedlDynamoError, ValueError):

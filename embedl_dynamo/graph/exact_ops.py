@@ -17,6 +17,9 @@ in place of the originals in the graph that is exported (the table of which op n
   (a zero is padded in front, so an empty axis sums to 0).
 * ``expand``/``expand_as`` of a 0-d tensor to rank 0 (a no-op): the exporter's form of it
   crashes OpenVINO's ``compile_model``; here it is the tensor itself.
+* ``x[i, j]`` and ``x[i, j] = v`` with two or more index tensors: the exporter reads a negative
+  index as a flat one; here each that can be negative is made non-negative first
+  (:mod:`embedl_dynamo.graph.exact_index`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx
+
+from embedl_dynamo.graph.exact_index import index_form
 
 __all__ = [
     "EXACT_FUNCTIONS",
@@ -302,19 +307,21 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
 
 
 def exact_lowering(gm: fx.GraphModule) -> fx.GraphModule:
-    """A copy of ``gm`` (sharing its weights) in which each op of :data:`EXACT_FUNCTIONS` is
-    its exact form; ``gm`` itself when it holds none. The copy computes the same values in
-    PyTorch; its ONNX export computes them on every runtime."""
+    """A copy of ``gm`` (sharing its weights) in which each op of :data:`EXACT_FUNCTIONS`, and
+    each indexing with several index tensors (:func:`~.exact_index.index_form`), is its exact
+    form; ``gm`` itself when it holds none. The copy computes the same values in PyTorch; its
+    ONNX export computes them on every runtime."""
     if not isinstance(gm, fx.GraphModule):
         return gm  # a module exported as it is: no graph to rewrite
-    if not any(_exact(node) is not None for node in gm.graph.nodes):
+    if not any(_exact(gm, node) is not None for node in gm.graph.nodes):
         return gm
     copy = fx.GraphModule(gm, _copied_graph(gm.graph), gm.__class__.__name__)
     copy.meta.update(gm.meta)
     for node in copy.graph.nodes:
-        target = _exact(node)
-        if target is not None:
-            node.op, node.target = "call_function", target
+        form = _exact(copy, node)
+        if form is not None:
+            node.op, node.target = "call_function", form[0]
+            node.kwargs = {**node.kwargs, **form[1]}
     copy.recompile()
     return copy
 
@@ -326,10 +333,14 @@ def _copied_graph(graph: fx.Graph) -> fx.Graph:
     return new
 
 
-def _exact(node: fx.Node) -> Callable[..., Any] | None:
-    if node.op not in ("call_function", "call_method") or node.target is operator.getitem:
+def _exact(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable[..., Any], dict] | None:
+    """The exact form of ``node`` and the keyword arguments to add, or None."""
+    if node.target in (operator.getitem, operator.setitem):
+        return index_form(gm, node)
+    if node.op not in ("call_function", "call_method"):
         return None
     try:
-        return EXACT_FUNCTIONS.get(node.target)
+        target = EXACT_FUNCTIONS.get(node.target)
     except TypeError:  # an unhashable target
         return None
+    return (target, {}) if target is not None else None
