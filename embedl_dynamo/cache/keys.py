@@ -3,8 +3,9 @@
 :func:`content_key` hashes canonical JSON of its parts; :func:`fingerprint_graph` hashes a
 graph's normalised structure and every constant it holds; :func:`library_versions` lists the
 versions that change built artifacts and measured decisions; :func:`jsonable` makes data JSON the
-one way the cache and the export sidecar both write it. Equal inputs give equal keys, so a warm
-cache is found by
+one way the cache and the export sidecar both write it. A graph's fingerprint includes the
+ambient state that changes what running it computes (autocast, the default dtype:
+:mod:`~embedl_dynamo.cache.numerics`). Equal inputs give equal keys, so a warm cache is found by
 content and a stale entry is never served.
 """
 
@@ -28,6 +29,7 @@ from torch import fx, nn
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from embedl_dynamo.cache.digests import blake3_digest
+from embedl_dynamo.cache.numerics import numerics_state
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.graph.rest_precision import rest_precision
 
@@ -267,14 +269,18 @@ def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
 
 
 def fingerprint_graph(gm: fx.GraphModule) -> str:
-    """sha256 over a graph's normalised structure and every constant it holds.
+    """sha256 over a graph's normalised structure, every constant it holds and the ambient
+    state that changes its numbers.
 
     Covers the printed graph with literal arguments
     (:func:`~embedl_dynamo.graph.printer.format_graph`), the half type its unquantized layers
     run in when set (:mod:`~embedl_dynamo.graph.rest_precision`), every attribute of every called
     submodule and of its children (:func:`module_attributes`: a fused conv's stride, padding and
     dilation, whatever its ``repr`` shows) and the bytes, dtype and shape of every parameter,
-    buffer and tensor attribute.
+    buffer and tensor attribute, and the ambient state that changes the graph's numbers
+    (:func:`~embedl_dynamo.cache.numerics.numerics_state`: autocast, the default dtype): a
+    graph compiled under ``torch.autocast`` builds another artifact than the same graph
+    without, and must never be stored in its place.
 
     Args:
         gm: the GraphModule to fingerprint; not modified.
@@ -284,6 +290,7 @@ def fingerprint_graph(gm: fx.GraphModule) -> str:
     """
     h = hashlib.sha256()
     h.update(format_graph(gm, literals=True).encode())
+    h.update(f"\nnumerics: {json.dumps(numerics_state(), sort_keys=True)}".encode())
     if rest_precision(gm) is not None:  # the same graph, another file (its metadata)
         h.update(f"\nrest precision: {rest_precision(gm)}".encode())
     for node in gm.graph.nodes:
