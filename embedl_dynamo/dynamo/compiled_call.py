@@ -16,6 +16,7 @@ from torch import fx
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
+from embedl_dynamo.dynamo.write_back import planned_copies, write_back
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.output_views import OutputView
@@ -28,8 +29,10 @@ __all__ = [
     "OUT_OF_RANGE",
     "WEIGHT_SETS",
     "calibrated_input_bounds",
+    "guard_int8",
     "in_place_writes",
     "refuse_non_finite",
+    "runs_int8",
     "watch_calibrated_ranges",
     "wrap_compiled",
 ]
@@ -71,9 +74,9 @@ def wrap_compiled(
     the user inputs at ``int_inputs`` are Python ints the artifact takes as 0-d int64 tensors.
     Dynamo's arguments at ``specialized`` are floats the artifact holds as constants: a call
     with another value runs the original graph. The user inputs at ``written`` are written in
-    place by the graph: the artifact returns their final values after its outputs, and each is
-    copied into the caller's tensor (:func:`~embedl_dynamo.graph.freeze.freeze`), unless the
-    runtime wrote it there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
+    place by the graph: the artifact returns their final values after its outputs, copied into
+    the caller's tensors all or nothing (:mod:`~embedl_dynamo.dynamo.write_back`) unless the
+    runtime wrote one there itself (:func:`in_place_writes`: a KV cache's scatter, so that a
     decode step copies no cache). The outputs at ``returned`` are a user input's tensor itself
     in eager: that input is returned there; those at ``views`` are views of another output or
     of an input, regenerated as such after the run. A call in which a written input overlaps
@@ -100,16 +103,15 @@ def wrap_compiled(
         for k in int_inputs:
             inputs[k] = torch.tensor(int(inputs[k]))
         try:
-            outputs = _outputs(infer(*inputs), inputs, scalars, written, returned or {})
-            if views:
-                outputs = _regenerate_views(outputs, inputs, views)
-        except Exception as exc:
+            outputs, copies = _outputs(infer(*inputs), inputs, scalars, written, returned, views)
+        except Exception as exc:  # no input written yet: PyTorch runs the call on them
             if settings.fallback == "raise":
                 raise
             if not warned:
                 warned = True
                 _warn_call_failed(report, exc)
             return gm.forward(*args)
+        write_back(copies)  # checked: one that fails now raises, never running the graph again
         return _as_output(gm, outputs)
 
     by_weights = _by_weights(
@@ -229,21 +231,27 @@ def _outputs(
     inputs: Sequence[Any],
     scalars: ScalarOutputs | None,
     written: Sequence[int],
-    returned: dict[int, int],
-) -> tuple[Any, ...]:
-    """The graph's outputs from the runtime's: numbers merged in, written-back inputs copied
-    into the caller's tensors, and the inputs the graph returns as themselves put back."""
+    returned: dict[int, int] | None,
+    views: dict[int, OutputView] | None,
+) -> tuple[tuple[Any, ...], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The graph's outputs from the runtime's (numbers merged in, the inputs the graph returns
+    as themselves put back, views regenerated), and the copies of the written inputs' new
+    values into the caller's tensors, each checked and none made yet
+    (:mod:`~embedl_dynamo.dynamo.write_back`: all or nothing)."""
     if scalars is not None:
         outputs = scalars.merge(outputs, inputs)
+    copies: list[tuple[torch.Tensor, torch.Tensor]] = []
     if written:
-        outputs = _write_back(outputs, [inputs[k] for k in written])
-    if not returned:  # the common case, on every call: no per-output work
-        return tuple(outputs)
-    return tuple(inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs))
+        outputs, copies = planned_copies(outputs, [inputs[k] for k in written])
+    if returned:
+        outputs = [inputs[returned[i]] if i in returned else o for i, o in enumerate(outputs)]
+    if views:
+        outputs = _regenerate_views(outputs, inputs, views)
+    return tuple(outputs), copies
 
 
 def _regenerate_views(
-    outputs: tuple[Any, ...], inputs: Sequence[Any], views: dict[int, OutputView]
+    outputs: Sequence[Any], inputs: Sequence[Any], views: dict[int, OutputView]
 ) -> tuple[Any, ...]:
     """The outputs with each of ``views`` replaced by its view of the output or input it
     views in eager, so that they share memory as eager's do."""
@@ -251,33 +259,6 @@ def _regenerate_views(
     for position, view in views.items():
         regenerated[position] = view(inputs[view.index] if view.of_input else outputs[view.index])
     return tuple(regenerated)
-
-
-def _write_back(outputs: Sequence[Any], targets: Sequence[torch.Tensor]) -> tuple[Any, ...]:
-    """Copy the last ``len(targets)`` outputs into ``targets`` (not those the runtime wrote
-    into the target's own memory); the outputs before them."""
-    if not targets:
-        return tuple(outputs)
-    count = len(outputs) - len(targets)
-    with torch.no_grad():
-        for target, value in zip(targets, outputs[count:]):
-            if not _same_memory(target, value):
-                target.copy_(value)
-    return tuple(outputs[:count])
-
-
-def _same_memory(target: torch.Tensor, value: Any) -> bool:
-    """Whether ``value`` is ``target``'s own memory, element for element."""
-    if value is target:
-        return True
-    return (
-        isinstance(value, torch.Tensor)
-        and value.data_ptr() == target.data_ptr()
-        and value.device == target.device
-        and value.dtype == target.dtype
-        and value.shape == target.shape
-        and value.stride() == target.stride()
-    )
 
 
 # in-place ops whose functional form (a scatter) reads the old value only where it writes,
@@ -416,3 +397,22 @@ def refuse_non_finite(infer: Callable[..., Any], index: int) -> Callable[..., An
         return infer(*inputs)
 
     return guarded
+
+
+def runs_int8(settings: Settings, report: SubgraphReport) -> bool:
+    """Whether the subgraph's artifact runs INT8 layers: its precision quantizes to int8, the
+    pipeline quantized it (``mixed`` may keep all in float) and the INT8 artifact was not
+    rejected for the float one (said in the reason, which a warm start reads from its alias)."""
+    return (
+        settings.precision.qdq_type == "int8"
+        and bool(report.pipeline.get("quantized"))
+        and "rejected" not in report.reason
+    )
+
+
+def guard_int8(
+    infer: Callable[..., Any], settings: Settings, report: SubgraphReport
+) -> Callable[..., Any]:
+    """``infer`` behind :func:`refuse_non_finite` where it runs INT8 (:func:`runs_int8`): on
+    every path to an INT8 artifact (build, warm start), a NaN or inf call runs in PyTorch."""
+    return refuse_non_finite(infer, report.index) if runs_int8(settings, report) else infer
