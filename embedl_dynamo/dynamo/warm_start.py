@@ -12,7 +12,11 @@ versions is used as built, and the report says where it was made (``decided on <
 
 A float artifact is checked against the frozen graph on the example inputs, as at its build; a
 lower-precision one was held to ``accuracy_budget`` when it was built (the report keeps that
-verdict) and is checked to give finite outputs here. A subgraph that eager beat the runtimes on
+verdict) and is checked to give finite outputs here, where its inputs are finite. A loaded INT8
+artifact refuses calls with NaN or infinity as a built one does
+(:func:`~embedl_dynamo.dynamo.compiled_call.guard_int8`). A graph compiled under
+``torch.autocast`` or another default dtype has a key of its own, so it never replaces the
+artifact of the same graph compiled without. A subgraph that eager beat the runtimes on
 (:mod:`embedl_dynamo.tuning.beat_eager`) has an alias that says so, with both times: its warm
 start runs the original graph in PyTorch, builds nothing and times nothing.
 """
@@ -35,7 +39,7 @@ from embedl_dynamo.cache.keys import (
     jsonable,
     library_versions,
 )
-from embedl_dynamo.dynamo.compiled_call import watch_calibrated_ranges
+from embedl_dynamo.dynamo.compiled_call import guard_int8, watch_calibrated_ranges
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
@@ -90,9 +94,11 @@ def source_key(
     settings: Settings,
     calibration: str = "none",
 ) -> str:
-    """Key of a subgraph *before* transformation: graph, weights, inputs, patterns, settings,
-    calibration data and code. Not the CPU or the runtimes' versions: a cache built on one
-    machine starts the same model on another (the alias records where it was decided)."""
+    """Key of a subgraph *before* transformation: graph, weights, the autocast state and
+    default dtype it is compiled under (:func:`~embedl_dynamo.cache.keys.fingerprint_graph`),
+    inputs, patterns, settings, calibration data and code. Not the CPU or the runtimes'
+    versions: a cache built on one machine starts the same model on another (the alias
+    records where it was decided)."""
     return content_key(
         "subgraph",
         fingerprint_graph(frozen),
@@ -164,7 +170,9 @@ def warm_start(
     if not runtime.use_cached(alias["onnx_key"]):
         return None
     try:
-        runtime.build(frozen, inputs, _judge_loaded if settings.precision.lower else judge_artifact)
+        runtime.build(
+            frozen, inputs, _judge_loaded(inputs) if settings.precision.lower else judge_artifact
+        )
     except Exception as exc:
         # wrong answers are the entry's fault: said. A run that fails (a division by zero in
         # these inputs) fails the compile that follows too, which says it in its one line
@@ -189,16 +197,25 @@ def _fill_report(report: SubgraphReport, alias: dict[str, Any], runtime_cls: typ
     report.loaded = _where_decided(alias.get("decided"), runtime_cls)
 
 
-def _judge_loaded(
-    gm: fx.GraphModule,
-    reference: Callable[[], Sequence[torch.Tensor]],
-    actual: Sequence[torch.Tensor],
-    what: str,
-    rtol: float,
-) -> None:
-    """A loaded lower-precision artifact: judged against the budget when it was built; here
-    its outputs must be finite (a NaN means the file is not what was judged)."""
-    check_finite(actual, f"loaded {what}")
+def _judge_loaded(inputs: Sequence[torch.Tensor]) -> Callable[..., None]:
+    """The judge of a loaded lower-precision artifact: held to the budget when it was built,
+    here its outputs must be finite (a NaN means the file is not what was judged). On inputs
+    that hold NaN or infinity (a first call with a NaN) its outputs tell nothing about the
+    file, and a good entry must not be forgotten for them: nothing is checked (the file's
+    checksum still is; such calls to an INT8 artifact run in PyTorch, :func:`start_warm`)."""
+    finite = all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in inputs)
+
+    def judge(
+        gm: fx.GraphModule,
+        reference: Callable[[], Sequence[torch.Tensor]],
+        actual: Sequence[torch.Tensor],
+        what: str,
+        rtol: float,
+    ) -> None:
+        if finite:
+            check_finite(actual, f"loaded {what}")
+
+    return judge
 
 
 def _where_decided(decided: Any, runtime_cls: type[Runtime]) -> str:
@@ -282,6 +299,8 @@ def start_warm(job: SubgraphJob, frozen: fx.GraphModule, alias_key: str) -> Warm
         warn_if_slower(Int8Speed.from_dict(speed), report.index)
     if loaded.infer is None:  # eager beat the runtimes: said on every start, as at its decision
         warn_eager_faster(EagerSpeed.from_dict(report.pipeline["eager_speed"]), report.index)
+    if loaded.infer is not None:  # INT8 loaded: NaN and inf would quantize to finite codes
+        loaded.infer = guard_int8(loaded.infer, job.settings, report)
     if loaded.infer is not None and loaded.input_bounds:
         loaded.infer = watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
     return loaded

@@ -6,7 +6,9 @@ the fused float graph with :func:`calibrate_then_build`. For the first
 "calibrating"``) and keeps a copy of each call's inputs; at the last of them it calibrates on
 those inputs (ranges come from the on-disk cache when present), builds the quantized graph,
 hands it to ``build`` (the runtime) and runs that from then on (``phase == "quantized"``).
-The phase change is logged at INFO.
+The phase change is logged at INFO. A call whose float inputs hold NaN or infinity is answered
+by the float graph and not calibrated on (nor counted): its ranges would be NaN, and the INT8
+artifact refuses such calls anyway (they run in PyTorch).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class LazyInt8:
 
     Attributes:
         phase: ``"calibrating"`` or ``"quantized"``.
-        steps_seen: calls observed so far.
+        steps_seen: calls calibrated on so far (calls with NaN or infinity are not).
         report: the quantization report once quantized.
     """
 
@@ -64,8 +66,11 @@ class LazyInt8:
             if self._infer is None:
                 with torch.no_grad():
                     out = self.float_gm(*args)
-                batch = tuple(a.detach().clone() for a in args if isinstance(a, torch.Tensor))
-                self._batches.append(batch)
+                tensors = [a for a in args if isinstance(a, torch.Tensor)]
+                if not all(_finite(t) for t in tensors):
+                    logger.info("INT8: a call with NaN or infinity is not calibrated on")
+                    return out
+                self._batches.append(tuple(t.detach().clone() for t in tensors))
                 self.steps_seen += 1
                 if self.steps_seen >= self.steps:
                     self._finish()
@@ -96,6 +101,11 @@ class LazyInt8:
             self.steps_seen,
             self.report["ranges_from"],
         )
+
+
+def _finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds no NaN or infinity (integers always)."""
+    return not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
 
 
 def calibrate_then_build(
