@@ -150,6 +150,22 @@ def test_a_dynamic_arange_that_may_pass_the_table_is_guarded_with_size_calls():
     assert not guard.graph(*_feed(gm, {"x": x, "i": T([-6, 5])}))[-1]
 
 
+def test_a_constant_list_a_symbolic_size_may_not_hold_is_guarded_as_a_tensor():
+    def f(x):
+        return x[:, [0, -4]] * 1, x[[0, 1], [-1, 2]]
+
+    gm, _ = dynamo_frozen(f, torch.randn(3, 5), dynamic=True)
+    checks = [(c.guarded, c.reason) for c in index_checks(gm)]
+    assert checks == [
+        (True, ""),
+        (False, "the index is a constant within PyTorch's range"),
+        (True, ""),
+    ]  # [0, 1] < the rows, which are at least 2
+    guard = guard_indices(gm)
+    assert sum(n.target is torch.tensor for n in guard.graph.graph.nodes) == 2
+    assert not guard.graph(torch.randn(4, 6))[-1]
+
+
 class _IndexOps(nn.Module):
     """One of each index op a runtime computes."""
 
