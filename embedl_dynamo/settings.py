@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from embedl_dynamo.cache.budget import max_cache_bytes
-from embedl_dynamo.cache.files import ENV_CACHE_DIR, default_cache_dir, lock_timeout
+from embedl_dynamo.cache.files import (
+    ENV_CACHE_DIR,
+    ENV_CACHE_READ_ONLY,
+    default_cache_dir,
+    env_flag,
+    lock_timeout,
+)
+from embedl_dynamo.cache.tags import cache_key
 from embedl_dynamo.precision import Precision, get_precision, precision_names
 
 __all__ = [
@@ -228,7 +235,8 @@ class Settings:
         Raises:
             ValueError: an unknown option name or an invalid value; the message lists the
                 valid names or values (:class:`~embedl_dynamo.errors.ConfigurationError` for
-                ``EMBEDL_DYNAMO_CACHE_MAX_SIZE`` and ``EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT``).
+                the cache's variables: ``EMBEDL_DYNAMO_CACHE_MAX_SIZE``, ``..._LOCK_TIMEOUT``,
+                ``..._READ_ONLY`` and ``..._KEY_FILE``).
         """
         options = dict(options or {})
         env = os.environ if env is None else env
@@ -256,6 +264,8 @@ class Settings:
             kwargs["cache_dir"] = Path(env[ENV_CACHE_DIR])
         max_cache_bytes(env)  # the cache's variables, checked here: a bad value is an error
         lock_timeout(env)  # now, not a failed cache write that sends the model to PyTorch
+        env_flag(ENV_CACHE_READ_ONLY, env)
+        cache_key(env)
         if _QUANTIZE_ALIAS in options:
             options["precision"] = _alias_precision(
                 options.pop(_QUANTIZE_ALIAS), options.get("precision", "fp32")

@@ -1,6 +1,8 @@
 """The cache's size budget: usage per namespace, least-recently-used eviction, clearing.
 
-Every entry is an artifact plus its ``.meta.json`` sidecar (see :mod:`embedl_dynamo.cache.store`).
+Every entry is an artifact plus its ``.meta.json`` sidecar (see :mod:`embedl_dynamo.cache.store`);
+a file without a sidecar the store wrote is not an entry, and is never counted or deleted.
+Folders are walked without following a symbolic link (:mod:`embedl_dynamo.cache.walk`).
 An entry's last use is its artifact's modification time: :meth:`ArtifactCache.get` touches it on
 every hit, so eviction removes the entries no process has used for longest. After each ``put`` the
 whole cache root is trimmed to the budget, oldest first, never removing the entry just written.
@@ -20,8 +22,6 @@ engine cache size).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
 import re
@@ -29,9 +29,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from embedl_dynamo.cache.companion import companion_path
+from embedl_dynamo.cache.companion import COMPANION_SUFFIX
+from embedl_dynamo.cache.digests import DIGEST
 from embedl_dynamo.cache.files import CACHE_MARKER, is_cache_root
+from embedl_dynamo.cache.walk import (
+    StoreFolder,
+    remove_empty_folders,
+    remove_files,
+    store_folders,
+)
 from embedl_dynamo.errors import ConfigurationError, NotACacheError
 
 __all__ = [
@@ -57,11 +65,11 @@ PROCESS_START = time.time()
 _META = ".meta.json"
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-# how ArtifactCache names what it writes: <namespace>/<key[:2]>/<key><suffix>, a sidecar
-# <key><suffix>.meta.json, a lock <key>.lock and temporary files .<name>.<random>.tmp
-_NAMESPACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
+# how ArtifactCache names what it writes in <namespace>/<key[:2]>/: <key><suffix>, a sidecar
+# <key><suffix>.meta.json, a lock <key>.lock (empty) and temporary files .<name>.<random>.tmp
 _ENTRY = re.compile(r"^(?P<key>[0-9a-f]{16,128})(\.[A-Za-z0-9_]{1,16}){0,5}$")
-_TEMPORARY = re.compile(r"^\.(?P<name>[0-9a-f]{16,128}[A-Za-z0-9_.]*)\.[A-Za-z0-9_]+\.tmp$")
+_LOCK = re.compile(r"^(?P<key>[0-9a-f]{16,128})\.lock$")
+_TEMPORARY = re.compile(r"^\.(?P<key>[0-9a-f]{16,128})[A-Za-z0-9_.]*\.[a-z0-9_]{8}\.tmp$")
 
 
 @dataclass(frozen=True)
@@ -73,16 +81,13 @@ class CacheEntry:
     size: int
     last_used: float
     derived: bool = False
+    companion: bool = False  # its sidecar records a companion (``<name>.data``)
 
     def remove(self) -> None:
-        """Delete the artifact and its sidecar."""
-        for p in (
-            self.path,
-            companion_path(self.path),
-            self.path.with_name(self.path.name + _META),
-        ):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        """Delete the artifact, its sidecar and its companion, never through a link."""
+        names = [self.path.name, self.path.name + _META]
+        names += [self.path.name + COMPANION_SUFFIX] if self.companion else []
+        remove_files(self.path.parents[2], self.namespace, self.path.parent.name, names)
 
 
 def parse_size(text: str) -> int | None:
@@ -122,45 +127,44 @@ def max_cache_bytes(env: Mapping[str, str] | None = None) -> int | None:
         ) from None
 
 
-def written_by_store(path: Path) -> bool:
-    """Whether ``path`` is named as the store names what it writes (see ``_ENTRY``): a file
-    ``<namespace>/<key[:2]>/<key><suffix>`` (or its sidecar, lock or temporary file)."""
-    name = path.name
-    temporary = _TEMPORARY.match(name)
-    if temporary:
-        name = temporary.group("name")
+def _ours(folder: StoreFolder, name: str) -> bool:
+    """Whether ``name`` in ``folder`` is named as the store names an entry there."""
     entry = _ENTRY.match(name)
-    return bool(
-        entry
-        and path.parent.name == entry.group("key")[:2]
-        and _NAMESPACE.match(path.parent.parent.name)
-    )
+    return bool(entry and entry.group("key")[:2] == folder.path.name)
 
 
-def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
-    """Every complete entry under ``root`` (``<namespace>/<xx>/<key><suffix>`` with a sidecar)."""
-    root = Path(root)
+def _record(folder: StoreFolder, sidecar: str) -> dict[str, Any] | None:
+    """The sidecar's record when it is one the store wrote (a digest and a size), else None."""
+    record = folder.read_json(sidecar)
+    if isinstance(record, dict) and DIGEST in record and "size" in record:
+        return record
+    return None
+
+
+def _folder_entries(folder: StoreFolder) -> list[CacheEntry]:
+    """The complete entries of ``folder``: an artifact with a sidecar the store wrote."""
     entries = []
-    for meta in root.glob(f"*/*/*{_META}"):
-        if meta.is_symlink() or not written_by_store(meta):
+    for sidecar in sorted(n for n in folder.files if n.endswith(_META)):
+        name = sidecar[: -len(_META)]
+        record = _record(folder, sidecar) if _ours(folder, name) else None
+        if record is None or name not in folder.files:
             continue
-        path = meta.with_name(meta.name[: -len(_META)])
-        with contextlib.suppress(OSError):
-            stat = path.stat()
-            size = stat.st_size + meta.stat().st_size
-            with contextlib.suppress(OSError):
-                size += companion_path(path).stat().st_size
-            entries.append(CacheEntry(meta.parent.parent.name, path, size, stat.st_mtime,
-                                      _is_derived(meta)))  # fmt: skip
+        companion = record.get("companion") is not None
+        size = folder.files[name].st_size + folder.files[sidecar].st_size
+        if companion and name + COMPANION_SUFFIX in folder.files:
+            size += folder.files[name + COMPANION_SUFFIX].st_size
+        meta = record.get("meta")
+        derived = isinstance(meta, dict) and bool(meta.get("derived", False))
+        used = folder.files[name].st_mtime
+        entry = CacheEntry(folder.namespace, folder.path / name, size, used, derived, companion)
+        entries.append(entry)
     return entries
 
 
-def _is_derived(meta: Path) -> bool:
-    try:
-        record = json.loads(meta.read_text())
-        return bool(record.get("meta", {}).get("derived", False))
-    except (OSError, ValueError, AttributeError):
-        return False
+def cache_entries(root: str | os.PathLike[str]) -> list[CacheEntry]:
+    """Every complete entry under ``root``: ``<namespace>/<xx>/<key><suffix>`` with a sidecar
+    the store wrote, found without following a link."""
+    return [e for folder in store_folders(root) for e in _folder_entries(folder)]
 
 
 def evict_to_budget(
@@ -226,12 +230,14 @@ def room_for_derived(root: str | os.PathLike[str], max_bytes: int | None, nbytes
 
 
 def clear_cache(root: str | os.PathLike[str]) -> int:
-    """Delete every file the store wrote under ``root``; returns the bytes freed.
+    """Delete every file the store can prove it wrote under ``root``; returns the bytes freed.
 
-    Only a directory holding the store's marker (:data:`~.files.CACHE_MARKER`, written with the
-    first entry) is cleared, and in it only files named as the store names its entries,
-    sidecars, locks and temporary files; directories left empty are removed. Anything else
-    (another program's files, a link) is kept.
+    Only a directory holding the store's marker (:data:`~.files.CACHE_MARKER`, written when the
+    store first writes to an empty or new directory) is cleared, and in it only entries whose
+    sidecar the store wrote (artifact, sidecar, the companion the sidecar records), a sidecar
+    whose artifact is gone, empty lock files and the store's temporary files, each named as the
+    store names them; folders left empty are removed. Anything else (another program's files,
+    an entry-shaped file without a sidecar) is kept, and no link is followed.
 
     Raises:
         NotACacheError: ``root`` exists but is not an embedl_dynamo cache.
@@ -245,15 +251,23 @@ def clear_cache(root: str | os.PathLike[str]) -> int:
             "nothing was deleted; point --cache-dir or EMBEDL_DYNAMO_CACHE_DIR at the cache"
         )
     freed = 0
-    for path in sorted(root.glob("*/*/*")):
-        if path.is_symlink() or not path.is_file() or not written_by_store(path):
-            continue
-        with contextlib.suppress(FileNotFoundError):
-            size = path.stat().st_size
-            path.unlink()
-            freed += size
-    for directory in sorted(root.glob("*/*"), reverse=True) + sorted(root.glob("*")):
-        if directory.is_dir() and not directory.is_symlink():
-            with contextlib.suppress(OSError):
-                directory.rmdir()  # only an empty directory goes
+    for folder in store_folders(root):
+        freed += sum(folder.unlink(name) for name in _written(folder))
+    remove_empty_folders(root)
     return freed
+
+
+def _written(folder: StoreFolder) -> list[str]:
+    """The files of ``folder`` the store can prove it wrote (see :func:`clear_cache`)."""
+    names = []
+    for entry in _folder_entries(folder):
+        names += [entry.path.name, entry.path.name + _META]
+        names += [entry.path.name + COMPANION_SUFFIX] if entry.companion else []
+    for name, info in folder.files.items():
+        lock, temporary = _LOCK.match(name), _TEMPORARY.match(name)
+        found = lock or temporary
+        if found and found.group("key")[:2] == folder.path.name:
+            names += [name] if temporary or info.st_size == 0 else []
+        elif name.endswith(_META) and _ours(folder, name[: -len(_META)]):
+            names += [name] if _record(folder, name) is not None else []  # artifact gone
+    return list(dict.fromkeys(names))

@@ -1,7 +1,8 @@
 """A cache entry's checksum sidecar (``<file>.meta.json``: its BLAKE3 digest, size, its
-companion's) and the checks against it: the cheap one (present, readable, sizes), the full one
-(the digest, :func:`~embedl_dynamo.cache.digests.file_digest`), and
-the full one run on a helper thread while the caller reads the file (:class:`PendingChecksum`).
+companion's, and with a cache key its tag) and the checks against it: the cheap one (present,
+readable, sizes, the tag: :mod:`~embedl_dynamo.cache.tags`), the full one (the digest,
+:func:`~embedl_dynamo.cache.digests.file_digest`), and the full one run on a helper thread
+while the caller reads the file (:class:`PendingChecksum`).
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import json
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 from embedl_dynamo.cache.companion import companion_problem
 from embedl_dynamo.cache.digests import DIGEST, file_digest
-from embedl_dynamo.cache.files import run_in_background
+from embedl_dynamo.cache.files import atomic_write_text, run_in_background
+from embedl_dynamo.cache.keys import jsonable
+from embedl_dynamo.cache.tags import TAG, cache_key, entry_tag, tag_problem
 
 __all__ = [
     "PendingChecksum",
@@ -21,6 +25,7 @@ __all__ = [
     "recorded_digest",
     "sidecar_path",
     "sidecar_problem",
+    "write_sidecar",
 ]
 
 
@@ -29,32 +34,46 @@ def sidecar_path(path: Path) -> Path:
     return path.with_name(path.name + ".meta.json")
 
 
-def sidecar_problem(path: Path) -> tuple[str | None, str]:
-    """``(problem, recorded digest)``: what is wrong short of hashing the file (missing,
-    sidecar missing/unreadable/malformed, size mismatch), or None."""
+def write_sidecar(path: Path, record: dict[str, Any]) -> None:
+    """Write the sidecar of the entry at ``path`` atomically: ``record`` (digest, size, meta,
+    companion) as JSON, and its tag when a cache key is set (:mod:`~embedl_dynamo.cache.tags`)."""
+    document = json.loads(json.dumps(jsonable(record)))  # the record as a reader parses it
+    key = cache_key()
+    if key is not None:
+        document[TAG] = entry_tag(key, path, document)
+    atomic_write_text(sidecar_path(path), json.dumps(document, sort_keys=True))
+
+
+def sidecar_problem(path: Path) -> tuple[str | None, dict[str, Any]]:
+    """``(problem, record)``: what is wrong short of hashing the file (missing, sidecar
+    missing/unreadable/malformed, no valid tag under the cache key, size mismatch), or None,
+    and the sidecar's record (empty with a problem). The full check,
+    :func:`hash_problem`, takes this record: the sidecar is read and judged once."""
     if not path.exists():
-        return "artifact file missing", ""
+        return "artifact file missing", {}
     try:
         meta = json.loads(sidecar_path(path).read_text())
     except FileNotFoundError:
-        return "checksum sidecar missing", ""
+        return "checksum sidecar missing", {}
     except (OSError, ValueError) as exc:
-        return f"checksum sidecar unreadable: {exc}", ""
+        return f"checksum sidecar unreadable: {exc}", {}
     if not isinstance(meta, dict) or DIGEST not in meta or "size" not in meta:
-        return "checksum sidecar malformed", ""
+        return "checksum sidecar malformed", {}
+    untagged = tag_problem(path, meta, cache_key())
+    if untagged is not None:
+        return untagged, {}
     size = path.stat().st_size
     if size != meta["size"]:
-        return f"size {size} != recorded {meta['size']}", ""
-    return companion_problem(path, meta.get("companion"), False), str(meta[DIGEST])
+        return f"size {size} != recorded {meta['size']}", {}
+    return companion_problem(path, meta.get("companion"), False), meta
 
 
-def hash_problem(path: Path, digest: str) -> str | None:
-    """ "checksum mismatch" unless the file hashes to ``digest`` (and its companion to the
-    digest its sidecar records)."""
-    if file_digest(path) != digest:
+def hash_problem(path: Path, record: dict[str, Any]) -> str | None:
+    """ "checksum mismatch" unless the file hashes to the digest its sidecar ``record``
+    (from :func:`sidecar_problem`) holds, and its companion to the companion's."""
+    if file_digest(path) != str(record[DIGEST]):
         return "checksum mismatch"
-    companion = json.loads(sidecar_path(path).read_text()).get("companion")
-    return companion_problem(path, companion, True)
+    return companion_problem(path, record.get("companion"), True)
 
 
 def recorded_digest(path: Path) -> str | None:

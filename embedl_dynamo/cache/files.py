@@ -16,7 +16,12 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
-from embedl_dynamo.errors import CacheLockTimeoutError, ConfigurationError, error_line
+from embedl_dynamo.errors import (
+    CacheLockTimeoutError,
+    ConfigurationError,
+    NotACacheError,
+    error_line,
+)
 
 __all__ = [
     "CACHE_MARKER",
@@ -27,12 +32,13 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "build_without_cache",
+    "claim_cache_root",
     "default_cache_dir",
+    "env_flag",
     "exclusive_lock",
     "file_mode",
     "is_cache_root",
     "lock_timeout",
-    "mark_cache_root",
     "read_only_reason",
     "remove_tree",
     "tell_unstored",
@@ -143,11 +149,32 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def mark_cache_root(root: Path) -> None:
-    """Write the marker that proves ``root`` is an embedl_dynamo cache (once; atomic)."""
-    marker = Path(root) / CACHE_MARKER
-    if not marker.is_file():
-        atomic_write_text(marker, _MARKER_TEXT)
+def claim_cache_root(root: Path) -> None:
+    """Make ``root`` an embedl_dynamo cache before the store's first write into it: a missing
+    or empty directory gets the marker (:data:`CACHE_MARKER`), one holding it is a cache
+    already. A directory that holds other files is never adopted: ``cache clear`` empties a
+    marked directory, so marking a user's folder would put its files in reach.
+
+    Raises:
+        NotACacheError: ``root`` holds files but no marker; the message names the fix.
+    """
+    root = Path(root)
+    if is_cache_root(root):
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    others = sorted(name for name in os.listdir(root) if name != CACHE_MARKER)
+    if others:
+        raise NotACacheError(
+            f"cache directory {root} already holds files ({', '.join(others[:3])}"
+            f"{', ...' if len(others) > 3 else ''}) and no {CACHE_MARKER} marker, so it is not "
+            "made a cache; point EMBEDL_DYNAMO_CACHE_DIR (or cache_dir, --cache-dir) at an "
+            "empty or new directory, or at an existing embedl_dynamo cache"
+        )
+    try:
+        with open(root / CACHE_MARKER, "x", encoding="utf-8") as f:  # not replaced: created once
+            f.write(_MARKER_TEXT)
+    except FileExistsError:  # another process claimed it first
+        pass
 
 
 def is_cache_root(root: Path) -> bool:
@@ -270,22 +297,41 @@ def build_without_cache(name: str, start: Callable[[Path], Callable[[], None] | 
 
 
 ENV_CACHE_READ_ONLY = "EMBEDL_DYNAMO_CACHE_READ_ONLY"
+_YES = ("1", "true", "yes")
+_NO = ("", "0", "false", "no")
 
 
-def read_only_reason(root: Path) -> str | None:
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """A yes/no environment variable ``name`` (in ``env``, ``os.environ`` when None): ``1``,
+    ``true``, ``yes`` or ``0``, ``false``, ``no`` in any case; unset or empty is no.
+
+    Raises:
+        ConfigurationError: any other value (``on``, ``enabled``, a typo), naming the words
+            accepted: a flag that is misspelt must not silently mean no.
+    """
+    value = (os.environ if env is None else env).get(name, "")
+    word = value.strip().lower()
+    if word not in _YES + _NO:
+        raise ConfigurationError(
+            f"invalid {name}={value!r}: expected {', '.join(_YES)} for yes or "
+            f"{', '.join(_NO[1:])} for no (any case), or unset it"
+        )
+    return word in _YES
+
+
+def read_only_reason(root: Path, env: Mapping[str, str] | None = None) -> str | None:
     """Why the cache at ``root`` must only be read (None: it may be written).
 
     A cache shipped to replicas (baked into an image, a volume mounted read-only) is used as
     it is: ``$EMBEDL_DYNAMO_CACHE_READ_ONLY=1`` says so explicitly (a process running as root
     can write where permissions say it cannot), and a read-only filesystem or a root this
     process may not write is detected.
+
+    Raises:
+        ConfigurationError: the variable holds no yes/no word (:func:`env_flag`).
     """
-    flag = os.environ.get(ENV_CACHE_READ_ONLY, "").strip().lower()
-    if flag not in ("", "0", "false", "no", "1", "true", "yes"):
-        raise ValueError(
-            f"invalid {ENV_CACHE_READ_ONLY}={flag!r}; expected 1/true/yes or 0/false/no"
-        )
-    if flag in ("1", "true", "yes"):
+    if env_flag(ENV_CACHE_READ_ONLY, env):
+        flag = (os.environ if env is None else env)[ENV_CACHE_READ_ONLY].strip()
         return f"${ENV_CACHE_READ_ONLY}={flag}"
     if not root.is_dir():
         return None  # created on the first write

@@ -12,7 +12,10 @@ Safety rules, all enforced here:
   digest (BLAKE3) and size, is synced before the artifact is moved in, and both are verified
   on every read: an entry that does not match (truncated, corrupted, half-written by a killed
   process) is logged as a warning, removed and rebuilt, never trusted; an artifact's companion
-  (:mod:`.companion`) is moved in first, verified and removed with it;
+  (:mod:`.companion`) is moved in first, verified and removed with it; with a cache key
+  (:mod:`.tags`) an entry without its valid tag is refused the same way;
+* the store writes only into an empty or new directory, or one holding its marker
+  (:func:`~embedl_dynamo.cache.files.claim_cache_root`), and follows no link below the root;
 * keys must be lowercase hex and suffixes plain extensions, so no path escapes the cache root;
 * a per-key ``fcntl.flock`` lock makes concurrent processes that build the same key wait for
   one builder (at most ``$EMBEDL_DYNAMO_CACHE_LOCK_TIMEOUT`` s, then build without the cache);
@@ -44,24 +47,26 @@ from embedl_dynamo.cache.checksums import (
     recorded_digest,
     sidecar_path,
     sidecar_problem,
+    write_sidecar,
 )
-from embedl_dynamo.cache.companion import companion_path, move_companion
+from embedl_dynamo.cache.companion import COMPANION_SUFFIX, companion_path, move_companion
 from embedl_dynamo.cache.digests import DIGEST, blake3_digest, file_digest
 from embedl_dynamo.cache.files import (
     atomic_write_bytes,
-    atomic_write_text,
     build_without_cache,
+    claim_cache_root,
     default_cache_dir,
     exclusive_lock,
     lock_timeout,
-    mark_cache_root,
     read_only_reason,
     remove_tree,
     write_in_background,
 )
 from embedl_dynamo.cache.hashed_file import written_digest
-from embedl_dynamo.cache.keys import is_content_key, jsonable
+from embedl_dynamo.cache.keys import is_content_key
 from embedl_dynamo.cache.scratch_builds import build_for_read_only, build_for_unusable
+from embedl_dynamo.cache.tags import UNTAGGED, tell_untagged
+from embedl_dynamo.cache.walk import remove_files
 from embedl_dynamo.errors import CacheLockTimeoutError, CorruptEntryError, ReadOnlyCacheError
 
 T = TypeVar("T")
@@ -92,8 +97,9 @@ class ArtifactCache:
             )
         self.root = Path(root).expanduser() if root is not None else default_cache_dir()
         self.namespace = namespace
-        self.dir = (self.root / namespace).resolve()
-        self._unusable: str | None = None  # why the directory cannot be written, once found
+        self.dir = self.root.resolve() / namespace  # the root may be a link; nothing below it
+        link = self.dir.is_symlink()  # why the directory cannot be written, once found:
+        self._unusable = f"{self.dir} is a symbolic link, never followed" if link else None
         self.read_only = read_only_reason(self.root)  # why it is only read (None: written)
 
     def __repr__(self) -> str:
@@ -113,16 +119,14 @@ class ArtifactCache:
             )
         if not _SUFFIX.match(suffix):
             raise ValueError(f"invalid cache suffix {suffix!r}: expected e.g. '.onnx' or '.json'")
-        # not resolved: the regexes forbid separators, and a planted symbolic link is refused by
-        # get() instead of being followed out of the cache
+        # the regexes forbid separators; get() refuses a planted link instead of following it
         return self.dir / key[:2] / f"{key}{suffix}"
 
     def _remove(self, path: Path) -> None:
         if self.read_only:
             return  # a shipped cache is never changed: the entry is ignored, not removed
-        for p in (path, companion_path(path), sidecar_path(path)):
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
+        names = [path.name, path.name + COMPANION_SUFFIX, sidecar_path(path).name]
+        remove_files(self.dir.parent, self.namespace, path.parent.name, names)  # no link followed
 
     def remove(self, key: str, suffix: str = "") -> None:
         """Delete the entry for ``key`` (a bad artifact must be replaced, not reused)."""
@@ -137,17 +141,21 @@ class ArtifactCache:
         path = self._find(key, suffix)
         if path is None:
             return None
-        problem, digest = sidecar_problem(path)
-        problem = problem or hash_problem(path, digest)
+        problem, record = sidecar_problem(path)
+        problem = problem or hash_problem(path, record)
         if problem is None:
             return self._used(path)
         self._report_corrupt(path, problem)
         return None
 
     def _report_corrupt(self, path: Path, problem: str) -> None:
-        """Warn of a corrupt entry and remove it (in a read-only cache: ignore it)."""
-        then = "ignoring it (read-only cache)" if self.read_only else "removing it and rebuilding"
-        logger.warning("cache entry %s is corrupt (%s); %s", path, problem, then)
+        """Warn of a corrupt entry and remove it (in a read-only cache: ignore it); entries
+        refused for their tag are told once per cache root."""
+        if problem.startswith(UNTAGGED):
+            tell_untagged(self.root, path, problem, bool(self.read_only))
+        else:
+            then = "ignoring it (read-only cache)" if self.read_only else "removing it, rebuilding"
+            logger.warning("cache entry %s is corrupt (%s); %s", path, problem, then)
         self._remove(path)
 
     def get_verifying(
@@ -171,7 +179,7 @@ class ArtifactCache:
         path = self._find(key, suffix)
         if path is None:
             return None
-        problem, digest = sidecar_problem(path)
+        problem, record = sidecar_problem(path)
         if problem is not None:
             self._report_corrupt(path, problem)
             return None
@@ -180,7 +188,7 @@ class ArtifactCache:
             self._remove(path)  # by the caller, once it is done reading it
             raise CorruptEntryError(f"cache entry {path} is corrupt ({problem})")
 
-        pending = PendingChecksum(lambda: hash_problem(path, digest), corrupt)
+        pending = PendingChecksum(lambda: hash_problem(path, record), corrupt)
         if start:
             pending.start()
         return self._used(path), pending
@@ -263,16 +271,14 @@ class ArtifactCache:
                 f"cache {self.root} is read-only ({self.read_only}); {key[:16]} not stored"
             )
         path = self.path(key, suffix)
+        claim_cache_root(self.root)
         path.parent.mkdir(parents=True, exist_ok=True)
-        mark_cache_root(self.root)
-
         companion = None
 
         def record(digest: str, size: int) -> None:
             # the sidecar goes first: a reader that finds the file always finds its checksum
             record = {DIGEST: digest, "size": size, "meta": meta or {}}
-            record.update({"companion": companion} if companion else {})
-            atomic_write_text(sidecar_path(path), json.dumps(jsonable(record), sort_keys=True))
+            write_sidecar(path, {**record, **({"companion": companion} if companion else {})})
 
         if isinstance(data, (bytes, bytearray, memoryview)):
             data = bytes(data)
@@ -297,7 +303,7 @@ class ArtifactCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        evict_to_budget(self.root, max_cache_bytes(), keep=path)
+        evict_to_budget(self.dir.parent, max_cache_bytes(), keep=path)
         return path
 
     def room_for_derived(self, nbytes: int) -> bool:
@@ -339,14 +345,13 @@ class ArtifactCache:
                                        f"{key}{suffix}", start)  # fmt: skip
             return path, True, None
         try:
-            self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
+            if self._unusable is None:
+                claim_cache_root(self.root)  # NotACacheError: a user's folder is not adopted
+                self.path(key, suffix).parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             self._unusable = f"{type(exc).__name__}: {exc.strerror or exc}"
-            return (
-                build_for_unusable(self.root, self._unusable, f"{key}{suffix}", start),
-                True,
-                None,
-            )
+        if self._unusable is not None:
+            return build_for_unusable(self.root, self._unusable, key + suffix, start), True, None
         held = contextlib.ExitStack()
         try:
             held.enter_context(self.lock(key))

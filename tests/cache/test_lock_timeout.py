@@ -10,7 +10,12 @@ import time
 
 import pytest
 
-from embedl_dynamo.cache.files import DEFAULT_LOCK_TIMEOUT_S, ENV_CACHE_LOCK_TIMEOUT, lock_timeout
+from embedl_dynamo.cache.files import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    ENV_CACHE_LOCK_TIMEOUT,
+    claim_cache_root,
+    lock_timeout,
+)
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.errors import ConfigurationError
@@ -31,6 +36,7 @@ def held_lock(tmp_path):
     cache = ArtifactCache(tmp_path / "cache", "onnx")
     key = content_key("held by another process")
     lock = cache.path(key, ".lock")
+    claim_cache_root(cache.root)  # as the other process did before its first write
     lock.parent.mkdir(parents=True, exist_ok=True)
     child = subprocess.Popen(
         [sys.executable, "-c", _HOLD, str(lock)], stdout=subprocess.PIPE, text=True
