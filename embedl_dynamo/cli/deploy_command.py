@@ -21,8 +21,9 @@ from embedl_dynamo.cli.inputs import (
     EXIT_OK,
     EXIT_VERIFY,
     backend_named,
-    build_model,
-    load_calibration,
+    calibration_batches,
+    model_and_inputs,
+    require_cache_writable,
 )
 from embedl_dynamo.errors import CliError
 
@@ -66,12 +67,12 @@ def _compile_and_call(args: argparse.Namespace) -> list[Any]:
     from embedl_dynamo.precision import get_precision
     from embedl_dynamo.report.record import clear_reports, last_report
 
-    model, inputs = build_model(args.model, args.input_shape)
+    model, inputs = model_and_inputs(args)  # --input-shape and --input-dtype, as export reads them
     options: dict[str, Any] = {"precision": args.precision, "runtime": args.runtime}
     if args.cache_dir:
         options["cache_dir"] = args.cache_dir
     if args.calibration:
-        options["calibration_data"] = load_calibration(args.calibration, inputs[0].shape[0])
+        options["calibration_data"] = calibration_batches(args.calibration, inputs)
     calls = 1
     if get_precision(args.precision).calibrates and not args.calibration:
         from embedl_dynamo.settings import Settings
@@ -86,8 +87,8 @@ def _compile_and_call(args: argparse.Namespace) -> list[Any]:
     with torch.inference_mode():
         for size in sizes:
             batch = tuple(t[:1].expand(size, *t.shape[1:]).contiguous() for t in inputs)
-            for i in range(calls):
-                compiled(*(t * (1 + i / calls) for t in batch))
+            for i in range(calls):  # floats varied for calibration; ids, masks kept
+                compiled(*(t * (1 + i / calls) if t.is_floating_point() else t for t in batch))
             reports += [r for r in last_report() if r not in reports]
     return reports
 
@@ -97,6 +98,8 @@ def run_deploy(args: argparse.Namespace) -> int:
     from embedl_dynamo.cache.files import wait_for_cache_writes
 
     backend_named(args.backend)
+    if not args.replica:  # a replica reads the cache; the build must be able to write it
+        require_cache_writable(args.cache_dir)
     reports = _compile_and_call(args)
     wait_for_cache_writes()
     built = [r for r in reports if r.status == "compiled" and not r.loaded]

@@ -1,5 +1,6 @@
-"""What the command line reads from the user: shapes, ``MODULE:FACTORY`` models, Backends,
-calibration files; and the exit codes with :class:`CliError`, the one-line failure."""
+"""What the command line reads from the user: shapes, ``MODULE:FACTORY`` models and their
+inputs, Backends, calibration files, output and cache paths; and the exit codes with
+:class:`CliError`, the one-line failure."""
 
 from __future__ import annotations
 
@@ -26,13 +27,16 @@ __all__ = [
     "INPUT_DTYPES",
     "backend_named",
     "build_model",
+    "calibration_batches",
     "check_model_runs",
     "input_dtypes",
     "load_calibration",
     "load_factory",
-    "require_writable",
+    "model_and_inputs",
     "parse_shape",
     "random_input",
+    "require_cache_writable",
+    "require_writable",
 ]
 
 EXIT_OK = 0
@@ -185,6 +189,18 @@ def build_model(
     return model, args
 
 
+def model_and_inputs(args: argparse.Namespace) -> tuple[Any, tuple[Any, ...]]:
+    """The model of ``args.model`` and its random inputs from ``--input-shape`` and
+    ``--input-dtype``, run once in PyTorch: what every model subcommand reads, in one place.
+
+    Raises:
+        CliError: (exit 2) a factory that fails, or inputs the model rejects.
+    """
+    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
+    check_model_runs(model, inputs)
+    return model, inputs
+
+
 def backend_named(name: str) -> Any:
     """The Backend ``name``, or a :class:`CliError` listing the known ones."""
     from embedl_dynamo.backend import backend_by_name
@@ -208,8 +224,9 @@ def load_calibration(path_text: str, batch: int) -> list[Any]:
     if not path.is_file():
         raise CliError(f"calibration file {path_text!r} does not exist")
     try:
-        if path.suffix == ".npy":
-            data: Any = torch.from_numpy(np.load(path, allow_pickle=False)).float()
+        if path.suffix == ".npy":  # floats as float32; integers (token ids) keep their type
+            data: Any = torch.from_numpy(np.load(path, allow_pickle=False))
+            data = data.float() if data.is_floating_point() else data
         elif path.suffix == ".pt":
             data = torch.load(path, weights_only=True, map_location="cpu")
         else:
@@ -270,3 +287,69 @@ def require_writable(path: str | os.PathLike[str] | None, option: str, longest: 
             f"({exc.strerror or exc}); choose another path",
             EXIT_EXPORT,
         ) from exc
+
+
+def calibration_batches(path_text: str, inputs: Sequence[Any]) -> list[Any]:
+    """:func:`load_calibration` for a model with these ``inputs``, checked before any work:
+    batches that fit the inputs (every size but the batch, and the dtype) and are finite.
+
+    Raises:
+        CliError: (exit 2) a file that cannot be read, does not fit, or holds NaN or infinity.
+    """
+    from embedl_dynamo.errors import CalibrationDataError
+    from embedl_dynamo.quant.calibrate import (
+        as_batches,
+        calibration_mismatch,
+        check_batches_finite,
+    )
+
+    batches = load_calibration(path_text, inputs[0].shape[0] if inputs[0].dim() else 1)
+    name = Path(path_text).name
+    try:
+        mismatch = calibration_mismatch(batches, inputs)
+        if mismatch:
+            raise CliError(
+                f"calibration file {name!r} does not fit the model's inputs: {mismatch}; give "
+                "batches shaped like --input-shape, of --input-dtype"
+            )
+        check_batches_finite(as_batches(batches))
+    except CalibrationDataError as exc:
+        raise CliError(f"calibration file {name!r}: {exc}") from exc
+    return batches
+
+
+def require_cache_writable(cache_dir: str | None) -> None:
+    """Fail before any work if the cache a command builds cannot be written there.
+
+    Raises:
+        CliError: :data:`EXIT_EXPORT` (3) when it is read-only (``EMBEDL_DYNAMO_CACHE_READ_ONLY``,
+            a read-only filesystem, permissions) or cannot be created; :data:`EXIT_USAGE` (2)
+            when it is a folder of other files, not a cache, or the variable is not a yes/no.
+    """
+    from embedl_dynamo.cache.files import default_cache_dir, is_cache_root, read_only_reason
+    from embedl_dynamo.errors import ConfigurationError
+
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    try:
+        reason = read_only_reason(root)
+    except ConfigurationError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    fix = "build it where it can be written, then ship it to the replicas"
+    if reason is not None:
+        why = f"cannot build the cache in {root}: it is read-only ({reason}); {fix}"
+        raise CliError(why, EXIT_EXPORT)
+    if root.is_dir() and not is_cache_root(root) and any(root.iterdir()):
+        raise CliError(
+            f"--cache-dir {root} holds other files and is not an embedl_dynamo cache; give an "
+            "empty or new directory, or an existing cache"
+        )
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        fd, trial = tempfile.mkstemp(prefix=".embedl-dynamo-write-check.", dir=existing)
+        os.close(fd)
+        os.unlink(trial)
+    except OSError as exc:
+        why = f"cannot write to {existing} ({exc.strerror or exc})"
+        raise CliError(f"cannot build the cache in {root}: {why}; {fix}", EXIT_EXPORT) from exc

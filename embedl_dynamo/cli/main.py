@@ -10,8 +10,27 @@ from collections.abc import Sequence
 
 from embedl_dynamo.cli.commands import COMMANDS
 from embedl_dynamo.cli.deploy_command import add_deploy_parser
-from embedl_dynamo.cli.inputs import EXIT_INTERNAL, INPUT_DTYPES, parse_shape
-from embedl_dynamo.errors import CliError, error_line
+from embedl_dynamo.cli.inputs import (
+    EXIT_EXPORT,
+    EXIT_INTERNAL,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+    INPUT_DTYPES,
+    parse_shape,
+)
+from embedl_dynamo.errors import (
+    CalibrationDataError,
+    CliError,
+    ConfigurationError,
+    EngineUnavailableError,
+    ExportArgumentError,
+    ExportError,
+    NotACacheError,
+    RuntimeUnavailableError,
+    VerificationError,
+    error_line,
+)
 from embedl_dynamo.precision import precision_names
 
 __all__ = ["build_parser", "main"]
@@ -139,6 +158,27 @@ def _serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--latency-budget-ms", type=float, help="p99 per batch (throughput)")
 
 
+# the package's own errors that reach main uncaught (from inside torch.compile too), in the
+# order they are matched (subclasses first), and their exit codes
+_EXIT_CODES: tuple[tuple[tuple[type[Exception], ...], int], ...] = (
+    ((VerificationError,), EXIT_VERIFY),
+    ((EngineUnavailableError, RuntimeUnavailableError), EXIT_UNAVAILABLE),
+    ((ExportArgumentError, CalibrationDataError, ConfigurationError, NotACacheError), EXIT_USAGE),
+    ((ExportError,), EXIT_EXPORT),
+)
+
+
+def _failure(exc: Exception) -> tuple[BaseException, int]:
+    """The error to name (a backend's, unwrapped from torch.compile's ``BackendCompilerFailed``)
+    and its exit code: the package's own errors theirs, anything else an internal error."""
+    inner = getattr(exc, "inner_exception", None)
+    cause = inner if isinstance(inner, Exception) else exc
+    for kinds, code in _EXIT_CODES:
+        if isinstance(cause, kinds):
+            return cause, code
+    return cause, EXIT_INTERNAL
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (see the module docstring).
 
@@ -166,8 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             traceback.print_exc()
+        cause, code = _failure(exc)
+        if code != EXIT_INTERNAL:
+            why = error_line(cause, with_type=False)
+            print(f"embedl-dynamo {args.command}: error: {why}", file=sys.stderr)
+            return code
         print(
-            f"embedl-dynamo {args.command}: internal error: {error_line(exc)}. "
+            f"embedl-dynamo {args.command}: internal error: {error_line(cause)}. "
             "Rerun with --debug for the traceback and report it.",
             file=sys.stderr,
         )
