@@ -13,8 +13,11 @@ that called the PyTorch model:
 Inputs may have any batch size when the file was exported with a dynamic batch axis. Outputs
 come back in the model's own structure (dicts, nested tuples and lists, ``None``), which the
 sidecar records. The JSON sidecar is read into ``module.metadata`` (plan report, scales,
-versions), and the files are checked against the sha256 it recorded
-(:mod:`~embedl_dynamo.deploy.integrity`).
+versions) by the one reader that checks its fields (:mod:`~embedl_dynamo.deploy.sidecar_fields`),
+and the files are checked against the sha256 it recorded (:mod:`~embedl_dynamo.deploy.integrity`).
+A file whose runtime would answer NaN or infinite inputs with finite numbers (OpenVINO, or
+quantized activations) refuses such calls with a ValueError naming the fix
+(:mod:`~embedl_dynamo.deploy.non_finite`).
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ from torch import nn
 
 from embedl_dynamo.deploy.input_check import check_inputs
 from embedl_dynamo.deploy.integrity import ArtifactCheck
+from embedl_dynamo.deploy.non_finite import check_finite_inputs, non_finite_risk
 from embedl_dynamo.deploy.sidecar import read_sidecar, recorded_runtime, sidecar_path
+from embedl_dynamo.deploy.sidecar_fields import check_threads
 from embedl_dynamo.graph.output_tree import OutputTree
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import AUTO, runtime_classes, runtime_for_file
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 
-__all__ = ["ENGINE_SUFFIXES", "ExportedModule", "load"]
+__all__ = ["ENGINE_SUFFIXES", "ExportedModule", "device_name", "load"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +64,8 @@ class ExportedModule(nn.Module):
         output_tree: the model's output structure over them (None: a flat tuple, as a
             sidecar without one, or no sidecar, gives).
         metadata: the export sidecar (empty when there is none).
+        non_finite: why calls whose float inputs hold NaN or infinity are refused
+            (:class:`~embedl_dynamo.deploy.non_finite.NonFiniteRisk`), None where they run.
     """
 
     def __init__(self, path: Path, runtime: Runtime, metadata: dict[str, Any]) -> None:
@@ -71,6 +78,7 @@ class ExportedModule(nn.Module):
         self.providers = runtime.providers if isinstance(runtime, OnnxRuntime) else []
         self.metadata = metadata
         self.output_tree = _output_tree(path, metadata, len(self.output_names))
+        self.non_finite = non_finite_risk(runtime.name, metadata)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
         """Run the artifact.
@@ -82,7 +90,26 @@ class ExportedModule(nn.Module):
             What the model returned, in its structure (:attr:`output_tree`), on the inputs'
             device; without a recorded structure, a tensor for a single-output model, else a
             tuple.
+
+        Raises:
+            TypeError: an input is not a tensor, or not of the dtype the file takes.
+            ValueError: another number of inputs, a static axis of another size, or NaN or
+                infinity in a float input of a file that would answer it with finite numbers
+                (:attr:`non_finite`: the message names the input and the fix).
         """
+        outputs = self.run_flat(*inputs)
+        if self.output_tree is not None:
+            return self.output_tree.rebuild(outputs, inputs)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def run_flat(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The file's own outputs, flat and in its order, checked as :meth:`forward` checks a
+        call (a server splits them by request before it rebuilds each one's structure)."""
+        self.check_call(inputs)
+        return tuple(self.artifact_runtime.infer(*inputs))
+
+    def check_call(self, inputs: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
+        """Refuse what :meth:`forward` refuses before the runtime runs (see its Raises)."""
         if len(inputs) != len(self.input_names):
             raise ValueError(
                 f"{self.path.name} takes {len(self.input_names)} inputs {self.input_names}, "
@@ -92,10 +119,8 @@ class ExportedModule(nn.Module):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"input {i} is a {type(t).__name__}; pass torch tensors")
         check_inputs(self.path.name, self.metadata, inputs)  # dtypes, static axes
-        outputs = self.artifact_runtime.infer(*inputs)
-        if self.output_tree is not None:
-            return self.output_tree.rebuild(outputs, inputs)
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        if self.non_finite is not None:
+            check_finite_inputs(self.path.name, self.input_names, self.non_finite, inputs)
 
     def extra_repr(self) -> str:
         return f"path={str(self.path)!r}, runtime={self.runtime!r}, providers={self.providers}"
@@ -121,7 +146,7 @@ def _output_tree(path: Path, metadata: dict[str, Any], count: int) -> OutputTree
 
 def load(
     path: str | os.PathLike[str],
-    device: str = "auto",
+    device: str | int | torch.device | None = "auto",
     num_threads: int | None = None,
     check_sha256: bool = True,
     runtime: str = AUTO,
@@ -137,8 +162,11 @@ def load(
         path: an ``.onnx`` file, or a TensorRT engine (``.engine``/``.plan``/``.trt``).
         device: ``auto`` (ONNX Runtime: a GPU provider when installed, else the CPU; OpenVINO:
             the CPU), ``CPU``, ``CUDA`` or ``CUDA:<index>`` (ONNX Runtime), ``GPU`` (OpenVINO,
-            where it has one). A TensorRT engine runs on the current CUDA device.
-        num_threads: the runtime's intra-op threads (its default when None).
+            where it has one); PyTorch's forms too: a ``torch.device`` or its string
+            (``"cuda:1"``), an int (a CUDA index, as ``torch.device(1)``), None (``auto``).
+            A TensorRT engine runs on the current CUDA device.
+        num_threads: the runtime's intra-op threads (its default when None), at most
+            :func:`~embedl_dynamo.deploy.sidecar_fields.max_threads` (as the sidecar's).
         check_sha256: refuse a file whose bytes differ from the sha256 its sidecar recorded
             at export, whatever the files are called now (:mod:`~embedl_dynamo.deploy.integrity`).
         runtime: ``auto`` (what the sidecar recorded; ONNX Runtime, with one warning, where
@@ -146,12 +174,15 @@ def load(
             the file (``onnxruntime``, ``openvino``; ``tensorrt`` for an engine).
 
     Returns:
-        An :class:`ExportedModule` in eval mode.
+        An :class:`ExportedModule` in eval mode. Where its runtime would answer NaN or
+        infinities with finite numbers (OpenVINO; quantized activations), a call holding them
+        raises ValueError naming the input and the fix (:mod:`~embedl_dynamo.deploy.non_finite`).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: an unknown suffix, runtime or device, or a file that no longer matches
-            its sidecar.
+        ValueError: an unknown suffix, runtime or device, an out-of-range ``num_threads``, a
+            sidecar field export never writes, or a file that no longer matches its sidecar
+            (or whose graph reads weights from a file it did not record).
         RuntimeError: an engine file where TensorRT is not available, or a runtime asked for
             by name that is not installed here.
     """
@@ -160,6 +191,8 @@ def load(
         raise FileNotFoundError(
             f"no artifact at {str(path)!r}; export one with embedl_dynamo.export"
         )
+    device = device_name(device)
+    check_threads(num_threads)
     default = runtime_for_file(path)
     metadata, unverified = read_sidecar(path)
     runtime_cls = _runtime_class(path, runtime, default, metadata)
@@ -170,15 +203,8 @@ def load(
         log = logger.warning if check is not None else logger.info
         log("%s: %s; its content is not verified and it runs on %s", path.name, unverified,
             runtime_cls.name)  # fmt: skip
-    if runtime_cls is TensorRTRuntime:  # an engine is checked before TensorRT reads it
-        if check is not None:
-            check.confirm()
-        missing = TensorRTRuntime.missing()
-        if missing is not None:
-            raise RuntimeError(
-                f"{path.name} is a TensorRT engine, which needs TensorRT and a CUDA GPU, but "
-                f"{missing}. Load the .onnx file instead."
-            )
+    if runtime_cls is TensorRTRuntime:
+        _check_engine(path, check)
     state = _state(path, runtime_cls, metadata, device, num_threads)
     try:  # an ONNX file is data: hashed while the runtime reads it, the two overlapping
         loaded = runtime_cls.from_dict(state)
@@ -194,6 +220,41 @@ def load(
         raise
     logger.info("loaded %s on %s (%s)", path, loaded.name, loaded.describe())
     return ExportedModule(path, loaded, metadata).eval()
+
+
+def _check_engine(path: Path, check: ArtifactCheck | None) -> None:
+    """An engine is checked before TensorRT reads it, and TensorRT must be here to read it."""
+    if check is not None:
+        check.confirm()
+    missing = TensorRTRuntime.missing()
+    if missing is not None:
+        raise RuntimeError(
+            f"{path.name} is a TensorRT engine, which needs TensorRT and a CUDA GPU, but "
+            f"{missing}. Load the .onnx file instead."
+        )
+
+
+def device_name(device: str | int | torch.device | None) -> str:
+    """``load()``'s device as the runtimes name it: PyTorch's forms (``torch.device``, an int
+    CUDA index, None) become ``CPU``, ``CUDA``, ``CUDA:<index>`` or ``auto``; a string is
+    passed on for the runtime to check.
+
+    Raises:
+        ValueError: a value of another type, or a negative index.
+    """
+    if device is None:
+        return AUTO
+    if isinstance(device, torch.device):
+        kind = device.type.upper()
+        return kind if device.index is None else f"{kind}:{device.index}"
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return f"CUDA:{device}"
+    if isinstance(device, str):
+        return device
+    raise ValueError(
+        f"invalid device={device!r}; expected 'auto', 'CPU', 'CUDA', 'CUDA:<index>', 'GPU' "
+        "(OpenVINO), a torch.device, a CUDA index >= 0 or None"
+    )
 
 
 def _runtime_class(

@@ -22,6 +22,7 @@ import torch
 
 from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import atomic_write_text
+from embedl_dynamo.deploy.sidecar_fields import MAX_SIDECAR_BYTES, check_fields
 from embedl_dynamo.onnx.external_data import data_path
 from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.report.compile_report import CompileReport
@@ -61,18 +62,31 @@ def data_file_record(path: Path) -> dict[str, str | None]:
 
 
 def read_sidecar(path: Path) -> tuple[dict[str, Any], str | None]:
-    """The sidecar of the exported file ``path``, and why nothing can be verified against it.
+    """The sidecar of the exported file ``path``, and why nothing can be verified against it:
+    the one reader (``load()``, serving and Triton read it here), which checks every field they
+    act on (:func:`~embedl_dynamo.deploy.sidecar_fields.check_fields`).
 
     Returns:
         ``(sidecar, None)`` for a sidecar export wrote; ``({}, reason)`` where there is none,
         it cannot be read, or it is not ours (a ``model.json`` of another tool).
+
+    Raises:
+        ValueError: our sidecar, but a field that is acted on holds what export never writes
+            (``"num_threads": 100000``, a data file in another folder), or it is larger than
+            :data:`~embedl_dynamo.deploy.sidecar_fields.MAX_SIDECAR_BYTES`.
     """
     side = sidecar_path(path)
     if not side.is_file():
         return {}, f"it has no sidecar {side.name} beside it"
     try:
+        size = side.stat().st_size
+        if size > MAX_SIDECAR_BYTES:
+            raise ValueError(
+                f"{side.name} holds {size} bytes, more than the {MAX_SIDECAR_BYTES} an export "
+                "sidecar may; export the model again"
+            )
         data = json.loads(side.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, RecursionError, json.JSONDecodeError) as exc:
         return {}, f"ignoring unreadable sidecar {side}: {exc}"
     if not isinstance(data, dict):
         kind = type(data).__name__
@@ -82,6 +96,7 @@ def read_sidecar(path: Path) -> tuple[dict[str, Any], str | None]:
             f'ignoring {side}: it is not an embedl_dynamo export sidecar (no "format": '
             f'"{SIDECAR_FORMAT}")'
         )
+    check_fields(data, side.name)
     return data, None
 
 
