@@ -19,9 +19,11 @@ from embedl_dynamo.backend import (
 from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
+from embedl_dynamo.dynamo.coverage import CoverageReport, KeptOp, coverage
 from embedl_dynamo.errors import (
     CacheLockTimeoutError,
     CalibrationDataError,
+    CallRefused,
     CliError,
     ConfigurationError,
     CorruptEntryError,
@@ -56,7 +58,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CacheLockTimeoutError",
+    "CoverageReport",
+    "KeptOp",
+    "coverage",
     "CalibrationDataError",
+    "CallRefused",
     "CliError",
     "ConfigurationError",
     "CorruptEntryError",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "CacheLockTimeoutError",
+    "CallRefused",
     "CalibrationDataError",
     "CliError",
     "ConfigurationError",
@@ -56,7 +57,13 @@ class KServeError(EmbedlDynamoError, ValueError):
     """A served request the KServe v2 protocol or the model cannot take (HTTP 400 with it)."""
 
 
-class IndexGuardError(EmbedlDynamoError, ValueError):
+class CallRefused(EmbedlDynamoError, ValueError):
+    """A per-call guard sent this call to PyTorch, whatever ``fallback`` says: a runtime would
+    answer it otherwise than PyTorch (a NaN input through OpenVINO's ReLU, an fp16 overflow,
+    int64 values past int32 on OpenVINO). The message says why; the caller never sees it."""
+
+
+class IndexGuardError(CallRefused):
     """An index of this call is outside the range PyTorch takes in an op a runtime computes
     (:mod:`embedl_dynamo.graph.index_guards`): the call runs in PyTorch, which raises."""
 

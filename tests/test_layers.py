@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("transform", "pipeline"),
     ("onnx",),
     ("runtimes",),
+    ("partition",),
     ("tuning",),
     ("dynamo", "deploy"),
     ("serve",),

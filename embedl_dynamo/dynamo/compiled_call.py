@@ -17,12 +17,11 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
 from embedl_dynamo.dynamo.write_back import planned_copies, write_back
-from embedl_dynamo.errors import error_line
+from embedl_dynamo.errors import CallRefused, error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.report.subgraph import SubgraphReport
-from embedl_dynamo.runtimes.served import Served
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -91,7 +90,7 @@ def wrap_compiled(
     """
     if infer is None:
         return gm.forward
-    if isinstance(infer, Served) and written:
+    if written and hasattr(infer, "writing_in_place"):  # Served, maybe behind guards
         infer = infer.writing_in_place(in_place_writes(gm, user, written))
     warned = False
     # the weights: Dynamo's tensor arguments that are neither inputs nor specialized floats
@@ -105,7 +104,7 @@ def wrap_compiled(
         try:
             outputs, copies = _outputs(infer(*inputs), inputs, scalars, written, returned, views)
         except Exception as exc:  # no input written yet: PyTorch runs the call on them
-            if settings.fallback == "raise":
+            if settings.fallback == "raise" and not isinstance(exc, CallRefused):
                 raise
             if not warned:
                 warned = True

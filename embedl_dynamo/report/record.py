@@ -77,8 +77,11 @@ def next_index() -> int:
 
 def record(report: SubgraphReport) -> None:
     """Append a subgraph report to the record of its compiled callable, which replaces the
-    record of another one (keeps the newest :data:`_MAX_KEPT`)."""
+    record of another one (keeps the newest :data:`_MAX_KEPT`). A fragment's report is part
+    of its subgraph's (:attr:`SubgraphReport.partitions`), not recorded on its own."""
     global _compile
+    if report.partition is not None:
+        return
     key = _compile_key()
     with _lock:
         if key is not None and not _is_current(key):

@@ -33,6 +33,13 @@ class SubgraphReport:
         pipeline: the pipeline report (applied/skipped counts, timings).
         runtime_info: the runtime's ``build_info``.
         compile_s: seconds spent in the backend for this subgraph.
+        partition: for a fragment of a partitioned subgraph, its number among the fragments
+            (None: a Dynamo subgraph).
+        partitions: for a partitioned subgraph (status ``partitioned``), the report of each
+            runtime fragment.
+        kept: the nodes a partitioned subgraph keeps in PyTorch: ``{"node", "op", "reason"}``.
+        coverage: the share of the subgraph's compute nodes and FLOPs on a runtime
+            (``{"ops": ..., "ops_on_runtime": ..., "op_share": ...}``).
     """
 
     index: int
@@ -46,6 +53,10 @@ class SubgraphReport:
     runtime_info: dict[str, Any] = field(default_factory=dict)
     compile_s: float = 0.0
     loaded: str = ""
+    partition: int | None = None
+    partitions: list[SubgraphReport] = field(default_factory=list)
+    kept: list[dict[str, str]] = field(default_factory=list)
+    coverage: dict[str, Any] = field(default_factory=dict)
     _plan: PlanSnapshot | None = field(default=None, repr=False)
 
     @property
@@ -59,8 +70,11 @@ class SubgraphReport:
 
     def __str__(self) -> str:
         applied = self.pipeline.get("applied_count", 0)
+        name = f"subgraph {self.index}"
+        if self.partition is not None:
+            name += f" fragment {self.partition}"
         line = (
-            f"subgraph {self.index}: {self.status} on {self.runtime} (backend {self.backend}, "
+            f"{name}: {self.status} on {self.runtime} (backend {self.backend}, "
             f"{self.ops} ops, {applied} rewrites{self._origin()}, "
             f"{self.compile_s:.2f} s)"
         )

@@ -177,22 +177,29 @@ class _Unsupported(nn.Module):
         return torch.cummax(y.flatten(1), dim=1).values
 
 
-def test_an_op_without_a_conformance_row_stays_in_pytorch():
+def test_an_op_without_a_conformance_row_stays_in_pytorch_alone():
+    """Partition, don't refuse: ``cummax`` (no row) stays in PyTorch, the conv, BatchNorm and
+    ReLU before it still run on the runtime, and the report says which op stayed and why."""
     model = randomize_batchnorm(_Unsupported().eval())
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     (sub,) = embedl_dynamo.last_report()
-    assert sub.runtime == "eager" and "cummax on torch.float32 has no conformance row" in sub.reason
+    assert sub.status == "partitioned" and sub.runtime != "eager", sub
+    assert [k["op"] for k in sub.kept] == ["cummax"]
+    assert "cummax on torch.float32 has no conformance row" in sub.kept[0]["reason"]
+    (fragment,) = sub.partitions
+    assert fragment.runtime == sub.runtime and fragment.ops == 4  # conv, bn, relu, flatten
+    assert sub.coverage["ops_on_runtime"] == 4 and sub.coverage["ops"] == 5
 
 
 def _allow_every_op(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let the graph reach the export (the conformance table keeps cummax, which has no row,
     in PyTorch): what follows an export failure."""
-    import embedl_dynamo.dynamo.compile as dynamo_compile
+    import embedl_dynamo.dynamo.partitioned as partitioned
 
-    monkeypatch.setattr(dynamo_compile, "kept_in_pytorch", lambda gm, runtimes: None)
+    monkeypatch.setattr(partitioned, "kept_in_pytorch", lambda gm, runtimes: None)
 
 
 def test_unsupported_op_falls_back_to_eager_and_is_reported(caplog, monkeypatch):
@@ -342,7 +349,7 @@ def test_fresh_processes_share_one_cache_dir_and_rebuild_a_corrupt_entry(tmp_pat
 
 
 def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
-    import embedl_dynamo.dynamo.compile as dynamo_compile
+    import embedl_dynamo.dynamo.graph_build as dynamo_compile
 
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)

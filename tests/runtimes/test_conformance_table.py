@@ -63,8 +63,9 @@ def test_every_row_has_a_rule_per_runtime_and_reasons_for_kept():
 
 
 def test_an_op_without_a_row_stays_in_pytorch_naming_it():
-    """The table is an allow-list: ``cosh`` has no row, so its graph is not handed to either
-    CPU runtime (before, an op without a row was not judged and reached the runtime)."""
+    """The table is an allow-list judged per node: ``cosh`` has no row, so it stays in PyTorch
+    on either CPU runtime, named in the report and one warning, while the rest of its graph
+    (the ``+ 1``) still runs on the runtime (before: the whole graph stayed in PyTorch)."""
     x = torch.randn(3, 4)
     for runtime in ("onnxruntime", "openvino"):
         torch._dynamo.reset()
@@ -74,7 +75,9 @@ def test_an_op_without_a_row_stays_in_pytorch_naming_it():
         assert torch.equal(out, torch.cosh(x) + 1)
         (sub,) = last_report().subgraphs
         expected = f"cosh on torch.float32 has no conformance row for {runtime}; runs in PyTorch"
-        assert sub.runtime == "eager" and expected in sub.reason, sub
+        assert sub.status == "partitioned" and sub.runtime == runtime, sub
+        assert [(k["op"], k["reason"]) for k in sub.kept] == [("cosh", expected)]
+        assert [p.runtime for p in sub.partitions] == [runtime]
         assert sum(expected in str(w.message) for w in caught) == 1
 
 

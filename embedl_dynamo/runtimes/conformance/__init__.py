@@ -1,10 +1,13 @@
 """Op conformance: for each op and CPU runtime, whether the runtime computes it as PyTorch does.
 
 One table (:data:`ROWS`, in :mod:`.table`), the single source of truth for three readers: the
-compile hands a subgraph to a CPU runtime only when every op in it has a row that says
-``exact`` or ``bounded`` for that runtime and the op's input dtype (:func:`kept_in_pytorch`:
-an allow-list; an op without such a row keeps its graph in PyTorch, with the reason
-"``<op>`` has no conformance row for ``<runtime>``" in the report); the conformance suite
+compile hands a node to a CPU runtime only when its op has a row that says ``exact`` or
+``bounded`` for that runtime and the op's input dtype (:func:`node_blocker`: an allow-list
+judged per node; an op without such a row stays in PyTorch, with the reason "``<op>`` has no
+conformance row for ``<runtime>``" in the report, and the rest of its graph still runs on the
+runtime, :mod:`embedl_dynamo.partition`); a listed difference on NaN or infinities is allowed
+behind a per-call guard that sends calls with non-finite inputs to PyTorch
+(:func:`needs_finite_inputs`), one on finite values keeps the op in PyTorch; the conformance suite
 (``tests/runtimes/test_conformance.py``) takes each row as the expected result of PyTorch's own
 OpInfo samples plus edge values; ``docs/op-conformance.md`` is generated from it
 (``python -m bench.op_conformance_doc``).
@@ -47,8 +50,11 @@ fallback runs on ONNX Runtime or OpenVINO and is judged like any graph for those
 from __future__ import annotations
 
 from embedl_dynamo.runtimes.conformance.judge import (
+    NON_FINITE_EDGES,
     differences,
     kept_in_pytorch,
+    needs_finite_inputs,
+    node_blocker,
     op_name,
     rule_for,
 )
@@ -65,6 +71,7 @@ from embedl_dynamo.runtimes.conformance.rules import (
 from embedl_dynamo.runtimes.conformance.table import ROWS
 
 __all__ = [
+    "NON_FINITE_EDGES",
     "CPU_RUNTIMES",
     "Difference",
     "FLOAT_ATOL",
@@ -76,6 +83,8 @@ __all__ = [
     "Verdict",
     "differences",
     "kept_in_pytorch",
+    "needs_finite_inputs",
+    "node_blocker",
     "op_name",
     "rule_for",
 ]

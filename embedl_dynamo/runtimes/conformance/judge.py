@@ -19,7 +19,20 @@ from embedl_dynamo.graph.view_writes import POSITIONS_META
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.table import ROWS
 
-__all__ = ["differences", "kept_in_pytorch", "op_name", "rule_for"]
+__all__ = [
+    "NON_FINITE_EDGES",
+    "differences",
+    "kept_in_pytorch",
+    "needs_finite_inputs",
+    "node_blocker",
+    "op_name",
+    "rule_for",
+]
+
+#: the edges of a :class:`~.rules.Difference` that a per-call guard on non-finite inputs covers
+NON_FINITE_EDGES = ("nan", "inf", "-inf")
+#: edges whose values PyTorch leaves undefined (which of duplicate scatter indices lands)
+UNDEFINED_EDGES = ("ties",)
 
 _BY_NAME: dict[str, OpRow] = {}
 for _row in ROWS:
@@ -45,7 +58,40 @@ def op_name(node: fx.Node) -> str | None:
         return "floordiv_by_number"  # neither -1 nor an infinity: another row
     if name == "div" and node.kwargs.get("rounding_mode") is not None:
         return f"div(rounding_mode={node.kwargs['rounding_mode']!r})"  # floor or trunc: another op
+    if name in _CASTS and _float_to_int(node):
+        return "float_to_int"  # rounds towards zero, and may leave the integer type's range
+    if name in _MODES:
+        return _with_mode(node, name)
     return name
+
+
+#: casts, which from a float to an integer type are another op (``float_to_int``)
+_CASTS = frozenset({"to", "type_as", "type", "long", "int", "short", "char", "byte"})
+#: ops whose mode is another computation: name -> (position of ``mode``, its default)
+_MODES = {"pad": (2, "constant"), "interpolate": (3, "nearest")}
+
+
+def _float_to_int(node: fx.Node) -> bool:
+    """Whether ``node`` turns a float tensor into an integer one (bool excluded)."""
+    source = node.args[0] if node.args else None
+    value = node_value_meta(node)
+    before = getattr(node_value_meta(source), "dtype", None) if isinstance(source, fx.Node) else None
+    after = getattr(value, "dtype", None)
+    if not isinstance(before, torch.dtype) or not isinstance(after, torch.dtype):
+        return False
+    integer = not (after.is_floating_point or after.is_complex) and after != torch.bool
+    return before.is_floating_point and integer
+
+
+def _with_mode(node: fx.Node, name: str) -> str:
+    """``pad`` and ``interpolate`` named by their mode (``pad`` alone: constant padding;
+    ``interpolate(mode='bilinear')``; antialiasing is another op again)."""
+    position, default = _MODES[name]
+    mode = node.args[position] if len(node.args) > position else node.kwargs.get("mode", default)
+    if name == "pad":
+        return "pad" if mode == "constant" else f"pad(mode={mode!r})"
+    antialias = node.args[6] if len(node.args) > 6 else node.kwargs.get("antialias", False)
+    return f"interpolate(mode={mode!r}" + (", antialias=True)" if antialias else ")")
 
 
 def _plain_divisor(node: fx.Node) -> bool:
@@ -99,23 +145,54 @@ def _judge(op: str, runtime: str, dtype: torch.dtype | None) -> str | None:
     return f"{what} stays in PyTorch on {runtime}: {kept.reason}" if kept is not None else None
 
 
-def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
-    """Why ``gm`` runs in PyTorch rather than on ``runtimes`` (None: nothing keeps it): the
-    first op without a row for one of them (and its input's dtype), or whose row says
-    ``kept``, with the row's reason. Runtimes the table does not speak for (TensorRT,
-    third-party ones) are not judged here."""
-    names = [name for name in runtimes if name in CPU_RUNTIMES]
-    if not names:
+def node_blocker(node: fx.Node, runtime: str) -> str | None:
+    """Why ``node`` may not run on ``runtime`` (None: it may, or it computes nothing a runtime
+    could compute otherwise): no row for its op and input dtype, a row that says ``kept``
+    (with the row's reason), or a float64 value on OpenVINO. Runtimes the table does not
+    speak for (TensorRT, third-party ones) are not judged here."""
+    if runtime not in CPU_RUNTIMES:
         return None
+    op = op_name(node)
+    if op is None or node.meta.get(POSITIONS_META):
+        return None  # a scatter's element positions are exact below 2**31 elements
+    if not node.users:
+        return None  # nothing reads its value: no runtime computes it (dead code)
+    dtype = _input_dtype(node)
+    return (
+        _judge(op, runtime, dtype)
+        or _float64_on_openvino(node, op, runtime)
+        or _finite_difference(op, runtime, dtype)
+    )
+
+
+def needs_finite_inputs(node: fx.Node, runtime: str) -> bool:
+    """Whether ``node``'s op computes otherwise than PyTorch on ``runtime`` where a NaN or an
+    infinity reaches it (a :class:`~.rules.Difference` on a non-finite edge): a graph holding
+    it may run there only behind a guard that sends calls with non-finite inputs to PyTorch."""
+    op = op_name(node)
+    if op is None or runtime not in CPU_RUNTIMES:
+        return False
+    return any(d.edge in NON_FINITE_EDGES for d in differences(op, runtime))
+
+
+def _finite_difference(op: str, runtime: str, dtype: torch.dtype | None) -> str | None:
+    """A listed difference on finite inputs (uint8 saturating where PyTorch wraps) keeps the
+    op in PyTorch: no guard can see it coming. Ties (duplicate scatter indices) are values
+    PyTorch itself leaves undefined."""
+    if dtype is not None and (dtype.is_floating_point or dtype.is_complex):
+        return None  # the float edges are non-finite ones, which a guard covers
+    for difference in differences(op, runtime):
+        if difference.edge not in (*NON_FINITE_EDGES, *UNDEFINED_EDGES):
+            return f"{op} on {dtype} stays in PyTorch on {runtime}: {difference.reason}"
+    return None
+
+
+def kept_in_pytorch(gm: fx.GraphModule, runtimes: Iterable[str]) -> str | None:
+    """Why ``gm`` runs in PyTorch rather than on ``runtimes`` as a whole (None: nothing keeps
+    it): the first node :func:`node_blocker` keeps from one of them."""
     for node in gm.graph.nodes:
-        op = op_name(node)
-        if op is None or node.meta.get(POSITIONS_META):
-            continue  # a scatter's element positions are exact below 2**31 elements
-        if not node.users:
-            continue  # nothing reads its value: no runtime computes it (dead code)
-        dtype = _input_dtype(node)
-        for runtime in names:
-            reason = _judge(op, runtime, dtype) or _float64_on_openvino(node, op, runtime)
+        for runtime in runtimes:
+            reason = node_blocker(node, runtime)
             if reason is not None:
                 return reason
     return None

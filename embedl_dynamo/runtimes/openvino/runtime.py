@@ -47,6 +47,7 @@ from torch import fx
 
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.cache.keys import package_version
+from embedl_dynamo.errors import CallRefused
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
@@ -85,7 +86,7 @@ _NOT_COMPUTE = frozenset(
 
 
 def check_int32_range(args: Sequence[torch.Tensor]) -> None:
-    """Raise ``ValueError`` when an int64 input holds a value outside int32's range: the CPU
+    """Raise :class:`~embedl_dynamo.errors.CallRefused` when an int64 input holds a value outside int32's range: the CPU
     plugin computes int64 as int32 and would wrap it, so such a call runs in PyTorch
     (:mod:`embedl_dynamo.runtimes.conformance`). Two reductions per int64 input (ids,
     positions, masks: small)."""
@@ -93,7 +94,7 @@ def check_int32_range(args: Sequence[torch.Tensor]) -> None:
         if t.dtype == torch.int64 and t.numel():
             low, high = torch.aminmax(t)
             if low < _INT32_MIN or high > _INT32_MAX:
-                raise ValueError(
+                raise CallRefused(
                     f"input {position} holds int64 values outside int32's range "
                     f"[{int(low)}, {int(high)}], which OpenVINO's CPU plugin computes as int32"
                 )

@@ -1,0 +1,183 @@
+"""How much of a model a target's runtimes would compute, decided without building anything.
+
+:func:`coverage` traces the model with Dynamo (as ``torch.compile`` does, under
+``torch.inference_mode``), freezes each graph and partitions it by capability exactly as the
+``embedl_*`` backends do (:func:`~embedl_dynamo.dynamo.compile.prepare_subgraph`,
+:func:`~embedl_dynamo.dynamo.partitioned.partition_for`), then runs the model in PyTorch. It
+answers "which ops would stay in PyTorch, and why" in about the time of a trace: the project's
+coverage gate runs it on every model of its zoo. FLOPs are counted per node with PyTorch's
+``FlopCounterMode`` on the example inputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from embedl_dynamo.backend import backend_by_name
+from embedl_dynamo.dynamo.compile import StaysEager, prepare_subgraph
+from embedl_dynamo.dynamo.partitioned import partition_for
+from embedl_dynamo.dynamo.subgraph_job import route_subgraph
+from embedl_dynamo.partition import Partitioning, compute_nodes
+from embedl_dynamo.runtimes.registry import runtime_settings
+from embedl_dynamo.settings import Settings
+
+__all__ = ["CoverageReport", "GraphCoverage", "KeptOp", "coverage"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptOp:
+    """An op kept in PyTorch, why, and on how many nodes."""
+
+    op: str
+    reason: str
+    count: int
+
+
+@dataclasses.dataclass
+class GraphCoverage:
+    """One Dynamo graph: its compute nodes and FLOPs, those on a runtime, what stays and why."""
+
+    ops: int
+    ops_on_runtime: int
+    flops: int
+    flops_on_runtime: int
+    runtimes: tuple[str, ...]
+    kept: list[tuple[str, str]]  # (op, reason) per node kept in PyTorch
+
+
+@dataclasses.dataclass
+class CoverageReport:
+    """What :func:`coverage` found, over every Dynamo graph of the model."""
+
+    graphs: list[GraphCoverage]
+
+    @property
+    def op_share(self) -> float:
+        """The share of compute nodes placed on a runtime."""
+        total = sum(g.ops for g in self.graphs)
+        return sum(g.ops_on_runtime for g in self.graphs) / total if total else 1.0
+
+    @property
+    def flop_share(self) -> float:
+        """The share of FLOPs placed on a runtime (1.0 for a model without any)."""
+        total = sum(g.flops for g in self.graphs)
+        return sum(g.flops_on_runtime for g in self.graphs) / total if total else 1.0
+
+    @property
+    def kept(self) -> list[KeptOp]:
+        """The ops kept in PyTorch with their reasons, most frequent first."""
+        counts = collections.Counter(k for g in self.graphs for k in g.kept)
+        return [KeptOp(op, reason, n) for (op, reason), n in counts.most_common()]
+
+    @property
+    def fully_on_runtime(self) -> bool:
+        """Whether no compute node stays in PyTorch."""
+        return all(not g.kept for g in self.graphs)
+
+
+def coverage(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    backend: str = "onnxruntime",
+    **options: Any,
+) -> CoverageReport:
+    """Trace ``model`` and decide, per node, where its ops would run; build nothing.
+
+    Args:
+        model: the model (not modified).
+        example_inputs: one call's positional inputs.
+        backend: the target (``onnxruntime``, ``openvino``, ``tensorrt``; ``embedl_`` may
+            prefix it).
+        options: compile options (:class:`~embedl_dynamo.settings.Settings`), e.g. ``runtime``.
+
+    Returns:
+        A :class:`CoverageReport`.
+
+    Example:
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        >>> report = coverage(model.eval(), (torch.randn(1, 4),), backend="onnxruntime")
+        >>> report.fully_on_runtime, report.op_share
+        (True, 1.0)
+    """
+    target = backend_by_name(backend.removeprefix("embedl_"))
+    settings = runtime_settings(options or None)
+    graphs: list[GraphCoverage] = []
+
+    def decide(gm: fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        graphs.append(_graph_coverage(gm, inputs, target, settings))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with torch.inference_mode():
+            torch.compile(model, backend=decide)(*example_inputs)
+    finally:
+        torch._dynamo.reset()
+    return CoverageReport(graphs)
+
+
+def _graph_coverage(
+    gm: fx.GraphModule, inputs: Sequence[Any], target: Any, settings: Settings
+) -> GraphCoverage:
+    job = route_subgraph(gm, inputs, target, settings)
+    prepared = prepare_subgraph(job, gm, inputs)
+    if isinstance(prepared, StaysEager):
+        nodes = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+        kept = [(_op(n), prepared.reason) for n in nodes]
+        flops = _flops(gm, list(inputs), set(nodes))
+        return GraphCoverage(len(nodes), 0, flops, 0, (), kept)
+    graph = prepared.split.tensors
+    partitioning = partition_for(job, graph)
+    nodes = compute_nodes(graph)
+    if partitioning is None:
+        flops = _flops(graph, job.inputs, set(nodes))
+        return GraphCoverage(len(nodes), len(nodes), flops, flops, (job.runtime_cls.name,), [])
+    return _partitioned_coverage(graph, job.inputs, partitioning, nodes)
+
+
+def _partitioned_coverage(
+    graph: fx.GraphModule, inputs: list[Any], partitioning: Partitioning, nodes: list[fx.Node]
+) -> GraphCoverage:
+    placed = {n for f in partitioning.fragments for n in f.nodes}
+    flops = _flops(graph, inputs, set(nodes))
+    on_runtime = _flops(graph, inputs, placed & set(nodes))
+    runtimes = tuple(dict.fromkeys(f.runtime for f in partitioning.fragments))
+    kept = [(k.op, k.reason) for k in partitioning.kept]
+    return GraphCoverage(
+        partitioning.ops, partitioning.ops_on_runtimes, flops, on_runtime, runtimes, kept
+    )
+
+
+def _op(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target))
+
+
+class _FlopCounter(fx.Interpreter):
+    """Runs the graph and adds up the FLOPs of the nodes asked for."""
+
+    def __init__(self, gm: fx.GraphModule, counted: set[fx.Node]) -> None:
+        super().__init__(gm)
+        self.counted = counted
+        self.flops = 0
+
+    def run_node(self, n: fx.Node) -> Any:
+        if n not in self.counted:
+            return super().run_node(n)
+        with FlopCounterMode(display=False) as counter:
+            value = super().run_node(n)
+        self.flops += counter.get_total_flops()
+        return value
+
+
+def _flops(gm: fx.GraphModule, inputs: list[Any], counted: set[fx.Node]) -> int:
+    counter = _FlopCounter(gm, counted)
+    with torch.no_grad():
+        counter.run(*inputs)
+    return counter.flops

@@ -1,0 +1,206 @@
+"""A Dynamo subgraph partitioned by capability: each runtime fragment built, PyTorch between.
+
+:func:`partition_for` decides, for the frozen graph of a job on a CPU runtime, whether one
+runtime takes it whole (today's path, no partition) or which nodes go where
+(:func:`~embedl_dynamo.partition.partition_graph`, the target's runtime first, then the other
+CPU runtimes a float graph is timed on). :func:`build_partitioned` builds each fragment as a
+subgraph of its own (:func:`~.graph_build.build_graph`: its pipeline, precision, warm start,
+runtime and guards), on the inputs it receives when the graph runs, and calibration batches
+fed through the whole partitioned graph; the result is the graph with each fragment one call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from torch import fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
+
+from embedl_dynamo.dynamo.graph_build import build_graph
+from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.nodes import node_value_meta
+from embedl_dynamo.partition import Fragment, Partitioning, fragment_inputs, partition_graph, stitch
+from embedl_dynamo.quant.calibrate import as_batches, calibration_mismatch
+from embedl_dynamo.report.record import record
+from embedl_dynamo.report.subgraph import SubgraphReport
+from embedl_dynamo.runtimes.base import Runtime
+from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, kept_in_pytorch
+
+__all__ = ["build_partitioned", "partition_for"]
+
+logger = logging.getLogger(__name__)
+
+
+def _conforming(job: SubgraphJob, graph: fx.GraphModule) -> list[type[Runtime]]:
+    """The job's runtimes that take every node of ``graph``, the target's first."""
+    classes = list(dict.fromkeys((job.runtime_cls, *job.timed)))
+    return [c for c in classes if kept_in_pytorch(graph, [c.name]) is None]
+
+
+def partition_for(job: SubgraphJob, graph: fx.GraphModule) -> Partitioning | None:
+    """None where one runtime takes ``graph`` whole (``job`` then names it, and the runtimes
+    timed are those that take it whole too), else the partition of ``graph``.
+
+    Off the CPU runtimes the conformance table speaks for (TensorRT and Torch-TensorRT on a
+    GPU, third-party runtimes), the graph is judged whole by its runtime's own checks."""
+    if job.runtime_cls.name not in CPU_RUNTIMES:
+        return None
+    lower = job.settings.precision.lower
+    fits = _conforming(job, graph)
+    if job.runtime_cls in fits or (fits and not lower):
+        job.timed = [c for c in job.timed if c in fits]
+        job.timed = job.timed if len(job.timed) >= 2 else []
+        if job.runtime_cls not in fits:
+            job.runtime_cls = fits[0]
+        return None
+    # a lower precision stays on the runtime its route chose; a float graph may use the others
+    classes = [job.runtime_cls] if lower else list(dict.fromkeys((job.runtime_cls, *job.timed)))
+    names = [c.name for c in classes if c.name in CPU_RUNTIMES]
+    return partition_graph(graph, names, job.settings.min_subgraph_size)
+
+
+def build_partitioned(
+    job: SubgraphJob, graph: fx.GraphModule, partitioning: Partitioning
+) -> Callable[..., Any]:
+    """The partitioned graph, each fragment built on its runtime (or left in PyTorch where its
+    build says so), recorded in ``job.report`` with what stays in PyTorch and why."""
+    fragments = partitioning.fragments
+    classes = {c.name: c for c in (job.runtime_cls, *job.timed)}
+    examples = fragment_inputs(graph, fragments, [job.inputs])
+    calibration = _fragment_calibration(job, graph, fragments)
+    calls: list[Callable[..., Any]] = []
+    for k, fragment in enumerate(fragments):
+        child = _child_job(job, graph, fragment, k, classes)
+        child.inputs = list(examples[k][0])
+        if calibration is not None:
+            child.settings = dataclasses.replace(child.settings, calibration_data=calibration[k])
+        infer = build_graph(child, fragment.graph)
+        calls.append(infer if infer is not None else fragment.graph)
+        job.report.partitions.append(child.report)
+    _finish_partitioned(job, partitioning)
+    stitched = stitch(graph, fragments, calls)
+
+    def run(*inputs: Any) -> tuple[Any, ...]:
+        out = stitched(*inputs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    return run
+
+
+def _fragment_calibration(
+    job: SubgraphJob, graph: fx.GraphModule, fragments: list[Fragment]
+) -> list[list[tuple[Any, ...]] | None] | None:
+    """Each fragment's calibration batches: what it receives when the graph runs in PyTorch on
+    the calibration data (None: nothing to feed, or a forward loop; a fragment then calibrates
+    on its first calls)."""
+    settings = job.settings
+    data = settings.calibration_data
+    if not settings.precision.calibrates or data is None or callable(data):
+        return None
+    if calibration_mismatch(data, job.inputs):
+        return None
+    return fragment_inputs(graph, fragments, as_batches(data))
+
+
+def _child_job(
+    job: SubgraphJob,
+    graph: fx.GraphModule,
+    fragment: Fragment,
+    k: int,
+    classes: dict[str, type[Runtime]],
+) -> SubgraphJob:
+    """The job that builds fragment ``k``: the parent's target and settings, its runtime, the
+    parent's timed runtimes that take the whole fragment, its own report."""
+    runtime_cls = classes[fragment.runtime]
+    timed = [c for c in job.timed if kept_in_pytorch(fragment.graph, [c.name]) is None]
+    report = SubgraphReport(
+        index=job.report.index,
+        backend=job.backend.name,
+        runtime="eager",
+        ops=fragment.ops,
+        status="",
+        partition=k,
+    )
+    return SubgraphJob(
+        job.backend,
+        job.settings,
+        report,
+        runtime_cls,
+        timed if len(timed) >= 2 else [],
+        time.perf_counter(),
+        axes=_fragment_axes(job, graph, fragment),
+        original=fragment.graph,
+        on_cuda=job.on_cuda,
+    )
+
+
+def _fragment_axes(job: SubgraphJob, graph: fx.GraphModule, fragment: Fragment) -> DynamicAxes:
+    """A fragment's dynamic axes: a graph input's as the graph has them; other tensors' where
+    Dynamo made their size symbolic, one name per symbol (the graph inputs' names first)."""
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    given = dict(zip(placeholders, job.axes.inputs)) if job.axes is not None else {}
+    names: dict[str, str] = {}
+    for node, axes in given.items():
+        shape = getattr(node_value_meta(node), "shape", ())
+        for axis, name in axes.items():
+            if axis < len(shape) and _symbolic(shape[axis]):
+                names[str(shape[axis])] = name
+
+    def axes_of(node: fx.Node) -> dict[int, str]:
+        if node in given:
+            return dict(given[node])
+        shape = getattr(node_value_meta(node), "shape", ())
+        return {
+            axis: names.setdefault(str(size), f"{node.name}_dim{axis}")
+            for axis, size in enumerate(shape)
+            if _symbolic(size)
+        }
+
+    static = job.axes.static_graph if job.axes is not None else True
+    return DynamicAxes(
+        tuple(axes_of(n) for n in fragment.inputs),
+        tuple(axes_of(n) for n in fragment.outputs),
+        static_graph=static,
+    )
+
+
+def _symbolic(size: Any) -> bool:
+    return not isinstance(size, int) and not is_concrete_int(size)
+
+
+def _finish_partitioned(job: SubgraphJob, partitioning: Partitioning) -> None:
+    """Record the partitioned subgraph: its fragments, what stays in PyTorch and why, its
+    coverage; one warning names the ops kept."""
+    report, parts = job.report, job.report.partitions
+    on_runtime = sum(p.ops for p in parts if p.runtime != "eager")
+    runtimes = sorted({p.runtime for p in parts if p.runtime != "eager"})
+    report.status = "partitioned"
+    report.runtime = "+".join(runtimes) or "eager"
+    report.kept = [dataclasses.asdict(k) for k in partitioning.kept]
+    share = on_runtime / partitioning.ops if partitioning.ops else 1.0
+    report.coverage = {
+        "ops": partitioning.ops,
+        "ops_on_runtime": on_runtime,
+        "op_share": round(share, 4),
+    }
+    reasons = list(dict.fromkeys(k.reason for k in partitioning.kept))
+    report.reason = (
+        f"{len(partitioning.kept)} of {partitioning.ops} ops stay in PyTorch: "
+        + "; ".join(reasons[:3])
+        + ("; ..." if len(reasons) > 3 else "")
+    )
+    report.compile_s = time.perf_counter() - job.start
+    record(report)
+    logger.info("%s", report)
+    warnings.warn(
+        f"embedl_{job.backend.name}: subgraph {report.index} runs on {report.runtime}, except "
+        f"{report.reason}",
+        RuntimeWarning,
+        stacklevel=4,
+    )

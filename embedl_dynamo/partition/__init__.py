@@ -1,0 +1,32 @@
+"""Partitioning by capability: which nodes of a frozen graph run on which runtime.
+
+The stage between freezing (:mod:`embedl_dynamo.graph`) and the rewrite pipeline: each node a
+CPU runtime computes exactly (:mod:`embedl_dynamo.runtimes.conformance`) goes to it, grouped
+into fragments by torch.fx's ``CapabilityBasedPartitioner``; the rest stays in PyTorch in the
+same graph (:mod:`.support`, :mod:`.fragments`). :mod:`.stitch` puts the built fragments back
+into the graph.
+"""
+
+from embedl_dynamo.partition.fragments import (
+    Fragment,
+    KeptNode,
+    Partitioning,
+    compute_nodes,
+    partition_graph,
+)
+from embedl_dynamo.partition.stitch import FragmentCall, fragment_inputs, stitch
+from embedl_dynamo.partition.support import RuntimeSupport, is_free, picks_output
+
+__all__ = [
+    "Fragment",
+    "FragmentCall",
+    "KeptNode",
+    "Partitioning",
+    "RuntimeSupport",
+    "compute_nodes",
+    "fragment_inputs",
+    "is_free",
+    "partition_graph",
+    "picks_output",
+    "stitch",
+]

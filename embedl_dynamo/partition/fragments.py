@@ -1,0 +1,254 @@
+"""Partition a frozen, functional graph by capability: runtime fragments and PyTorch nodes.
+
+As Torch-TensorRT does (``dynamo/partitioning/``), torch.fx's ``CapabilityBasedPartitioner``
+groups the nodes a runtime computes exactly (:class:`~.support.RuntimeSupport`) into the
+largest fragments that keep the graph acyclic; the nodes no runtime takes stay in PyTorch,
+each with its reason. Several runtimes are tried in order (the target's runtime first), each
+on what the ones before it left: ONNX Runtime may take the integer comparisons OpenVINO
+computes through float32. A fragment of fewer than ``min_ops`` compute nodes stays in PyTorch,
+as ``min_subgraph_size`` keeps small graphs there.
+
+Each fragment becomes a graph of its own (:attr:`Fragment.graph`): its inputs are the tensors
+it reads from outside, its constants are copied in, and the sizes it reads
+(:func:`~.support.is_free`) are recomputed inside from the tensors they come from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+
+from embedl_dynamo.partition.support import CALLS, RuntimeSupport, is_free, picks_output
+
+__all__ = ["Fragment", "KeptNode", "Partitioning", "compute_nodes", "partition_graph"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptNode:
+    """A compute node that stays in PyTorch: its name in the graph, its op, and why;
+    ``small``: a runtime computes it, but its fragment was below the minimum size."""
+
+    node: str
+    op: str
+    reason: str
+    small: bool = False
+
+
+@dataclasses.dataclass
+class Fragment:
+    """Nodes one runtime computes, as a graph of their own.
+
+    Attributes:
+        runtime: the runtime's name.
+        nodes: the fragment's nodes in the partitioned graph, in graph order.
+        inputs: the nodes outside it whose tensors it reads, in its placeholders' order.
+        outputs: its nodes read outside it, in its outputs' order.
+        graph: the fragment as a GraphModule (a tuple of ``outputs``).
+    """
+
+    runtime: str
+    nodes: list[fx.Node]
+    inputs: list[fx.Node]
+    outputs: list[fx.Node]
+    graph: fx.GraphModule
+
+    @property
+    def ops(self) -> int:
+        """Its compute nodes."""
+        return sum(1 for n in self.nodes if not picks_output(n))
+
+
+@dataclasses.dataclass
+class Partitioning:
+    """Where each compute node of a graph runs.
+
+    Attributes:
+        fragments: the runtime fragments, in graph order.
+        kept: the compute nodes that stay in PyTorch, and why.
+        ops: the graph's compute nodes.
+    """
+
+    fragments: list[Fragment]
+    kept: list[KeptNode]
+    ops: int
+
+    @property
+    def whole(self) -> bool:
+        """Whether one fragment computes every compute node (nothing stays in PyTorch)."""
+        return len(self.fragments) == 1 and not self.kept
+
+    @property
+    def blocker(self) -> KeptNode | None:
+        """The first node kept because no runtime computes it exactly (not for size)."""
+        return next((k for k in self.kept if not k.small), None)
+
+    @property
+    def ops_on_runtimes(self) -> int:
+        return sum(f.ops for f in self.fragments)
+
+
+def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes that compute a tensor (not sizes, not picks of one output, not dead code)."""
+    return [
+        n
+        for n in gm.graph.nodes
+        if n.op in CALLS and not is_free(n) and not picks_output(n) and n.users
+    ]
+
+
+def partition_graph(
+    gm: fx.GraphModule,
+    runtimes: Sequence[str],
+    min_ops: int = 1,
+    forced_out: Iterable[str] = (),
+) -> Partitioning:
+    """Partition ``gm`` (frozen, functional; not modified) over ``runtimes``, in order.
+
+    Args:
+        gm: the graph.
+        runtimes: runtime names, the preferred first; each takes what it computes exactly of
+            what the ones before it left.
+        min_ops: a fragment with fewer compute nodes stays in PyTorch.
+        forced_out: op names kept in PyTorch whatever the table says.
+    """
+    taken: set[fx.Node] = set()
+    reasons: dict[fx.Node, str] = {}
+    small: set[fx.Node] = set()
+    chosen: list[tuple[str, list[fx.Node]]] = []
+    for runtime in runtimes:
+        support = RuntimeSupport(runtime, taken, forced_out)
+        partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
+        for partition in partitioner.propose_partitions():
+            nodes = [n for n in gm.graph.nodes if n in partition.nodes]
+            count = sum(1 for n in nodes if not picks_output(n))
+            if count < min_ops:
+                small.update(nodes)
+                for node in nodes:
+                    reasons.setdefault(
+                        node, f"a fragment of {count} ops < min_subgraph_size={min_ops}"
+                    )
+                continue
+            chosen.append((runtime, nodes))
+            taken.update(nodes)
+        for node, reason in support.reasons.items():
+            reasons.setdefault(node, reason)
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    chosen.sort(key=lambda item: order[item[1][0]])
+    fragments = [_fragment(gm, runtime, nodes) for runtime, nodes in chosen]
+    computed = compute_nodes(gm)
+    kept = [
+        KeptNode(n.name, _op(n), reasons.get(n, "no runtime takes it"), n in small)
+        for n in computed
+        if n not in taken
+    ]
+    return Partitioning(fragments, kept, len(computed))
+
+
+def _op(node: fx.Node) -> str:
+    return str(getattr(node.target, "__name__", node.target))
+
+
+def _fragment(gm: fx.GraphModule, runtime: str, nodes: list[fx.Node]) -> Fragment:
+    """``nodes`` of ``gm`` as a GraphModule of their own (see the module docstring)."""
+    members = set(nodes)
+    inputs = _inputs(nodes, members)
+    graph = fx.Graph()
+    root = nn.Module()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in inputs:
+        env[node] = graph.placeholder(node.name)
+        env[node].meta = dict(node.meta)
+
+    def value(node: fx.Node) -> fx.Node:
+        if node not in env:  # a constant, or a size recomputed here
+            if node.op == "get_attr":
+                _copy_constant(gm, root, str(node.target))
+            env[node] = graph.node_copy(node, value)
+        return env[node]
+
+    for node in nodes:
+        env[node] = graph.node_copy(node, value)
+    outputs = [n for n in nodes if any(u not in members for u in n.users)]
+    graph.output(tuple(env[n] for n in outputs))
+    for node in graph.nodes:
+        _detach_fake(node)
+    module = fx.GraphModule(root, graph, class_name="Fragment")
+    module.meta.update(getattr(gm, "meta", {}))
+    return Fragment(runtime, nodes, inputs, outputs, module)
+
+
+def _inputs(nodes: list[fx.Node], members: set[fx.Node]) -> list[fx.Node]:
+    """The outside nodes whose tensors ``nodes`` read, directly or through the sizes they
+    recompute, in first-read order; constants are copied, not read."""
+    found: dict[fx.Node, None] = {}
+    seen: set[fx.Node] = set()
+
+    def reach(node: fx.Node) -> None:
+        if node in members or node in seen:
+            return
+        seen.add(node)
+        if node.op == "get_attr":
+            return
+        if is_free(node):
+            for source in node.all_input_nodes:
+                reach(source)
+            return
+        found[node] = None
+
+    for node in nodes:
+        for source in node.all_input_nodes:
+            reach(source)
+    return list(found)
+
+
+def _copy_constant(gm: fx.GraphModule, root: nn.Module, target: str) -> None:
+    """Register ``gm``'s constant at ``target`` on ``root`` (same path, same tensor)."""
+    *path, name = target.split(".")
+    source: object = gm
+    owner: nn.Module = root
+    for part in path:
+        source = getattr(source, part)
+        if not hasattr(owner, part):
+            owner.add_module(part, nn.Module())
+        owner = getattr(owner, part)
+    value = getattr(source, name)
+    if isinstance(value, nn.Parameter):
+        owner.register_parameter(name, value)
+    elif isinstance(value, torch.Tensor):
+        owner.register_buffer(name, value)
+    else:
+        setattr(owner, name, value)
+
+
+def _as_meta(value: object) -> object:
+    """``value`` with each Dynamo fake tensor of static shape made a ``meta`` tensor."""
+    if isinstance(value, FakeTensor):
+        if not all(isinstance(s, int) for s in value.shape):
+            raise _Symbolic
+        return torch.empty_strided(
+            tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta"
+        )
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_meta(v) for v in value)
+    return value
+
+
+class _Symbolic(Exception):
+    """A fake tensor with a symbolic size: it keeps Dynamo's fake mode."""
+
+
+def _detach_fake(node: fx.Node) -> None:
+    """A static fragment's shapes as ``meta`` tensors, not as Dynamo's fake tensors: the
+    fragment's own rewrites and export then cannot add guards to Dynamo's shape environment
+    on tensors Dynamo gave no source (which fails Dynamo's guard building)."""
+    for key in ("example_value", "val"):
+        if key in node.meta:
+            try:
+                node.meta[key] = _as_meta(node.meta[key])
+            except _Symbolic:
+                return

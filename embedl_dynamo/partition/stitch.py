@@ -1,0 +1,123 @@
+"""The partitioned graph: PyTorch's nodes as they were, each fragment one call of its runtime.
+
+:func:`stitch` rebuilds the graph in a topological order of the condensed graph (a fragment is
+one node there, as torch.fx's ``fuse_by_partitions`` orders it), so that every fragment runs
+once its inputs exist and before its outputs are read. :func:`fragment_inputs` runs the graph
+in PyTorch to find what each fragment receives: its example inputs, and its calibration
+batches (calibration runs the whole partitioned graph).
+"""
+
+from __future__ import annotations
+
+import heapq
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from embedl_dynamo.partition.fragments import Fragment
+
+__all__ = ["FragmentCall", "fragment_inputs", "stitch"]
+
+
+class FragmentCall:
+    """A fragment's runtime call in the partitioned graph: ``infer`` on its inputs, a tuple of
+    its outputs back."""
+
+    def __init__(self, infer: Callable[..., Any], name: str) -> None:
+        self.infer = infer
+        self.__name__ = name
+
+    def __call__(self, *inputs: Any) -> tuple[Any, ...]:
+        return tuple(self.infer(*inputs))
+
+
+def _condensed_order(gm: fx.GraphModule, fragments: Sequence[Fragment]) -> list[Any]:
+    """Nodes outside fragments and fragment indices, topologically, graph order on ties."""
+    owner = {node: k for k, fragment in enumerate(fragments) for node in fragment.nodes}
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    units: dict[Any, int] = {}  # unit -> its first position
+    for node in gm.graph.nodes:
+        unit = ("fragment", owner[node]) if node in owner else node
+        units.setdefault(unit, position[node])
+    waiting: dict[Any, set[Any]] = {unit: set() for unit in units}
+    readers: dict[Any, set[Any]] = {unit: set() for unit in units}
+    for node in gm.graph.nodes:
+        unit = ("fragment", owner[node]) if node in owner else node
+        for source in node.all_input_nodes:
+            before = ("fragment", owner[source]) if source in owner else source
+            if before != unit:
+                waiting[unit].add(before)
+                readers[before].add(unit)
+    ready = [(units[u], k, u) for k, u in enumerate(units) if not waiting[u]]
+    index = {u: k for k, u in enumerate(units)}
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, unit = heapq.heappop(ready)
+        order.append(unit)
+        for reader in readers[unit]:
+            waiting[reader].discard(unit)
+            if not waiting[reader]:
+                heapq.heappush(ready, (units[reader], index[reader], reader))
+    if len(order) != len(units):
+        raise ValueError("the partition has a cycle between fragments")
+    return order
+
+
+def stitch(
+    gm: fx.GraphModule, fragments: Sequence[Fragment], calls: Sequence[Callable[..., Any]]
+) -> fx.GraphModule:
+    """``gm`` with each fragment replaced by one call of ``calls[k]`` (its inputs in, a tuple
+    of its outputs back); ``gm`` is not modified."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for unit in _condensed_order(gm, fragments):
+        if not isinstance(unit, tuple):
+            env[unit] = graph.node_copy(unit, env.__getitem__)
+            continue
+        k = unit[1]
+        fragment = fragments[k]
+        call = graph.call_function(
+            FragmentCall(calls[k], f"fragment{k}_{fragment.runtime}"),
+            tuple(env[n] for n in fragment.inputs),
+        )
+        for position, node in enumerate(fragment.outputs):
+            env[node] = graph.call_function(operator.getitem, (call, position))
+            env[node].meta = dict(node.meta)
+    stitched = fx.GraphModule(gm, graph, class_name="Partitioned")
+    stitched.meta.update(getattr(gm, "meta", {}))
+    return stitched
+
+
+class _Recorder(fx.Interpreter):
+    """Runs the graph in PyTorch and keeps the values of the nodes asked for."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[fx.Node]) -> None:
+        super().__init__(gm)
+        self.wanted = wanted
+        self.values: dict[fx.Node, Any] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        value = super().run_node(n)
+        if n in self.wanted:
+            self.values[n] = value
+        return value
+
+
+def fragment_inputs(
+    gm: fx.GraphModule, fragments: Sequence[Fragment], batches: Sequence[Sequence[Any]]
+) -> list[list[tuple[Any, ...]]]:
+    """What each fragment receives when ``gm`` runs in PyTorch on each of ``batches``: one
+    list per fragment, one tuple of its inputs per batch."""
+    wanted = {node for fragment in fragments for node in fragment.inputs}
+    found: list[list[tuple[Any, ...]]] = [[] for _ in fragments]
+    with torch.no_grad():
+        for batch in batches:
+            recorder = _Recorder(gm, wanted)
+            recorder.run(*batch)
+            for k, fragment in enumerate(fragments):
+                found[k].append(tuple(recorder.values[n] for n in fragment.inputs))
+    return found
