@@ -170,7 +170,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _write_triton(path: Any, args: argparse.Namespace) -> None:
-    from embedl_dynamo.deploy.triton import write_triton_repository
+    from embedl_dynamo.deploy.triton import latest_version, write_triton_repository
     from embedl_dynamo.errors import RuntimeUnavailableError
 
     try:
@@ -186,7 +186,7 @@ def _write_triton(path: Any, args: argparse.Namespace) -> None:
         raise CliError(str(exc), EXIT_USAGE) from exc
     except RuntimeUnavailableError as exc:
         raise CliError(str(exc), EXIT_UNAVAILABLE) from exc
-    print(f"wrote Triton model {model_dir} (config.pbtxt, 1/)")
+    print(f"wrote Triton model {model_dir} (config.pbtxt, {latest_version(model_dir)}/)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

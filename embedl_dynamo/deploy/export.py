@@ -185,7 +185,7 @@ def export(
             result = _pipeline(gm, args, target, settings)
         outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
         written = write_verified(path, eager, args, result, settings, stages, opset, verify,
-                                 tolerance)  # fmt: skip
+                                 tolerance, target.name)  # fmt: skip
         _log_verification(path, written[0], settings)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:

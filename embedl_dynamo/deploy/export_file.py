@@ -135,10 +135,12 @@ def write_verified(
     opset: int | None,
     verify: bool,
     tolerance: float | None,
+    target: str = "",
 ) -> tuple[Verification, int | None]:
     """Export, verify and rename the file into place (unless ``verify`` and it fails).
 
-    ``model`` is the user's model, returning its outputs in the graph's order.
+    ``model`` is the user's model, returning its outputs in the graph's order; ``target`` the
+    export's target name (a file ONNX Runtime cannot run is advised for another runtime).
 
     Returns:
         The verification and the opset written.
@@ -152,7 +154,7 @@ def write_verified(
             try:
                 check = verify_onnx(
                     tmp, args, reference, model, settings.precision, settings.dynamic_batch,
-                    tolerance, settings.accuracy_budget, extra,
+                    tolerance, settings.accuracy_budget, extra, target,
                 )  # fmt: skip
             except VerificationError as exc:  # ONNX Runtime could not run the file
                 if verify:

@@ -1,8 +1,9 @@
 """A Triton Inference Server model repository from an exported file and its JSON sidecar.
 
 Triton serves a directory: ``<repo>/<model>/config.pbtxt`` (a ``ModelConfig`` protobuf in text
-form) and ``<repo>/<model>/1/`` with the model file. :func:`write_triton_repository` writes both
-for a file :func:`~embedl_dynamo.export` wrote:
+form) and ``<repo>/<model>/<version>/`` with the model file, the newest version served (a
+re-export writes the next one). :func:`write_triton_repository` writes both for a file
+:func:`~embedl_dynamo.export` wrote:
 
 * the backend that runs it: ``onnxruntime`` and ``openvino`` read ``model.onnx`` (and its data
   file, under the name the model refers to); a TensorRT engine is copied to ``model.plan`` for
@@ -23,10 +24,13 @@ and written with protobuf's ``text_format``; tritonclient is imported only here.
 
 from __future__ import annotations
 
+import errno
+import filecmp
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -46,6 +50,7 @@ __all__ = [
     "TritonTensor",
     "batch_axis_everywhere",
     "graph_tensors",
+    "latest_version",
     "read_sidecar",
     "triton_data_type",
     "write_triton_repository",
@@ -274,6 +279,53 @@ def _copy_into(source: Path, target: Path) -> None:
         raise
 
 
+def latest_version(model_dir: str | os.PathLike[str]) -> int | None:
+    """The newest version of the Triton model at ``model_dir``: of its folders named by a
+    positive integer without a leading zero, as Triton reads them, the highest (None: none)."""
+    try:
+        names = [p.name for p in Path(model_dir).iterdir() if p.is_dir()]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return max((int(n) for n in names if n.isdigit() and not n.startswith("0")), default=None)
+
+
+def _same_files(version: Path, files: dict[str, Path]) -> bool:
+    held = {p.name for p in version.iterdir() if p.is_file()}
+    return held == set(files) and all(
+        filecmp.cmp(source, version / name, shallow=False) for name, source in files.items()
+    )
+
+
+def _write_version(model_dir: Path, files: dict[str, Path]) -> int:
+    """Write ``files`` (name in the version: source) as a new version of the Triton model at
+    ``model_dir``; its number. Triton serves the newest version (its default version policy,
+    ``latest { num_versions: 1 }``), so a re-export is what it serves once it polls or loads,
+    and the version before stays beside it to roll back to. The files are written into a
+    hidden folder first, renamed to the number once complete, so Triton never loads half a
+    version. A newest version that holds the same bytes already is kept, not repeated."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    newest = latest_version(model_dir)
+    if newest is not None and _same_files(model_dir / str(newest), files):
+        return newest
+    staging = model_dir / f".embedl-staging-{os.getpid()}-{secrets.token_hex(4)}"
+    staging.mkdir()  # the umask's mode: the user Triton runs as reads it
+    try:
+        for name, source in files.items():
+            _copy_into(source, staging / name)
+        version = (newest or 0) + 1
+        while True:
+            try:
+                os.rename(staging, model_dir / str(version))
+                return version
+            except OSError as exc:  # another writer took the number meanwhile
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+                version += 1
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
 def write_triton_repository(
     path: str | os.PathLike[str],
     repository: str | os.PathLike[str],
@@ -285,7 +337,9 @@ def write_triton_repository(
     max_batch_size: int | None = None,
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
 ) -> Path:
-    """Write ``<repository>/<name>/config.pbtxt`` and ``<repository>/<name>/1/`` for an export.
+    """Write ``<repository>/<name>/config.pbtxt`` and a new version ``<repository>/<name>/<n>/``
+    for an export: ``1`` in a new repository, else the newest version's number plus one
+    (:func:`_write_version`: Triton serves the newest; a re-export of the same bytes keeps it).
 
     Args:
         path: the ``.onnx`` file :func:`~embedl_dynamo.export` wrote (its sidecar beside it
@@ -317,12 +371,8 @@ def write_triton_repository(
     engine = _engine_file(path, sidecar) if backend == "tensorrt" else None
     config = _build_config(path, name, backend, engine is not None, sidecar, instances, threads,
                           max_batch_size, queue_delay_us)  # fmt: skip
-    model_dir = Path(repository) / name
-    version = model_dir / "1"
-    version.mkdir(parents=True, exist_ok=True)
-    if engine is not None:
-        _copy_into(engine, version / "model.plan")
-    else:
+    files = {"model.plan": engine} if engine is not None else {}
+    if engine is None:
         model = onnx.load(str(path), load_external_data=False)
         for location in sorted(external_locations(model)):  # the names the model refers to
             if Path(location).name != location:
@@ -330,8 +380,11 @@ def write_triton_repository(
                     f"{path.name} keeps weights in {location!r}, outside its own directory; "
                     "re-export it (its data file goes beside it)"
                 )
-            _copy_into(path.parent / location, version / location)
-        _copy_into(path, version / "model.onnx")
+            files[location] = path.parent / location
+        files["model.onnx"] = path
+    model_dir = Path(repository) / name
+    version = _write_version(model_dir, files)
     atomic_write_text(model_dir / "config.pbtxt", text_format.MessageToString(config))
-    logger.info("wrote Triton model %s (%s backend) to %s", name, config.backend, model_dir)
+    what = (name, version, config.backend, model_dir)
+    logger.info("wrote Triton model %s version %d (%s backend) to %s", *what)
     return model_dir

@@ -72,8 +72,20 @@ _ORT_TYPE = re.compile(
 )
 
 
-def _run_failure(exc: Exception, batch: int, path: Path | None = None) -> VerificationError:
-    """One line naming the node ONNX Runtime failed in, the batch size, and the way out."""
+def _elsewhere(target: str) -> str:
+    """Where a file ONNX Runtime's CPU provider cannot run does run: not the target given."""
+    if target == "openvino":
+        return "OpenVINO, which runs this target's files (load() picks it)"
+    if target == "tensorrt":
+        return "TensorRT, this target's runtime, or for OpenVINO (backend='openvino')"
+    return "a runtime that has one (OpenVINO: backend='openvino', or TensorRT for bf16)"
+
+
+def _run_failure(
+    exc: Exception, batch: int, path: Path | None = None, target: str = ""
+) -> VerificationError:
+    """One line naming the node ONNX Runtime failed in, the batch size, and the way out (for
+    a missing kernel, a runtime that has it: the ``target``'s own where it has one)."""
     text = " ".join(str(exc).split())
     kernel = _ORT_TYPE.search(text)
     if kernel is not None:
@@ -83,9 +95,8 @@ def _run_failure(exc: Exception, batch: int, path: Path | None = None) -> Verifi
             types = " for tensor(bfloat16)"  # ORT names no type for MatMul's missing kernel
         return VerificationError(
             f"ONNX Runtime's CPU provider, which verifies exports, has no {op} kernel{types}: "
-            "export with verify=False (--no-verify) to write the file unchecked for a runtime "
-            "that has one (OpenVINO: backend='openvino', or TensorRT for bf16), or choose fp16, "
-            "fp32 or int8"
+            "export with verify=False (--no-verify) to write the file unchecked for "
+            f"{_elsewhere(target)}, or choose fp16, fp32 or int8"
         )
     found = _ORT_NODE.search(text)  # the node may be named on any line
     where = f"{found.group(1)} node '{found.group(2)}'" if found else "a node"
@@ -148,12 +159,13 @@ def _outputs(model: Callable[..., Any], inputs: Sequence[torch.Tensor]) -> list[
         raise ExportError(f"{exc}; export needs tensor outputs") from exc
 
 
-def _run(path: Path, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _run(path: Path, inputs: Sequence[torch.Tensor], target: str) -> list[torch.Tensor]:
     """The file's outputs on ``inputs`` as tensors; a failure names the node and the batch."""
     try:
         got = run_onnx(path, inputs)
     except Exception as exc:  # ORT raises Fail/InvalidArgument/RuntimeException per node
-        raise _run_failure(exc, inputs[0].shape[0] if inputs[0].dim() else 1, path) from exc
+        batch = inputs[0].shape[0] if inputs[0].dim() else 1
+        raise _run_failure(exc, batch, path, target) from exc
     return [torch.from_numpy(np.array(g)) for g in got]
 
 
@@ -167,6 +179,7 @@ def verify_onnx(
     tolerance: float | None,
     accuracy_budget: float,
     extra: Sequence[Sequence[torch.Tensor]] = (),
+    target: str = "",
 ) -> Verification:
     """Run the file in ORT on ``args`` and ``extra`` (and on a doubled batch when dynamic) and
     judge it as ``torch.compile`` judges an artifact.
@@ -177,6 +190,7 @@ def verify_onnx(
     against it (``tolerance``: the bound relative to the output scale, default
     :data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL`); every other precision by
     :func:`~embedl_dynamo.tuning.judge.check_precision_outputs` against ``float_model``.
+    ``target`` (the export's target name) decides the advice when ONNX Runtime cannot run it.
     """
     lowered = precision.lower
     rtol = FLOAT_RTOL if tolerance is None else tolerance
@@ -185,7 +199,7 @@ def verify_onnx(
     failure = None
     expected, actual = [], []
     for inputs in batches:
-        got = _run(path, inputs)
+        got = _run(path, inputs, target)
         want = _outputs(reference, inputs)
         diff, scale = max_diff([g.numpy() for g in got], want)
         worst, absmax = max(worst, diff), max(absmax, scale)
