@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import errno
 import filecmp
-import json
 import logging
 import os
 import re
@@ -40,7 +39,7 @@ from typing import Any
 import onnx
 
 from embedl_dynamo.cache.files import atomic_write_text, file_mode
-from embedl_dynamo.deploy.sidecar import sidecar_path
+from embedl_dynamo.deploy.sidecar import read_sidecar, sidecar_path
 from embedl_dynamo.errors import ExportArgumentError, RuntimeUnavailableError
 from embedl_dynamo.onnx.external_data import external_locations
 
@@ -51,7 +50,6 @@ __all__ = [
     "batch_axis_everywhere",
     "graph_tensors",
     "latest_version",
-    "read_sidecar",
     "triton_data_type",
     "write_triton_repository",
 ]
@@ -127,17 +125,6 @@ def _model_config_pb2() -> Any:
             "pip install 'embedl-dynamo[serve]' (or 'tritonclient[grpc]')"
         ) from exc
     return model_config_pb2
-
-
-def read_sidecar(path: Path) -> dict[str, Any]:
-    """The export sidecar beside ``path`` as a dict; empty when missing or unreadable."""
-    side = sidecar_path(path)
-    try:
-        data = json.loads(side.read_text()) if side.is_file() else {}
-    except (OSError, ValueError) as exc:
-        logger.warning("ignoring unreadable sidecar %s: %s", side, exc)
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _triton_backend(sidecar: dict[str, Any], backend: str | None) -> str:
@@ -366,7 +353,13 @@ def write_triton_repository(
     if not path.is_file():
         raise ExportArgumentError(f"no model at {str(path)!r}; export one first")
     _check_arguments(name, instances, threads, max_batch_size, queue_delay_us)
-    sidecar = read_sidecar(path)
+    try:
+        sidecar, ignored = read_sidecar(path)
+    except ValueError as exc:  # an edited sidecar: its fields set the config
+        raise ExportArgumentError(str(exc)) from exc
+    if ignored is not None:  # none, or not ours: the config is read from the ONNX file alone
+        log = logger.warning if sidecar_path(path).exists() else logger.debug
+        log("%s: %s; the config is read from the ONNX file alone", path.name, ignored)
     backend = _triton_backend(sidecar, backend)
     engine = _engine_file(path, sidecar) if backend == "tensorrt" else None
     config = _build_config(path, name, backend, engine is not None, sidecar, instances, threads,

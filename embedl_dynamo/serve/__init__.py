@@ -1,15 +1,16 @@
 """Serving an exported artifact: a Ray Serve deployment speaking the KServe v2 protocol.
 
 :func:`deploy` serves an ``.onnx`` file :func:`embedl_dynamo.export` wrote on a Ray cluster (one
-machine or many): replicas that each start from the file without building, requests batched
-across clients, ``POST /v2/models/<name>/infer`` over HTTP and a Python handle;
-:func:`choose_serving` picks the batch size and threads per replica for ``objective="throughput"``
-(within a latency budget) by measuring the file on this machine. Triton model
-repositories are written at export time (:mod:`embedl_dynamo.deploy.triton`). Ray is imported
-only when a deployment is built (``pip install 'embedl-dynamo[serve]'``).
+machine or many, or a local instance of its own): replicas that each start from the file
+without building, requests batched across clients, ``POST /v2/models/<name>/infer`` over HTTP
+and a Python handle that returns the model's output structure; :func:`undeploy` stops only what
+``deploy`` started; :func:`choose_serving` picks the batch size and threads per replica for
+``objective="throughput"`` (within a latency budget) by measuring the file on this machine.
+Triton model repositories are written at export time (:mod:`embedl_dynamo.deploy.triton`). Ray
+is imported only when a deployment is built (``pip install 'embedl-dynamo[serve]'``).
 """
 
-from embedl_dynamo.serve.artifact import ServedArtifact
+from embedl_dynamo.serve.artifact import ServedArtifact, check_artifact
 from embedl_dynamo.serve.kserve import (
     KServeError,
     decode_outputs,
@@ -17,16 +18,22 @@ from embedl_dynamo.serve.kserve import (
     post_infer,
 )
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving
-from embedl_dynamo.serve.ray_serve import build_app, deploy
+from embedl_dynamo.serve.outputs import ServedOutputs
+from embedl_dynamo.serve.ray_serve import build_app, deploy, undeploy
+from embedl_dynamo.serve.replica import Replica
 
 __all__ = [
     "KServeError",
+    "Replica",
     "ServedArtifact",
+    "ServedOutputs",
     "ServingChoice",
     "build_app",
+    "check_artifact",
     "choose_serving",
     "decode_outputs",
     "deploy",
     "infer_request",
     "post_infer",
+    "undeploy",
 ]

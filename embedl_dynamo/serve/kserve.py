@@ -7,7 +7,15 @@ checks a request against the model's inputs and returns numpy arrays in the mode
 :func:`encode_response` writes the outputs back, :func:`model_metadata` answers
 ``GET /v2/models/<name>``. :func:`infer_request` and :func:`post_infer` are the client side
 (the request body, and an HTTP POST that retries an idempotent request on a connection error or
-a 502/503/500 from a replica that died mid-request).
+a 502/503/500 from a replica that died mid-request, never a 4xx, nor a 500 the server marked
+``"retry": false``: the model's own failure, which another try would repeat).
+
+NaN and the infinities travel as Python's ``json`` writes them (``NaN``, ``Infinity``,
+``-Infinity``; Python's and tritonclient's parsers read them): a float input may hold them, and
+an output holding them is answered (:func:`response_bytes`), not turned into an HTTP 500.
+What a datatype cannot hold is refused with HTTP 400 naming the element: ``null``, a string, a
+finite number beyond the float type's range (``1e39`` as FP32), a fraction or an out-of-range
+number for an integer type, a number for BOOL.
 
 Nothing here imports Ray: the Ray Serve deployment (:mod:`embedl_dynamo.serve.ray_serve`) and
 any client use the same functions.
@@ -39,6 +47,7 @@ __all__ = [
     "infer_request",
     "model_metadata",
     "post_infer",
+    "response_bytes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -81,18 +90,89 @@ def _tensor(entry: Any, index: int) -> tuple[str, np.ndarray]:
             f"input {name!r}: datatype {datatype!r} is not supported; use one of "
             f"{', '.join(DATATYPES)}"
         )
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise KServeError(f"input {name!r}: shape must be a list of sizes, got {shape!r}")
-    try:
-        array = np.asarray(entry["data"], dtype=DATATYPES[datatype])
-    except (TypeError, ValueError) as exc:
-        raise KServeError(f"input {name!r}: data is not {datatype} ({exc})") from exc
+    array = _values(name, entry["data"], datatype)
     if array.size != math.prod(shape):
         raise KServeError(
             f"input {name!r}: shape {shape} holds {math.prod(shape)} elements, data has "
             f"{array.size}"
         )
     return name, array.reshape(shape)
+
+
+def _element(flat: np.ndarray, mask: np.ndarray) -> str:
+    index = int(np.flatnonzero(mask)[0])
+    return f"element {index} ({flat[index].item()!r})"
+
+
+def _odd_element(values: list[Any], datatype: str, *, integers: bool) -> str | None:
+    """The first element of ``values`` (Python objects) that ``datatype`` cannot hold, named;
+    None when every one is a number it holds (integers: an int within its range)."""
+    info = np.iinfo(DATATYPES[datatype]) if integers else None
+    largest = float(np.finfo(DATATYPES[datatype]).max) if not integers else 0.0
+    for index, value in enumerate(values):
+        if value is None:
+            return f"element {index} is null"
+        if isinstance(value, bool):
+            return f"element {index} is {str(value).lower()}, not a number"
+        if not isinstance(value, (int, float)):
+            return f"element {index} is a {type(value).__name__}, not a number"
+        if info is not None and not isinstance(value, int):
+            return f"element {index} ({value!r}) is not an integer"
+        if info is not None and not info.min <= value <= info.max:
+            return f"element {index} ({value}) is outside {datatype}'s range"
+        if (
+            info is None
+            and abs(value) > largest
+            and (isinstance(value, int) or math.isfinite(value))
+        ):
+            return f"element {index} ({value!r}) is outside {datatype}'s range (±{largest:.4g})"
+    return None
+
+
+def _problem(raw: np.ndarray, data: Any, datatype: str) -> str | None:
+    """Why ``raw`` (numpy's reading of the JSON ``data``) is not ``datatype``'s values."""
+    kind, given, flat = DATATYPES[datatype].kind, raw.dtype.kind, raw.reshape(-1)
+    everything = np.ones(flat.shape, bool)
+    if kind == "b":
+        return (
+            None
+            if given == "b" or not flat.size
+            else f"{_element(flat, everything)} is not true or false"
+        )
+    if given == "b" and flat.size:
+        return f"{_element(flat, everything)} is true or false, not a number"
+    if kind in "iu" and given in "iu":
+        info = np.iinfo(DATATYPES[datatype])
+        outside = (flat < info.min) | (flat > info.max)
+        return f"{_element(flat, outside)} is outside {datatype}'s range" if outside.any() else None
+    if kind in "iu" or given not in "iuf":  # exactly, on Python's numbers (floats lose digits)
+        values = np.asarray(data, dtype=object).reshape(-1).tolist()
+        problem = _odd_element(values, datatype, integers=kind in "iu")
+        return problem if problem or kind in "iu" else "its elements are not numbers of one kind"
+    largest = float(np.finfo(DATATYPES[datatype]).max)
+    values = flat.astype(np.float64)
+    outside = np.isfinite(values) & (np.abs(values) > largest)
+    if outside.any():
+        return f"{_element(flat, outside)} is outside {datatype}'s range (±{largest:.4g})"
+    return None
+
+
+def _values(name: str, data: Any, datatype: str) -> np.ndarray:
+    """``data`` as an array of ``datatype``; what the type cannot hold is refused, not
+    converted (numpy would read null as NaN, "1" as 1, 1.5 as 1 and 1e39 as FP32's inf)."""
+    try:
+        raw = np.asarray(data)
+    except (TypeError, ValueError, RecursionError) as exc:  # ragged nesting
+        raise KServeError(f"input {name!r}: data is not nested lists of one shape ({exc})") from exc
+    problem = _problem(raw, data, datatype)
+    if problem is not None:
+        raise KServeError(f"input {name!r}: {problem}; send {datatype} values")
+    dtype = DATATYPES[datatype]
+    if raw.dtype.kind not in "biuf" or (dtype.kind in "iu" and raw.dtype.kind == "f"):
+        raw = np.asarray(data, dtype=object)  # Python's ints, exact (numpy made them floats)
+    return raw.astype(dtype)
 
 
 def decode_inputs(body: Any, inputs: Sequence[TensorSpec]) -> list[np.ndarray]:
@@ -167,6 +247,12 @@ def model_metadata(
     }
 
 
+def response_bytes(content: Any) -> bytes:
+    """A response body as Python's ``json`` writes it: NaN and the infinities as ``NaN``,
+    ``Infinity`` and ``-Infinity`` (where a strict encoder, as FastAPI's, fails with a 500)."""
+    return json.dumps(content, separators=(",", ":")).encode()
+
+
 def infer_request(
     arrays: Sequence[np.ndarray], names: Sequence[str], request_id: str | None = None
 ) -> dict[str, Any]:
@@ -199,7 +285,8 @@ def post_infer(
     """POST a KServe v2 inference request; retry it on a connection error or a 5xx status.
 
     Inference is idempotent (the same inputs give the same outputs), so a request that a dying
-    replica dropped is sent again; a 4xx is the request's own fault and is raised at once.
+    replica dropped is sent again; a 4xx is the request's own fault and is raised at once, and
+    so is a 500 whose body says ``"retry": false`` (the model failed on it: it would again).
 
     Args:
         url: ``http://host:port/v2/models/<name>/infer``.
@@ -224,8 +311,8 @@ def post_infer(
             with urllib.request.urlopen(request, timeout=timeout) as reply:
                 return json.loads(reply.read()), attempt
         except urllib.error.HTTPError as exc:
-            if exc.code not in RETRY_STATUS or attempt == retries:
-                message = exc.read().decode(errors="replace")
+            message = exc.read().decode(errors="replace")
+            if exc.code not in RETRY_STATUS or attempt == retries or _final(message):
                 raise KServeError(f"HTTP {exc.code} from {url}: {message}") from exc
             logger.debug("retrying %s after HTTP %s", url, exc.code)
         except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
@@ -234,3 +321,12 @@ def post_infer(
             logger.debug("retrying %s after %s", url, exc)
         time.sleep(backoff * 2**attempt)
     raise AssertionError("unreachable")
+
+
+def _final(message: str) -> bool:
+    """Whether an error body says the server would answer the same again (``"retry": false``)."""
+    try:
+        body = json.loads(message)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("retry") is False

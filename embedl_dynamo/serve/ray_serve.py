@@ -2,42 +2,60 @@
 
 Each replica loads the file with :func:`embedl_dynamo.load` (nothing is built), with its
 runtime's threads set to the CPUs Ray gives it (``ray_actor_options={"num_cpus": n}``), so two
-replicas on a two-core node run one thread each. Requests are batched across clients with
-``@serve.batch`` up to the rows the artifact takes at once (its dynamic batch axis; a file
-without one runs each request alone), waiting at most ``batch_wait_timeout_s``.
+replicas on a two-core node run one thread each, and answers one request of zeros before it
+counts as started (:class:`~embedl_dynamo.serve.replica.Replica`): a file no request could be
+answered from fails the deployment instead of reporting ready. Requests are batched across
+clients with ``@serve.batch`` up to the rows the artifact takes at once (its dynamic batch
+axis; a file without one runs each request alone), waiting at most ``batch_wait_timeout_s``;
+a request the model refuses fails alone.
 
 Routes (Ray Serve's FastAPI ingress), the KServe v2 protocol Triton and OpenVINO Model Server
 speak, so one client works against any of them:
 
-* ``POST /v2/models/<name>/infer``: JSON inference (:mod:`embedl_dynamo.serve.kserve`);
-* ``GET /v2/models/<name>``: the model's inputs and outputs; ``GET /v2/models/<name>/ready``;
+* ``POST /v2/models/<name>/infer``: JSON inference (:mod:`embedl_dynamo.serve.kserve`): 400
+  naming the problem for a request the model cannot take, 500 marked ``"retry": false`` for
+  the model's own failure;
+* ``GET /v2/models/<name>``: the model's inputs and outputs (named by the output structure,
+  :mod:`embedl_dynamo.serve.outputs`); ``GET /v2/models/<name>/ready``;
 * ``GET /v2/health/ready`` and ``GET /v2/health/live``.
 
 In-cluster callers use the deployment handle :func:`deploy` returns:
-``handle.infer.remote([array, ...]).result()`` gives the output arrays.
+``handle.infer.remote([array, ...]).result()`` gives what ``load()``'s module returns, numpy
+arrays in place of tensors. :func:`deploy` starts a local Ray instance of its own unless given
+a cluster's address, and :func:`undeploy` stops only what it started.
 
 Ray is imported only inside these functions (the ``serve`` extra). Annotations are evaluated
 (no ``from __future__ import annotations``): FastAPI reads the routes' ``Request`` annotation,
 which exists only inside :func:`_deployment_class`.
 """
 
-import asyncio
 import functools
+import json
 import logging
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from embedl_dynamo.serve.artifact import ServedArtifact
-from embedl_dynamo.serve.kserve import KServeError, decode_inputs, encode_response, model_metadata
+from embedl_dynamo.errors import error_line
+from embedl_dynamo.serve.artifact import Outcome, check_artifact
+from embedl_dynamo.serve.kserve import KServeError, response_bytes
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving
+from embedl_dynamo.serve.replica import Replica
 
-__all__ = ["DEFAULT_BATCH_WAIT_S", "build_app", "deploy", "model_name", "replica_plan"]
+__all__ = [
+    "DEFAULT_BATCH_WAIT_S",
+    "build_app",
+    "deploy",
+    "model_name",
+    "replica_plan",
+    "undeploy",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -64,20 +82,31 @@ def _ray() -> tuple[Any, Any]:
     return ray, serve
 
 
-class _Replica:
-    """What one replica does, apart from Ray: load the artifact, run requests and batches."""
+def _replica_grpc_on_loopback() -> None:
+    """In a replica on a loopback-only node (the local instance :func:`deploy` starts), bind
+    Serve's inter-deployment gRPC server to loopback too: Ray Serve (2.60) starts it on
+    ``[::]:0``, every interface, whatever the node's address, with no option to change it. Its
+    module's binding function is wrapped, once per replica process, before the replica starts
+    the server; where that function is gone (another Ray), nothing changes."""
+    import ray
 
-    def __init__(self, path: str, name: str, threads: int | None, max_batch: int | None) -> None:
-        self.name = name
-        self.model = ServedArtifact(path, threads=threads, max_batch_size=max_batch)
+    if not _loopback(ray.util.get_node_ip_address()):
+        return
+    try:
+        from ray.serve._private import replica as serve_replica
+    except ImportError:
+        return
+    bind = getattr(serve_replica, "add_port_to_grpc_server", None)
+    if bind is None or getattr(bind, "on_loopback", False):
+        return
 
-    def metadata(self) -> dict[str, Any]:
-        platform = f"embedl_dynamo_{self.model.runtime}"
-        return model_metadata(self.name, platform, self.model.inputs, self.model.outputs)
+    def on_loopback(server: Any, address: str) -> int:
+        if address.startswith("[::]:"):
+            address = "127.0.0.1:" + address.removeprefix("[::]:")
+        return bind(server, address)
 
-    async def run_all(self, items: list[tuple[int, list[np.ndarray]]]) -> list[list[np.ndarray]]:
-        """A batch of (rows, arrays) requests, run off the event loop."""
-        return await asyncio.to_thread(self.model.run_batch, [arrays for _, arrays in items])
+    on_loopback.on_loopback = True  # type: ignore[attr-defined]
+    serve_replica.add_port_to_grpc_server = on_loopback
 
 
 def _rows(items: list[tuple[int, list[np.ndarray]]]) -> int:
@@ -89,18 +118,22 @@ def _deployment_class() -> Any:
     """The ``@serve.deployment`` class (defined on first use: it needs Ray and FastAPI)."""
     _, serve = _ray()
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import Response
 
     app = FastAPI(title="embedl_dynamo KServe v2")
 
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status)
+    def reply(content: Any, status: int = 200) -> Response:
+        return Response(response_bytes(content), status, media_type="application/json")
+
+    def error(status: int, message: str, **extra: Any) -> Response:
+        return reply({"error": message, **extra}, status)
 
     @serve.deployment
     @serve.ingress(app)
-    class EmbedlModel(_Replica):
+    class EmbedlModel(Replica):
         def __init__(self, path: str, name: str, threads: int | None, max_batch: int | None,
                      batch_wait_s: float) -> None:  # fmt: skip
+            _replica_grpc_on_loopback()
             super().__init__(path, name, threads, max_batch)
             self.infer_batch.set_max_batch_size(self.model.max_rows)
             self.infer_batch.set_batch_wait_timeout_s(batch_wait_s)
@@ -110,16 +143,11 @@ def _deployment_class() -> Any:
         async def infer_batch(self, items: list[tuple[int, list[np.ndarray]]]):
             return await self.run_all(items)
 
-        async def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-            """The outputs for one request's input arrays (the handle's entry point)."""
-            rows = self.model.rows(arrays)
-            if rows > self.model.max_rows:  # more than one batch: run it alone
-                return (await self.run_all([(rows, arrays)]))[0]
+        async def run_one(self, rows: int, arrays: list[np.ndarray]) -> Outcome:
             return await self.infer_batch((rows, arrays))
 
         def describe(self) -> dict[str, Any]:
-            """This replica: its runtime, threads, batch limit, the most requests it has run as
-            one batch so far, its Ray node and replica id."""
+            """This replica: runtime, threads, batch limit, largest batch, Ray node, id."""
             import ray
 
             return {
@@ -134,27 +162,36 @@ def _deployment_class() -> Any:
 
         @app.get("/v2/health/live")
         @app.get("/v2/health/ready")
-        async def health(self) -> dict[str, bool]:
-            return {"live": True, "ready": True}
+        async def health(self):  # a replica exists once it answered check_answers' request
+            return reply({"live": True, "ready": True})
 
         @app.get("/v2/models/{model}")
         async def model_metadata(self, model: str):
-            return self.metadata() if model == self.name else error(404, f"no model {model!r}")
+            return (
+                reply(self.metadata()) if model == self.name else error(404, f"no model {model!r}")
+            )
 
         @app.get("/v2/models/{model}/ready")
         async def model_ready(self, model: str):
-            return {"name": model, "ready": True} if model == self.name else error(404, model)
+            return (
+                reply({"name": model, "ready": True}) if model == self.name else error(404, model)
+            )
 
         @app.post("/v2/models/{model}/infer")
         async def infer_http(self, model: str, request: Request):
             if model != self.name:
                 return error(404, f"no model {model!r}; this deployment serves {self.name!r}")
             try:
-                body = await request.json()
-                outputs = await self.infer(decode_inputs(body, self.model.inputs))
-                return encode_response(self.name, self.model.outputs, outputs, body)
-            except (KServeError, ValueError) as exc:  # a bad request, or one the model refuses
+                body = json.loads(await request.body())
+            except (ValueError, RecursionError) as exc:
+                return error(400, f"the request body is not JSON ({error_line(exc)})")
+            try:
+                return reply(await self.infer_json(body))
+            except (KServeError, ValueError, TypeError) as exc:  # a bad request, or refused
                 return error(400, str(exc))
+            except Exception as exc:  # the model's own failure: another try fails the same
+                logger.exception("%s: request failed", self.name)
+                return error(500, f"the model failed: {error_line(exc)}", retry=False)
 
     return EmbedlModel
 
@@ -210,11 +247,16 @@ def build_app(
 
     Returns:
         A bound ``ray.serve.Application``.
+
+    Raises:
+        ValueError: a bad option, or a file ``load()`` would refuse (changed since export, a
+            sidecar field out of bounds, not ONNX), checked here before any replica starts.
     """
     path = Path(path).resolve()
     name = model_name(path, name)
     if not path.is_file():
         raise FileNotFoundError(f"no artifact at {str(path)!r}; export one first")
+    check_artifact(path)  # a changed or garbage file is refused here, not by every replica
     for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label}={value!r}: give an integer >= 1")
@@ -243,6 +285,38 @@ def build_app(
     return deployment.bind(str(path), name, threads, max_batch_size, batch_wait_timeout_s)
 
 
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+class _Started:
+    """What :func:`deploy` started in this process: a local Ray instance (with Serve), and the
+    applications it deployed there (:func:`undeploy` shuts the instance down with the last)."""
+
+    ray = False
+    apps: set[str] = set()
+
+
+def _start_ray(ray: Any, address: str | None, host: str) -> None:
+    """Connect to ``address``, or start a fresh local Ray instance (never one found running:
+    ``address="local"`` ignores ``RAY_ADDRESS`` and ``ray start``'s cluster), its own ports on
+    loopback where the HTTP proxy is (Ray's single-machine mode, asked for before Ray is
+    imported)."""
+    if ray.is_initialized():  # the caller's own ray.init(): theirs to shut down
+        return
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
+    ray.init(address=address or "local", include_dashboard=False, **quiet)
+    if address is None:
+        _Started.ray = True
+        node = ray.util.get_node_ip_address()
+        if _loopback(host) and not _loopback(node):
+            logger.warning(
+                "Ray's own ports listen on %s, not only on loopback: Ray was imported before "
+                "deploy(); set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing it",
+                node,
+            )
+
+
 def deploy(
     path: str | os.PathLike[str],
     *,
@@ -255,30 +329,66 @@ def deploy(
 ) -> Any:
     """Serve ``path`` on Ray Serve over HTTP and return the deployment's handle.
 
-    Connects to the Ray cluster at ``address`` (None: the running one, else a new local one),
-    starts Serve's HTTP proxy on ``host:port`` (the head node only, by default: on one machine
-    a proxy per node would contend for the port) and deploys :func:`build_app`.
+    Checks the file first (:func:`build_app`), then connects to the Ray cluster at
+    ``address``, or, without one, starts a fresh local Ray instance of its own (a cluster
+    already running on the machine, or named by ``RAY_ADDRESS``, is not joined), whose ports
+    listen on loopback alone while ``host`` is loopback; a process that called ``ray.init``
+    itself keeps its instance. Then starts Serve's HTTP proxy on ``host:port`` (the head node
+    only, by default: on one machine a proxy per node would contend for the port) and deploys
+    :func:`build_app`. :func:`undeploy` stops what this started, and only that.
 
     Args:
         path: the exported ``.onnx`` file.
         host, port: where the HTTP proxy listens (Serve's first start fixes them).
-        address: a Ray cluster address (``ray://...`` or ``host:port``), None for local.
+        address: a Ray cluster address (``ray://...`` or ``host:port``) to join; None starts
+            a local instance.
         proxy_location: Serve's ``proxy_location`` (``HeadOnly``, ``EveryNode``).
         name: the model's name (and the Serve application's).
         options: :func:`build_app`'s options (``replicas``, ``cpus_per_replica``, ...).
 
     Returns:
-        A ``DeploymentHandle``: ``handle.infer.remote([array, ...]).result()``.
+        A ``DeploymentHandle``: ``handle.infer.remote([array, ...]).result()`` gives what
+        ``load()``'s module returns (its structure; numpy arrays in place of tensors).
+
+    Raises:
+        ValueError: a bad option, or a file ``load()`` would refuse (before Ray starts).
+        RuntimeError: the replicas did not start (one cannot answer: the reason is Serve's
+            message); a local instance this started is shut down again.
     """
-    ray, serve = _ray()
+    if address is None and _loopback(host) and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray: loopback only
     name = model_name(path, name)
     app = build_app(path, name=name, **options)
-    if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, logging_level=logging.WARNING,
-                 log_to_driver=False)  # fmt: skip
+    ray, serve = _ray()
+    _start_ray(ray, address, host)
     quiet = {"log_level": "WARNING", "enable_access_log": False}
-    serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location,
-                logging_config=quiet)  # fmt: skip
-    handle = serve.run(app, name=name, route_prefix="/", logging_config=quiet)
+    try:
+        serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location,
+                    logging_config=quiet)  # fmt: skip
+        handle = serve.run(app, name=name, route_prefix="/", logging_config=quiet)
+    except BaseException:
+        if _Started.ray and not _Started.apps:  # nothing else of ours runs there
+            undeploy(name)
+        raise
+    if _Started.ray:
+        _Started.apps.add(name)
     logger.info("serving %s at http://%s:%s/v2/models/%s", path, host, port, name)
     return handle
+
+
+def undeploy(name: str) -> None:
+    """Stop what :func:`deploy` started for the application ``name``, and nothing else: the
+    application; and, where ``deploy`` started the local Ray instance and no other application
+    it deployed runs there, Serve and that instance. In a cluster it joined, other
+    applications, Serve and Ray keep running."""
+    ray, serve = _ray()
+    if not ray.is_initialized():
+        return
+    _Started.apps.discard(name)
+    if _Started.ray and not _Started.apps:
+        serve.shutdown()
+        ray.shutdown()
+        _Started.ray = False
+        return
+    if name in serve.status().applications:
+        serve.delete(name)

@@ -22,6 +22,7 @@ from embedl_dynamo.serve.kserve import (
     encode_response,
     infer_request,
     post_infer,
+    response_bytes,
 )
 
 SPECS = [TensorSpec("ids", "INT64", (-1, 5)), TensorSpec("x", "FP32", (-1, 8))]
@@ -56,6 +57,48 @@ def test_bad_requests_name_the_problem(change, match):
     change(body)
     with pytest.raises(KServeError, match=match):
         decode_inputs(body, SPECS)
+
+
+def _one_input(datatype: str, text: str) -> dict:
+    """A request whose one input ``v`` has the JSON ``data`` text (as a client sent it)."""
+    body = '{"inputs": [{"name": "v", "shape": [2], "datatype": "%s", "data": %s}]}'
+    return json.loads(body % (datatype, text))
+
+
+@pytest.mark.parametrize(
+    "datatype, data, match",
+    [
+        ("FP32", "[1.0, null]", "element 1 is null"),
+        ("FP32", "[1, null]", "element 1 is null"),
+        ("FP64", "[1, 1%s]" % ("0" * 400), "element 1 .* is outside FP64's range"),
+        ("FP32", '[1.0, "2"]', "element 1 is a str, not a number"),
+        ("FP32", "[1e39, 1]", r"element 0 \(1e\+39\) is outside FP32's range"),
+        ("FP16", "[70000, 1]", "outside FP16's range"),
+        ("INT64", "[1.5, 2]", r"element 0 \(1.5\) is not an integer"),
+        ("INT64", "[NaN, 2]", "is not an integer"),
+        ("INT64", "[9223372036854775808, 1.0]", "outside INT64's range"),
+        ("INT64", "[1267650600228229401496703205376, 1]", "outside INT64's range"),
+        ("UINT8", "[-1, 2]", "outside UINT8's range"),
+        ("BOOL", "[1, 0]", "is not true or false"),
+        ("FP32", "[true, false]", "is true or false, not a number"),
+        ("FP32", "[[1], [2, 3]]", "not nested lists of one shape"),
+    ],
+)
+def test_what_a_datatype_cannot_hold_is_refused_not_converted(datatype, data, match):
+    """numpy would read null as NaN, "2" as 2, 1.5 as 1 and 1e39 as FP32's inf: a silent
+    answer to another request (and an HTTP 500 where the output became NaN)."""
+    with pytest.raises(KServeError, match=match):
+        decode_inputs(_one_input(datatype, data), [TensorSpec("v", datatype, (2,))])
+
+
+def test_nan_and_infinity_are_taken_and_answered_as_pythons_json_writes_them():
+    (got,) = decode_inputs(_one_input("FP32", "[NaN, -Infinity]"), [TensorSpec("v", "FP32", (2,))])
+    assert np.isnan(got[0]) and got[1] == -np.inf and got.dtype == np.float32
+    response = encode_response("m", [TensorSpec("y", "FP32", (2,))], [got])
+    text = response_bytes(response)
+    assert b"[NaN,-Infinity]" in text  # FastAPI's strict encoder fails here: HTTP 500
+    back = decode_outputs(json.loads(text))["y"]
+    assert np.isnan(back[0]) and back[1] == -np.inf
 
 
 def test_only_the_requested_outputs_are_returned():
@@ -124,6 +167,8 @@ class _Flaky(BaseHTTPRequestHandler):
         status, reply = (503, {}) if type(self).calls == 1 else (200, {"id": body["id"]})
         if body["id"] == "bad":
             status, reply = 400, {"error": "input 'x' is FP32, got FP64"}
+        if body["id"] == "model":  # the model's own failure: it would fail again
+            status, reply = 500, {"error": "the model failed", "retry": False}
         data = json.dumps(reply).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
@@ -144,6 +189,9 @@ def test_the_client_retries_a_dropped_request_and_not_a_refused_one():
         with pytest.raises(KServeError, match="HTTP 400.*got FP64"):
             post_infer(url, {"id": "bad"}, backoff=0.01)
         assert _Flaky.calls == 3  # the refused request was sent once
+        with pytest.raises(KServeError, match="HTTP 500.*the model failed"):
+            post_infer(url, {"id": "model"}, backoff=0.01)
+        assert _Flaky.calls == 4  # a 500 marked "retry": false was sent once too
     finally:
         server.shutdown()
         server.server_close()

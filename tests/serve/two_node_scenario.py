@@ -154,7 +154,7 @@ def main(path: str) -> dict:
         url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
         summary.update(_load_test(url, _requests(16), reference, kill))
         x = np.ones((2, 16), np.float32)
-        got = handle.infer.remote([x]).result(timeout_s=30)[0]
+        got = handle.infer.remote([x]).result(timeout_s=30)  # load()'s structure: one array
         summary["handle_max_abs_diff"] = float(np.abs(got - reference(x)).max())
         summary["survivor"] = _describe(handle, 1)
         deadline = time.monotonic() + 30  # Serve replaces the killed replica

@@ -1,0 +1,117 @@
+"""Which Ray instance :func:`~embedl_dynamo.serve.deploy` uses and what
+:func:`~embedl_dynamo.serve.undeploy` stops, on a stand-in for Ray (no cluster starts): a fresh
+local instance of its own (``address="local"``: never one already running, nor ``RAY_ADDRESS``),
+on loopback, shut down with its last application; in a cluster it joined, only its application.
+``tests/serve/test_serve_command.py`` starts the real one."""
+
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from embedl_dynamo.serve import ray_serve
+
+LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+class _FakeRay:
+    def __init__(self, initialized: bool = False) -> None:
+        self.up, self.calls = initialized, []
+        self.util = SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1")
+
+    def is_initialized(self) -> bool:
+        return self.up
+
+    def init(self, **kwargs) -> None:
+        self.calls.append(("init", kwargs))
+        self.up = True
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", {}))
+        self.up = False
+
+
+class _FakeServe:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls, self.apps, self.fail = [], set(), fail
+
+    def start(self, **kwargs) -> None:
+        self.calls.append(("start", kwargs))
+
+    def run(self, app, name, **kwargs) -> str:
+        if self.fail:
+            raise RuntimeError("Deploying application m failed: a request of zeros fails")
+        self.apps.add(name)
+        return f"handle:{name}"
+
+    def status(self):
+        return SimpleNamespace(applications={name: None for name in self.apps})
+
+    def delete(self, name) -> None:
+        self.calls.append(("delete", name))
+        self.apps.discard(name)
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown", None))
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """Ray and Serve stand-ins, no application built, this module's record of what it started
+    fresh, and Ray not yet imported as far as deploy() can tell."""
+    ray, serve = _FakeRay(), _FakeServe()
+    monkeypatch.setattr(ray_serve, "_ray", lambda: (ray, serve))
+    monkeypatch.setattr(ray_serve, "build_app", lambda path, name, **options: f"app:{name}")
+    monkeypatch.setattr(ray_serve, "_Started", type("_Started", (), {"ray": False, "apps": set()}))
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
+    monkeypatch.setenv(LOOPBACK_ENV, "")  # recorded as unset, so what deploy() sets is undone
+    monkeypatch.delenv(LOOPBACK_ENV)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")  # a cluster already running elsewhere
+    path = tmp_path / "m.onnx"
+    path.write_bytes(b"")
+    return ray, serve, path
+
+
+def test_deploy_starts_its_own_local_instance_on_loopback_and_stops_it(fake):
+    ray, serve, path = fake
+    assert ray_serve.deploy(path) == "handle:m"
+    init = [kwargs for call, kwargs in ray.calls if call == "init"]
+    assert init[0]["address"] == "local"  # not None/"auto": those follow RAY_ADDRESS
+    assert ray_serve.os.environ[LOOPBACK_ENV] == "0"  # Ray's own ports on loopback
+    start = next(kwargs for call, kwargs in serve.calls if call == "start")
+    assert start["http_options"] == {"host": "127.0.0.1", "port": 8000}
+    ray_serve.undeploy("m")
+    assert ("shutdown", None) in serve.calls and ray.calls[-1] == ("shutdown", {})
+
+
+def test_host_beyond_loopback_leaves_ray_its_own_addresses(fake):
+    ray, _, path = fake
+    ray_serve.deploy(path, host="0.0.0.0")
+    assert LOOPBACK_ENV not in ray_serve.os.environ
+    assert ray.calls[0][1]["address"] == "local"
+
+
+@pytest.mark.parametrize("joined", ["address", "initialized"])
+def test_in_a_cluster_it_joined_it_stops_only_its_application(fake, joined):
+    ray, serve, path = fake
+    serve.apps.add("theirs")
+    if joined == "initialized":
+        ray.up = True  # the caller's own ray.init()
+        ray_serve.deploy(path)
+        assert not [call for call, _ in ray.calls if call == "init"]
+    else:
+        ray_serve.deploy(path, address="10.0.0.9:6379")
+        assert ray.calls[0][1]["address"] == "10.0.0.9:6379"
+    ray_serve.undeploy("m")
+    assert serve.calls[-1] == ("delete", "m") and serve.apps == {"theirs"}
+    assert ("shutdown", None) not in serve.calls and ("shutdown", {}) not in ray.calls
+
+
+def test_a_failed_deployment_shuts_down_the_instance_it_started(fake):
+    ray, serve, path = fake
+    serve.fail = True
+    with pytest.raises(RuntimeError, match="a request of zeros fails"):
+        ray_serve.deploy(path)
+    assert ray.calls[-1] == ("shutdown", {}) and not ray.up

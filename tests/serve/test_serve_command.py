@@ -1,0 +1,256 @@
+"""``embedl-dynamo serve``: a changed or garbage file is refused with exit 2 before Ray starts;
+a real run (slow) starts its own local Ray instance on loopback although ``RAY_ADDRESS`` names
+another cluster, serves a model returning a dict with ``None`` over KServe v2 JSON, answers a
+bad request with 400, and shuts down everything it started on Ctrl-C."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo.serve
+from embedl_dynamo import export, load
+from embedl_dynamo.cli.main import main
+from embedl_dynamo.deploy.sidecar import sidecar_path
+from embedl_dynamo.serve.kserve import KServeError, decode_outputs, infer_request, post_infer
+
+ROOT = Path(__file__).resolve().parents[2]
+TIME_LIMIT_S = 150
+
+
+class _Structured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor):
+        y = self.proj(x)
+        return {"logits": y, "past_key_values": ((y.relu(), y * 2),), "aux": None}
+
+
+@pytest.fixture(scope="module")
+def structured(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    root = tmp_path_factory.mktemp("serve_command")
+    options = {"cache_dir": root / "cache"}
+    path = root / "s.onnx"
+    return export(_Structured().eval(), torch.randn(2, 4), path, progress=False, options=options)
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "garbage", "threads"])
+def test_serve_refuses_a_changed_or_garbage_file_before_starting_ray(
+    structured, tmp_path, monkeypatch, capsys, damage
+):
+    path = tmp_path / "s.onnx"
+    path.write_bytes(structured.read_bytes())
+    side = json.loads(sidecar_path(structured).read_text())
+    if damage == "flipped byte":
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0x01
+        path.write_bytes(bytes(raw))
+    elif damage == "garbage":
+        path.write_bytes(b"not an onnx file at all")
+        side = None
+    else:
+        side["runtime"]["num_threads"] = 100000
+    if side is not None:
+        sidecar_path(path).write_text(json.dumps(side))
+
+    def never(*args, **kwargs):
+        raise AssertionError("deploy() ran: Ray would have started")
+
+    monkeypatch.setattr(embedl_dynamo.serve, "deploy", never)
+    assert main(["serve", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("embedl-dynamo serve: error: s.")
+    reasons = {
+        "flipped byte": "does not match the sha256",
+        "garbage": "is not an ONNX model",
+        "threads": "num_threads=100000",
+    }
+    assert reasons[damage] in err
+
+
+def _descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # the ppid: the second field after the command name in parentheses
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        current = todo.pop()
+        found.add(current)
+        todo.extend(c for c in children.get(current, []) if c not in found)
+    return found
+
+
+def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A /proc/net/tcp{,6} address (each 32-bit word in host order, little-endian here)."""
+    raw = bytes.fromhex(hex_address)
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    address = ipaddress.ip_address(raw)
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped or address
+
+
+def _listening(pids: set[int]) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket the processes ``pids`` listen on."""
+    inodes = set()
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:
+            continue
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                host, port = fields[1].split(":")
+                found.append((str(_address(host)), int(port, 16)))
+    return found
+
+
+def _post(url: str, text: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=text.encode(), method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_line(lines: queue.Queue, word: str, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None or word in line:
+            return line or ""
+    return ""
+
+
+@pytest.mark.slow
+def test_serve_runs_its_own_loopback_ray_and_stops_everything_it_started(structured):
+    pytest.importorskip("ray.serve")
+    port = _free_port()
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "127.0.0.1:1",  # a cluster the environment names: not to be joined
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # serve asks for loopback itself
+    argv = ["serve", str(structured), "--port", str(port), "--cpus-per-replica", "1"]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "embedl_dynamo.cli", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    lines: queue.Queue = queue.Queue()
+    errors: list[str] = []  # read as it comes: a full pipe would stop the command
+
+    def read() -> None:
+        for line in child.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    threading.Thread(target=lambda: errors.extend(child.stderr), daemon=True).start()
+    started: set[int] = set()
+    deadline = time.monotonic() + TIME_LIMIT_S
+    try:
+        assert "serving" in _wait_for_line(lines, "serving", deadline), "".join(errors)[-3000:]
+        started = _descendants(child.pid)
+        base = f"http://127.0.0.1:{port}/v2"
+        with urllib.request.urlopen(f"{base}/health/ready", timeout=30) as reply:
+            assert reply.status == 200
+        with urllib.request.urlopen(f"{base}/models/s", timeout=30) as reply:
+            metadata = json.loads(reply.read())
+        names = ["logits", "past_key_values.0.0", "past_key_values.0.1"]
+        assert [o["name"] for o in metadata["outputs"]] == names
+        assert metadata["omitted_outputs"] == [{"name": "aux", "value": None}]
+        x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+        x[1, 0] = np.nan  # served on ONNX Runtime: NaN answered as PyTorch computes it
+        response, retries = post_infer(f"{base}/models/s/infer", infer_request([x], ["input_0"]))
+        with torch.no_grad():
+            want = load(structured)(torch.from_numpy(x))
+        got = decode_outputs(response)
+        np.testing.assert_array_equal(got["logits"], want["logits"].numpy())
+        np.testing.assert_array_equal(got["past_key_values.0.1"], want["past_key_values"][0][1])
+        bad = '{"inputs": [{"name": "input_0", "shape": [1, 4], "datatype": "FP32", "data": %s}]}'
+        assert _post(f"{base}/models/s/infer", bad % "[1, null, 2, 3]") == (
+            400,
+            {"error": "input 'input_0': element 1 is null; send FP32 values"},
+        )
+        status, body = _post(f"{base}/models/s/infer", bad % "[1e39, 1, 2, 3]")
+        assert status == 400 and "outside FP32's range" in body["error"]
+        with pytest.raises(KServeError, match="HTTP 400"):  # sent once: a 4xx is not retried
+            post_infer(f"{base}/models/s/infer", json.loads(bad % "[1, null, 2, 3]"))
+        listening = _listening(_descendants(child.pid))
+        assert ("127.0.0.1", port) in listening
+        outside = [(a, p) for a, p in listening if not ipaddress.ip_address(a).is_loopback]
+        assert not outside, outside
+        child.send_signal(signal.SIGINT)  # Ctrl-C, to the command alone
+        assert "stopped" in _wait_for_line(lines, "stopped", time.monotonic() + 60)
+        assert child.wait(timeout=60) == 0
+        gone = time.monotonic() + 30  # Ray's processes end with the instance
+        while time.monotonic() < gone and _alive(started - {child.pid}):
+            time.sleep(0.5)
+        assert not _alive(started - {child.pid})
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        for pid in _alive(started):
+            os.kill(pid, signal.SIGKILL)
+        child.wait(timeout=30)
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (not zombies)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
