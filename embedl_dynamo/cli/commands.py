@@ -10,15 +10,13 @@ from typing import Any
 from embedl_dynamo.cli.deploy_command import run_deploy
 from embedl_dynamo.cli.inputs import (
     EXIT_EXPORT,
-    EXIT_INTERNAL,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     EXIT_VERIFY,
     backend_named,
-    build_model,
-    check_model_runs,
     load_calibration,
+    model_and_inputs,
     require_writable,
 )
 from embedl_dynamo.errors import (
@@ -28,7 +26,6 @@ from embedl_dynamo.errors import (
     ExportArgumentError,
     ExportError,
     VerificationError,
-    error_line,
 )
 
 __all__ = ["COMMANDS", "format_rows"]
@@ -74,8 +71,7 @@ def run_plan(args: argparse.Namespace) -> int:
 
     backend = backend_named(args.backend)
     require_writable(args.html, "--html")
-    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
-    check_model_runs(model, inputs)
+    model, inputs = model_and_inputs(args)
     try:
         result = run_pipeline(capture(model, inputs), inputs, backend)
     except ValueError as exc:  # the model rejects the inputs: a shape problem, not a capture one
@@ -120,8 +116,7 @@ def run_export(args: argparse.Namespace) -> int:
             f"--calibration is only used with --precision {'/'.join(calibrated)}; add one or drop it"
         )
     require_writable(args.output, "-o", longest=".data")
-    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
-    check_model_runs(model, inputs)
+    model, inputs = model_and_inputs(args)
     calibration = (
         load_calibration(args.calibration, inputs[0].shape[0]) if args.calibration else None
     )
@@ -202,8 +197,7 @@ def run_bench(args: argparse.Namespace) -> int:
     require_writable(args.plot, "--plot")
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, inputs = build_model(args.model, args.input_shape, args.input_dtype)
-    check_model_runs(model, inputs)
+    model, inputs = model_and_inputs(args)
     cache = {"cache_dir": args.cache_dir} if args.cache_dir else {}
     with torch.no_grad():
         reference = model(*inputs)
@@ -246,12 +240,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import importlib.util
     import logging
     import time
     from pathlib import Path
-
-    from embedl_dynamo.serve import check_artifact, choose_serving, deploy, undeploy
 
     if not Path(args.path).is_file():
         raise CliError(
@@ -260,13 +251,12 @@ def run_serve(args: argparse.Namespace) -> int:
     scaled = (args.min_replicas, args.max_replicas)
     if (None in scaled) != (scaled == (None, None)):
         raise CliError("give both --min-replicas and --max-replicas, or neither", EXIT_USAGE)
-    try:  # load()'s own check, before Ray: a changed or garbage file is refused at once
-        check_artifact(args.path)
-    except ValueError as exc:
-        raise CliError(str(exc), EXIT_USAGE) from exc
-    if importlib.util.find_spec("ray") is None:
-        needs = "serving needs Ray Serve; pip install 'embedl-dynamo[serve]'"
-        raise CliError(needs, EXIT_UNAVAILABLE)
+    try:
+        from ray import serve
+
+        from embedl_dynamo.serve import choose_serving, deploy
+    except ImportError as exc:
+        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
     if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     autoscaling = (
@@ -274,7 +264,6 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.min_replicas is not None
         else None
     )
-    name = args.name or Path(args.path).stem
     try:
         if args.objective:  # measured once here (and cached), then used by deploy
             choice = choose_serving(args.path, objective=args.objective,
@@ -287,18 +276,14 @@ def run_serve(args: argparse.Namespace) -> int:
                objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
-    except ImportError as exc:
-        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
-    except RuntimeError as exc:  # Serve's deployment failed: a replica that cannot answer
-        why = error_line(exc, with_type=False)
-        raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc
+    name = args.name or Path(args.path).stem
     print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer "
           "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        undeploy(name)  # only what serve started: in a cluster it joined, the application
+        serve.shutdown()
         print("stopped")
     return EXIT_OK
 

@@ -347,10 +347,10 @@ def _no_work(monkeypatch):
     """Fail the test if the command builds the model: a path check must come first."""
     from embedl_dynamo.cli import commands
 
-    def build_model(*args, **kwargs):
+    def model_and_inputs(*args, **kwargs):
         raise AssertionError("the model was built before the output path was checked")
 
-    monkeypatch.setattr(commands, "build_model", build_model)
+    monkeypatch.setattr(commands, "model_and_inputs", model_and_inputs)
 
 
 @pytest.mark.parametrize("command", ["export", "plan-html"])
