@@ -10,6 +10,7 @@ from typing import Any
 from embedl_dynamo.cli.deploy_command import run_deploy
 from embedl_dynamo.cli.inputs import (
     EXIT_EXPORT,
+    EXIT_INTERNAL,
     EXIT_OK,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
@@ -26,6 +27,7 @@ from embedl_dynamo.errors import (
     ExportArgumentError,
     ExportError,
     VerificationError,
+    error_line,
 )
 
 __all__ = ["COMMANDS", "format_rows"]
@@ -240,9 +242,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import importlib.util
     import logging
     import time
     from pathlib import Path
+
+    from embedl_dynamo.serve import check_artifact, choose_serving, deploy, undeploy
 
     if not Path(args.path).is_file():
         raise CliError(
@@ -251,12 +256,13 @@ def run_serve(args: argparse.Namespace) -> int:
     scaled = (args.min_replicas, args.max_replicas)
     if (None in scaled) != (scaled == (None, None)):
         raise CliError("give both --min-replicas and --max-replicas, or neither", EXIT_USAGE)
-    try:
-        from ray import serve
-
-        from embedl_dynamo.serve import choose_serving, deploy
-    except ImportError as exc:
-        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+    try:  # load()'s own check, before Ray: a changed or garbage file is refused at once
+        check_artifact(args.path)
+    except ValueError as exc:
+        raise CliError(str(exc), EXIT_USAGE) from exc
+    if importlib.util.find_spec("ray") is None:
+        needs = "serving needs Ray Serve; pip install 'embedl-dynamo[serve]'"
+        raise CliError(needs, EXIT_UNAVAILABLE)
     if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     autoscaling = (
@@ -264,6 +270,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.min_replicas is not None
         else None
     )
+    name = args.name or Path(args.path).stem
     try:
         if args.objective:  # measured once here (and cached), then used by deploy
             choice = choose_serving(args.path, objective=args.objective,
@@ -276,14 +283,18 @@ def run_serve(args: argparse.Namespace) -> int:
                objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
-    name = args.name or Path(args.path).stem
+    except ImportError as exc:
+        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+    except RuntimeError as exc:  # Serve's deployment failed: a replica that cannot answer
+        why = error_line(exc, with_type=False)
+        raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc
     print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer "
           "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
-        serve.shutdown()
+        undeploy(name)  # only what serve started: in a cluster it joined, the application
         print("stopped")
     return EXIT_OK
 
