@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from embedl_dynamo.deploy.sidecar_fields import check_threads
 from embedl_dynamo.errors import error_line
 from embedl_dynamo.serve.artifact import Outcome, check_artifact
 from embedl_dynamo.serve.kserve import KServeError, response_bytes
@@ -270,6 +271,7 @@ def build_app(
         )
     if threads is None:
         threads = max(1, math.floor(cpus_per_replica))
+    check_threads(threads, "threads")  # as each replica's load() would, before any starts
     scaling: dict[str, Any] = (
         {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
     )

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -85,6 +86,34 @@ def test_serve_refuses_a_changed_or_garbage_file_before_starting_ray(
         "threads": "num_threads=100000",
     }
     assert reasons[damage] in err
+
+
+def test_serve_refuses_more_threads_than_load_takes_before_starting_ray(structured, capsys):
+    assert main(["serve", str(structured), "--threads", "100000"]) == 2
+    assert "invalid threads=100000; expected None or an integer" in capsys.readouterr().err
+
+
+def test_serve_names_why_its_replicas_did_not_start(structured, monkeypatch, capsys):
+    from embedl_dynamo.serve import ray_serve
+
+    def run(app, name, **kwargs):  # Serve's answer when a replica fails check_answers
+        raise RuntimeError("Deploying application 's' failed: a request of zeros fails")
+
+    calls = []
+    ray = SimpleNamespace(
+        is_initialized=lambda: calls[-1:] == ["init"],
+        init=lambda **kwargs: calls.append("init"),
+        shutdown=lambda: calls.append("shutdown"),
+        util=SimpleNamespace(get_node_ip_address=lambda: "127.0.0.1"),
+    )
+    serve = SimpleNamespace(start=lambda **kwargs: None, run=run, shutdown=lambda: None)
+    monkeypatch.setattr(ray_serve, "_ray", lambda: (ray, serve))
+    monkeypatch.setattr(ray_serve, "build_app", lambda path, name, **options: "app")
+    monkeypatch.setattr(ray_serve, "_Started", type("_Started", (), {"ray": False, "apps": set()}))
+    assert main(["serve", str(structured)]) == 1
+    err = capsys.readouterr().err
+    assert "the replicas did not start: Deploying application 's' failed: a request" in err
+    assert calls == ["init", "shutdown"]  # the instance it started is not left running
 
 
 def _descendants(pid: int) -> set[int]:
