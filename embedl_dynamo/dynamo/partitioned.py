@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
@@ -80,7 +81,8 @@ def build_partitioned(
         child.inputs = list(examples[k][0])
         if calibration is not None:
             child.settings = dataclasses.replace(child.settings, calibration_data=calibration[k])
-        infer = build_graph(child, fragment.graph)
+        with torch._guards.tracing(None):  # see _build_outside_dynamo
+            infer = build_graph(child, fragment.graph)
         calls.append(infer if infer is not None else fragment.graph)
         job.report.partitions.append(child.report)
     _finish_partitioned(job, partitioning)
@@ -91,6 +93,13 @@ def build_partitioned(
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     return run
+
+
+# _build_outside_dynamo: a fragment is built outside Dynamo's tracing context. Its inputs are
+# tensors the graph computes, which Dynamo's fake mode has never seen: a pass that detects the
+# context's fake mode (torch.fx's ShapeProp) would make them fake with new symbols, and guards
+# on those fail Dynamo's guard building (they have no source). Outside the context such a pass
+# runs on the real example inputs; sizes Dynamo made symbolic keep their fake tensors.
 
 
 def _fragment_calibration(
@@ -181,6 +190,7 @@ def _finish_partitioned(job: SubgraphJob, partitioning: Partitioning) -> None:
     on_runtime = sum(p.ops for p in parts if p.runtime != "eager")
     runtimes = sorted({p.runtime for p in parts if p.runtime != "eager"})
     report.status = "partitioned"
+    report.pipeline = {"applied_count": sum(p.pipeline.get("applied_count", 0) for p in parts)}
     report.runtime = "+".join(runtimes) or "eager"
     report.kept = [dataclasses.asdict(k) for k in partitioning.kept]
     share = on_runtime / partitioning.ops if partitioning.ops else 1.0

@@ -20,7 +20,6 @@ from collections.abc import Iterable, Sequence
 
 import torch
 from torch import fx, nn
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from embedl_dynamo.partition.support import CALLS, RuntimeSupport, is_free, picks_output
@@ -175,8 +174,6 @@ def _fragment(gm: fx.GraphModule, runtime: str, nodes: list[fx.Node]) -> Fragmen
         env[node] = graph.node_copy(node, value)
     outputs = [n for n in nodes if any(u not in members for u in n.users)]
     graph.output(tuple(env[n] for n in outputs))
-    for node in graph.nodes:
-        _detach_fake(node)
     module = fx.GraphModule(root, graph, class_name="Fragment")
     module.meta.update(getattr(gm, "meta", {}))
     return Fragment(runtime, nodes, inputs, outputs, module)
@@ -223,32 +220,3 @@ def _copy_constant(gm: fx.GraphModule, root: nn.Module, target: str) -> None:
         owner.register_buffer(name, value)
     else:
         setattr(owner, name, value)
-
-
-def _as_meta(value: object) -> object:
-    """``value`` with each Dynamo fake tensor of static shape made a ``meta`` tensor."""
-    if isinstance(value, FakeTensor):
-        if not all(isinstance(s, int) for s in value.shape):
-            raise _Symbolic
-        return torch.empty_strided(
-            tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta"
-        )
-    if isinstance(value, (tuple, list)):
-        return type(value)(_as_meta(v) for v in value)
-    return value
-
-
-class _Symbolic(Exception):
-    """A fake tensor with a symbolic size: it keeps Dynamo's fake mode."""
-
-
-def _detach_fake(node: fx.Node) -> None:
-    """A static fragment's shapes as ``meta`` tensors, not as Dynamo's fake tensors: the
-    fragment's own rewrites and export then cannot add guards to Dynamo's shape environment
-    on tensors Dynamo gave no source (which fails Dynamo's guard building)."""
-    for key in ("example_value", "val"):
-        if key in node.meta:
-            try:
-                node.meta[key] = _as_meta(node.meta[key])
-            except _Symbolic:
-                return

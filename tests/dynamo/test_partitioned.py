@@ -1,0 +1,136 @@
+"""A Dynamo graph partitioned by capability, end to end (:mod:`embedl_dynamo.dynamo.partitioned`):
+the op no runtime computes exactly stays in PyTorch and the rest runs on the runtime, at every
+precision, with dynamic sizes, and behind the per-call guards
+(:mod:`embedl_dynamo.dynamo.call_guards`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import embedl_dynamo
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from tests.helpers import assert_close_to_scale
+
+RUNTIMES = [
+    "onnxruntime",
+    pytest.param(
+        "openvino",
+        marks=pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino"),
+    ),
+]
+
+
+class _CoshNet(nn.Module):
+    """Conv, BatchNorm, ReLU; ``cosh`` (no conformance row); conv, ReLU, pooling, linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.conv1(x)))
+        y = torch.cosh(y * 0.1)
+        y = torch.relu(self.conv2(y))
+        return self.head(y.mean((2, 3)))
+
+
+def _compile(model: nn.Module, runtime: str, **options):
+    backend = f"embedl_{runtime}"
+    return torch.compile(model, backend=backend, options={"runtime": runtime, **options})
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_only_the_op_without_a_row_stays_in_pytorch(runtime):
+    model = _CoshNet().eval()
+    x = torch.randn(2, 3, 12, 12)
+    with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
+        warnings.simplefilter("always")
+        y = _compile(model, runtime)(x)
+    assert_close_to_scale(y, model(x), rtol=1e-5)
+    (sub,) = embedl_dynamo.last_report()
+    assert (sub.status, sub.runtime) == ("partitioned", runtime)
+    assert [k["op"] for k in sub.kept] == ["cosh"]
+    assert [(p.runtime, p.status) for p in sub.partitions] == [(runtime, "compiled")] * 2
+    assert sub.coverage["ops_on_runtime"] == sub.coverage["ops"] - 1
+    assert sum("cosh" in str(w.message) for w in caught) == 1  # one warning names it
+    assert "fragment 0" in str(sub.partitions[0]) and "cosh" in str(sub)
+
+
+def test_dynamic_sizes_reach_every_fragment_without_another_build():
+    model = _CoshNet().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime", dynamic=True)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for batch in (2, 5, 3, 4):
+            x = torch.randn(batch, 3, 10 + batch, 12)
+            assert_close_to_scale(compiled(x), model(x), rtol=1e-5)
+    reports = embedl_dynamo.last_report().subgraphs  # Dynamo's first graph, then a dynamic one
+    assert len(reports) == 2 and all(len(r.partitions) == 2 for r in reports), reports
+
+
+def test_int8_quantizes_each_fragment_on_data_fed_through_the_whole_graph():
+    torch.manual_seed(0)
+    model = _CoshNet().eval()
+    data = [torch.randn(4, 3, 12, 12) for _ in range(4)]
+    options = {"precision": "int8", "calibration_data": data, "accuracy_budget": 0.9}
+    x = torch.randn(4, 3, 12, 12)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y = _compile(model, "onnxruntime", **options)(x)
+    assert_close_to_scale(y, model(x), rtol=0.1)
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "partitioned"
+    assert all(p.pipeline.get("quantized") for p in sub.partitions), sub.partitions
+
+
+@pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino")
+def test_a_nan_input_to_a_fragment_openvino_computes_otherwise_runs_in_pytorch():
+    """OpenVINO's ReLU gives 0 for NaN and its convolution spreads NaN otherwise: the table
+    lists both as differences, so such a call runs in PyTorch, which keeps NaN where eager
+    does; finite calls stay on OpenVINO."""
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 4, 3), nn.ReLU()).eval()
+    x = torch.randn(1, 3, 8, 8)
+    poisoned = x.clone()
+    poisoned[0, 0, 3, 3] = float("nan")
+    compiled = _compile(model, "openvino")
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_close_to_scale(compiled(x), model(x), rtol=1e-5)
+        out, expected = compiled(poisoned), model(poisoned)
+    assert torch.equal(out.isnan(), expected.isnan()) and expected.isnan().any()
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.runtime == "openvino" and "NaN or infinity" in sub.reason
+
+
+def test_an_fp16_overflow_runs_in_pytorch():
+    """fp16 ends at 65504: an activation past it is inf in the fp16 artifact and finite in
+    PyTorch's float graph, so such a call is answered by PyTorch; ordinary calls stay fp16."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = nn.Linear(8, 8)
+            self.down = nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))
+
+    model = Scaled().eval()
+    with torch.no_grad():
+        model.up.weight.mul_(100.0)  # activations past 65504 on the large input below
+    compiled = _compile(model, "onnxruntime", precision="fp16", accuracy_budget=0.9)
+    small, large = torch.randn(2, 8), torch.randn(2, 8) * 1e3
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert_close_to_scale(compiled(small), model(small), rtol=0.05)
+        out = compiled(large)
+    assert torch.isfinite(model(large)).all() and torch.isfinite(out).all()
+    assert model.up(large).abs().max() > 65504  # past fp16's range
+    assert torch.allclose(out, model(large), rtol=1e-5)
