@@ -25,12 +25,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-__all__ = ["NonFiniteRisk", "non_finite_risk", "check_finite_inputs"]
+from embedl_dynamo.runtimes.finite import all_finite
 
-_NUMPY_FLOATS = (torch.float16, torch.float32, torch.float64)
+__all__ = ["NonFiniteRisk", "non_finite_risk", "check_finite_inputs"]
 
 
 class NonFiniteRisk:
@@ -75,17 +74,6 @@ def non_finite_risk(runtime: str, sidecar: Mapping[str, Any]) -> NonFiniteRisk |
     return None
 
 
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or infinity (on the CPU by numpy's ``min`` and ``max``,
-    through which NaN propagates, without a copy)."""
-    if not tensor.numel():
-        return True
-    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS:
-        values = tensor.detach().numpy()
-        return bool(np.isfinite(values.max()) and np.isfinite(values.min()))
-    return bool(torch.isfinite(tensor).all())
-
-
 def check_finite_inputs(
     name: str, input_names: Sequence[str], risk: NonFiniteRisk, inputs: Sequence[torch.Tensor]
 ) -> None:
@@ -101,7 +89,7 @@ def check_finite_inputs(
         ValueError: the first input holding one, the reason and the fix.
     """
     for index, tensor in enumerate(inputs):
-        if tensor.is_floating_point() and not _all_finite(tensor):
+        if tensor.is_floating_point() and not all_finite(tensor):
             label = input_names[index] if index < len(input_names) else index
             raise ValueError(
                 f"{name}: input {index} ({label}) holds NaN or infinity: {risk.reason}; {risk.fix}"

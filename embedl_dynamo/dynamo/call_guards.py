@@ -14,6 +14,8 @@ then runs that call in PyTorch, with one warning per subgraph, as for any call a
   id, a position past the table) carries one more output saying so
   (:mod:`embedl_dynamo.graph.index_guards`); a call that sets it is refused, and PyTorch
   raises its own error.
+* **INT8**: an artifact that runs INT8 layers refuses NaN and infinities, which QuantizeLinear
+  turns into finite codes (:func:`guard_int8`).
 * **half overflow**: an fp16/bf16 artifact whose outputs hold NaN or an infinity where its
   inputs held none overflowed where PyTorch's float graph may not (fp16 ends at 65504): the
   call is refused, and PyTorch answers it.
@@ -25,7 +27,6 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy
 import torch
 from torch import fx
 
@@ -33,23 +34,16 @@ from embedl_dynamo.errors import CallRefused
 from embedl_dynamo.graph.index_guards import IndexGuard
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.conformance import needs_finite_inputs
+from embedl_dynamo.runtimes.finite import all_finite
 from embedl_dynamo.settings import Settings
 
-__all__ = ["all_finite", "guard_call", "guard_finite_inputs", "guard_half_overflow"]
-
-_NUMPY_FLOATS = (torch.float32, torch.float64)  # read through numpy on the CPU
-
-
-def all_finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or infinity; on the CPU by numpy's ``min`` and ``max``
-    (NaN propagates through both) on one thread and without a copy: torch's own reduction
-    wakes its thread pool, whose spinning threads then compete with the runtime's."""
-    if not tensor.is_floating_point() or not tensor.numel():
-        return True
-    if tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS:
-        values = tensor.detach().numpy()
-        return bool(numpy.isfinite(values.max()) and numpy.isfinite(values.min()))
-    return bool(torch.isfinite(tensor).all())
+__all__ = [
+    "guard_call",
+    "guard_finite_inputs",
+    "guard_half_overflow",
+    "guard_int8",
+    "runs_int8",
+]
 
 
 def _first_non_finite(tensors: Sequence[Any]) -> int | None:
@@ -118,6 +112,28 @@ def guard_finite_inputs(infer: Callable[..., Any], why: str) -> Callable[..., An
     return _FiniteInputs(infer, why)
 
 
+def runs_int8(settings: Settings, report: SubgraphReport) -> bool:
+    """Whether the subgraph's artifact runs INT8 layers: its precision quantizes to int8, the
+    pipeline quantized it (``mixed`` may keep all in float) and the INT8 artifact was not
+    rejected for the float one (said in the reason, which a warm start reads from its alias)."""
+    return (
+        settings.precision.qdq_type == "int8"
+        and bool(report.pipeline.get("quantized"))
+        and "rejected" not in report.reason
+    )
+
+
+def guard_int8(
+    infer: Callable[..., Any], settings: Settings, report: SubgraphReport
+) -> Callable[..., Any]:
+    """``infer`` refusing calls with NaN or infinities where it runs INT8 (:func:`runs_int8`):
+    QuantizeLinear turns them into finite codes, so the artifact would answer with finite
+    numbers where PyTorch gives NaN or infinities."""
+    if not runs_int8(settings, report):
+        return infer
+    return _FiniteInputs(infer, "INT8 quantizes them to finite values")
+
+
 def guard_half_overflow(infer: Callable[..., Any], dtype: torch.dtype) -> Callable[..., Any]:
     """``infer`` of a half-precision artifact refusing a call whose outputs hold NaN or an
     infinity its inputs did not: the half type overflowed where PyTorch may not."""
@@ -148,6 +164,7 @@ def guard_call(
         return None
     if index_guard is not None:
         infer = _Indices(infer, index_guard)
+    infer = guard_int8(infer, settings, report)  # NaN and inf would quantize to finite codes
     half = settings.precision.half_dtype
     if half is not None:  # a float artifact that ran instead never trips it
         infer = guard_half_overflow(infer, half)

@@ -9,7 +9,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy
 import torch
 from torch import fx
 
@@ -28,10 +27,7 @@ __all__ = [
     "OUT_OF_RANGE",
     "WEIGHT_SETS",
     "calibrated_input_bounds",
-    "guard_int8",
     "in_place_writes",
-    "refuse_non_finite",
-    "runs_int8",
     "watch_calibrated_ranges",
     "wrap_compiled",
 ]
@@ -369,49 +365,3 @@ def watch_calibrated_ranges(
         return infer(*inputs)
 
     return watched
-
-
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds no NaN or infinity; on the CPU by numpy's ``min`` and ``max``
-    (NaN propagates through both), on one thread, without a copy (see :func:`_peak`)."""
-    if tensor.numel() and tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS:
-        values = tensor.detach().numpy()
-        return bool(numpy.isfinite(values.max()) and numpy.isfinite(values.min()))
-    return bool(torch.isfinite(tensor).all())
-
-
-def refuse_non_finite(infer: Callable[..., Any], index: int) -> Callable[..., Any]:
-    """``infer`` of an INT8 artifact that refuses a call whose float inputs hold NaN or an
-    infinity: QuantizeLinear turns them into finite codes, so the artifact would answer with
-    finite numbers where PyTorch gives NaN or infinities. The refused call runs in PyTorch
-    (:func:`wrap_compiled`'s fallback, one warning). One pass over each float input."""
-
-    def guarded(*inputs: Any) -> Any:
-        for position, tensor in enumerate(inputs):
-            if tensor.is_floating_point() and not _all_finite(tensor):
-                raise ValueError(
-                    f"subgraph {index}: input {position} holds NaN or infinity, which INT8 "
-                    "quantizes to finite values; the call runs in PyTorch"
-                )
-        return infer(*inputs)
-
-    return guarded
-
-
-def runs_int8(settings: Settings, report: SubgraphReport) -> bool:
-    """Whether the subgraph's artifact runs INT8 layers: its precision quantizes to int8, the
-    pipeline quantized it (``mixed`` may keep all in float) and the INT8 artifact was not
-    rejected for the float one (said in the reason, which a warm start reads from its alias)."""
-    return (
-        settings.precision.qdq_type == "int8"
-        and bool(report.pipeline.get("quantized"))
-        and "rejected" not in report.reason
-    )
-
-
-def guard_int8(
-    infer: Callable[..., Any], settings: Settings, report: SubgraphReport
-) -> Callable[..., Any]:
-    """``infer`` behind :func:`refuse_non_finite` where it runs INT8 (:func:`runs_int8`): on
-    every path to an INT8 artifact (build, warm start), a NaN or inf call runs in PyTorch."""
-    return refuse_non_finite(infer, report.index) if runs_int8(settings, report) else infer

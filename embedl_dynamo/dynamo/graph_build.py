@@ -30,7 +30,6 @@ from torch import fx
 from embedl_dynamo.dynamo.call_guards import guard_call
 from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
-    refuse_non_finite,
     watch_calibrated_ranges,
 )
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
@@ -220,10 +219,7 @@ def _build(
         if speed is not None:  # INT8 runs as asked; a slower INT8 is said, not hidden
             report.pipeline = dict(report.pipeline, int8_speed=speed.to_dict())
     runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
-    if float_model is not None and job.settings.precision.qdq_type == "int8":
-        if "rejected" not in report.reason:  # INT8 runs: NaN and inf would quantize to finite
-            return refuse_non_finite(runtime.serve(), report.index)
-    return runtime.serve()
+    return runtime.serve()  # INT8's guard on non-finite inputs: call_guards.guard_call
 
 
 def _forced_int8(settings: Settings) -> bool:

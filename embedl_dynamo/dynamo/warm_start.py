@@ -14,7 +14,7 @@ A float artifact is checked against the frozen graph on the example inputs, as a
 lower-precision one was held to ``accuracy_budget`` when it was built (the report keeps that
 verdict) and is checked to give finite outputs here, where its inputs are finite. A loaded INT8
 artifact refuses calls with NaN or infinity as a built one does
-(:func:`~embedl_dynamo.dynamo.compiled_call.guard_int8`). A graph compiled under
+(:func:`~embedl_dynamo.dynamo.call_guards.guard_call`). A graph compiled under
 ``torch.autocast`` or another default dtype has a key of its own, so it never replaces the
 artifact of the same graph compiled without. A subgraph that eager beat the runtimes on
 (:mod:`embedl_dynamo.tuning.beat_eager`) has an alias that says so, with both times: its warm
@@ -39,7 +39,7 @@ from embedl_dynamo.cache.keys import (
     jsonable,
     library_versions,
 )
-from embedl_dynamo.dynamo.compiled_call import guard_int8, watch_calibrated_ranges
+from embedl_dynamo.dynamo.compiled_call import watch_calibrated_ranges
 from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, store_alias
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
@@ -299,8 +299,6 @@ def start_warm(job: SubgraphJob, frozen: fx.GraphModule, alias_key: str) -> Warm
         warn_if_slower(Int8Speed.from_dict(speed), report.index)
     if loaded.infer is None:  # eager beat the runtimes: said on every start, as at its decision
         warn_eager_faster(EagerSpeed.from_dict(report.pipeline["eager_speed"]), report.index)
-    if loaded.infer is not None:  # INT8 loaded: NaN and inf would quantize to finite codes
-        loaded.infer = guard_int8(loaded.infer, job.settings, report)
     if loaded.infer is not None and loaded.input_bounds:
         loaded.infer = watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
     return loaded
