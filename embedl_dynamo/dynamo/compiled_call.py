@@ -78,11 +78,10 @@ def wrap_compiled(
     another input runs the original graph, with one warning (:func:`_overlap_guard`).
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
-    cannot take (a shape outside the artifact, a runtime error) runs the original graph too,
-    with one warning per subgraph, unless ``fallback="raise"``: nothing escapes from inside a
-    runtime. Each call first checks that the frozen weights are unchanged
-    (:class:`~embedl_dynamo.dynamo.frozen_weights.FrozenWeights`), and otherwise runs a build
-    for the weights it was given (``recompile``; several kept, :func:`_by_weights`).
+    cannot take (a shape outside the artifact, a runtime error, a guard's refusal) runs it
+    too, with one warning per subgraph (unless ``fallback="raise"``, guards excepted). Each
+    call first checks the frozen weights (:class:`~.frozen_weights.FrozenWeights`): other
+    weights run a build for them (``recompile``; several kept, :func:`_by_weights`).
     """
     if infer is None:
         return gm.forward
@@ -110,9 +109,11 @@ def wrap_compiled(
         return _as_output(gm, outputs)
 
     by_weights = _by_weights(
-        run, FrozenWeights(example_inputs, not_weights), report.index,
+        run,
+        FrozenWeights(example_inputs, not_weights),
+        report.index,
         lambda args: recompile(gm, args, backend, settings),
-    )  # fmt: skip
+    )
 
     overlap = _overlap_guard(user, written, report.index)
 
@@ -131,8 +132,10 @@ def _warn_call_failed(report: SubgraphReport, exc: Exception) -> None:
     """Once a subgraph: the runtime failed on a call, which ran in PyTorch."""
     logger.warning(
         "subgraph %d: the %s runtime failed on a call (%s); such calls run in PyTorch",
-        report.index, report.runtime, error_line(exc),
-    )  # fmt: skip
+        report.index,
+        report.runtime,
+        error_line(exc),
+    )
     logger.debug("subgraph %d: call failure", report.index, exc_info=True)
     report.reason = f"some calls ran in PyTorch: {error_line(exc)}"
 
@@ -190,8 +193,11 @@ def _by_weights(
                 return build(*args)
         weights = FrozenWeights(args, frozen.user)
         what = builds[0][0].changed(args)
-        logger.info("subgraph %d: weight %s is not the one compiled; building for these weights",
-                    index, what)  # fmt: skip
+        logger.info(
+            "subgraph %d: weight %s is not the one compiled; building for these weights",
+            index,
+            what,
+        )
         if what == SAMPLED_BYTES:
             _warn_data_write(index)
         build = rebuild(args)

@@ -56,8 +56,9 @@ def _compile(
 ) -> Callable[..., Any]:
     for name in _INDUCTOR_ONLY:
         if kwargs.get(name) not in (None, "default"):
-            logger.info("%s=%r is an inductor setting: embedl backends ignore it", name,
-                        kwargs[name])  # fmt: skip
+            logger.info(
+                "%s=%r is an inductor setting: embedl backends ignore it", name, kwargs[name]
+            )
         kwargs = {k: v for k, v in kwargs.items() if k != name}
     if kwargs:
         raise ValueError(

@@ -101,16 +101,21 @@ def _fit_calibration(job: SubgraphJob, frozen: fx.GraphModule) -> Settings:
     if mismatch:  # e.g. a subgraph after a graph break: it sees other tensors
         logger.warning(
             "subgraph %d: calibration_data does not fit its inputs (%s); it calibrates on "
-            "its first %d calls instead", index, mismatch, settings.calibration_steps,
-        )  # fmt: skip
+            "its first %d calls instead",
+            index,
+            mismatch,
+            settings.calibration_steps,
+        )
         return dataclasses.replace(settings, calibration_data=None)
     fitted = fit_batches_to_graph(frozen, settings.calibration_data, inputs)
     if fitted is None and not callable(settings.calibration_data):
         logger.warning(
             "subgraph %d: calibration_data has fewer samples than one batch of %d this "
             "graph was compiled for; it calibrates on its first %d calls instead",
-            index, int(inputs[0].shape[0]), settings.calibration_steps,
-        )  # fmt: skip
+            index,
+            int(inputs[0].shape[0]),
+            settings.calibration_steps,
+        )
     if fitted is not None or not callable(settings.calibration_data):
         return dataclasses.replace(settings, calibration_data=fitted)
     return settings
@@ -158,8 +163,12 @@ def _build_stage(
 
         def build(quantized: fx.GraphModule) -> Callable[..., Any] | None:
             job.report.reason = ""  # calibrated: what the build says from here on
-            job.report.pipeline = dict(job.report.pipeline, precision=job.settings.precision.name,
-                                       quantized=True, quantization=lazy.report)  # fmt: skip
+            job.report.pipeline = dict(
+                job.report.pipeline,
+                precision=job.settings.precision.name,
+                quantized=True,
+                quantization=lazy.report,
+            )
             infer = _build(job, result, quantized, float_model=result.model)
             remember_build(job, alias_key)  # the warm start's alias, once calibrated and built
             return infer
@@ -198,9 +207,11 @@ def _build(
             return _runtime_failed(job, _label(job, model, float_model), exc)
         logger.warning(
             "subgraph %d: %s %s artifact rejected (%s); running the float artifact",
-            job.report.index, job.settings.precision, _label(job, model, float_model),
+            job.report.index,
+            job.settings.precision,
+            _label(job, model, float_model),
             error_line(exc),
-        )  # fmt: skip
+        )
         job.report.reason = f"{job.settings.precision} rejected, fp32 runs: {error_line(exc)}"
         try:
             runtime = _judged_runtime(job, result, float_model, None)
@@ -214,8 +225,9 @@ def _build(
     report.cached = runtime.from_cache
     report.runtime_info = dict(runtime.build_info)
     if float_model is not None and _forced_int8(job.settings) and "rejected" not in report.reason:
-        speed = compare_with_float(runtime, float_model, job.original, job.inputs, job.settings,
-                                   job.axes, report.index)  # fmt: skip
+        speed = compare_with_float(
+            runtime, float_model, job.original, job.inputs, job.settings, job.axes, report.index
+        )
         if speed is not None:  # INT8 runs as asked; a slower INT8 is said, not hidden
             report.pipeline = dict(report.pipeline, int8_speed=speed.to_dict())
     runtime.judge = None  # judged already; it holds the graphs it compared (their weights)
@@ -255,8 +267,9 @@ def _judged_runtime(
     # the budget against that graph below
     lower = (model,) if float_model is not None else ()
     judge = judge_against(job.original, job.inputs, lower)
-    half = choose_half_form(model, float_model, job.runtime_cls, job.original, job.inputs,
-                            settings, job.axes)  # fmt: skip
+    half = choose_half_form(
+        model, float_model, job.runtime_cls, job.original, job.inputs, settings, job.axes
+    )
     eager = job.original if times_eager(settings, job.on_cuda) else None  # it must beat eager
     if half is not None:  # bf16/fp16 on OpenVINO: the typed graph or the f32 graph + hint
         runtime = half.runtime
@@ -290,8 +303,10 @@ def _runtime_failed(job: SubgraphJob, label: str, exc: Exception) -> None:
         ) from exc
     logger.warning(
         "subgraph %d: %s runtime failed (%s); running it in PyTorch",
-        report.index, label, error_line(exc),
-    )  # fmt: skip
+        report.index,
+        label,
+        error_line(exc),
+    )
     logger.debug("subgraph %d: runtime failure", report.index, exc_info=True)
     report.status, report.runtime = "eager", "eager"
     report.reason = f"{label} failed: {error_line(exc)}"

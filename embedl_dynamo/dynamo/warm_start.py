@@ -156,8 +156,11 @@ def warm_start(
         try:
             EagerSpeed.from_dict((alias.get("pipeline") or {})["eager_speed"])
         except (KeyError, TypeError, ValueError) as exc:
-            logger.warning("subgraph %d: eager decision unusable (%s); compiling",
-                           report.index, error_line(exc))  # fmt: skip
+            logger.warning(
+                "subgraph %d: eager decision unusable (%s); compiling",
+                report.index,
+                error_line(exc),
+            )
             return None
         report.status, report.runtime = "eager", EagerRuntime.name
         _fill_report(report, alias, runtimes[0])
@@ -178,8 +181,12 @@ def warm_start(
         # these inputs) fails the compile that follows too, which says it in its one line
         bad = isinstance(exc, (OutputMismatchError, CorruptEntryError))
         level = logging.WARNING if bad else logging.INFO
-        logger.log(level, "cached artifact for subgraph %d unusable (%s); replacing it",
-                   report.index, error_line(exc))  # fmt: skip
+        logger.log(
+            level,
+            "cached artifact for subgraph %d unusable (%s); replacing it",
+            report.index,
+            error_line(exc),
+        )
         forget_alias(source_key, alias["onnx_key"], settings)
         return None
     report.runtime, report.cached = runtime.name, True
@@ -276,8 +283,10 @@ def alias_key_of(job: SubgraphJob, frozen: fx.GraphModule) -> str | None:
         return None
     calibration = calibration_identity(job.settings, frozen)
     if calibration is None:
-        logger.info("subgraph %d: no warm start (calibration_data cannot be fingerprinted)",
-                    job.report.index)  # fmt: skip
+        logger.info(
+            "subgraph %d: no warm start (calibration_data cannot be fingerprinted)",
+            job.report.index,
+        )
         return None
     return source_key(frozen, job.inputs, job.axes, job.backend, job.settings, calibration)
 
