@@ -18,13 +18,12 @@ from typing import Any
 
 import torch
 from torch import fx, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from embedl_dynamo.backend import backend_by_name
 from embedl_dynamo.dynamo.compile import StaysEager, prepare_subgraph
 from embedl_dynamo.dynamo.partitioned import partition_for
 from embedl_dynamo.dynamo.subgraph_job import route_subgraph
-from embedl_dynamo.partition import Partitioning, compute_nodes
+from embedl_dynamo.partition import Partitioning, compute_nodes, node_flops
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
@@ -159,25 +158,5 @@ def _op(node: fx.Node) -> str:
     return str(getattr(node.target, "__name__", node.target))
 
 
-class _FlopCounter(fx.Interpreter):
-    """Runs the graph and adds up the FLOPs of the nodes asked for."""
-
-    def __init__(self, gm: fx.GraphModule, counted: set[fx.Node]) -> None:
-        super().__init__(gm)
-        self.counted = counted
-        self.flops = 0
-
-    def run_node(self, n: fx.Node) -> Any:
-        if n not in self.counted:
-            return super().run_node(n)
-        with FlopCounterMode(display=False) as counter:
-            value = super().run_node(n)
-        self.flops += counter.get_total_flops()
-        return value
-
-
 def _flops(gm: fx.GraphModule, inputs: list[Any], counted: set[fx.Node]) -> int:
-    counter = _FlopCounter(gm, counted)
-    with torch.no_grad():
-        counter.run(*inputs)
-    return counter.flops
+    return sum(node_flops(gm, inputs, counted).values())

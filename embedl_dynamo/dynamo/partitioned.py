@@ -26,7 +26,15 @@ from embedl_dynamo.dynamo.graph_build import build_graph
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.nodes import node_value_meta
-from embedl_dynamo.partition import Fragment, Partitioning, fragment_inputs, partition_graph, stitch
+from embedl_dynamo.partition import (
+    Fragment,
+    Partitioning,
+    compute_nodes,
+    fragment_inputs,
+    node_flops,
+    partition_graph,
+    stitch,
+)
 from embedl_dynamo.quant.calibrate import as_batches, calibration_mismatch
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
@@ -85,7 +93,7 @@ def build_partitioned(
             infer = build_graph(child, fragment.graph)
         calls.append(infer if infer is not None else fragment.graph)
         job.report.partitions.append(child.report)
-    _finish_partitioned(job, partitioning)
+    _finish_partitioned(job, graph, partitioning)
     stitched = stitch(graph, fragments, calls)
 
     def run(*inputs: Any) -> tuple[Any, ...]:
@@ -183,22 +191,39 @@ def _symbolic(size: Any) -> bool:
     return not isinstance(size, int) and not is_concrete_int(size)
 
 
-def _finish_partitioned(job: SubgraphJob, partitioning: Partitioning) -> None:
+def _coverage(
+    job: SubgraphJob, graph: fx.GraphModule, partitioning: Partitioning
+) -> dict[str, Any]:
+    """The share of compute nodes and FLOPs that run on a runtime (fragments a build left in
+    PyTorch count as PyTorch's)."""
+    parts = job.report.partitions
+    built = [f for f, p in zip(partitioning.fragments, parts) if p.runtime != "eager"]
+    on_runtime = sum(f.ops for f in built)
+    flops = node_flops(graph, job.inputs, compute_nodes(graph))
+    total = sum(flops.values())
+    placed = sum(flops.get(n, 0) for f in built for n in f.nodes)
+    return {
+        "ops": partitioning.ops,
+        "ops_on_runtime": on_runtime,
+        "op_share": round(on_runtime / partitioning.ops, 4) if partitioning.ops else 1.0,
+        "flops": total,
+        "flops_on_runtime": placed,
+        "flop_share": round(placed / total, 4) if total else 1.0,
+    }
+
+
+def _finish_partitioned(
+    job: SubgraphJob, graph: fx.GraphModule, partitioning: Partitioning
+) -> None:
     """Record the partitioned subgraph: its fragments, what stays in PyTorch and why, its
     coverage; one warning names the ops kept."""
     report, parts = job.report, job.report.partitions
-    on_runtime = sum(p.ops for p in parts if p.runtime != "eager")
     runtimes = sorted({p.runtime for p in parts if p.runtime != "eager"})
     report.status = "partitioned"
     report.pipeline = {"applied_count": sum(p.pipeline.get("applied_count", 0) for p in parts)}
     report.runtime = "+".join(runtimes) or "eager"
     report.kept = [dataclasses.asdict(k) for k in partitioning.kept]
-    share = on_runtime / partitioning.ops if partitioning.ops else 1.0
-    report.coverage = {
-        "ops": partitioning.ops,
-        "ops_on_runtime": on_runtime,
-        "op_share": round(share, 4),
-    }
+    report.coverage = _coverage(job, graph, partitioning)
     reasons = list(dict.fromkeys(k.reason for k in partitioning.kept))
     report.reason = (
         f"{len(partitioning.kept)} of {partitioning.ops} ops stay in PyTorch: "

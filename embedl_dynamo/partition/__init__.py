@@ -7,6 +7,7 @@ same graph (:mod:`.support`, :mod:`.fragments`). :mod:`.stitch` puts the built f
 into the graph.
 """
 
+from embedl_dynamo.partition.flops import node_flops
 from embedl_dynamo.partition.fragments import (
     Fragment,
     KeptNode,
@@ -26,6 +27,7 @@ __all__ = [
     "compute_nodes",
     "fragment_inputs",
     "is_free",
+    "node_flops",
     "partition_graph",
     "picks_output",
     "stitch",

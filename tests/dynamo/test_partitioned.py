@@ -59,6 +59,7 @@ def test_only_the_op_without_a_row_stays_in_pytorch(runtime):
     assert [k["op"] for k in sub.kept] == ["cosh"]
     assert [(p.runtime, p.status) for p in sub.partitions] == [(runtime, "compiled")] * 2
     assert sub.coverage["ops_on_runtime"] == sub.coverage["ops"] - 1
+    assert sub.coverage["flops_on_runtime"] == sub.coverage["flops"] > 0  # cosh counts none
     assert sum("cosh" in str(w.message) for w in caught) == 1  # one warning names it
     assert "fragment 0" in str(sub.partitions[0]) and "cosh" in str(sub)
 
