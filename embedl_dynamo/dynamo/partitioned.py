@@ -24,6 +24,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from embedl_dynamo.dynamo.graph_build import build_graph
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
+from embedl_dynamo.errors import RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.partition import (
@@ -40,6 +41,7 @@ from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, kept_in_pytorch
+from embedl_dynamo.runtimes.registry import AUTO, runtime_candidates
 
 __all__ = ["build_partitioned", "partition_for"]
 
@@ -68,10 +70,24 @@ def partition_for(job: SubgraphJob, graph: fx.GraphModule) -> Partitioning | Non
         if job.runtime_cls not in fits:
             job.runtime_cls = fits[0]
         return None
-    # a lower precision stays on the runtime its route chose; a float graph may use the others
-    classes = [job.runtime_cls] if lower else list(dict.fromkeys((job.runtime_cls, *job.timed)))
+    classes = [job.runtime_cls] if lower else _float_runtimes(job)
     names = [c.name for c in classes if c.name in CPU_RUNTIMES]
     return partition_graph(graph, names, job.settings.min_subgraph_size)
+
+
+def _float_runtimes(job: SubgraphJob) -> list[type[Runtime]]:
+    """The runtimes a float graph's fragments may use, the target's first: the ones timed,
+    and under ``runtime="auto"`` every other CPU runtime installed here, which may take what
+    the first keeps (ONNX Runtime compares integers exactly where OpenVINO goes through
+    float32). A lower precision stays on the runtime its route chose."""
+    classes = [job.runtime_cls, *job.timed]
+    if job.settings.runtime == AUTO:
+        for name in CPU_RUNTIMES:
+            try:
+                classes.extend(runtime_candidates(name, None, job.on_cuda))
+            except RuntimeUnavailableError:
+                continue  # not installed here
+    return list(dict.fromkeys(classes))
 
 
 def build_partitioned(
@@ -80,7 +96,7 @@ def build_partitioned(
     """The partitioned graph, each fragment built on its runtime (or left in PyTorch where its
     build says so), recorded in ``job.report`` with what stays in PyTorch and why."""
     fragments = partitioning.fragments
-    classes = {c.name: c for c in (job.runtime_cls, *job.timed)}
+    classes = {c.name: c for c in _float_runtimes(job)}
     examples = fragment_inputs(graph, fragments, [job.inputs])
     calibration = _fragment_calibration(job, graph, fragments)
     calls: list[Callable[..., Any]] = []
