@@ -115,11 +115,12 @@ def guard_finite_inputs(infer: Callable[..., Any], why: str) -> Callable[..., An
 def runs_int8(settings: Settings, report: SubgraphReport) -> bool:
     """Whether the subgraph's artifact runs INT8 layers: its precision quantizes to int8, the
     pipeline quantized it (``mixed`` may keep all in float) and the INT8 artifact was not
-    rejected for the float one (said in the reason, which a warm start reads from its alias)."""
+    rejected for the float one (:attr:`~embedl_dynamo.report.subgraph.SubgraphReport.
+    lower_rejected`, which a warm start reads from its alias)."""
     return (
         settings.precision.qdq_type == "int8"
         and bool(report.pipeline.get("quantized"))
-        and "rejected" not in report.reason
+        and not report.lower_rejected
     )
 
 

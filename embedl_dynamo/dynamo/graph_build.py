@@ -40,6 +40,7 @@ from embedl_dynamo.pipeline import PipelineResult, run_pipeline
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
+from embedl_dynamo.report.subgraph import LOWER_REJECTED
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.settings import Settings
@@ -180,7 +181,7 @@ def _build_stage(
     if result.model is not result.float_model:
         infer = _build(job, result, result.model, float_model=result.float_model)
         runs_lower = infer is not None and job.report.runtime != "eager"
-        if runs_lower and "rejected, fp32 runs" not in job.report.reason:
+        if runs_lower and not job.report.lower_rejected:
             job.input_bounds = calibrated_input_bounds(result.model)
             if job.input_bounds:
                 return watch_calibrated_ranges(infer, job.input_bounds, job.report.index)
@@ -213,6 +214,7 @@ def _build(
             error_line(exc),
         )
         job.report.reason = f"{job.settings.precision} rejected, fp32 runs: {error_line(exc)}"
+        job.report.pipeline = dict(job.report.pipeline, **{LOWER_REJECTED: True})
         try:
             runtime = _judged_runtime(job, result, float_model, None)
         except Exception as float_exc:
@@ -224,7 +226,7 @@ def _build(
     report.runtime = runtime.name
     report.cached = runtime.from_cache
     report.runtime_info = dict(runtime.build_info)
-    if float_model is not None and _forced_int8(job.settings) and "rejected" not in report.reason:
+    if float_model is not None and _forced_int8(job.settings) and not report.lower_rejected:
         speed = compare_with_float(
             runtime, float_model, job.original, job.inputs, job.settings, job.axes, report.index
         )

@@ -7,7 +7,11 @@ from typing import Any
 
 from embedl_dynamo.report.plan_rows import PlanSnapshot
 
-__all__ = ["SubgraphReport"]
+__all__ = ["LOWER_REJECTED", "SubgraphReport"]
+
+#: the pipeline report's entry set when a lower precision's artifact was rejected and the float
+#: artifact runs instead (kept with the pipeline report, so a warm start reads it too)
+LOWER_REJECTED = "lower_rejected"
 
 
 @dataclass
@@ -58,6 +62,11 @@ class SubgraphReport:
     kept: list[dict[str, str]] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
     _plan: PlanSnapshot | None = field(default=None, repr=False)
+
+    @property
+    def lower_rejected(self) -> bool:
+        """Whether the lower precision's artifact was rejected and the float one runs."""
+        return bool(self.pipeline.get(LOWER_REJECTED, False))
 
     @property
     def plan(self) -> PlanSnapshot | None:
