@@ -3,7 +3,9 @@
 :func:`deploy` serves an ``.onnx`` file :func:`embedl_dynamo.export` wrote on a Ray cluster (one
 machine or many, or a local instance of its own): replicas that each start from the file
 without building, requests batched across clients, ``POST /v2/models/<name>/infer`` over HTTP
-and a Python handle that returns the model's output structure; :func:`undeploy` stops only what
+(JSON for curl, binary tensor data for ``tritonclient.http``), KServe v2 gRPC
+(``tritonclient.grpc``) where it starts its own Ray instance, and a Python handle that returns
+the model's output structure; :func:`undeploy` stops only what
 ``deploy`` started; :func:`choose_serving` picks the batch size and threads per replica for
 ``objective="throughput"`` (within a latency budget) by measuring the file on this machine.
 Triton model repositories are written at export time (:mod:`embedl_dynamo.deploy.triton`). Ray
@@ -11,18 +13,16 @@ is imported only when a deployment is built (``pip install 'embedl-dynamo[serve]
 """
 
 from embedl_dynamo.serve.artifact import ServedArtifact, check_artifact
-from embedl_dynamo.serve.kserve import (
-    KServeError,
-    decode_outputs,
-    infer_request,
-    post_infer,
-)
+from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
+from embedl_dynamo.serve.grpc_ingress import GRPC_SERVICER, grpc_options
+from embedl_dynamo.serve.kserve import KServeError
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving
 from embedl_dynamo.serve.outputs import ServedOutputs
 from embedl_dynamo.serve.ray_serve import build_app, deploy, undeploy
 from embedl_dynamo.serve.replica import Replica
 
 __all__ = [
+    "GRPC_SERVICER",
     "KServeError",
     "Replica",
     "ServedArtifact",
@@ -33,6 +33,7 @@ __all__ = [
     "choose_serving",
     "decode_outputs",
     "deploy",
+    "grpc_options",
     "infer_request",
     "post_infer",
     "undeploy",

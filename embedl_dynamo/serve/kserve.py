@@ -1,14 +1,14 @@
-"""The KServe v2 inference protocol's JSON form, as Triton and OpenVINO Model Server speak it.
+"""The KServe v2 inference protocol's server side, as Triton and OpenVINO Model Server speak it.
 
 A request is ``{"id": ..., "inputs": [{"name", "shape", "datatype", "data"}], "outputs":
 [{"name"}]}`` with ``data`` the tensor's elements in row-major order (a flat list; nested lists
 are accepted too); the response has the same form under ``"outputs"``. :func:`decode_inputs`
-checks a request against the model's inputs and returns numpy arrays in the model's order,
-:func:`encode_response` writes the outputs back, :func:`model_metadata` answers
-``GET /v2/models/<name>``. :func:`infer_request` and :func:`post_infer` are the client side
-(the request body, and an HTTP POST that retries an idempotent request on a connection error or
-a 502/503/500 from a replica that died mid-request, never a 4xx, nor a 500 the server marked
-``"retry": false``: the model's own failure, which another try would repeat).
+checks a request against the model's inputs and returns numpy arrays in the model's order (an
+input sent as binary data arrives already read, :mod:`embedl_dynamo.serve.binary`),
+:func:`response_parts` writes the outputs back, each as JSON ``data`` or, where the request asks
+for binary data (:func:`requested_outputs`: Triton's ``binary_data`` and
+``binary_data_output``), as bytes after the JSON; :func:`model_metadata` answers
+``GET /v2/models/<name>``. The client side is :mod:`embedl_dynamo.serve.client`.
 
 NaN and the infinities travel as Python's ``json`` writes them (``NaN``, ``Infinity``,
 ``-Infinity``; Python's and tritonclient's parsers read them): a float input may hold them, and
@@ -17,18 +17,14 @@ What a datatype cannot hold is refused with HTTP 400 naming the element: ``null`
 finite number beyond the float type's range (``1e39`` as FP32), a fraction or an out-of-range
 number for an integer type, a number for BOOL.
 
-Nothing here imports Ray: the Ray Serve deployment (:mod:`embedl_dynamo.serve.ray_serve`) and
-any client use the same functions.
+Nothing here imports Ray: the Ray Serve deployment (:mod:`embedl_dynamo.serve.ray_serve`), its
+gRPC methods (:mod:`embedl_dynamo.serve.grpc_ingress`) and any client use the same functions.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,15 +38,14 @@ __all__ = [
     "KServeError",
     "TensorSpec",
     "decode_inputs",
-    "decode_outputs",
+    "datatype_name",
     "encode_response",
-    "infer_request",
     "model_metadata",
-    "post_infer",
+    "requested_outputs",
     "response_bytes",
+    "response_parts",
+    "tensor_header",
 ]
-
-logger = logging.getLogger(__name__)
 
 # KServe v2 datatype -> numpy dtype (BF16 and BYTES have no numpy form here)
 DATATYPES: dict[str, np.dtype] = {
@@ -62,7 +57,12 @@ DATATYPES: dict[str, np.dtype] = {
     )
 }  # fmt: skip
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
-RETRY_STATUS = (500, 502, 503, 504)
+
+
+def datatype_name(dtype: np.dtype) -> str | None:
+    """The KServe v2 datatype of a numpy dtype (``float32`` -> ``FP32``); None where none is
+    served here."""
+    return _NAMES.get(np.dtype(dtype))
 
 
 @dataclass(frozen=True)
@@ -77,11 +77,16 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
-def _tensor(entry: Any, index: int) -> tuple[str, np.ndarray]:
-    """One request input as (name, array), checked against its own shape and datatype."""
+def tensor_header(entry: Any, index: int) -> tuple[str, list[int], str]:
+    """A request input's (name, shape, datatype), each checked; its data is read apart.
+
+    Raises:
+        KServeError: the entry is no object, lacks a field, or has a shape or datatype the
+            protocol (as served here) does not take.
+    """
     if not isinstance(entry, Mapping):
         raise KServeError(f"inputs[{index}] must be an object with name, shape, datatype, data")
-    missing = [k for k in ("name", "shape", "datatype", "data") if k not in entry]
+    missing = [k for k in ("name", "shape", "datatype") if k not in entry]
     if missing:
         raise KServeError(f"inputs[{index}] lacks {missing}")
     name, shape, datatype = entry["name"], entry["shape"], entry["datatype"]
@@ -92,6 +97,20 @@ def _tensor(entry: Any, index: int) -> tuple[str, np.ndarray]:
         )
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise KServeError(f"input {name!r}: shape must be a list of sizes, got {shape!r}")
+    return name, shape, datatype
+
+
+def _tensor(entry: Any, index: int, binary: Mapping[int, np.ndarray]) -> tuple[str, np.ndarray]:
+    """One request input as (name, array), checked against its own shape and datatype; its
+    elements from ``data`` or, for an input sent as binary data, from ``binary``."""
+    name, shape, datatype = tensor_header(entry, index)
+    if index in binary:  # read and sized by embedl_dynamo.serve.binary
+        return name, binary[index]
+    if "data" not in entry:
+        raise KServeError(
+            f"inputs[{index}] ({name!r}) has no data; send data, or binary_data_size with its "
+            "bytes after the JSON header (Inference-Header-Content-Length)"
+        )
     array = _values(name, entry["data"], datatype)
     if array.size != math.prod(shape):
         raise KServeError(
@@ -175,8 +194,16 @@ def _values(name: str, data: Any, datatype: str) -> np.ndarray:
     return raw.astype(dtype)
 
 
-def decode_inputs(body: Any, inputs: Sequence[TensorSpec]) -> list[np.ndarray]:
+def decode_inputs(
+    body: Any, inputs: Sequence[TensorSpec], binary: Mapping[int, np.ndarray] | None = None
+) -> list[np.ndarray]:
     """The request's input arrays in the model's input order.
+
+    Args:
+        body: the request's JSON (its header, for a request with binary data).
+        inputs: the model's inputs.
+        binary: the arrays of the inputs sent as binary data, by their index in
+            ``body["inputs"]`` (:func:`embedl_dynamo.serve.binary.read_request`).
 
     Raises:
         KServeError: a malformed request, a missing or unknown input, or an input whose
@@ -184,7 +211,7 @@ def decode_inputs(body: Any, inputs: Sequence[TensorSpec]) -> list[np.ndarray]:
     """
     if not isinstance(body, Mapping) or not isinstance(body.get("inputs"), list):
         raise KServeError('a KServe v2 request is a JSON object with an "inputs" list')
-    given = dict(_tensor(entry, i) for i, entry in enumerate(body["inputs"]))
+    given = dict(_tensor(entry, i, binary or {}) for i, entry in enumerate(body["inputs"]))
     names = [spec.name for spec in inputs]
     unknown, missing = sorted(set(given) - set(names)), [n for n in names if n not in given]
     if unknown or missing:
@@ -209,29 +236,92 @@ def decode_inputs(body: Any, inputs: Sequence[TensorSpec]) -> list[np.ndarray]:
     return arrays
 
 
+def _flag(value: Any, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise KServeError(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def requested_outputs(
+    body: Mapping[str, Any] | None, outputs: Sequence[TensorSpec]
+) -> list[tuple[int, bool]]:
+    """Which of the model's ``outputs`` to answer, in the model's order, and whether each goes
+    as binary data: an output's ``parameters.binary_data`` where the request names it, else the
+    request's ``parameters.binary_data_output`` (default false: JSON), as Triton reads them.
+
+    Raises:
+        KServeError: an unknown output, a malformed entry, or an extension not served here
+            (classification, shared memory).
+    """
+    body = body or {}
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, Mapping):
+        raise KServeError(f'the request\'s "parameters" must be an object, got {parameters!r}')
+    default = _flag(parameters.get("binary_data_output", False), "binary_data_output")
+    names = [spec.name for spec in outputs]
+    asked: dict[str, bool] = {}
+    for entry in body.get("outputs") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            raise KServeError(f'each of "outputs" must be an object with a name, got {entry!r}')
+        extra = entry.get("parameters") or {}
+        unserved = sorted({"classification", "shared_memory_region"} & set(extra))
+        if unserved:
+            raise KServeError(
+                f"output {entry['name']!r}: {unserved[0]} is not served here; ask for the "
+                "tensor itself"
+            )
+        asked[entry["name"]] = _flag(extra.get("binary_data", default), "binary_data")
+    unknown = sorted(set(asked) - set(names))
+    if unknown:
+        raise KServeError(f"unknown outputs {unknown}; the model's outputs are {names}")
+    if not asked:
+        return [(i, default) for i in range(len(outputs))]
+    return [(i, asked[name]) for i, name in enumerate(names) if name in asked]
+
+
+def response_parts(
+    model_name: str,
+    outputs: Sequence[TensorSpec],
+    arrays: Sequence[np.ndarray],
+    body: Mapping[str, Any] | None = None,
+    *,
+    binary: bool = True,
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The response's JSON and the arrays that follow it as binary data, in that order.
+
+    An output asked for as binary data (:func:`requested_outputs`) is described with
+    ``parameters.binary_data_size`` and no ``data``; ``binary=False`` writes every output as
+    JSON ``data``. The request's ``id`` is answered.
+    """
+    tensors, raw = [], []
+    for index, as_binary in requested_outputs(body, outputs):
+        array = np.asarray(arrays[index])
+        entry: dict[str, Any] = {
+            "name": outputs[index].name,
+            "datatype": _NAMES[array.dtype],
+            "shape": list(array.shape),
+        }
+        if as_binary and binary:
+            entry["parameters"] = {"binary_data_size": array.nbytes}
+            raw.append(array)
+        else:
+            entry["data"] = array.ravel().tolist()
+        tensors.append(entry)
+    response: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
+    if body and "id" in body:
+        response["id"] = body["id"]
+    return response, raw
+
+
 def encode_response(
     model_name: str,
     outputs: Sequence[TensorSpec],
     arrays: Sequence[np.ndarray],
     body: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The response: every output (or those the request's ``outputs`` names) as JSON."""
-    wanted = [o.get("name") for o in (body or {}).get("outputs") or [] if isinstance(o, Mapping)]
-    unknown = sorted(set(wanted) - {spec.name for spec in outputs})
-    if unknown:
-        raise KServeError(f"unknown outputs {unknown}; the model's outputs are "
-                          f"{[spec.name for spec in outputs]}")  # fmt: skip
-    tensors = []
-    for spec, array in zip(outputs, arrays):
-        if wanted and spec.name not in wanted:
-            continue
-        array = np.asarray(array)
-        tensors.append({"name": spec.name, "datatype": _NAMES[array.dtype],
-                        "shape": list(array.shape), "data": array.ravel().tolist()})  # fmt: skip
-    response: dict[str, Any] = {"model_name": model_name, "model_version": "1", "outputs": tensors}
-    if body and "id" in body:
-        response["id"] = body["id"]
-    return response
+    """The response as JSON alone: every output (or those the request's ``outputs`` names)
+    with its ``data``."""
+    return response_parts(model_name, outputs, arrays, body, binary=False)[0]
 
 
 def model_metadata(
@@ -251,82 +341,3 @@ def response_bytes(content: Any) -> bytes:
     """A response body as Python's ``json`` writes it: NaN and the infinities as ``NaN``,
     ``Infinity`` and ``-Infinity`` (where a strict encoder, as FastAPI's, fails with a 500)."""
     return json.dumps(content, separators=(",", ":")).encode()
-
-
-def infer_request(
-    arrays: Sequence[np.ndarray], names: Sequence[str], request_id: str | None = None
-) -> dict[str, Any]:
-    """A KServe v2 JSON request body for ``arrays`` (flat row-major data)."""
-    inputs = []
-    for name, array in zip(names, arrays, strict=True):
-        array = np.asarray(array)
-        if array.dtype not in _NAMES:
-            raise KServeError(f"input {name!r}: dtype {array.dtype} has no KServe datatype")
-        inputs.append({"name": name, "shape": list(array.shape), "datatype": _NAMES[array.dtype],
-                       "data": array.ravel().tolist()})  # fmt: skip
-    body: dict[str, Any] = {"inputs": inputs}
-    if request_id is not None:
-        body["id"] = request_id
-    return body
-
-
-def decode_outputs(response: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """A response's outputs as ``{name: array}``."""
-    return {
-        o["name"]: np.asarray(o["data"], dtype=DATATYPES[o["datatype"]]).reshape(o["shape"])
-        for o in response["outputs"]
-    }
-
-
-def post_infer(
-    url: str, body: Mapping[str, Any], *, timeout: float = 30.0, retries: int = 5,
-    backoff: float = 0.2,
-) -> tuple[dict[str, Any], int]:  # fmt: skip
-    """POST a KServe v2 inference request; retry it on a connection error or a 5xx status.
-
-    Inference is idempotent (the same inputs give the same outputs), so a request that a dying
-    replica dropped is sent again; a 4xx is the request's own fault and is raised at once, and
-    so is a 500 whose body says ``"retry": false`` (the model failed on it: it would again).
-
-    Args:
-        url: ``http://host:port/v2/models/<name>/infer``.
-        body: the request (:func:`infer_request`).
-        timeout: seconds per attempt.
-        retries: further attempts after the first.
-        backoff: seconds before the first retry, doubled each time.
-
-    Returns:
-        The response and the number of retries it took.
-
-    Raises:
-        KServeError: the server refused the request (4xx), with its message.
-        OSError: every attempt failed; the last error.
-    """
-    data = json.dumps(body).encode()
-    for attempt in range(retries + 1):
-        request = urllib.request.Request(
-            url, data=data, headers={"Content-Type": "application/json"}, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as reply:
-                return json.loads(reply.read()), attempt
-        except urllib.error.HTTPError as exc:
-            message = exc.read().decode(errors="replace")
-            if exc.code not in RETRY_STATUS or attempt == retries or _final(message):
-                raise KServeError(f"HTTP {exc.code} from {url}: {message}") from exc
-            logger.debug("retrying %s after HTTP %s", url, exc.code)
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            if attempt == retries:
-                raise
-            logger.debug("retrying %s after %s", url, exc)
-        time.sleep(backoff * 2**attempt)
-    raise AssertionError("unreachable")
-
-
-def _final(message: str) -> bool:
-    """Whether an error body says the server would answer the same again (``"retry": false``)."""
-    try:
-        body = json.loads(message)
-    except ValueError:
-        return False
-    return isinstance(body, dict) and body.get("retry") is False

@@ -1,36 +1,31 @@
-"""An exported artifact as a Ray Serve deployment: replicas, request batching, KServe v2 over HTTP.
+"""An exported artifact as a Ray Serve deployment: replicas, request batching, KServe v2 over
+HTTP (JSON and binary tensors) and gRPC.
 
 Each replica loads the file with :func:`embedl_dynamo.load` (nothing is built), with its
 runtime's threads set to the CPUs Ray gives it (``ray_actor_options={"num_cpus": n}``), so two
 replicas on a two-core node run one thread each, and answers one request of zeros before it
 counts as started (:class:`~embedl_dynamo.serve.replica.Replica`): a file no request could be
 answered from fails the deployment instead of reporting ready. Requests are batched across
-clients with ``@serve.batch`` up to the rows the artifact takes at once (its dynamic batch
-axis; a file without one runs each request alone), waiting at most ``batch_wait_timeout_s``;
-a request the model refuses fails alone.
+clients up to the rows the artifact takes at once (its dynamic batch axis; a file without one
+runs each request alone) by :class:`~embedl_dynamo.serve.batcher.Batcher`, not
+``@serve.batch``: a lone request runs at once, and the requests that arrive while a batch runs
+form the next; a request the model refuses fails alone.
 
-Routes (Ray Serve's FastAPI ingress), the KServe v2 protocol Triton and OpenVINO Model Server
-speak, so one client works against any of them:
-
-* ``POST /v2/models/<name>/infer``: JSON inference (:mod:`embedl_dynamo.serve.kserve`): 400
-  naming the problem for a request the model cannot take, 500 marked ``"retry": false`` for
-  the model's own failure;
-* ``GET /v2/models/<name>``: the model's inputs and outputs (named by the output structure,
-  :mod:`embedl_dynamo.serve.outputs`); ``GET /v2/models/<name>/ready``;
-* ``GET /v2/health/ready`` and ``GET /v2/health/live``.
+Requests arrive over HTTP (the KServe v2 routes of
+:func:`~embedl_dynamo.serve.ray_ingress.deployment_class`: JSON for curl, binary tensor data for
+``tritonclient.http``) and, with ``deploy(grpc_port=...)`` where it starts its own Ray instance
+(Ray fixes the gRPC servicers when Serve starts), over gRPC: Ray Serve's gRPC proxy calls the
+replica's KServe v2 methods (:mod:`embedl_dynamo.serve.grpc_ingress`), so
+``tritonclient.grpc`` works unchanged.
 
 In-cluster callers use the deployment handle :func:`deploy` returns:
 ``handle.infer.remote([array, ...]).result()`` gives what ``load()``'s module returns, numpy
 arrays in place of tensors. :func:`deploy` starts a local Ray instance of its own unless given
 a cluster's address, and :func:`undeploy` stops only what it started.
 
-Ray is imported only inside these functions (the ``serve`` extra). Annotations are evaluated
-(no ``from __future__ import annotations``): FastAPI reads the routes' ``Request`` annotation,
-which exists only inside :func:`_deployment_class`.
+Ray is imported only inside these functions (the ``serve`` extra).
 """
 
-import functools
-import json
 import logging
 import math
 import os
@@ -40,14 +35,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from embedl_dynamo.deploy.sidecar_fields import check_threads
-from embedl_dynamo.errors import error_line
-from embedl_dynamo.serve.artifact import Outcome, check_artifact
-from embedl_dynamo.serve.kserve import KServeError, response_bytes
+from embedl_dynamo.serve.artifact import check_artifact
+from embedl_dynamo.serve.grpc_ingress import grpc_options, loopback_hook
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving
-from embedl_dynamo.serve.replica import Replica
+from embedl_dynamo.serve.ray_ingress import deployment_class, is_loopback, ray_modules
 
 __all__ = [
     "DEFAULT_BATCH_WAIT_S",
@@ -60,7 +52,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_BATCH_WAIT_S = 0.005
+#: how long a batch with room waits for more requests: not at all (see Batcher)
+DEFAULT_BATCH_WAIT_S = 0.0
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -73,128 +66,7 @@ def model_name(path: str | os.PathLike[str], name: str | None = None) -> str:
 
 
 def _ray() -> tuple[Any, Any]:
-    try:
-        import ray
-        from ray import serve
-    except ImportError as exc:
-        raise ImportError(
-            f"serving needs Ray Serve ({exc}); pip install 'embedl-dynamo[serve]'"
-        ) from exc
-    return ray, serve
-
-
-def _replica_grpc_on_loopback() -> None:
-    """In a replica on a loopback-only node (the local instance :func:`deploy` starts), bind
-    Serve's inter-deployment gRPC server to loopback too: Ray Serve (2.60) starts it on
-    ``[::]:0``, every interface, whatever the node's address, with no option to change it. Its
-    module's binding function is wrapped, once per replica process, before the replica starts
-    the server; where that function is gone (another Ray), nothing changes."""
-    import ray
-
-    if not _loopback(ray.util.get_node_ip_address()):
-        return
-    try:
-        from ray.serve._private import replica as serve_replica
-    except ImportError:
-        return
-    bind = getattr(serve_replica, "add_port_to_grpc_server", None)
-    if bind is None or getattr(bind, "on_loopback", False):
-        return
-
-    def on_loopback(server: Any, address: str) -> int:
-        if address.startswith("[::]:"):
-            address = "127.0.0.1:" + address.removeprefix("[::]:")
-        return bind(server, address)
-
-    on_loopback.on_loopback = True  # type: ignore[attr-defined]
-    serve_replica.add_port_to_grpc_server = on_loopback
-
-
-def _rows(items: list[tuple[int, list[np.ndarray]]]) -> int:
-    return sum(rows for rows, _ in items)
-
-
-@functools.cache
-def _deployment_class() -> Any:
-    """The ``@serve.deployment`` class (defined on first use: it needs Ray and FastAPI)."""
-    _, serve = _ray()
-    from fastapi import FastAPI, Request
-    from fastapi.responses import Response
-
-    app = FastAPI(title="embedl_dynamo KServe v2")
-
-    def reply(content: Any, status: int = 200) -> Response:
-        return Response(response_bytes(content), status, media_type="application/json")
-
-    def error(status: int, message: str, **extra: Any) -> Response:
-        return reply({"error": message, **extra}, status)
-
-    @serve.deployment
-    @serve.ingress(app)
-    class EmbedlModel(Replica):
-        def __init__(self, path: str, name: str, threads: int | None, max_batch: int | None,
-                     batch_wait_s: float) -> None:  # fmt: skip
-            _replica_grpc_on_loopback()
-            super().__init__(path, name, threads, max_batch)
-            self.infer_batch.set_max_batch_size(self.model.max_rows)
-            self.infer_batch.set_batch_wait_timeout_s(batch_wait_s)
-
-        @serve.batch(max_batch_size=1, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S,
-                     batch_size_fn=_rows)  # fmt: skip
-        async def infer_batch(self, items: list[tuple[int, list[np.ndarray]]]):
-            return await self.run_all(items)
-
-        async def run_one(self, rows: int, arrays: list[np.ndarray]) -> Outcome:
-            return await self.infer_batch((rows, arrays))
-
-        def describe(self) -> dict[str, Any]:
-            """This replica: runtime, threads, batch limit, largest batch, Ray node, id."""
-            import ray
-
-            return {
-                "model": self.name,
-                "runtime": self.model.runtime,
-                "threads": self.model.threads,
-                "max_batch_rows": self.model.max_rows,
-                "largest_batch": self.model.largest_batch,
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "replica": serve.get_replica_context().replica_id.unique_id,
-            }
-
-        @app.get("/v2/health/live")
-        @app.get("/v2/health/ready")
-        async def health(self):  # a replica exists once it answered check_answers' request
-            return reply({"live": True, "ready": True})
-
-        @app.get("/v2/models/{model}")
-        async def model_metadata(self, model: str):
-            return (
-                reply(self.metadata()) if model == self.name else error(404, f"no model {model!r}")
-            )
-
-        @app.get("/v2/models/{model}/ready")
-        async def model_ready(self, model: str):
-            return (
-                reply({"name": model, "ready": True}) if model == self.name else error(404, model)
-            )
-
-        @app.post("/v2/models/{model}/infer")
-        async def infer_http(self, model: str, request: Request):
-            if model != self.name:
-                return error(404, f"no model {model!r}; this deployment serves {self.name!r}")
-            try:
-                body = json.loads(await request.body())
-            except (ValueError, RecursionError) as exc:
-                return error(400, f"the request body is not JSON ({error_line(exc)})")
-            try:
-                return reply(await self.infer_json(body))
-            except (KServeError, ValueError, TypeError) as exc:  # a bad request, or refused
-                return error(400, str(exc))
-            except Exception as exc:  # the model's own failure: another try fails the same
-                logger.exception("%s: request failed", self.name)
-                return error(500, f"the model failed: {error_line(exc)}", retry=False)
-
-    return EmbedlModel
+    return ray_modules()
 
 
 def replica_plan(
@@ -233,7 +105,9 @@ def build_app(
         threads: the runtime's threads per replica (default: ``cpus_per_replica``, at least 1).
         max_batch_size: the most rows one batch holds (default 8; 1 for a file without a
             dynamic batch axis).
-        batch_wait_timeout_s: how long a batch waits for more requests.
+        batch_wait_timeout_s: how long a batch that has room waits for more requests (default
+            0: a lone request runs at once; requests that arrive while a batch runs form the
+            next batch whatever this is).
         autoscaling: Ray Serve's ``autoscaling_config`` (``{"min_replicas": 1,
             "max_replicas": 4}``, ...); it replaces ``replicas``.
         objective: ``latency`` (batches of one row, every CPU of a replica on it) or
@@ -261,6 +135,8 @@ def build_app(
     for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{label}={value!r}: give an integer >= 1")
+    if isinstance(batch_wait_timeout_s, bool) or not batch_wait_timeout_s >= 0:
+        raise ValueError(f"batch_wait_timeout_s={batch_wait_timeout_s!r}: give seconds >= 0")
     if objective is not None:
         choice = choose_serving(path, objective=objective, latency_budget_ms=latency_budget_ms,
                                 cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip
@@ -283,12 +159,8 @@ def build_app(
             f"deployment_options sets {taken}, which build_app's own arguments "
             "set (name, replicas, cpus_per_replica, max_batch_size, autoscaling)"
         )
-    deployment = _deployment_class().options(**ours, **(deployment_options or {}))
+    deployment = deployment_class().options(**ours, **(deployment_options or {}))
     return deployment.bind(str(path), name, threads, max_batch_size, batch_wait_timeout_s)
-
-
-def _loopback(host: str) -> bool:
-    return host in ("127.0.0.1", "localhost", "::1")
 
 
 class _Started:
@@ -297,21 +169,43 @@ class _Started:
 
     ray = False
     apps: set[str] = set()
+    grpc_port: int | None = None  # Serve's gRPC port on the instance deploy started
 
 
-def _start_ray(ray: Any, address: str | None, host: str) -> None:
+def _check_grpc(ray: Any, address: str | None, grpc_port: int | None) -> None:
+    """gRPC is offered where :func:`deploy` starts Serve itself (Ray reads the gRPC
+    servicers when Serve starts, never after), and on the port it started it with."""
+    if grpc_port is None:
+        return
+    if isinstance(grpc_port, bool) or not isinstance(grpc_port, int) or grpc_port < 1:
+        raise ValueError(f"grpc_port={grpc_port!r}: give a port number >= 1")
+    if _Started.ray and _Started.grpc_port == grpc_port:
+        return
+    fresh = address is None and not ray.is_initialized()
+    if not fresh:
+        raise ValueError(
+            f"grpc_port={grpc_port}: Ray Serve fixes its gRPC servicers when it starts, so "
+            "deploy() offers gRPC only on the Ray instance it starts itself (no address, no "
+            "ray.init() before it); elsewhere start Serve with grpc_options="
+            "embedl_dynamo.serve.grpc_options(port) before the first deploy()"
+        )
+
+
+def _start_ray(ray: Any, address: str | None, host: str, grpc: bool = False) -> None:
     """Connect to ``address``, or start a fresh local Ray instance (never one found running:
     ``address="local"`` ignores ``RAY_ADDRESS`` and ``ray start``'s cluster), its own ports on
     loopback where the HTTP proxy is (Ray's single-machine mode, asked for before Ray is
-    imported)."""
+    imported; Serve's gRPC proxy through a worker setup hook, where ``grpc`` is asked for)."""
     if ray.is_initialized():  # the caller's own ray.init(): theirs to shut down
         return
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": False}
+    quiet: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if grpc and address is None and is_loopback(host):
+        quiet["runtime_env"] = {"worker_process_setup_hook": loopback_hook()}
     ray.init(address=address or "local", include_dashboard=False, **quiet)
     if address is None:
         _Started.ray = True
         node = ray.util.get_node_ip_address()
-        if _loopback(host) and not _loopback(node):
+        if is_loopback(host) and not is_loopback(node):
             logger.warning(
                 "Ray's own ports listen on %s, not only on loopback: Ray was imported before "
                 "deploy(); set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before importing it",
@@ -327,9 +221,11 @@ def deploy(
     address: str | None = None,
     proxy_location: str = "HeadOnly",
     name: str | None = None,
+    grpc_port: int | None = None,
+    route_prefix: str | None = "/",
     **options: Any,
 ) -> Any:
-    """Serve ``path`` on Ray Serve over HTTP and return the deployment's handle.
+    """Serve ``path`` on Ray Serve over HTTP (and gRPC) and return the deployment's handle.
 
     Checks the file first (:func:`build_app`), then connects to the Ray cluster at
     ``address``, or, without one, starts a fresh local Ray instance of its own (a cluster
@@ -337,7 +233,9 @@ def deploy(
     listen on loopback alone while ``host`` is loopback; a process that called ``ray.init``
     itself keeps its instance. Then starts Serve's HTTP proxy on ``host:port`` (the head node
     only, by default: on one machine a proxy per node would contend for the port) and deploys
-    :func:`build_app`. :func:`undeploy` stops what this started, and only that.
+    :func:`build_app`. With ``grpc_port``, Serve's gRPC proxy speaks KServe v2 there too
+    (``tritonclient.grpc``; loopback alone while ``host`` is). :func:`undeploy` stops what
+    this started, and only that.
 
     Args:
         path: the exported ``.onnx`` file.
@@ -345,7 +243,13 @@ def deploy(
         address: a Ray cluster address (``ray://...`` or ``host:port``) to join; None starts
             a local instance.
         proxy_location: Serve's ``proxy_location`` (``HeadOnly``, ``EveryNode``).
-        name: the model's name (and the Serve application's).
+        name: the model's name (and the Serve application's; a gRPC client names it in its
+            ``application`` metadata where several run).
+        grpc_port: where Serve's gRPC proxy listens; only where this call starts the Ray
+            instance (or an earlier call started it with the same port).
+        route_prefix: Serve's HTTP route for the application; None serves it over gRPC and
+            the handle alone, which is how a second model shares the instance (the KServe
+            routes of the first hold ``/``).
         options: :func:`build_app`'s options (``replicas``, ``cpus_per_replica``, ...).
 
     Returns:
@@ -353,28 +257,37 @@ def deploy(
         ``load()``'s module returns (its structure; numpy arrays in place of tensors).
 
     Raises:
-        ValueError: a bad option, or a file ``load()`` would refuse (before Ray starts).
+        ValueError: a bad option (``grpc_port`` where Serve runs already without it), or a
+            file ``load()`` would refuse (before Ray starts).
         RuntimeError: the replicas did not start (one cannot answer: the reason is Serve's
             message); a local instance this started is shut down again.
     """
-    if address is None and _loopback(host) and "ray" not in sys.modules:
+    if address is None and is_loopback(host) and "ray" not in sys.modules:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray: loopback only
     name = model_name(path, name)
     app = build_app(path, name=name, **options)
     ray, serve = _ray()
-    _start_ray(ray, address, host)
+    _check_grpc(ray, address, grpc_port)
+    _start_ray(ray, address, host, grpc=grpc_port is not None)
     quiet = {"log_level": "WARNING", "enable_access_log": False}
+    start: dict[str, Any] = {"http_options": {"host": host, "port": port}}
+    if grpc_port is not None:
+        start["grpc_options"] = grpc_options(grpc_port)
     try:
-        serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location,
-                    logging_config=quiet)  # fmt: skip
-        handle = serve.run(app, name=name, route_prefix="/", logging_config=quiet)
+        serve.start(proxy_location=proxy_location, logging_config=quiet, **start)
+        if _Started.ray and grpc_port is not None:
+            _Started.grpc_port = grpc_port
+        handle = serve.run(app, name=name, route_prefix=route_prefix, logging_config=quiet)
     except BaseException:
         if _Started.ray and not _Started.apps:  # nothing else of ours runs there
             undeploy(name)
         raise
     if _Started.ray:
         _Started.apps.add(name)
-    logger.info("serving %s at http://%s:%s/v2/models/%s", path, host, port, name)
+    if route_prefix is not None:
+        logger.info("serving %s at http://%s:%s/v2/models/%s", path, host, port, name)
+    if grpc_port is not None:
+        logger.info("serving %s over gRPC at %s:%s (application %s)", path, host, grpc_port, name)
     return handle
 
 
@@ -390,7 +303,7 @@ def undeploy(name: str) -> None:
     if _Started.ray and not _Started.apps:
         serve.shutdown()
         ray.shutdown()
-        _Started.ray = False
+        _Started.ray, _Started.grpc_port = False, None
         return
     if name in serve.status().applications:
         serve.delete(name)

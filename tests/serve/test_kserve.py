@@ -14,14 +14,12 @@ from torch import nn
 
 from embedl_dynamo import export, load
 from embedl_dynamo.serve import ServedArtifact
+from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
 from embedl_dynamo.serve.kserve import (
     KServeError,
     TensorSpec,
     decode_inputs,
-    decode_outputs,
     encode_response,
-    infer_request,
-    post_infer,
     response_bytes,
 )
 

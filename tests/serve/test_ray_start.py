@@ -115,3 +115,40 @@ def test_a_failed_deployment_shuts_down_the_instance_it_started(fake):
     with pytest.raises(RuntimeError, match="a request of zeros fails"):
         ray_serve.deploy(path)
     assert ray.calls[-1] == ("shutdown", {}) and not ray.up
+
+
+def test_grpc_is_offered_on_the_instance_deploy_starts_and_bound_to_loopback(fake):
+    from embedl_dynamo.serve import GRPC_SERVICER
+
+    ray, serve, path = fake
+    ray_serve.deploy(path, grpc_port=9100)
+    start = next(kwargs for call, kwargs in serve.calls if call == "start")
+    assert start["grpc_options"] == {"port": 9100, "grpc_servicer_functions": [GRPC_SERVICER]}
+    hook = ray.calls[0][1]["runtime_env"]["worker_process_setup_hook"]
+    assert callable(hook) and "<locals>" in hook.__qualname__  # shipped by value, not by import
+    ray_serve.deploy(path, name="second", grpc_port=9100, route_prefix=None)  # same instance
+    with pytest.raises(ValueError, match="grpc_port=9200: Ray Serve fixes its gRPC servicers"):
+        ray_serve.deploy(path, name="third", grpc_port=9200)
+
+
+def test_grpc_on_a_cluster_deploy_joined_is_refused_before_anything_starts(fake):
+    ray, serve, path = fake
+    with pytest.raises(ValueError, match="only on the Ray instance it starts itself"):
+        ray_serve.deploy(path, address="10.0.0.9:6379", grpc_port=9100)
+    assert not ray.calls and not serve.calls
+
+
+def test_the_loopback_hook_binds_serves_grpc_proxy_to_loopback(monkeypatch):
+    from ray.serve._private import default_impl
+
+    from embedl_dynamo.serve.grpc_ingress import loopback_hook
+
+    bound = []
+    monkeypatch.setattr(
+        default_impl, "add_grpc_address", lambda server, address: bound.append(address)
+    )
+    loopback_hook()()
+    default_impl.add_grpc_address("server", "[::]:9000")
+    loopback_hook()()  # once only: a second run does not wrap it again
+    default_impl.add_grpc_address("server", "0.0.0.0:9001")
+    assert bound == ["127.0.0.1:9000", "0.0.0.0:9001"]

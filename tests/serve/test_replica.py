@@ -15,7 +15,8 @@ from torch import nn
 
 from embedl_dynamo import export, load
 from embedl_dynamo.serve import Replica, ServedArtifact
-from embedl_dynamo.serve.kserve import decode_outputs, infer_request, response_bytes
+from embedl_dynamo.serve.client import decode_outputs, infer_request
+from embedl_dynamo.serve.kserve import response_bytes
 
 
 class _Structured(nn.Module):

@@ -29,7 +29,8 @@ import embedl_dynamo.serve
 from embedl_dynamo import export, load
 from embedl_dynamo.cli.main import main
 from embedl_dynamo.deploy.sidecar import sidecar_path
-from embedl_dynamo.serve.kserve import KServeError, decode_outputs, infer_request, post_infer
+from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
+from embedl_dynamo.serve.kserve import KServeError
 
 ROOT = Path(__file__).resolve().parents[2]
 TIME_LIMIT_S = 150
