@@ -138,7 +138,16 @@ def partition_graph(
             reasons.setdefault(node, reason)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     chosen.sort(key=lambda item: order[item[1][0]])
-    fragments = [_fragment(gm, runtime, nodes) for runtime, nodes in chosen]
+    fragments = []
+    for runtime, nodes in chosen:
+        fragment = _fragment(gm, runtime, nodes)
+        if fragment.inputs:
+            fragments.append(fragment)
+            continue
+        taken.difference_update(nodes)  # constants only: nothing a runtime would gain
+        small.update(nodes)
+        for node in nodes:
+            reasons[node] = "a fragment without inputs only computes constants"
     computed = compute_nodes(gm)
     kept = [
         KeptNode(n.name, _op(n), reasons.get(n, "no runtime takes it"), n in small)

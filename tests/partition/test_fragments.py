@@ -116,3 +116,19 @@ def test_a_size_read_across_fragments_is_recomputed_not_passed():
         assert all(isinstance(v, torch.Tensor) for v in values), fragment.graph.code
     stitched = stitch(gm, partitioning.fragments, [f.graph for f in partitioning.fragments])
     assert torch.equal(stitched(*inputs)[0], gm(*inputs)[0])
+
+
+def test_a_fragment_of_constants_alone_stays_in_pytorch():
+    """Nodes that read no input (a mask built from ``arange`` beside a kept op) would make a
+    runtime fragment without inputs: they stay in PyTorch as small, with the reason."""
+
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = (torch.arange(5) * 2 + 1).float()
+            return torch.cosh(mask) * x
+
+    gm, _ = dynamo_frozen(Masked(), torch.randn(5))
+    partitioning = partition_graph(gm, ["onnxruntime"], min_ops=1)
+    kept = {k.op: k for k in partitioning.kept}
+    assert all(f.inputs for f in partitioning.fragments)
+    assert kept["arange"].small and "only computes constants" in kept["arange"].reason
