@@ -278,6 +278,7 @@ def run_serve(args: argparse.Namespace) -> int:
                                     cpus=max(1, int(args.cpus_per_replica)))  # fmt: skip
             print(f"{choice.note}: batch {choice.batch}, {choice.threads} thread(s) per replica")
         deploy(args.path, name=args.name, host=args.host, port=args.port, address=args.address,
+               grpc_port=args.grpc_port,
                replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
                threads=args.threads, max_batch_size=args.max_batch, autoscaling=autoscaling,
                objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
@@ -288,7 +289,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except RuntimeError as exc:  # Serve's deployment failed: a replica that cannot answer
         why = error_line(exc, with_type=False)
         raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc
-    print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer "
+    grpc = f" and gRPC at {args.host}:{args.grpc_port}" if args.grpc_port else ""
+    print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer{grpc} "
           "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
     try:
         while True:

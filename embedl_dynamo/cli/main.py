@@ -143,6 +143,7 @@ def _serve_args(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--name", help="the model's name in URLs (default: the file's stem)")
     serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    serve.add_argument("--grpc-port", type=int, help="KServe v2 gRPC port too (tritonclient.grpc)")
     serve.add_argument("--address", help="a running Ray cluster (default: start one here)")
     serve.add_argument("--replicas", type=int, default=1, help="replicas (default 1)")
     serve.add_argument("--cpus-per-replica", type=float, default=1, help="CPUs each (default 1)")

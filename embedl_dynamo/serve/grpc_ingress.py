@@ -12,9 +12,11 @@ request as the HTTP route does (:func:`~embedl_dynamo.serve.kserve.decode_inputs
 ``raw_output_contents``. A request that does not fit the model is ``INVALID_ARGUMENT`` naming the
 problem, another model's name ``NOT_FOUND``, the model's own failure ``INTERNAL``.
 
-Ray binds the proxy's gRPC server to every interface (``[::]:port``, 2.60) whatever the node's
-address; :func:`loopback_hook` is a worker setup hook that binds it to loopback, for the local
-instance :func:`~embedl_dynamo.serve.deploy` starts on loopback. tritonclient's stubs and grpc
+Ray pickles each request from the proxy to a replica, and tritonclient's messages name a module
+no import finds; :func:`grpc_setup_hook` is the worker setup hook that lets it, and that also
+binds the proxy's gRPC server to loopback (Ray binds it to ``[::]:port``, every interface,
+whatever the node's address) for the local instance :func:`~embedl_dynamo.serve.deploy` starts
+on loopback. tritonclient's stubs and grpc
 are imported only where a call needs them (the ``serve`` extra).
 """
 
@@ -30,7 +32,7 @@ from embedl_dynamo.errors import KServeError, error_line
 from embedl_dynamo.serve.binary import tensor_bytes, tensor_from_bytes
 from embedl_dynamo.serve.kserve import tensor_header
 
-__all__ = ["GRPC_SERVICER", "KServeGrpc", "grpc_options", "loopback_hook", "request_header"]
+__all__ = ["GRPC_SERVICER", "KServeGrpc", "grpc_options", "grpc_setup_hook", "request_header"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,23 +52,37 @@ _CONTENTS = {
 
 
 def grpc_options(port: int) -> dict[str, Any]:
-    """Ray Serve's ``grpc_options`` serving KServe v2 on ``port``."""
+    """Ray Serve's ``grpc_options`` serving KServe v2 on ``port`` (``serve.start(grpc_options=
+    ...)``; the Ray instance needs :func:`grpc_setup_hook` as its worker setup hook)."""
     return {"port": port, "grpc_servicer_functions": [GRPC_SERVICER]}
 
 
-def loopback_hook() -> Callable[[], None]:
-    """A ``worker_process_setup_hook`` for ``ray.init(runtime_env=...)`` that binds Serve's gRPC
-    proxy to ``127.0.0.1`` instead of ``[::]``: it wraps the function Serve binds with, in each
-    worker process before any actor starts. The hook is a closure, so Ray ships it by value and
-    a worker does not import this package (and PyTorch) to run it."""
+def grpc_setup_hook(loopback: bool = False) -> Callable[[], None]:
+    """A ``worker_process_setup_hook`` for ``ray.init(runtime_env=...)`` that Serve's gRPC proxy
+    and the replicas need to pass tritonclient's requests between them.
 
-    def bind_serve_grpc_on_loopback() -> None:
+    tritonclient's generated messages name their module ``grpc_service_pb2``, which no import
+    finds, so Ray could not pickle a ``ModelInferRequest`` from the proxy to a replica; the hook
+    makes that name import ``tritonclient.grpc.service_pb2``. With ``loopback``, it also binds
+    the proxy's gRPC server to ``127.0.0.1`` instead of ``[::]``, by wrapping the function Serve
+    binds with. The hook runs in each worker process before any actor starts; it is a closure,
+    so Ray ships it by value and a worker does not import this package (and PyTorch) to run it.
+    """
+
+    def setup_kserve_grpc() -> None:
+        import sys
+
+        try:
+            from tritonclient.grpc import service_pb2
+        except ImportError:
+            return
+        sys.modules.setdefault(service_pb2.ModelInferRequest.__module__, service_pb2)
         try:
             from ray.serve._private import default_impl
         except ImportError:
             return
         bind = getattr(default_impl, "add_grpc_address", None)
-        if bind is None or getattr(bind, "on_loopback", False):
+        if not loopback or bind is None or getattr(bind, "on_loopback", False):
             return
 
         def on_loopback(server: Any, address: str) -> Any:
@@ -77,7 +93,7 @@ def loopback_hook() -> Callable[[], None]:
         on_loopback.on_loopback = True  # type: ignore[attr-defined]
         default_impl.add_grpc_address = on_loopback
 
-    return bind_serve_grpc_on_loopback
+    return setup_kserve_grpc
 
 
 def _service() -> Any:

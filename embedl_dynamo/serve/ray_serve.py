@@ -37,7 +37,7 @@ from typing import Any
 
 from embedl_dynamo.deploy.sidecar_fields import check_threads
 from embedl_dynamo.serve.artifact import check_artifact
-from embedl_dynamo.serve.grpc_ingress import grpc_options, loopback_hook
+from embedl_dynamo.serve.grpc_ingress import grpc_options, grpc_setup_hook
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving
 from embedl_dynamo.serve.ray_ingress import deployment_class, is_loopback, ray_modules
 
@@ -195,12 +195,14 @@ def _start_ray(ray: Any, address: str | None, host: str, grpc: bool = False) -> 
     """Connect to ``address``, or start a fresh local Ray instance (never one found running:
     ``address="local"`` ignores ``RAY_ADDRESS`` and ``ray start``'s cluster), its own ports on
     loopback where the HTTP proxy is (Ray's single-machine mode, asked for before Ray is
-    imported; Serve's gRPC proxy through a worker setup hook, where ``grpc`` is asked for)."""
+    imported); with ``grpc``, the worker setup hook Serve's gRPC proxy needs (its server on
+    loopback too)."""
     if ray.is_initialized():  # the caller's own ray.init(): theirs to shut down
         return
     quiet: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if grpc and address is None and is_loopback(host):
-        quiet["runtime_env"] = {"worker_process_setup_hook": loopback_hook()}
+    if grpc and address is None:
+        hook = grpc_setup_hook(loopback=is_loopback(host))
+        quiet["runtime_env"] = {"worker_process_setup_hook": hook}
     ray.init(address=address or "local", include_dashboard=False, **quiet)
     if address is None:
         _Started.ray = True
@@ -247,9 +249,11 @@ def deploy(
             ``application`` metadata where several run).
         grpc_port: where Serve's gRPC proxy listens; only where this call starts the Ray
             instance (or an earlier call started it with the same port).
-        route_prefix: Serve's HTTP route for the application; None serves it over gRPC and
-            the handle alone, which is how a second model shares the instance (the KServe
-            routes of the first hold ``/``).
+        route_prefix: Serve's route prefix for the application (``/``: the KServe routes as
+            they are). A second application in the instance needs a prefix of its own (such as
+            ``/second``, its HTTP routes below it); gRPC clients reach it by its name in the
+            ``application`` metadata. None: the handle alone (Serve's gRPC proxy routes only
+            to applications with a prefix).
         options: :func:`build_app`'s options (``replicas``, ``cpus_per_replica``, ...).
 
     Returns:
@@ -285,7 +289,8 @@ def deploy(
     if _Started.ray:
         _Started.apps.add(name)
     if route_prefix is not None:
-        logger.info("serving %s at http://%s:%s/v2/models/%s", path, host, port, name)
+        base = f"http://{host}:{port}{route_prefix.rstrip('/')}"
+        logger.info("serving %s at %s/v2/models/%s", path, base, name)
     if grpc_port is not None:
         logger.info("serving %s over gRPC at %s:%s (application %s)", path, host, grpc_port, name)
     return handle

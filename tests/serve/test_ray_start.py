@@ -126,7 +126,7 @@ def test_grpc_is_offered_on_the_instance_deploy_starts_and_bound_to_loopback(fak
     assert start["grpc_options"] == {"port": 9100, "grpc_servicer_functions": [GRPC_SERVICER]}
     hook = ray.calls[0][1]["runtime_env"]["worker_process_setup_hook"]
     assert callable(hook) and "<locals>" in hook.__qualname__  # shipped by value, not by import
-    ray_serve.deploy(path, name="second", grpc_port=9100, route_prefix=None)  # same instance
+    ray_serve.deploy(path, name="second", grpc_port=9100, route_prefix="/second")  # same instance
     with pytest.raises(ValueError, match="grpc_port=9200: Ray Serve fixes its gRPC servicers"):
         ray_serve.deploy(path, name="third", grpc_port=9200)
 
@@ -138,17 +138,25 @@ def test_grpc_on_a_cluster_deploy_joined_is_refused_before_anything_starts(fake)
     assert not ray.calls and not serve.calls
 
 
-def test_the_loopback_hook_binds_serves_grpc_proxy_to_loopback(monkeypatch):
+def test_the_grpc_hook_lets_ray_pickle_requests_and_binds_the_proxy_to_loopback(monkeypatch):
+    import pickle
+
     from ray.serve._private import default_impl
+    from tritonclient.grpc import service_pb2
 
-    from embedl_dynamo.serve.grpc_ingress import loopback_hook
+    from embedl_dynamo.serve.grpc_ingress import grpc_setup_hook
 
+    monkeypatch.delitem(sys.modules, "grpc_service_pb2", raising=False)
     bound = []
-    monkeypatch.setattr(
-        default_impl, "add_grpc_address", lambda server, address: bound.append(address)
-    )
-    loopback_hook()()
-    default_impl.add_grpc_address("server", "[::]:9000")
-    loopback_hook()()  # once only: a second run does not wrap it again
-    default_impl.add_grpc_address("server", "0.0.0.0:9001")
-    assert bound == ["127.0.0.1:9000", "0.0.0.0:9001"]
+    monkeypatch.setattr(default_impl, "add_grpc_address", lambda server, at: bound.append(at))
+    request = service_pb2.ModelInferRequest(model_name="m", raw_input_contents=[b"\0"])
+    with pytest.raises(pickle.PicklingError, match="grpc_service_pb2"):
+        pickle.dumps(request)  # what Ray's proxy hits without the hook
+    grpc_setup_hook()()
+    assert pickle.loads(pickle.dumps(request)) == request
+    default_impl.add_grpc_address("server", "[::]:9000")  # loopback not asked for
+    grpc_setup_hook(loopback=True)()
+    default_impl.add_grpc_address("server", "[::]:9001")
+    grpc_setup_hook(loopback=True)()  # once only: a second run does not wrap it again
+    default_impl.add_grpc_address("server", "0.0.0.0:9002")
+    assert bound == ["[::]:9000", "127.0.0.1:9001", "0.0.0.0:9002"]

@@ -31,6 +31,7 @@ from embedl_dynamo.cli.main import main
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
 from embedl_dynamo.serve.kserve import KServeError
+from tests.serve.processes import alive, descendants, listening
 
 ROOT = Path(__file__).resolve().parents[2]
 TIME_LIMIT_S = 150
@@ -117,56 +118,6 @@ def test_serve_names_why_its_replicas_did_not_start(structured, monkeypatch, cap
     assert calls == ["init", "shutdown"]  # the instance it started is not left running
 
 
-def _descendants(pid: int) -> set[int]:
-    """``pid`` and every process below it (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # the ppid: the second field after the command name in parentheses
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [pid]
-    while todo:
-        current = todo.pop()
-        found.add(current)
-        todo.extend(c for c in children.get(current, []) if c not in found)
-    return found
-
-
-def _address(hex_address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """A /proc/net/tcp{,6} address (each 32-bit word in host order, little-endian here)."""
-    raw = bytes.fromhex(hex_address)
-    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-    address = ipaddress.ip_address(raw)
-    mapped = getattr(address, "ipv4_mapped", None)
-    return mapped or address
-
-
-def _listening(pids: set[int]) -> list[tuple[str, int]]:
-    """(address, port) of every TCP socket the processes ``pids`` listen on."""
-    inodes = set()
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
-        except OSError:
-            continue
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
-                host, port = fields[1].split(":")
-                found.append((str(_address(host)), int(port, 16)))
-    return found
-
-
 def _post(url: str, text: str) -> tuple[int, dict]:
     request = urllib.request.Request(url, data=text.encode(), method="POST")
     try:
@@ -228,7 +179,7 @@ def test_serve_runs_its_own_loopback_ray_and_stops_everything_it_started(structu
     deadline = time.monotonic() + TIME_LIMIT_S
     try:
         assert "serving" in _wait_for_line(lines, "serving", deadline), "".join(errors)[-3000:]
-        started = _descendants(child.pid)
+        started = descendants(child.pid)
         base = f"http://127.0.0.1:{port}/v2"
         with urllib.request.urlopen(f"{base}/health/ready", timeout=30) as reply:
             assert reply.status == 200
@@ -254,33 +205,20 @@ def test_serve_runs_its_own_loopback_ray_and_stops_everything_it_started(structu
         assert status == 400 and "outside FP32's range" in body["error"]
         with pytest.raises(KServeError, match="HTTP 400"):  # sent once: a 4xx is not retried
             post_infer(f"{base}/models/s/infer", json.loads(bad % "[1, null, 2, 3]"))
-        listening = _listening(_descendants(child.pid))
-        assert ("127.0.0.1", port) in listening
-        outside = [(a, p) for a, p in listening if not ipaddress.ip_address(a).is_loopback]
+        sockets = listening(descendants(child.pid))
+        assert ("127.0.0.1", port) in sockets
+        outside = [(a, p) for a, p in sockets if not ipaddress.ip_address(a).is_loopback]
         assert not outside, outside
         child.send_signal(signal.SIGINT)  # Ctrl-C, to the command alone
         assert "stopped" in _wait_for_line(lines, "stopped", time.monotonic() + 60)
         assert child.wait(timeout=60) == 0
         gone = time.monotonic() + 30  # Ray's processes end with the instance
-        while time.monotonic() < gone and _alive(started - {child.pid}):
+        while time.monotonic() < gone and alive(started - {child.pid}):
             time.sleep(0.5)
-        assert not _alive(started - {child.pid})
+        assert not alive(started - {child.pid})
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-        for pid in _alive(started):
+        for pid in alive(started):
             os.kill(pid, signal.SIGKILL)
         child.wait(timeout=30)
-
-
-def _alive(pids: set[int]) -> set[int]:
-    """Those of ``pids`` still running (not zombies)."""
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive

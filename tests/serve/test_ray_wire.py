@@ -1,0 +1,82 @@
+"""Ray Serve answers Triton's own clients (slow: a local Ray instance starts): binary HTTP with
+``tritonclient.http`` and gRPC with ``tritonclient.grpc`` give ``load()``'s outputs for float
+and int64 inputs and a dict output, a second application is reached over gRPC by its
+``application`` metadata, JSON still works, bodies that do not add up and a datatype not served
+get a 400 naming the problem, a request that does not fit a gRPC ``INVALID_ARGUMENT``, and every
+socket the instance listens on, its gRPC proxy's included, is on loopback.
+
+The scenario runs in its own process (:mod:`tests.serve.wire_scenario`), under a time limit, in
+its own process group: whatever happens, nothing of it outlives the test.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("tritonclient.http")
+pytest.importorskip("tritonclient.grpc")
+
+ROOT = Path(__file__).resolve().parents[2]
+TIME_LIMIT_S = 240
+
+
+def _run_scenario(workdir: Path) -> dict:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "RAY_ADDRESS": "127.0.0.1:1",  # a cluster the environment names: not to be joined
+    }
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # deploy() asks for loopback itself
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.serve.wire_scenario", str(workdir)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(timeout=TIME_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)  # the scenario and every process it started
+        out, err = child.communicate()
+        pytest.fail(f"the scenario ran over {TIME_LIMIT_S} s:\n{err[-3000:]}")
+    assert child.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_tritonclient_over_binary_http_and_grpc_answers_like_load(tmp_path):
+    seen = _run_scenario(tmp_path)
+    http = seen["http"]
+    assert http["live"] and http["ready"]
+    assert http["metadata_outputs"] == ["logits", "extra.0", "extra.1"]
+    assert http["binary_equal"] and http["default_equal"]
+    assert http["binary_dtypes"] == ["float32", "float32", "int64"]
+    assert seen["json_equal"]
+    grpc = seen["grpc"]
+    assert grpc["mixed_equal"] and grpc["second_equal"] and grpc["live"]
+    assert (grpc["mixed_metadata"], grpc["second_metadata"]) == ("mixed", "second")
+    assert grpc["mixed_ready"] and grpc["second_ready"]
+    status, message = grpc["bad"]
+    assert status == "StatusCode.INVALID_ARGUMENT"
+    assert "input 'input_0' has shape [-1, 4] (-1: any size), got [3, 3]" in message
+    bad = seen["bad"]
+    assert bad["short"][0] == 400 and "runs past the 12 bytes" in bad["short"][1]
+    assert bad["extra"][0] == 400 and "add up to 16" in bad["extra"][1]
+    assert bad["bf16"][0] == 400 and "datatype 'BF16' is not supported" in bad["bf16"][1]
+    sockets = [tuple(s) for s in seen["sockets"]]
+    http_port, grpc_port = seen["ports"]
+    assert ("127.0.0.1", http_port) in sockets and ("127.0.0.1", grpc_port) in sockets
+    outside = [(a, p) for a, p in sockets if not ipaddress.ip_address(a).is_loopback]
+    assert not outside, outside
