@@ -14,6 +14,7 @@ re-export writes the next one). :func:`write_triton_repository` writes both for 
 * ``max_batch_size`` and ``dynamic_batching`` when every input and output has the dynamic batch
   axis first (the dims then leave it out); a static batch gives ``max_batch_size: 0`` and the
   full dims;
+* ``model_warmup``, and ``preferred_batch_size`` (:mod:`embedl_dynamo.deploy.triton_warmup`);
 * an ``instance_group`` (``KIND_CPU``, or ``KIND_GPU`` for TensorRT) with the runtime's thread
   settings as parameters: ONNX Runtime's ``intra_op_thread_count`` per instance, OpenVINO's
   ``NUM_STREAMS`` (one per instance) and ``INFERENCE_NUM_THREADS`` (all instances together).
@@ -32,6 +33,7 @@ import re
 import secrets
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ import onnx
 
 from embedl_dynamo.cache.files import atomic_write_text, file_mode
 from embedl_dynamo.deploy.sidecar import read_sidecar, sidecar_path
+from embedl_dynamo.deploy.triton_warmup import add_warmup, prefer_batch_sizes
 from embedl_dynamo.errors import ExportArgumentError, RuntimeUnavailableError
 from embedl_dynamo.onnx.external_data import external_locations
 
@@ -216,6 +219,7 @@ def _build_config(
     threads: int | None,
     max_batch_size: int | None,
     queue_delay_us: int,
+    preferred_batch_sizes: Sequence[int] | None = None,
 ) -> Any:
     """The ``ModelConfig`` of the model at ``path`` (see :func:`write_triton_repository`)."""
     pb2 = _model_config_pb2()
@@ -247,6 +251,8 @@ def _build_config(
             if not dims:  # Triton needs a dim: [1], reshaped to the model's scalar (per sample)
                 entry.dims.append(1)
                 entry.reshape.SetInParent()
+    prefer_batch_sizes(config, preferred_batch_sizes)
+    add_warmup(config, pb2)
     _instance_group(config, pb2, backend == "tensorrt", instances)
     precision = str(sidecar.get("precision") or "fp32")
     _runtime_settings(config, backend, plan, instances, threads, precision)
@@ -323,6 +329,7 @@ def write_triton_repository(
     threads: int | None = None,
     max_batch_size: int | None = None,
     queue_delay_us: int = DEFAULT_QUEUE_DELAY_US,
+    preferred_batch_sizes: Sequence[int] | None = None,
 ) -> Path:
     """Write ``<repository>/<name>/config.pbtxt`` and a new version ``<repository>/<name>/<n>/``
     for an export: ``1`` in a new repository, else the newest version's number plus one
@@ -339,6 +346,7 @@ def write_triton_repository(
         max_batch_size: the largest batch Triton forms (default 8, capped by a TensorRT
             engine's profile); only for a file with a dynamic batch axis.
         queue_delay_us: ``dynamic_batching``'s ``max_queue_delay_microseconds``.
+        preferred_batch_sizes: the batcher's ``preferred_batch_size`` (<= ``max_batch_size``).
 
     Returns:
         The model's directory (``<repository>/<name>``).
@@ -363,7 +371,7 @@ def write_triton_repository(
     backend = _triton_backend(sidecar, backend)
     engine = _engine_file(path, sidecar) if backend == "tensorrt" else None
     config = _build_config(path, name, backend, engine is not None, sidecar, instances, threads,
-                          max_batch_size, queue_delay_us)  # fmt: skip
+                          max_batch_size, queue_delay_us, preferred_batch_sizes)  # fmt: skip
     files = {"model.plan": engine} if engine is not None else {}
     if engine is None:
         model = onnx.load(str(path), load_external_data=False)

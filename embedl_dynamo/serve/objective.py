@@ -10,6 +10,9 @@ batch holds and its threads as the CPUs (and threads) per replica.
 
 The decision is cached like the runtime choice, keyed by the file's bytes, the candidates, the
 budget, the CPU model and the library versions; a cached decision measures nothing.
+:func:`write_triton_for_objective` gives the same decision to a Triton model repository: its
+batch as the dynamic batcher's preferred size (warmed up before the model is ready), its
+workers as instances, its threads per instance.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import torch
 from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.keys import content_key, cpu_name, library_versions
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.deploy.triton import DEFAULT_MAX_BATCH_SIZE, write_triton_repository
 from embedl_dynamo.serve.artifact import ServedArtifact, artifact_specs
 
-__all__ = ["OBJECTIVES", "ServingChoice", "choose_serving"]
+__all__ = ["OBJECTIVES", "ServingChoice", "choose_serving", "write_triton_for_objective"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +176,47 @@ def _read(document: dict[str, Any]) -> ServingChoice:
     fields = {k: document[k] for k in ServingChoice.__dataclass_fields__}
     note = f"{fields['note']} (cached decision for this file on this CPU; not measured)"
     return ServingChoice(**{**fields, "note": note})
+
+
+def write_triton_for_objective(
+    path: str | os.PathLike[str],
+    repository: str | os.PathLike[str],
+    *,
+    objective: str = "throughput",
+    latency_budget_ms: float | None = None,
+    cpus: int | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Path:
+    """A Triton model repository for ``path`` set up as :func:`choose_serving` decides here:
+    ``instances`` = its workers, ``threads`` = its threads per worker and, for a file Triton
+    batches, its batch as ``preferred_batch_size`` (``max_batch_size`` at least that), each
+    batch size warmed up before the model is ready.
+
+    Args:
+        path, repository: as for :func:`~embedl_dynamo.deploy.triton.write_triton_repository`.
+        objective, latency_budget_ms, cpus, cache_dir: as for :func:`choose_serving` (``cpus``:
+            the CPUs Triton's instances share).
+        options: more of ``write_triton_repository``'s arguments (``name``, ``backend``, ...);
+            they override the decision's.
+
+    Returns:
+        The model's directory in the repository.
+    """
+    cpus = cpus or os.cpu_count() or 1
+    choice = choose_serving(
+        path,
+        objective=objective,
+        latency_budget_ms=latency_budget_ms,
+        cpus=cpus,
+        cache_dir=cache_dir,
+    )
+    settings: dict[str, Any] = {
+        "instances": max(1, cpus // choice.threads),
+        "threads": choice.threads,
+    }
+    if artifact_specs(Path(path))[2]:
+        settings["max_batch_size"] = max(choice.batch, DEFAULT_MAX_BATCH_SIZE)
+        settings["preferred_batch_sizes"] = [choice.batch]
+    logger.info("Triton settings for %s: %s (%s)", Path(path).name, settings, choice.note)
+    return write_triton_repository(path, repository, **{**settings, **options})
