@@ -16,7 +16,7 @@ from embedl_dynamo.serve.artifact import ServedArtifact, check_artifact
 from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
 from embedl_dynamo.serve.grpc_ingress import GRPC_SERVICER, grpc_options
 from embedl_dynamo.serve.kserve import KServeError
-from embedl_dynamo.serve.objective import ServingChoice, choose_serving
+from embedl_dynamo.serve.objective import ServingChoice, choose_serving, write_triton_for_objective
 from embedl_dynamo.serve.outputs import ServedOutputs
 from embedl_dynamo.serve.ray_serve import build_app, deploy, undeploy
 from embedl_dynamo.serve.replica import Replica
@@ -37,4 +37,5 @@ __all__ = [
     "infer_request",
     "post_infer",
     "undeploy",
+    "write_triton_for_objective",
 ]

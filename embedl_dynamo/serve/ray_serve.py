@@ -80,6 +80,18 @@ def replica_plan(
     return max(1, replicas * cpus // per_replica), per_replica, per_replica, choice.batch
 
 
+def _check_sizes(replicas: int, max_batch_size: int | None, batch_wait_s: float) -> None:
+    for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{label}={value!r}: give an integer >= 1")
+    if (
+        isinstance(batch_wait_s, bool)
+        or not isinstance(batch_wait_s, int | float)
+        or not batch_wait_s >= 0
+    ):
+        raise ValueError(f"batch_wait_timeout_s={batch_wait_s!r}: give seconds >= 0")
+
+
 def build_app(
     path: str | os.PathLike[str],
     *,
@@ -132,11 +144,7 @@ def build_app(
     if not path.is_file():
         raise FileNotFoundError(f"no artifact at {str(path)!r}; export one first")
     check_artifact(path)  # a changed or garbage file is refused here, not by every replica
-    for label, value in (("replicas", replicas), ("max_batch_size", max_batch_size or 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{label}={value!r}: give an integer >= 1")
-    if isinstance(batch_wait_timeout_s, bool) or not batch_wait_timeout_s >= 0:
-        raise ValueError(f"batch_wait_timeout_s={batch_wait_timeout_s!r}: give seconds >= 0")
+    _check_sizes(replicas, max_batch_size, batch_wait_timeout_s)
     if objective is not None:
         choice = choose_serving(path, objective=objective, latency_budget_ms=latency_budget_ms,
                                 cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip

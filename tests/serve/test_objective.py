@@ -93,3 +93,12 @@ def test_build_app_passes_deployment_options_and_refuses_its_own(files):
     assert (config.health_check_period_s, config.num_replicas) == (0.5, 2)
     with pytest.raises(ValueError, match=r"deployment_options sets \['num_replicas'\]"):
         build_app(files[0], deployment_options={"num_replicas": 3})
+
+
+@pytest.mark.parametrize("wait", [-0.001, float("nan"), "0.01"])
+def test_build_app_refuses_a_batch_wait_that_is_no_duration(files, wait):
+    pytest.importorskip("ray.serve")
+    from embedl_dynamo.serve.ray_serve import build_app
+
+    with pytest.raises(ValueError, match="batch_wait_timeout_s=.*: give seconds >= 0"):
+        build_app(files[0], batch_wait_timeout_s=wait)
