@@ -42,7 +42,7 @@ from embedl_dynamo.graph.index_ops import (
     proven_range,
     size_of,
 )
-from embedl_dynamo.graph.nodes import module_path, node_value_meta
+from embedl_dynamo.graph.nodes import constant_value, module_path, node_value_meta
 
 __all__ = ["IndexCheck", "IndexGuard", "guard_indices", "index_checks"]
 
@@ -161,6 +161,7 @@ class _Builder:
     """Inserts the check nodes of each guarded index before its op."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
         self.graph = gm.graph
         self.mode = _fake_mode(gm)
         self.sizes: dict[tuple[fx.Node, int | None], fx.Node] = {}
@@ -169,7 +170,14 @@ class _Builder:
         create = self.graph.call_method if op == "call_method" else self.graph.call_function
         return _with_meta(create(target, args), self.mode)
 
-    def size(self, tensor: fx.Node, dim: int | None) -> fx.Node:
+    def size(self, tensor: fx.Node, dim: int | None) -> fx.Node | int:
+        """The size as a node, or an int for a constant (an embedding table): a ``size`` call
+        would read the table outside its lookups, and keep it float under weight-only
+        precisions."""
+        if tensor.op == "get_attr":
+            value = constant_value(self.gm, tensor)
+            if isinstance(value, torch.Tensor):
+                return value.numel() if dim is None else int(value.shape[dim])
         key = (tensor, dim)
         if key not in self.sizes:
             args = (tensor,) if dim is None else (tensor, dim)
