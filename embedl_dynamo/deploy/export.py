@@ -3,17 +3,24 @@
 ``torch.compile`` output lives only in the process that compiled it. :func:`export` runs the
 very same stages the ``embedl_*`` dynamo backends run (it calls them, it does not copy them):
 
-1. :func:`~embedl_dynamo.graph.capture.capture`: Dynamo capture of one graph, weights frozen;
-2. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
+1. :func:`~embedl_dynamo.graph.capture.capture`: Dynamo capture of one graph, weights frozen,
+   in-place ops made functional;
+2. :func:`~embedl_dynamo.deploy.export_guards.check_export_graph`: that graph judged by the
+   conformance table, as ``torch.compile`` partitions it: for the ``onnxruntime`` and
+   ``openvino`` targets an op the file's runtime does not compute as PyTorch does is an
+   :class:`~embedl_dynamo.errors.ExportError` (one file cannot keep it in PyTorch); a graph
+   with index ops gets the index flag output (:mod:`~embedl_dynamo.deploy.index_flag`);
+3. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
    ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache;
-3. :func:`~embedl_dynamo.onnx.export.export_onnx`: one ONNX file, weights (and weight scales) as
+4. :func:`~embedl_dynamo.onnx.export.export_onnx`: one ONNX file, weights (and weight scales) as
    initializers, a dynamic batch axis;
 
 then verifies the file (``onnx.checker``, then ONNX Runtime judged by the verdict
 ``torch.compile`` applies, :mod:`embedl_dynamo.tuning.judge`, plus a doubled batch) and writes
 a JSON sidecar next to it (``model.onnx`` -> ``model.json``): the plan report, the quantization
-scales, the layers left in float and why, the verification, the settings and the library
-versions. Each stage is one function below; :func:`export` runs them in order.
+scales, the layers left in float and why, the verification, the guards ``load()`` applies
+(NaN and infinite inputs where a listed difference needs it, the index flag), the settings and
+the library versions. Each stage is one function below; :func:`export` runs them in order.
 """
 
 from __future__ import annotations
@@ -26,27 +33,32 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import onnx
 import torch
 from torch import nn
 
-from embedl_dynamo.backend import Backend, as_backend
+from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.digests import sha256_file
-from embedl_dynamo.cache.files import (
-    atomic_write_text,
-)
+from embedl_dynamo.cache.files import atomic_write_text
 from embedl_dynamo.cache.keys import jsonable
 from embedl_dynamo.deploy.engine import build_engine_file
+from embedl_dynamo.deploy.export_arguments import (
+    MIN_OPSET,
+    check_arguments,
+    check_calibration,
+    export_settings,
+    export_target,
+)
 from embedl_dynamo.deploy.export_file import (
     ExportStages,
     build_sidecar,
     verification_message,
     write_verified,
 )
+from embedl_dynamo.deploy.export_guards import ExportGuards, check_export_graph
+from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
     export_runtime,
-    refuse_foreign_sidecar,
     runtime_record,
     sidecar_path,
     write_report_page,
@@ -57,10 +69,9 @@ from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.graph.output_tree import OUTPUT_TREE_META, OutputTree
 from embedl_dynamo.pipeline import PipelineResult, run_pipeline
-from embedl_dynamo.quant.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
-from embedl_dynamo.runtimes.registry import runtime_classes, runtime_settings
+from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.judge import flat_outputs
@@ -74,44 +85,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-MIN_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear
-
-
-def _as_args(example_inputs: Any) -> tuple[torch.Tensor, ...]:
-    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
-    if not args:
-        raise ExportArgumentError("example_inputs is empty; pass the model's inputs, e.g. (x,)")
-    for i, value in enumerate(args):
-        if not isinstance(value, torch.Tensor):
-            raise ExportArgumentError(
-                f"example_inputs[{i}] is a {type(value).__name__}; export takes tensors only "
-                "(wrap other arguments in the model)"
-            )
-    return args
-
-
-def _settings(
-    precision: str | None,
-    quantize: str | None,
-    calibration_data: Any,
-    dynamic_batch: bool,
-    options: Mapping[str, Any] | None,
-    progress: bool | None,
-) -> Settings:
-    merged = dict(options or {})
-    clash = sorted({"precision", "quantize", "calibration_data", "dynamic_batch"} & set(merged))
-    if clash:
-        raise ExportArgumentError(f"pass {clash} as export() arguments, not in options")
-    merged.update(quantize=quantize, calibration_data=calibration_data, dynamic_batch=dynamic_batch)
-    if precision is not None:
-        merged["precision"] = precision
-    if progress is not None:
-        merged.setdefault("progress", progress)
-    try:
-        return runtime_settings(merged)
-    except ValueError as exc:
-        raise ExportArgumentError(str(exc)) from exc
 
 
 def export(
@@ -170,48 +143,83 @@ def export(
         The path of the ONNX file.
 
     Raises:
-        ExportError: bad arguments, a model Dynamo cannot capture, an op ONNX cannot express.
+        ExportError: bad arguments, a model Dynamo cannot capture, an op ONNX cannot express,
+            or (``onnxruntime`` and ``openvino`` targets) an op the conformance table keeps in
+            PyTorch on the file's runtime (:mod:`~embedl_dynamo.deploy.export_guards`).
         VerificationError: ``verify`` is on and the file fails the verdict.
     """
-    args = _check_arguments(model, example_inputs, path, opset)
-    path, target = Path(path), _target(backend)
-    settings = _settings(precision, quantize, calibration_data, dynamic_batch, options, progress)
-    _check_calibration(settings, target, backend, args)
+    args = check_arguments(model, example_inputs, path, opset)
+    path, target = Path(path), export_target(backend)
+    settings = export_settings(
+        precision, quantize, calibration_data, dynamic_batch, options, progress
+    )
+    check_calibration(settings, target, backend, args)
+    runtime = export_runtime(target.name, settings.runtime)
     stages = ExportStages(4 + int(engine), settings.progress)
     try:
         with stages.run("capture"):
             gm = _capture(model, args, dynamic_batch, dynamic_shapes)
+            guards = check_export_graph(gm, target.name, runtime)  # what the table allows
         with stages.run("pipeline"):
-            result = _pipeline(gm, args, target, settings)
+            result = _pipeline(guards.graph, args, target, settings)
         outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
-        written = write_verified(path, eager, args, result, settings, stages, opset, verify,
-                                 tolerance, target.name)  # fmt: skip
+        written = write_verified(
+            path,
+            eager,
+            args,
+            result,
+            settings,
+            stages,
+            opset,
+            verify,
+            tolerance,
+            target.name,
+            guards,
+        )
         _log_verification(path, written[0], settings)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:
         stages.close()
-    sidecar = build_sidecar(path, target, args, outputs, result, settings, written, stages.timings)
-    sidecar.update(_deployment(path, target, settings, gm, len(outputs), engine_path))
+    sidecar = build_sidecar(
+        path, target, args, outputs, result, settings, written, stages.timings, guards
+    )
+    count = len(outputs) - bool(guards.index_ops)  # the model's own outputs
+    sidecar.update(_deployment(path, runtime, gm, count, engine_path))
     _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
+    _warn_index_flag(path, guards, triton_repository)
     return path
 
 
 def _deployment(
-    path: Path,
-    target: Backend,
-    settings: Settings,
-    gm: Any,
-    count: int,
-    engine_path: Path | None,
+    path: Path, runtime: str, gm: Any, count: int, engine_path: Path | None
 ) -> dict[str, Any]:
     """The sidecar's entries on how the file deploys: the engine built beside it, the runtime
     it is meant to run on (``load()`` runs it there) and the model's output structure."""
     return {
         "engine_file": engine_path.name if engine_path else None,
         "engine_sha256": sha256_file(engine_path) if engine_path else None,
-        "runtime": runtime_record(export_runtime(target.name, settings.runtime), path),
+        "runtime": runtime_record(runtime, path),
         "output_tree": _output_tree(path, gm.meta.get(OUTPUT_TREE_META), count),
     }
+
+
+def _warn_index_flag(
+    path: Path, guards: ExportGuards, triton_repository: str | os.PathLike[str] | None
+) -> None:
+    """Say that the file's last output is the index flag, which a runtime other than
+    ``load()``'s module (Triton, a session of its own) hands back for its caller to read."""
+    if not guards.index_ops:
+        return
+    where = f"; the Triton model in {triton_repository} returns it" if triton_repository else ""
+    logger.warning(
+        "%s: its last output %s is True when an index of the call is outside the range PyTorch "
+        "takes (%s), where PyTorch raises IndexError; load() raises it, but a client running "
+        "the file otherwise must read that output and refuse the answer%s",
+        path.name,
+        INDEX_FLAG_OUTPUT,
+        ", ".join(guards.index_ops),
+        where,
+    )
 
 
 def _in_graph_order(model: nn.Module, gm: Any) -> Callable[..., Any]:
@@ -285,67 +293,6 @@ def _log_verification(path: Path, check: Verification, settings: Settings) -> No
         "exported %s: max abs diff %.3g vs %s, %s",
         path, check.max_abs_diff, check.compared_with, "passed" if check.passed else "failed",
     )  # fmt: skip
-
-
-def _check_arguments(
-    model: Any, example_inputs: Any, path: str | os.PathLike[str], opset: Any
-) -> tuple[torch.Tensor, ...]:
-    """Refuse a model, inputs, path or opset export cannot take; the inputs as a tuple."""
-    if not isinstance(model, nn.Module):
-        raise ExportArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if model.training:
-        raise ExportArgumentError(
-            f"{type(model).__name__} is in training mode; call model.eval() before export "
-            "(BatchNorm statistics and Dropout must be fixed for a deployable file)"
-        )
-    args = _as_args(example_inputs)
-    path = Path(path)
-    if path.suffix != ".onnx":
-        raise ExportArgumentError(f"path must end in .onnx, got {str(path)!r}")
-    if not path.parent.is_dir():
-        raise ExportArgumentError(f"directory {str(path.parent)!r} does not exist; create it first")
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        raise ExportError(f"cannot write to directory {str(path.parent)!r}; choose a writable path")
-    try:
-        refuse_foreign_sidecar(sidecar_path(path))
-    except FileExistsError as exc:
-        raise ExportArgumentError(str(exc)) from exc
-    if opset is not None and (
-        isinstance(opset, bool)
-        or not isinstance(opset, int)
-        or not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version()
-    ):
-        raise ExportArgumentError(
-            f"invalid opset={opset!r}: this onnx writes opsets {MIN_OPSET} to "
-            f"{onnx.defs.onnx_opset_version()} (QuantizeLinear per channel needs {MIN_OPSET}); "
-            "leave it None for the exporter's default"
-        )
-    return args
-
-
-def _target(backend: str | Backend) -> Backend:
-    try:
-        return as_backend(backend)
-    except (TypeError, ValueError) as exc:
-        raise ExportArgumentError(str(exc)) from exc
-
-
-def _check_calibration(
-    settings: Settings, target: Backend, backend: str | Backend, args: tuple[torch.Tensor, ...]
-) -> None:
-    """Refuse calibration data that does not fit, or INT8 for a target without it."""
-    data = settings.calibration_data
-    mismatch = calibration_mismatch(data, args) if data is not None else ""
-    if mismatch:
-        raise ExportArgumentError(
-            f"calibration_data does not fit the model's inputs: {mismatch}; give batches shaped "
-            "like example_inputs"
-        )
-    if settings.precision.quantizes and target.quantization is None:
-        raise ExportArgumentError(
-            f"backend {backend!r} has no INT8 configuration; use backend='tensorrt' or "
-            f"'onnxruntime' for precision={settings.precision.name!r}"
-        )
 
 
 def _capture(

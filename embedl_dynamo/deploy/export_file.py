@@ -24,6 +24,8 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.cache.files import file_mode
 from embedl_dynamo.cache.keys import library_versions
+from embedl_dynamo.deploy.export_guards import ExportGuards
+from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT, with_index_flag, write_index_flag
 from embedl_dynamo.deploy.sidecar import SIDECAR_FORMAT, data_file_record, io_specs
 from embedl_dynamo.deploy.verify import Verification, verify_onnx
 from embedl_dynamo.errors import ExportError, VerificationError
@@ -136,20 +138,29 @@ def write_verified(
     verify: bool,
     tolerance: float | None,
     target: str = "",
+    guards: ExportGuards | None = None,
 ) -> tuple[Verification, int | None]:
     """Export, verify and rename the file into place (unless ``verify`` and it fails).
 
     ``model`` is the user's model, returning its outputs in the graph's order; ``target`` the
-    export's target name (a file ONNX Runtime cannot run is advised for another runtime).
+    export's target name (a file ONNX Runtime cannot run is advised for another runtime);
+    ``guards``: where the pipeline's graph ends with the index flag, the file names it
+    (:func:`~embedl_dynamo.deploy.index_flag.write_index_flag`) and it is verified too.
 
     Returns:
         The verification and the opset written.
     """
+    flagged = guards is not None and bool(guards.index_ops)
     with _temporary_file(path) as tmp:
         with stages.run("onnx"):
             _export_file(result.model, args, tmp, settings.dynamic_batch, opset)
+            batch_input = write_index_flag(tmp) if flagged else None
         with stages.run("verify"):
-            reference = result.model if result.model is not result.float_model else model
+            lowered = result.model is not result.float_model  # INT8, half: its own graph
+            reference = result.model if lowered else model
+            if flagged:  # the file's flag is compared too: False on the inputs PyTorch takes
+                reference = with_index_flag(reference, lowered, batch_input)
+                model = with_index_flag(model, False, batch_input)
             extra = judging_sample(list(args), settings.calibration_data)[1:]
             try:
                 check = verify_onnx(
@@ -198,12 +209,16 @@ def build_sidecar(
     settings: Settings,
     written: tuple[Verification, int | None],
     timings: dict[str, float],
+    guards: ExportGuards | None = None,
 ) -> dict[str, Any]:
-    """The JSON sidecar: what was exported, how, and what verification measured."""
+    """The JSON sidecar: what was exported, how, what verification measured and the guards
+    ``load()`` applies (``guards``: :meth:`ExportGuards.to_dict
+    <embedl_dynamo.deploy.export_guards.ExportGuards.to_dict>`)."""
     check, written_opset = written
     dynamic_batch, axes = settings.dynamic_batch, declared_axes(result.model)
     batch = args[0].shape[0] if args[0].dim() > 0 else None
     quantized = bool(result.report.get("quantized"))
+    proto = onnx.load(str(path))
     return {
         "format": SIDECAR_FORMAT,
         "onnx_file": path.name,
@@ -216,12 +231,10 @@ def build_sidecar(
         "inputs": io_specs(
             input_names(len(args)), args, batch, dynamic_batch, axes and axes.inputs
         ),
-        "outputs": io_specs(
-            output_names(len(outputs)), outputs, batch, dynamic_batch, axes and axes.outputs
-        ),
+        "outputs": _output_specs(proto, outputs, batch, dynamic_batch, axes),
         "output_tree": None,  # export(): the model's output structure (graph.output_tree)
         "opset": written_opset,
-        "tensorrt_lint": runtime_lint(target, onnx.load(str(path))),
+        "tensorrt_lint": runtime_lint(target, proto),
         "precision": settings.precision.name,
         "quantized": quantized,
         "layers": result.report.get("layers", []),
@@ -238,10 +251,30 @@ def build_sidecar(
             "passed": check.passed,
             "failure": check.failure,
         },
+        "guards": guards.to_dict() if guards is not None else None,
         "settings": settings.to_dict(),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "versions": library_versions(runtime_classes().values()),
     }
+
+
+def _output_specs(
+    proto: onnx.ModelProto,
+    outputs: list[torch.Tensor],
+    batch: int | None,
+    dynamic_batch: bool,
+    axes: DynamicAxes | None,
+) -> list[dict[str, Any]]:
+    """The sidecar's ``outputs``: each output's name, shape and dtype; the index flag, where
+    the file ends with it, as the file writes it (over the batch axis, or 0-d)."""
+    names = [o.name for o in proto.graph.output]
+    if not names or names[-1] != INDEX_FLAG_OUTPUT:
+        names = output_names(len(outputs))
+        return io_specs(names, outputs, batch, dynamic_batch, axes and axes.outputs)
+    specs = io_specs(names[:-1], outputs[:-1], batch, dynamic_batch, axes and axes.outputs)
+    dims = proto.graph.output[-1].type.tensor_type.shape.dim
+    shape = [d.dim_param or d.dim_value for d in dims]
+    return [*specs, {"name": INDEX_FLAG_OUTPUT, "shape": shape, "dtype": "bool"}]
 
 
 def _quantization(result: PipelineResult) -> dict[str, Any]:

@@ -15,9 +15,11 @@ come back in the model's own structure (dicts, nested tuples and lists, ``None``
 sidecar records. The JSON sidecar is read into ``module.metadata`` (plan report, scales,
 versions) by the one reader that checks its fields (:mod:`~embedl_dynamo.deploy.sidecar_fields`),
 and the files are checked against the sha256 it recorded (:mod:`~embedl_dynamo.deploy.integrity`).
-A file whose runtime would answer NaN or infinite inputs with finite numbers (OpenVINO, or
-quantized activations) refuses such calls with a ValueError naming the fix
-(:mod:`~embedl_dynamo.deploy.non_finite`).
+A file whose runtime would answer NaN or infinite inputs otherwise than PyTorch (an op with a
+listed difference on them, which the sidecar records; quantized activations) refuses such calls
+with a ValueError naming the fix (:mod:`~embedl_dynamo.deploy.non_finite`), and a file with the
+index flag (:mod:`~embedl_dynamo.deploy.index_flag`) raises ``IndexError`` for a call holding
+an index PyTorch refuses.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from embedl_dynamo.deploy.index_flag import check_index_flag, has_index_flag
 from embedl_dynamo.deploy.input_check import check_inputs
 from embedl_dynamo.deploy.integrity import ArtifactCheck
 from embedl_dynamo.deploy.non_finite import check_finite_inputs, non_finite_risk
@@ -63,6 +66,9 @@ class ExportedModule(nn.Module):
         input_names, output_names: the artifact's graph inputs and outputs.
         output_tree: the model's output structure over them (None: a flat tuple, as a
             sidecar without one, or no sidecar, gives).
+        index_flag: whether the file's last output is the index flag
+            (:mod:`~embedl_dynamo.deploy.index_flag`): a call that sets it raises
+            ``IndexError``, as PyTorch does, and :meth:`forward` leaves it out.
         metadata: the export sidecar (empty when there is none).
         non_finite: why calls whose float inputs hold NaN or infinity are refused
             (:class:`~embedl_dynamo.deploy.non_finite.NonFiniteRisk`), None where they run.
@@ -77,7 +83,10 @@ class ExportedModule(nn.Module):
         self.output_names = runtime.output_names
         self.providers = runtime.providers if isinstance(runtime, OnnxRuntime) else []
         self.metadata = metadata
-        self.output_tree = _output_tree(path, metadata, len(self.output_names))
+        self.index_flag = has_index_flag(self.output_names)
+        self._index_ops = _index_ops(metadata)
+        count = len(self.output_names) - self.index_flag  # the model's own outputs
+        self.output_tree = _output_tree(path, metadata, count)
         self.non_finite = non_finite_risk(runtime.name, metadata)
 
     def forward(self, *inputs: torch.Tensor) -> Any:
@@ -96,17 +105,25 @@ class ExportedModule(nn.Module):
             ValueError: another number of inputs, a static axis of another size, or NaN or
                 infinity in a float input of a file that would answer it with finite numbers
                 (:attr:`non_finite`: the message names the input and the fix).
+            IndexError: an index of the call is outside the range PyTorch takes (a token id
+                of -1), where PyTorch raises it too (:attr:`index_flag`).
         """
         outputs = self.run_flat(*inputs)
+        if self.index_flag:
+            outputs = outputs[:-1]
         if self.output_tree is not None:
             return self.output_tree.rebuild(outputs, inputs)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def run_flat(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The file's own outputs, flat and in its order, checked as :meth:`forward` checks a
-        call (a server splits them by request before it rebuilds each one's structure)."""
+        """The file's own outputs, flat and in its order (the index flag last, where the file
+        has one), checked as :meth:`forward` checks a call (a server splits them by request
+        before it rebuilds each one's structure); a set index flag raises ``IndexError``."""
         self.check_call(inputs)
-        return tuple(self.artifact_runtime.infer(*inputs))
+        outputs = tuple(self.artifact_runtime.infer(*inputs))
+        if self.index_flag:
+            check_index_flag(self.path.name, outputs[-1], self._index_ops)
+        return outputs
 
     def check_call(self, inputs: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> None:
         """Refuse what :meth:`forward` refuses before the runtime runs (see its Raises)."""
@@ -124,6 +141,13 @@ class ExportedModule(nn.Module):
 
     def extra_repr(self) -> str:
         return f"path={str(self.path)!r}, runtime={self.runtime!r}, providers={self.providers}"
+
+
+def _index_ops(metadata: dict[str, Any]) -> tuple[str, ...]:
+    """The index ops the sidecar says the file's index flag guards (for the message)."""
+    guards = metadata.get("guards") or {}
+    flag = guards.get("index_out_of_range") or {}
+    return tuple(flag.get("ops") or ())
 
 
 def _output_tree(path: Path, metadata: dict[str, Any], count: int) -> OutputTree | None:

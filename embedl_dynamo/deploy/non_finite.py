@@ -1,15 +1,17 @@
-"""Which loaded files would answer NaN or infinite inputs with finite numbers, and the per-call
-guard that refuses such calls.
+"""Which loaded files would answer NaN or infinite inputs otherwise than PyTorch, and the
+per-call guard that refuses such calls.
 
 PyTorch propagates NaN and infinities; some files, on some runtimes, do not:
 
-* OpenVINO computes several ops otherwise on them (``ReLU(NaN)`` and ``Clamp(NaN)`` give a
-  number, ``MaxPool`` drops a NaN; the conformance table's rows and Differences,
-  :mod:`embedl_dynamo.runtimes.conformance`), so an openvino-target file running on OpenVINO
-  can answer a NaN pixel with a finite class score. ONNX Runtime keeps NaN and infinities
-  where PyTorch has them on the same float file (the exact forms every export writes,
-  :mod:`embedl_dynamo.graph.exact_ops`), so the fix is ``load(path, runtime="onnxruntime")``.
-* A file that quantizes activations (INT8, ``mixed``, FP8 Q/DQ) turns them into finite codes
+* an op whose conformance row lists a difference on them for the runtime
+  (:func:`~embedl_dynamo.runtimes.conformance.needs_finite_inputs`: OpenVINO's ``ReLU(NaN)``
+  and ``Clamp(NaN)`` give a number; a convolution or pooling window spreads or drops a NaN
+  otherwise than PyTorch's on both CPU runtimes). The export records, per CPU runtime, why
+  (the sidecar's ``guards.non_finite_inputs``, :mod:`~embedl_dynamo.deploy.export_guards`), as
+  the compiled path guards the same ops per call; the fix names a runtime that computes the
+  file's ops on them as PyTorch does, where one does. A file exported before the sidecar
+  recorded it is refused on OpenVINO, as before;
+* a file that quantizes activations (INT8, ``mixed``, FP8 Q/DQ) turns them into finite codes
   at its first QuantizeLinear on every runtime (the compiled path refuses such calls to its
   INT8 subgraphs too, and runs them in PyTorch); the fix is a float export.
 
@@ -64,7 +66,10 @@ def non_finite_risk(runtime: str, sidecar: Mapping[str, Any]) -> NonFiniteRisk |
             "pass finite inputs, or export the model in float (precision='fp32') for inputs "
             "that hold them",
         )
-    if runtime == "openvino":
+    recorded = (sidecar.get("guards") or {}).get("non_finite_inputs")
+    if isinstance(recorded, Mapping) and runtime in recorded:
+        return _recorded_risk(runtime, recorded)
+    if runtime == "openvino":  # a file exported before the sidecar recorded its guards
         return NonFiniteRisk(
             "OpenVINO computes them otherwise than PyTorch (ReLU and Clamp of NaN give numbers, "
             "MaxPool drops NaN), so its answer could be finite where PyTorch's is not",
@@ -72,6 +77,27 @@ def non_finite_risk(runtime: str, sidecar: Mapping[str, Any]) -> NonFiniteRisk |
             "load(path, runtime='onnxruntime'); or pass finite inputs",
         )
     return None
+
+
+def _recorded_risk(runtime: str, recorded: Mapping[str, str | None]) -> NonFiniteRisk | None:
+    """The risk the export recorded for ``runtime`` (its reason, from the conformance table),
+    with a runtime the table says answers this file's NaN and infinities as PyTorch does as
+    the fix, where there is one."""
+    reason = recorded[runtime]
+    if reason is None:
+        return None
+    exact = [name for name, why in recorded.items() if why is None and name != runtime]
+    if exact:
+        fix = (
+            f"load it on {exact[0]}, which computes them as PyTorch does for this file: "
+            f"load(path, runtime={exact[0]!r}); or pass finite inputs"
+        )
+    else:
+        fix = (
+            "pass finite inputs (no CPU runtime computes this file's ops on them as PyTorch does; "
+            "torch.compile runs such calls in PyTorch)"
+        )
+    return NonFiniteRisk(reason, fix)
 
 
 def check_finite_inputs(

@@ -108,6 +108,31 @@ def _settings(value: Any) -> str | None:
     return None
 
 
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _guards(value: Any) -> str | None:
+    """Why ``guards`` is not what export writes: the index flag's output and ops, and per
+    runtime why NaN and infinite inputs are refused (None: they are not)."""
+    if not isinstance(value, Mapping):
+        return "is not an object"
+    flag = value.get("index_out_of_range")
+    if flag is not None and not (
+        isinstance(flag, Mapping)
+        and isinstance(flag.get("output"), str)
+        and _strings(flag.get("ops"))
+    ):
+        return "has an index_out_of_range that is not an output name and a list of ops"
+    finite = value.get("non_finite_inputs")
+    if finite is not None and not (
+        isinstance(finite, Mapping)
+        and all(isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in finite.items())
+    ):
+        return "has non_finite_inputs that do not map runtimes to a reason or null"
+    return None
+
+
 def _named(value: Any) -> str | None:
     ok = isinstance(value, Mapping) and isinstance(value.get("name"), str)
     return None if ok else "is not an object with a name"
@@ -146,6 +171,7 @@ _RULES = {
     "precision": _text,
     "quantized": _flag,
     "settings": _settings,
+    "guards": _guards,
 }
 
 

@@ -14,6 +14,10 @@ re-export writes the next one). :func:`write_triton_repository` writes both for 
 * ``max_batch_size`` and ``dynamic_batching`` when every input and output has the dynamic batch
   axis first (the dims then leave it out); a static batch gives ``max_batch_size: 0`` and the
   full dims;
+* the index flag (:mod:`~embedl_dynamo.deploy.index_flag`): Triton runs the file without
+  ``load()``'s check, so the flag is an output its clients read, and the config says so in
+  comments; ``dynamic_batching`` is left out, so each run holds one request and its flag is
+  that request's own;
 * ``model_warmup``, and ``preferred_batch_size`` (:mod:`embedl_dynamo.deploy.triton_warmup`);
 * an ``instance_group`` (``KIND_CPU``, or ``KIND_GPU`` for TensorRT) with the runtime's thread
   settings as parameters: ONNX Runtime's ``intra_op_thread_count`` per instance, OpenVINO's
@@ -41,6 +45,7 @@ from typing import Any
 import onnx
 
 from embedl_dynamo.cache.files import atomic_write_text, file_mode
+from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT, has_index_flag
 from embedl_dynamo.deploy.sidecar import read_sidecar, sidecar_path
 from embedl_dynamo.deploy.triton_warmup import add_warmup, prefer_batch_sizes
 from embedl_dynamo.errors import ExportArgumentError, RuntimeUnavailableError
@@ -238,7 +243,8 @@ def _build_config(
                 f"max_batch_size={config.max_batch_size} exceeds the engine's profile "
                 f"({limit}); export with options={{'max_batch': N}} or lower it"
             )
-        config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
+        if not has_index_flag([t.name for t in outputs]):  # else each run is one request's
+            config.dynamic_batching.max_queue_delay_microseconds = queue_delay_us
     elif max_batch_size is not None:
         raise ExportArgumentError(
             f"{path.name} has no dynamic batch axis on every input and output, so Triton cannot "
@@ -257,6 +263,27 @@ def _build_config(
     precision = str(sidecar.get("precision") or "fp32")
     _runtime_settings(config, backend, plan, instances, threads, precision)
     return config
+
+
+def _index_flag_note(config: Any, sidecar: dict[str, Any]) -> str:
+    """Comment lines for ``config.pbtxt`` on the index flag output, where the model has one:
+    what it says, that clients must read it, and why Triton does not batch across requests."""
+    if not has_index_flag([o.name for o in config.output]):
+        return ""
+    flag = ((sidecar.get("guards") or {}).get("index_out_of_range")) or {}
+    ops = f" ({', '.join(flag.get('ops') or [])})" if flag.get("ops") else ""
+    lines = [
+        f"output {INDEX_FLAG_OUTPUT} is True when an index of the request is outside the range",
+        f"PyTorch takes{ops}, where PyTorch raises IndexError: clients must read it and",
+        "discard the other outputs when it is set (embedl_dynamo.load() raises instead).",
+    ]
+    if config.max_batch_size:
+        lines += [
+            "dynamic_batching is left out so that each run holds one request and the flag is",
+            "that request's own; with dynamic_batching it is set for every request of a batch",
+            "that held such an index.",
+        ]
+    return "".join(f"# {line}\n" for line in lines)
 
 
 def _copy_into(source: Path, target: Path) -> None:
@@ -385,7 +412,8 @@ def write_triton_repository(
         files["model.onnx"] = path
     model_dir = Path(repository) / name
     version = _write_version(model_dir, files)
-    atomic_write_text(model_dir / "config.pbtxt", text_format.MessageToString(config))
+    text = _index_flag_note(config, sidecar) + text_format.MessageToString(config)
+    atomic_write_text(model_dir / "config.pbtxt", text)
     what = (name, version, config.backend, model_dir)
     logger.info("wrote Triton model %s version %d (%s backend) to %s", *what)
     return model_dir

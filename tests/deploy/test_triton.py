@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from torch import nn
 
 from embedl_dynamo import export
+from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.deploy.triton import write_triton_repository
 from embedl_dynamo.errors import ExportArgumentError
@@ -117,7 +118,9 @@ def test_every_target_config_parses_and_matches_its_onnx_file(exports, target, b
     assert config.name == paths[target].stem
     assert config.backend == backend
     assert config.max_batch_size == 8
-    assert config.HasField("dynamic_batching")
+    # the embedding's index flag is each request's own: Triton runs one request at a time
+    assert config.output[-1].name == INDEX_FLAG_OUTPUT
+    assert not config.HasField("dynamic_batching")
     _check_against_onnx(config, model_dir / "1" / "model.onnx", batching=True)
     assert (model_dir / "1" / "model.onnx").read_bytes() == paths[target].read_bytes()
     [group] = config.instance_group
