@@ -203,8 +203,9 @@ class KServeGrpc:
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         service = _service()
         empty = service.ModelInferResponse()
-        if request.model_name != self.name:
-            message = f"no model {request.model_name!r}; this deployment serves {self.name!r}"
+        if (request.model_name, request.model_version or "1") != (self.name, "1"):
+            asked = f"{request.model_name!r} version {request.model_version or '1'!r}"
+            message = f"no model {asked}; this deployment serves {self.name!r} version '1'"
             return _fail(grpc_context, "NOT_FOUND", message, empty)
         try:
             header, binary = request_header(request)

@@ -166,6 +166,11 @@ def test_grpc_refusals_carry_a_status_naming_the_problem(served):
     asyncio.run(replica.ModelInfer(_grpc(_inputs(grpcclient, x, ids), model="other"), context))
     assert context.code == grpc.StatusCode.NOT_FOUND and "'other'" in context.details
     request = _grpc(_inputs(grpcclient, x, ids))
+    request.model_version = "2"
+    context = _Context()
+    asyncio.run(replica.ModelInfer(request, context))
+    assert context.code == grpc.StatusCode.NOT_FOUND and "version '2'" in context.details
+    request = _grpc(_inputs(grpcclient, x, ids))
     del request.raw_input_contents[1]
     context = _Context()
     asyncio.run(replica.ModelInfer(request, context))
