@@ -143,8 +143,12 @@ def test_a_registered_precision_runs_through_torch_compile(bf16w, tmp_path):
     torch.manual_seed(0)
     model = MobileNetLike().eval()
     x = torch.randn(2, 3, 32, 32)
-    options = {"precision": "bf16w", "cache_dir": str(tmp_path), "fallback": "raise",
-               "runtime": "onnxruntime"}  # fmt: skip
+    options = {
+        "precision": "bf16w",
+        "cache_dir": str(tmp_path / "cache"),  # tmp_path holds the stage's module
+        "fallback": "raise",
+        "runtime": "onnxruntime",
+    }
     compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
     with torch.no_grad():
         expected, got = model(x), compiled(x)

@@ -219,7 +219,7 @@ def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path,
 
     from embedl_dynamo.tuning import mixed_race
 
-    compile_module = importlib.import_module("embedl_dynamo.dynamo.compile")
+    compile_module = importlib.import_module("embedl_dynamo.dynamo.graph_build")
     real_time_graphs = mixed_race.time_graphs
     _int8_pays(monkeypatch)  # the layer profile; the whole-graph timing is replaced below
 
