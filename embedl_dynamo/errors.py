@@ -26,6 +26,7 @@ __all__ = [
     "OutputMismatchError",
     "ReadOnlyCacheError",
     "RuntimeUnavailableError",
+    "SavedFunctionError",
     "VerificationError",
     "error_line",
 ]
@@ -102,6 +103,11 @@ class RuntimeUnavailableError(EmbedlDynamoError, RuntimeError):
 
 class OutputMismatchError(EmbedlDynamoError, RuntimeError):
     """A built artifact's outputs differ from the GraphModule's on the build sample."""
+
+
+class SavedFunctionError(EmbedlDynamoError, RuntimeError):
+    """A compiled function cannot be saved or loaded as asked (a graph break, other weights, a
+    missing artifact, another grad or autocast state); the message says why and what works."""
 
 
 class CliError(EmbedlDynamoError):
