@@ -20,6 +20,7 @@ from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
 from embedl_dynamo.dynamo.coverage import CoverageReport, KeptOp, coverage
+from embedl_dynamo.dynamo.saved import load_compiled, save_compiled
 from embedl_dynamo.errors import (
     CacheLockTimeoutError,
     CalibrationDataError,
@@ -38,6 +39,7 @@ from embedl_dynamo.errors import (
     OutputMismatchError,
     ReadOnlyCacheError,
     RuntimeUnavailableError,
+    SavedFunctionError,
     VerificationError,
 )
 from embedl_dynamo.pipeline import prepare_qat, quantize
@@ -77,6 +79,7 @@ __all__ = [
     "OutputMismatchError",
     "ReadOnlyCacheError",
     "RuntimeUnavailableError",
+    "SavedFunctionError",
     "VerificationError",
     "QDQ",
     "Backend",
@@ -97,9 +100,11 @@ __all__ = [
     "get_transformation_plan",
     "last_report",
     "load",
+    "load_compiled",
     "prepare_qat",
     "quantize",
     "reset_backends",
+    "save_compiled",
     "set_backend",
     "trace",
     "transform",

@@ -10,7 +10,8 @@ discovered Backend through the module ``__getattr__``; a third-party target regi
 
 Settings come from ``options`` > environment > defaults (:class:`~embedl_dynamo.settings.Settings`);
 each subgraph is compiled by :func:`~embedl_dynamo.dynamo.compile.compile_subgraph`. What
-happened is in :func:`embedl_dynamo.last_report`.
+happened is in :func:`embedl_dynamo.last_report`. Inside PyTorch's ``aot_compile`` the result is
+a :class:`~embedl_dynamo.dynamo.saved_function.SavedFunction`, which PyTorch can save and load.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import fx
 from embedl_dynamo.backend import Backend, backend_by_name, discover_backends, get_backend
 from embedl_dynamo.cache.keys import digests_reused
 from embedl_dynamo.dynamo.compile import compile_subgraph
+from embedl_dynamo.dynamo.saved_function import SavedFunction, aot_compile_requested
 from embedl_dynamo.errors import ConfigurationError, EmbedlDynamoError, error_line
 from embedl_dynamo.precision import get_precision, precision_names
 from embedl_dynamo.runtimes.registry import runtime_settings
@@ -68,6 +70,14 @@ def _compile(
     settings = runtime_settings(options)
     target = backend or get_backend()
     _check_precision(target, settings)
+    if aot_compile_requested():  # PyTorch's aot_compile: a callable it can save and load
+        return SavedFunction.compiled_by(_compile_graph, gm, example_inputs, target, settings)
+    return _compile_graph(gm, example_inputs, target, settings)
+
+
+def _compile_graph(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], target: Backend, settings: Settings
+) -> Callable[..., Any]:
     try:
         with digests_reused():  # the graph's weights are keyed before and after its rewrites
             return compile_subgraph(gm, example_inputs, target, settings)
@@ -80,7 +90,7 @@ def _compile(
             f"embedl_{target.name}: compiling this graph failed inside embedl_dynamo "
             f"({error_line(exc)}); it runs in PyTorch. Please report this with the model",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         logger.debug("compile_subgraph failed", exc_info=True)
         return gm.forward

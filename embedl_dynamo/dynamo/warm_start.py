@@ -76,13 +76,17 @@ def calibration_identity(settings: Settings, frozen: fx.GraphModule) -> str | No
     """What the subgraph is calibrated on, as a key part: ``"none"`` for a precision that does
     not calibrate, ``"first-calls"`` for INT8 that calibrates on its first real calls (the
     warm start then reuses the ranges of the process that built it), else the fingerprint of
-    ``calibration_data`` (a ``forward_loop`` by what it feeds ``frozen``). None: the data
-    cannot be fingerprinted, so the subgraph has no warm start."""
+    ``calibration_data`` (a ``forward_loop`` by what it feeds ``frozen``; a saved compiled
+    function's stand-in by the ``saved_identity`` it holds). None: the data cannot be
+    fingerprinted, so the subgraph has no warm start."""
     if not settings.precision.calibrates:
         return "none"
     data = settings.calibration_data
     if data is None:
         return "first-calls"
+    saved = getattr(data, "saved_identity", None)  # a saved compiled function's (by identity)
+    if isinstance(saved, str):
+        return saved
     return data_fingerprint(data, model=frozen)
 
 
