@@ -24,6 +24,7 @@ _RUNS = {
     "export_and_load": ["export_and_load.py", "--small"],
     "plan_inspection": ["plan_inspection.py", "--small"],
     "third_party": ["third_party_backend/demo.py"],
+    "save_and_load": ["save_and_load.py", "--small", "--int8"],
 }
 
 
@@ -114,3 +115,11 @@ def test_third_party_backend_plugs_in_through_entry_points(runs) -> None:
     assert "backend exampleaccel" in out and "conv_bn_relu@0" in out
     diff = float(out.split("max abs diff to eager: ")[1].split()[0])
     assert diff < 1e-4
+
+
+def test_save_and_load_starts_a_fresh_process_from_the_saved_function(runs) -> None:
+    out = _ok(runs["save_and_load"])
+    assert "saved " in out and "model.pt.artifacts" in out
+    assert "first output" in out and out.split("load_compiled, ")[1].startswith("loaded")
+    diff = float(out.split("max abs diff to the saving process: ")[1].split()[0])
+    assert diff == 0.0  # the same INT8 artifact on the same runtime
