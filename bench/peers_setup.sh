@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create the virtual environments that bench/bench_llm.py runs its LLM peers in.
+# Create the virtual environments that `python -m bench run llm_decode` runs its LLM peers in
+# (bench/variants/llm_peers).
 #
 #   bash bench/peers_setup.sh [llama_cpp] [optimum_intel]     (default: both)
 #

@@ -1,4 +1,4 @@
-"""Helpers shared by the examples: find the repository's ``bench/models.py`` ResNet-50."""
+"""Helpers shared by the examples: find the repository's ``bench/models/resnet.py`` ResNet-50."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def resnet(small: bool, seed: int = 0):
 
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from bench.models import ResNet50, resnet50
+    from bench.models.resnet import ResNet50, resnet50
 
     if not small:
         return resnet50(seed)

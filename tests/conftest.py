@@ -36,13 +36,13 @@ def _usable_torchvision() -> None:
     """With the bench extra installed, the only reachable torchvision wheel is a CUDA build whose
     import fails with the CPU torch (``operator torchvision::nms does not exist``), and
     transformers fails through it: define its two op schemas first, as the benchmarks do
-    (:func:`bench.zoo.import_model_libraries`). Checked in a child process, so a working
+    (:func:`bench.models.zoo.import_model_libraries`). Checked in a child process, so a working
     torchvision is left alone."""
     if importlib.util.find_spec("torchvision") is None:
         return
     probe = subprocess.run([sys.executable, "-c", "import torchvision"], capture_output=True)
     if b"torchvision::nms does not exist" in probe.stderr:
-        from bench.zoo import import_model_libraries
+        from bench.models.zoo import import_model_libraries
 
         import_model_libraries()
 

@@ -1,4 +1,4 @@
-"""bench/bench_llm.py's peers: the GGUF that llama.cpp reads, the subprocess line protocol and
+"""The llm_decode suite's peers (bench/variants/llm_peers): the GGUF that llama.cpp reads, the subprocess line protocol and
 the variant names (the peers' own venvs are not needed: the protocol runs on this Python)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from bench import llm_peers
-from bench.llm_peers import Peer, PeerDied, PeerSpec, split_variants
+from bench.variants import llm_peers
+from bench.variants.llm_peers import Peer, PeerDied, PeerSpec, split_variants
 
 CONFIG = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -39,7 +39,7 @@ def qwen2_tensors() -> dict[str, np.ndarray]:
 def test_gguf_holds_every_tensor_under_llama_cpp_names(tmp_path):
     gguf = pytest.importorskip("gguf")
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
-    from bench.llm_peer_llama import gguf_name, write_gguf
+    from bench.variants.llm_peers.llama_cpp import gguf_name, write_gguf
 
     tensors = qwen2_tensors()
     (tmp_path / "config.json").write_text(json.dumps(CONFIG))
@@ -67,7 +67,7 @@ def test_gguf_holds_every_tensor_under_llama_cpp_names(tmp_path):
 
 
 def test_gguf_name_refuses_an_unknown_tensor():
-    from bench.llm_peer_llama import gguf_name
+    from bench.variants.llm_peers.llama_cpp import gguf_name
 
     with pytest.raises(ValueError, match="self_attn.rotary"):
         gguf_name("model.layers.0.self_attn.rotary.inv_freq")
@@ -75,7 +75,7 @@ def test_gguf_name_refuses_an_unknown_tensor():
 
 FAKE_PEER = """
 import sys
-from bench.llm_peer_protocol import serve
+from bench.variants.llm_peers.protocol import serve
 
 class Echo:
     def generate(self, prompt, tokens):

@@ -1,4 +1,4 @@
-"""bench/weight_only_shapes.py's files compute what the benchmark says they do: each copy is an
+"""bench/probes/weight_only_shapes.py's files compute what the benchmark says they do: each copy is an
 int4 weight-only matmul (codes blocked along K, scales, zero points) of the one input."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import onnx
 import onnxruntime
 from onnx import numpy_helper
 
-from bench.weight_only_kernels import BLOCK
-from bench.weight_only_shapes import copies_model
+from bench.probes.weight_only_kernels import BLOCK
+from bench.probes.weight_only_shapes import copies_model
 
 
 def _unpacked(tensor: onnx.TensorProto) -> np.ndarray:

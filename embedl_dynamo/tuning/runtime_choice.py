@@ -1,7 +1,7 @@
 """``runtime="auto"`` among several CPU runtimes: build each way to run, keep the fastest.
 
 No CPU runtime wins everywhere: OpenVINO tends to lead on transformers and plain convolutions,
-ONNX Runtime on depthwise convolutions, and other CPUs differ again (``bench/bench_runtimes.py`` measures them).
+ONNX Runtime on depthwise convolutions, and other CPUs differ again (``python -m bench run transformers`` measures them).
 So where a target lists several CPU runtimes and more than one is installed, the ways to run a
 subgraph (:func:`run_options`: a float graph on each runtime; a ``mixed`` graph on its runtime
 against the float graph on each other one) are built, timed on the example inputs and the

@@ -21,7 +21,7 @@ and the family rule.
   precisions are a decoder's weights streamed once per token, so the per-token time is the
   weight-only matmul kernels': ONNX Runtime's ``MatMulNBits`` (int8 compute on int4/int8
   blocks) led OpenVINO's compressed-weight matmuls on our artifact at both bit widths on the
-  decoders measured (``bench/bench_llm.py``), so under ``auto`` ONNX Runtime builds those graphs
+  decoders measured (``python -m bench run llm_decode``), so under ``auto`` ONNX Runtime builds those graphs
   when it is installed. The rule orders the runtimes; nothing is built twice.
 """
 

@@ -17,7 +17,7 @@ from embedl_dynamo.patterns.attention import FusedAttention
 from tests.helpers import BUILD_COUNTS
 
 if importlib.util.find_spec("torchvision") is not None:  # transformers imports it if present
-    from bench.zoo import import_model_libraries
+    from bench.models.zoo import import_model_libraries
 
     import_model_libraries()
 transformers = pytest.importorskip("transformers")

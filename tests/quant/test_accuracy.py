@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.ort_baseline import ort_quantize_static
+from bench.variants.ort_quantize import ort_quantize_static
 from embedl_dynamo import prepare_qat, quantize
 from embedl_dynamo.quant import QuantizationConfig, QuantizationSpec
 from embedl_dynamo.rewrite.qdq import Role

@@ -1,6 +1,6 @@
 """``objective="throughput"``: every batch size x thread split measured, the pick consistent with
 the measurements and the latency budget, the decision cached. (Which setting is fastest is the
-machine's business, not the test's: bench/bench_serve.py --objective shows the numbers.)"""
+machine's business, not the test's: python -m bench run serving --objective shows the numbers.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Before, ``torch.compile(backend="embedl_tensorrt", options={"precision": "int4_weight_only"})``
 on a CPU with both runtimes built the decoder on OpenVINO, the target's first CPU runtime,
 whose compressed-weight matmuls ran our artifact at 1.5x ONNX Runtime's ``MatMulNBits`` per
-token (``bench/bench_llm.py``, a Qwen2.5-0.5B-shaped decoder).
+token (``python -m bench run llm_decode``, a Qwen2.5-0.5B-shaped decoder).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ behind a per-call guard that sends calls with non-finite inputs to PyTorch
 (:func:`needs_finite_inputs`), one on finite values keeps the op in PyTorch; the conformance suite
 (``tests/runtimes/test_conformance.py``) takes each row as the expected result of PyTorch's own
 OpInfo samples plus edge values; ``docs/op-conformance.md`` is generated from it
-(``python -m bench.op_conformance_doc``).
+(``python -m tools.op_conformance_doc``).
 
 * ``exact``: the runtime's outputs equal PyTorch's bit for bit (same dtype and shape; NaN and
   infinities where PyTorch has them), on every sample and edge value;
