@@ -155,10 +155,37 @@ def export(
     )
     check_calibration(settings, target, backend, args)
     runtime = export_runtime(target.name, settings.runtime)
+    shapes, checks = (dynamic_batch, dynamic_shapes), (opset, verify, tolerance, engine)
+    built, stages = _build_file(model, args, path, target, settings, shapes, checks)
+    gm, guards, result, outputs, written, engine_path = built
+    sidecar = build_sidecar(
+        path, target, args, outputs, result, settings, written, stages.timings, guards
+    )
+    count = len(outputs) - bool(guards.index_ops)  # the model's own outputs
+    sidecar.update(_deployment(path, runtime, gm, count, engine_path))
+    _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
+    _warn_index_flag(path, guards, triton_repository)
+    return path
+
+
+def _build_file(
+    model: nn.Module,
+    args: tuple[Any, ...],
+    path: Path,
+    target: Backend,
+    settings: Settings,
+    shapes: tuple[bool, Sequence[Mapping[int, str] | None] | None],
+    checks: tuple[int | None, bool, float | None, bool],
+) -> tuple[tuple[Any, ...], ExportStages]:
+    """Capture, check against the table, run the pipeline, write and verify the file (and the
+    engine): ``(graph, guards, pipeline result, outputs, written, engine path)``, and the
+    stages with their timings."""
+    opset, verify, tolerance, engine = checks
+    runtime = export_runtime(target.name, settings.runtime)
     stages = ExportStages(4 + int(engine), settings.progress)
     try:
         with stages.run("capture"):
-            gm = _capture(model, args, dynamic_batch, dynamic_shapes)
+            gm = _capture(model, args, *shapes)
             guards = check_export_graph(gm, target.name, runtime)  # what the table allows
         with stages.run("pipeline"):
             result = _pipeline(guards.graph, args, target, settings)
@@ -180,14 +207,7 @@ def export(
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:
         stages.close()
-    sidecar = build_sidecar(
-        path, target, args, outputs, result, settings, written, stages.timings, guards
-    )
-    count = len(outputs) - bool(guards.index_ops)  # the model's own outputs
-    sidecar.update(_deployment(path, runtime, gm, count, engine_path))
-    _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
-    _warn_index_flag(path, guards, triton_repository)
-    return path
+    return (gm, guards, result, outputs, written, engine_path), stages
 
 
 def _deployment(
