@@ -20,7 +20,9 @@ Face's ``generate()`` loop) cannot be saved, and :func:`save_compiled` says so a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import types
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,7 @@ def save_compiled(
                 f"Dynamo cannot trace {type(model).__name__}.forward as one graph, which "
                 f"aot_compile needs ({_first_line(exc)}); {_WORKS}"
             ) from exc
+    _modules_by_name(compiled)
     with saving(model, bundle_path(path) if bundle else None):
         compiled.save_compiled_function(str(path), external_data={"model": model})
     logger.info("saved the compiled %s.forward to %s", type(model).__name__, path)
@@ -142,6 +145,27 @@ def portable_guards(entries: Sequence[Any]) -> list[bool]:
         )
         for entry in entries
     ]
+
+
+def _modules_by_name(compiled: Any) -> None:
+    """Make the modules the traced bytecode reads through globals Dynamo installed
+    (``___module_collections_<id>_c0``: a Hugging Face decoder's output) imported by name when
+    the function loads: torch 2.13 saves them neither by name nor by value, and the load fails
+    with "Missing required external references"."""
+    artifacts = getattr(compiled, "_artifacts", None)
+    env = getattr(artifacts, "runtime_env", None)
+    f_globals = getattr(compiled, "_extra_globals", None) or {}
+    if env is None or not hasattr(env, "external_refs"):
+        return  # another torch: its own save says what is missing
+    known = {*env.used_globals, *env.import_sources}
+    modules = {
+        ref: f_globals[ref].__name__
+        for ref in env.external_refs
+        if ref not in known and isinstance(f_globals.get(ref), types.ModuleType)
+    }
+    if modules:
+        sources = {**env.import_sources, **modules}
+        artifacts.runtime_env = dataclasses.replace(env, import_sources=sources)
 
 
 def _normal(value: Any) -> Any:

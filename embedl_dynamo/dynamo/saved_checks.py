@@ -31,6 +31,7 @@ from embedl_dynamo.cache.digests import blake3_digest
 from embedl_dynamo.cache.keys import fingerprint_graph, tensor_bytes
 from embedl_dynamo.cache.numerics import numerics_state
 from embedl_dynamo.graph.freeze import is_lifted_constant
+from embedl_dynamo.graph.functionalize import written_inputs
 
 __all__ = [
     "call_problem",
@@ -84,12 +85,14 @@ def _describe(numerics: dict[str, Any]) -> str:
 
 
 def weight_positions(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
-    """The positions of Dynamo's arguments that are the model's parameters and buffers."""
+    """The positions of Dynamo's arguments that are the model's parameters and buffers, less
+    those the graph writes in place (a static KV cache: state, not weights)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    written = set(written_inputs(gm).values())
     return [
         i
         for i, (node, value) in enumerate(zip(placeholders, example_inputs))
-        if is_lifted_constant(node, value)
+        if is_lifted_constant(node, value) and node not in written
     ]
 
 
