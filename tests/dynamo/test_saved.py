@@ -206,3 +206,35 @@ def test_type_identity_guards_are_not_saved():
     entries = [entry("TENSOR_MATCH"), entry("TYPE_MATCH"), entry("ID_MATCH"), entry("X", True)]
     # a class's id is another number in the next process; tensors' shapes and dtypes are not
     assert portable_guards(entries) == [True, False, False, False]
+
+
+class _CacheWriter(nn.Module):
+    """A buffer written in place (a KV cache's ``index_copy_``): state, not a weight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(6, 4))
+
+    def forward(self, x: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        self.cache.index_copy_(0, position, self.proj(x))
+        return self.cache.sum(0) * 2
+
+
+def test_a_buffer_the_graph_writes_is_not_a_weight(tmp_path):
+    torch.manual_seed(0)
+    model, x, first = _CacheWriter().eval(), torch.randn(1, 4), torch.tensor([0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        embedl_dynamo.save_compiled(
+            model, (x, first), tmp_path / "w.pt", backend="embedl_onnxruntime", min_subgraph_size=1
+        )
+    with torch.no_grad():
+        model(x, torch.tensor([1]))  # the cache now holds what a first step wrote
+        state = model.cache.clone()
+        loaded = embedl_dynamo.load_compiled(tmp_path / "w.pt", model)  # not "other values"
+        got = loaded(x * 2, torch.tensor([2]))
+        model.cache.copy_(state)
+        want = model(x * 2, torch.tensor([2]))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert loaded.report.runtime == "onnxruntime"
