@@ -28,6 +28,7 @@ SUITES = {
     "llm_decode": "bench.suites.llm_decode",
     "cold_start": "bench.suites.cold_start",
     "serving": "bench.suites.serving",
+    "serving_wire": "bench.suites.serving_wire",
     "coverage": "bench.suites.coverage",
 }
 PROBES = {
