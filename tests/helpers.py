@@ -141,6 +141,7 @@ _count_lock = threading.Lock()
 _BUILDERS = (
     ("embedl_dynamo.onnx.artifact", "export_onnx_unwritten", "onnx"),
     ("embedl_dynamo.runtimes.tensorrt.runtime", "build_engine", "trt_engine"),
+    ("embedl_dynamo.dynamo.refit", "refit_artifact", "refit"),
 )
 
 
@@ -159,7 +160,8 @@ def count_builds(set_attr: Callable[[Any, str, Any], None] = setattr) -> None:
     """Wrap the library's builders so each build adds one to ``BUILD_COUNTS[kind]``.
 
     Kinds: ``onnx`` (an ONNX export), ``trt_engine`` (a TensorRT engine), ``torch_tensorrt`` (a
-    module compiled by Torch-TensorRT's backend). Builds answered from the cache call none of them.
+    module compiled by Torch-TensorRT's backend), ``refit`` (new weights written into a built
+    artifact). Builds answered from the cache call none of them.
 
     Args:
         set_attr: how to replace a module attribute (``monkeypatch.setattr`` undoes it later).

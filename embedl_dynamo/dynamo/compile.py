@@ -34,6 +34,7 @@ from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import wrap_compiled
 from embedl_dynamo.dynamo.graph_build import build_graph
 from embedl_dynamo.dynamo.partitioned import build_partitioned, partition_for
+from embedl_dynamo.dynamo.refit import RefitSource, refit_graph, refitting
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze, inference_blocker
@@ -50,6 +51,7 @@ def compile_subgraph(
     example_inputs: Sequence[Any],
     backend: Backend,
     settings: Settings,
+    refit_from: RefitSource | None = None,
 ) -> Callable[..., Any]:
     """Compile one Dynamo graph for ``backend``; the returned callable takes Dynamo's arguments.
 
@@ -58,6 +60,8 @@ def compile_subgraph(
         example_inputs: the real inputs Dynamo gave with it.
         backend: the target.
         settings: the settings.
+        refit_from: the build of this graph for other weights, refitted with these
+            (:mod:`~embedl_dynamo.dynamo.refit`) instead of a new build where it can be.
 
     Returns:
         A callable taking the same arguments as ``gm``.
@@ -68,7 +72,9 @@ def compile_subgraph(
         return job.stay_eager(prepared.status, prepared.reason, gm.forward)
     frozen, split, graph = prepared.frozen, prepared.split, prepared.split.tensors
     partitioning = partition_for(job, graph)
-    if partitioning is None:  # one runtime takes the whole graph
+    if partitioning is None and refit_from is not None:  # new weights: refitted
+        infer = refit_graph(refit_from, job, graph, example_inputs)
+    elif partitioning is None:  # one runtime takes the whole graph
         infer = build_graph(job, graph)
     elif not partitioning.fragments:
         kept = partitioning.blocker or partitioning.kept[0]
@@ -84,7 +90,7 @@ def compile_subgraph(
         job.settings,
         job.backend,
         example_inputs,
-        compile_subgraph,
+        refitting(job, compile_subgraph, example_inputs),  # new weights: a refit where it can be
         split.scalars,
         _int_positions(frozen),
         frozen.specialized,

@@ -32,6 +32,7 @@ from embedl_dynamo.dynamo.compiled_call import (
     calibrated_input_bounds,
     watch_calibrated_ranges,
 )
+from embedl_dynamo.dynamo.refit_recipe import record_transform
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.dynamo.warm_start import alias_key_of, remember_build, start_warm
 from embedl_dynamo.errors import CalibrationDataError, error_line
@@ -80,7 +81,7 @@ def _build_new(
 ) -> Callable[..., Any] | None:
     """The pipeline and the runtime's build for ``graph`` (nothing found in the cache)."""
     job.settings = _fit_calibration(job, graph)
-    result = _transform(job, graph)
+    result = record_transform(job, graph, _transform)  # its weight recipe kept for a refit
     if result is None:
         job.stay_eager("eager", job.report.reason, None)
         return None

@@ -20,6 +20,7 @@ from torch import fx
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.report.record import next_index, record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
@@ -67,6 +68,8 @@ class SubgraphJob:
     on_cuda: bool = False  # the graph's tensors are on a CUDA device
     # graph input position -> the largest magnitude INT8 calibration saw there (watched)
     input_bounds: dict[int, float] = dataclasses.field(default_factory=dict)
+    # how the pipeline derived its constants from the weights, for a refit (dynamo.refit)
+    weight_recipe: WeightRecipe | None = None
 
     def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Record that the subgraph runs in PyTorch (``fn``) and why."""

@@ -44,6 +44,7 @@ from embedl_dynamo.dynamo.subgraph_alias import forget_alias, lookup_alias, stor
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
+from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.onnx.artifact import input_specs
 from embedl_dynamo.quant.calibrate import data_fingerprint
 from embedl_dynamo.report.plan_rows import PlanSnapshot
@@ -127,11 +128,18 @@ class WarmStart:
         infer: the runtime's served callable; None where eager beat the runtimes (the
             original graph runs).
         input_bounds: graph input position -> the largest magnitude calibration saw there.
+        weight_recipe: the build's weight recipe, for a refit (:mod:`~.refit`), or None.
     """
 
-    def __init__(self, infer: Callable[..., Any] | None, input_bounds: dict[int, float]) -> None:
+    def __init__(
+        self,
+        infer: Callable[..., Any] | None,
+        input_bounds: dict[int, float],
+        weight_recipe: WeightRecipe | None = None,
+    ) -> None:
         self.infer = infer
         self.input_bounds = input_bounds
+        self.weight_recipe = weight_recipe
 
 
 def warm_start(
@@ -197,7 +205,15 @@ def warm_start(
     report.runtime_info = dict(runtime.build_info)
     _fill_report(report, alias, runtime_cls)
     bounds = {int(k): float(v) for k, v in (alias.get("input_bounds") or {}).items()}
-    return WarmStart(runtime.serve(), bounds)
+    return WarmStart(runtime.serve(), bounds, _recipe(alias.get("weight_recipe")))
+
+
+def _recipe(data: Any) -> WeightRecipe | None:
+    """The weight recipe an alias stored (None: none, or one this code cannot read)."""
+    try:
+        return WeightRecipe.from_dict(data) if data is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _fill_report(report: SubgraphReport, alias: dict[str, Any], runtime_cls: type[Runtime]) -> None:
@@ -265,6 +281,8 @@ def remember_build(job: SubgraphJob, alias_key: str | None) -> None:
     alias["reason"] = report.reason
     alias["input_bounds"] = {str(k): v for k, v in job.input_bounds.items()}
     alias["decided"] = decided_here(runtime_cls)
+    recipe = job.weight_recipe  # a warm start refits new weights as the build would
+    alias["weight_recipe"] = recipe.to_dict() if recipe and recipe.problem is None else None
     store_alias(alias_key, alias, job.settings)
 
 
@@ -314,4 +332,5 @@ def start_warm(job: SubgraphJob, frozen: fx.GraphModule, alias_key: str) -> Warm
         warn_eager_faster(EagerSpeed.from_dict(report.pipeline["eager_speed"]), report.index)
     if loaded.infer is not None and loaded.input_bounds:
         loaded.infer = watch_calibrated_ranges(loaded.infer, loaded.input_bounds, report.index)
+    job.weight_recipe = loaded.weight_recipe
     return loaded
