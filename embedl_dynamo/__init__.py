@@ -19,6 +19,7 @@ from embedl_dynamo.backend import (
 from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.deploy.export import export
 from embedl_dynamo.deploy.load import load
+from embedl_dynamo.deploy.refit import refit
 from embedl_dynamo.dynamo.coverage import CoverageReport, KeptOp, coverage
 from embedl_dynamo.dynamo.saved import load_compiled, save_compiled
 from embedl_dynamo.errors import (
@@ -103,6 +104,7 @@ __all__ = [
     "load_compiled",
     "prepare_qat",
     "quantize",
+    "refit",
     "reset_backends",
     "save_compiled",
     "set_backend",

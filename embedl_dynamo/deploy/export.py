@@ -55,6 +55,7 @@ from embedl_dynamo.deploy.export_file import (
     write_verified,
 )
 from embedl_dynamo.deploy.export_guards import ExportGuards, check_export_graph
+from embedl_dynamo.deploy.file_recipe import recipe_entries, recording
 from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT
 from embedl_dynamo.deploy.sidecar import (
     SIDECAR_FORMAT,
@@ -157,12 +158,12 @@ def export(
     runtime = export_runtime(target.name, settings.runtime)
     shapes, checks = (dynamic_batch, dynamic_shapes), (opset, verify, tolerance, engine)
     built, stages = _build_file(model, args, path, target, settings, shapes, checks)
-    gm, guards, result, outputs, written, engine_path = built
+    gm, guards, result, outputs, written, engine_path, refit_entries = built
     sidecar = build_sidecar(
         path, target, args, outputs, result, settings, written, stages.timings, guards
     )
     count = len(outputs) - bool(guards.index_ops)  # the model's own outputs
-    sidecar.update(_deployment(path, runtime, gm, count, engine_path))
+    sidecar.update(_deployment(path, runtime, gm, count, engine_path), **refit_entries)
     _write_sidecar(path, sidecar, engine_path, target, result, html, stages, triton_repository)
     _warn_index_flag(path, guards, triton_repository)
     return path
@@ -178,8 +179,8 @@ def _build_file(
     checks: tuple[int | None, bool, float | None, bool],
 ) -> tuple[tuple[Any, ...], ExportStages]:
     """Capture, check against the table, run the pipeline, write and verify the file (and the
-    engine): ``(graph, guards, pipeline result, outputs, written, engine path)``, and the
-    stages with their timings."""
+    engine): ``(graph, guards, pipeline result, outputs, written, engine path, the sidecar's
+    refit entries)``, and the stages with their timings."""
     opset, verify, tolerance, engine = checks
     runtime = export_runtime(target.name, settings.runtime)
     stages = ExportStages(4 + int(engine), settings.progress)
@@ -187,7 +188,7 @@ def _build_file(
         with stages.run("capture"):
             gm = _capture(model, args, *shapes)
             guards = check_export_graph(gm, target.name, runtime)  # what the table allows
-        with stages.run("pipeline"):
+        with stages.run("pipeline"), recording(guards.graph) as recorder:  # for refit()
             result = _pipeline(guards.graph, args, target, settings)
         outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
         written = write_verified(
@@ -204,10 +205,11 @@ def _build_file(
             guards,
         )
         _log_verification(path, written[0], settings)
+        refit_entries = recipe_entries(path, recorder, result, guards.graph, model)
         engine_path = _engine(path, args, settings, stages) if engine else None
     finally:
         stages.close()
-    return (gm, guards, result, outputs, written, engine_path), stages
+    return (gm, guards, result, outputs, written, engine_path, refit_entries), stages
 
 
 def _deployment(

@@ -1,0 +1,135 @@
+"""refit(path, state_dict): new weights into an exported file and its sidecar, without
+exporting again. A float file becomes the file an export of the new weights writes; an INT8
+file keeps its scales, held to the budget on calibration data or said to be unchecked; the
+refitted file passes load()'s integrity check; what cannot be refitted is refused, the file
+left as it was."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import onnx
+import pytest
+import torch
+from onnx import numpy_helper
+
+import embedl_dynamo
+from embedl_dynamo.cache.digests import sha256_file
+from embedl_dynamo.deploy.integrity import verify_artifact
+from embedl_dynamo.deploy.refit import refit
+from embedl_dynamo.errors import ExportArgumentError, ExportError, VerificationError
+from tests.helpers import random_batches
+from tests.models import ResNetLike, randomize_batchnorm
+
+X = torch.randn(2, 3, 32, 32)
+DATA = random_batches((2, 3, 32, 32), 3)
+
+
+def _model(seed: int) -> ResNetLike:
+    torch.manual_seed(seed)
+    return randomize_batchnorm(ResNetLike().eval(), seed)
+
+
+def _export(model, path, precision="fp32", **options):
+    data = DATA if precision == "int8" else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return embedl_dynamo.export(
+            model,
+            (X,),
+            path,
+            backend="onnxruntime",
+            precision=precision,
+            calibration_data=data,
+            options={"accuracy_budget": 0.95, **options},
+        )
+
+
+def _initializers(path) -> dict[str, bytes]:
+    model = onnx.load(str(path))
+    return {i.name: numpy_helper.to_array(i).tobytes() for i in model.graph.initializer}
+
+
+def _sidecar(path) -> dict:
+    return json.loads(path.with_suffix(".json").read_text())
+
+
+def test_a_float_file_refitted_is_the_file_an_export_of_the_new_weights_writes(tmp_path):
+    other = _model(1)
+    path = _export(_model(0), tmp_path / "a.onnx")
+    assert _sidecar(path)["refit"] == {"model": "model", "reason": None}
+    refit(path, other.state_dict())
+    expected = _export(other, tmp_path / "b.onnx")
+    assert _initializers(path) == _initializers(expected)
+    verify_artifact(path)  # load()'s integrity check: the sidecar's digests are the new file's
+    with torch.no_grad():
+        assert torch.equal(embedl_dynamo.load(path)(X), embedl_dynamo.load(expected)(X))
+    record = _sidecar(path)["refit"]
+    assert record["initializers"] > 0 and record["scales"] is None
+
+
+def test_an_int8_file_without_calibration_data_keeps_its_scales_and_says_so(tmp_path):
+    other = _model(1)
+    path = _export(_model(0), tmp_path / "a.onnx", "int8")
+    scales = _sidecar(path)["quantization"]["scales"]
+    with pytest.warns(RuntimeWarning, match="activation scales are kept from the export"):
+        refit(path, other)  # the module itself: its parameters and buffers
+    sidecar = _sidecar(path)
+    assert sidecar["refit"]["scales"] == "kept from export, not checked (no calibration_data)"
+    assert sidecar["quantization"]["scales"] == scales
+    verify_artifact(path)
+    with torch.no_grad():
+        out, expected = embedl_dynamo.load(path)(X), other(X)
+    assert torch.nn.functional.cosine_similarity(out.flatten(), expected.flatten(), 0) > 0.95
+
+
+def test_an_int8_file_with_calibration_data_is_held_to_its_budget(tmp_path):
+    path = _export(_model(0), tmp_path / "a.onnx", "int8")
+    refit(path, _model(1).state_dict(), calibration_data=DATA)
+    record = _sidecar(path)["refit"]
+    assert record["cosine"] >= 0.95 and record["scales"].startswith("kept from export: cosine")
+
+
+def test_int8_scales_the_new_weights_outgrow_are_refused_and_the_file_kept(tmp_path):
+    other = _model(0)
+    path = _export(_model(0), tmp_path / "a.onnx", "int8")
+    with torch.no_grad():
+        other.conv1.weight.mul_(50)  # activations far beyond the calibrated ranges
+    before = sha256_file(path), _sidecar(path)
+    with pytest.raises(VerificationError, match="with the INT8 scales of its export"):
+        refit(path, other.state_dict(), calibration_data=DATA)
+    assert (sha256_file(path), _sidecar(path)) == before
+    assert not list(tmp_path.glob(".refit-*"))  # nothing staged is left behind
+
+
+def test_a_weight_of_another_shape_is_refused_by_name(tmp_path):
+    path = _export(_model(0), tmp_path / "a.onnx")
+    state = _model(1).state_dict()
+    state["fc.weight"] = torch.zeros(3, 16)
+    before = sha256_file(path)
+    with pytest.raises(ExportArgumentError, match=r"weight fc.weight is float32\[3, 16\]"):
+        refit(path, state)
+    del state["fc.weight"]
+    with pytest.raises(ExportArgumentError, match="weight fc.weight is missing"):
+        refit(path, state)
+    assert sha256_file(path) == before
+
+
+def test_the_callers_weights_are_left_as_they_were(tmp_path):
+    path = _export(_model(0), tmp_path / "a.onnx")
+    state = _model(1).state_dict()
+    copies = {k: v.clone() for k, v in state.items()}
+    refit(path, state)
+    assert all(torch.equal(copies[k], state[k]) for k in state)
+
+
+def test_a_file_changed_since_export_or_without_a_recipe_is_refused(tmp_path):
+    path = _export(_model(0), tmp_path / "a.onnx")
+    sidecar = _sidecar(path)
+    path.with_suffix(".json").write_text(json.dumps({**sidecar, "weight_recipe": None}))
+    with pytest.raises(ExportError, match="exported without a weight recipe"):
+        refit(path, _model(1).state_dict())
+    path.write_bytes(path.read_bytes() + b"\0")
+    with pytest.raises(ValueError, match="does not match the sha256"):
+        refit(path, _model(1).state_dict())
