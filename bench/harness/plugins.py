@@ -43,6 +43,7 @@ PROBES = {
         "mixed_layers",
         "modelopt_agreement",
         "ov_layer_compare",
+        "refit",
         "transform",
         "weight_only_kernels",
         "weight_only_shapes",
