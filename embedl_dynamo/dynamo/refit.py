@@ -191,9 +191,10 @@ def _refit(
         "model": model_name,
     }
     report.pipeline = dict(source.report.pipeline)
-    if _lower(source):
+    if _lower(source):  # INT8's activation scales kept, or a half precision: to the budget
         refit["cosine"] = round(_check_budget(source, job, runtime), 6)
-        refit["scales"] = "kept: the refitted artifact is within accuracy_budget"
+        if source.settings.precision.calibrates:
+            refit["scales"] = "kept: the refitted artifact is within accuracy_budget"
     report.pipeline["refit"] = {**refit, "refit_s": round(time.perf_counter() - start, 4)}
     report.compile_s = time.perf_counter() - job.start
     record(report)

@@ -48,14 +48,32 @@ def _array(proto: Any) -> np.ndarray:
     return numpy_helper.to_array(proto)
 
 
+def _torch_dtype(data_type: int) -> torch.dtype | None:
+    """The torch dtype of an ONNX tensor type (None: one a weight never has)."""
+    from onnx import TensorProto as T
+
+    types = {T.FLOAT: torch.float32, T.FLOAT16: torch.float16, T.BFLOAT16: torch.bfloat16}
+    types.update({T.DOUBLE: torch.float64, T.INT8: torch.int8, T.UINT8: torch.uint8})
+    types.update({T.INT16: torch.int16, T.INT32: torch.int32, T.INT64: torch.int64})
+    return {**types, T.BOOL: torch.bool}.get(data_type)
+
+
 def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().contiguous().cpu().numpy()
+    """A tensor's bytes as a numpy array (bfloat16, which numpy lacks, as its uint16 bits)."""
+    tensor = tensor.detach().contiguous().cpu()
+    return (tensor.view(torch.uint16) if tensor.dtype == torch.bfloat16 else tensor).numpy()
 
 
-def _check_spec(name: str, proto: Any, value: np.ndarray) -> None:
-    from onnx import helper
+def _old_tensor(proto: Any) -> torch.Tensor:
+    """An initializer's value as a tensor of its own dtype."""
+    data = bytearray(_array(proto).tobytes())
+    dtype = _torch_dtype(proto.data_type) or torch.uint8
+    flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+    return flat.reshape(list(proto.dims))
 
-    dtype = helper.tensor_dtype_to_np_dtype(proto.data_type)
+
+def _check_spec(name: str, proto: Any, value: torch.Tensor) -> None:
+    dtype = _torch_dtype(proto.data_type)
     if list(proto.dims) != list(value.shape) or dtype != value.dtype:
         raise ValueError(
             f"initializer {name} is {dtype}{list(proto.dims)} in the file, the new weights give "
@@ -114,8 +132,8 @@ def refit_initializers(
     for fqn, tensor in derived.items():
         name = EXPORTED_PREFIX + fqn
         if name in constants:
+            _check_spec(name, constants.proto(name), tensor)
             new[name] = _as_numpy(tensor)
-            _check_spec(name, constants.proto(name), new[name])
         elif name + _INT8 in constants:
             folded[name + _INT8] = _as_numpy(tensor)
         elif fqn.endswith(".zero_point"):
@@ -205,7 +223,7 @@ def _folded(
         if fold_int8_weights(mini) != 1:
             raise ValueError(f"int8 weight {name} could not be folded again")
         result[name] = _array(next(i for i in mini.graph.initializer if i.name == name))
-        _check_spec(name, constants.proto(name), result[name])
+        _check_spec(name, constants.proto(name), torch.from_numpy(np.array(result[name])))
     return result
 
 
@@ -237,47 +255,43 @@ def _check_not_merged(
 ) -> None:
     """A constant no weight decides that is no name of the file at all may have been folded
     into one the new weights change: refused where such an initializer held its bytes."""
-    from onnx import helper
-
-    old: dict[str, str] = {}
-    for name in new:  # dtype|shape only: an initializer is hashed where a constant's kind fits
+    kinds = {}  # dtype|shape only: an initializer is hashed where a constant's kind fits
+    for name in new:
         proto = constants.proto(name)
-        dtype = torch.from_numpy(np.empty(0, helper.tensor_dtype_to_np_dtype(proto.data_type)))
-        old[name] = f"{str(dtype.dtype).split('.')[-1]}|{list(proto.dims)}"
+        dtype = _torch_dtype(proto.data_type)
+        kinds[name] = f"{str(dtype).split('.')[-1]}|{list(proto.dims)}"
     for fqn, digest in independent.items():
         if EXPORTED_PREFIX + fqn in constants:
             continue
-        for name, kind in old.items():
-            if (
-                kind == digest_kind(digest)
-                and tensor_digest(_tensor(constants.old(name))) == digest
-            ):
+        for name, kind in kinds.items():
+            if kind != digest_kind(digest):
+                continue
+            if tensor_digest(_old_tensor(constants.proto(name))) == digest:
                 raise ValueError(
                     f"constant {fqn} equals initializer {name}, which the new weights change "
                     "(the exporter may have merged them)"
                 )
 
 
-def _tensor(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.array(array))
-
-
 def replace_initializers(model: Any, values: Mapping[str, np.ndarray]) -> None:
-    """Set the constants of ``model`` named in ``values`` to them, in place (inline data): an
-    initializer's data, or the output of an ``Identity`` node, which becomes an initializer."""
-    from onnx import TensorProto, numpy_helper
-
+    """Set the constants of ``model`` named in ``values`` to those bytes, in place (inline
+    data, each keeping its ONNX type): an initializer, or the output of an ``Identity`` node,
+    which becomes an initializer of its own."""
+    constants = _Constants(model)
     for proto in model.graph.initializer:
         if proto.name in values:
-            fresh = numpy_helper.from_array(np.ascontiguousarray(values[proto.name]), proto.name)
-            proto.Clear()
-            proto.CopyFrom(fresh)
-            proto.data_location = TensorProto.DEFAULT
+            _set(proto, proto.name, proto.data_type, values[proto.name])
     done = {proto.name for proto in model.graph.initializer}
     for node in list(model.graph.node):
-        if node.op_type == "Identity" and node.output[0] in values and node.output[0] not in done:
+        name = node.output[0] if node.output else None
+        if node.op_type == "Identity" and name in values and name not in done:
             model.graph.node.remove(node)
-            name = node.output[0]
-            model.graph.initializer.append(
-                numpy_helper.from_array(np.ascontiguousarray(values[name]), name)
-            )
+            _set(model.graph.initializer.add(), name, constants.proto(name).data_type, values[name])
+
+
+def _set(proto: Any, name: str, data_type: int, value: np.ndarray) -> None:
+    value = np.ascontiguousarray(value)
+    proto.Clear()
+    proto.name, proto.data_type = name, data_type
+    proto.dims.extend(value.shape)
+    proto.raw_data = value.tobytes()

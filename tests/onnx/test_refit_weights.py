@@ -152,3 +152,24 @@ def test_a_zero_point_two_quantizers_share_that_would_now_differ_is_refused():
     }
     with pytest.raises(ValueError, match="zero point zp is read by quantizers that now differ"):
         refit_initializers(model, derived, {}, {})
+
+
+def test_a_bfloat16_weight_keeps_its_type_and_gets_its_new_bits():
+    """numpy has no bfloat16: the initializer is written from the tensor's bits, typed as it
+    was in the file."""
+    proto = helper.make_tensor("gm.w", TensorProto.BFLOAT16, [4], [0, 0, 0, 0])
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["gm.w"], ["y"], to=F)],
+        "g",
+        [],
+        [helper.make_tensor_value_info("y", F, [4])],
+        [proto],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    w = torch.tensor([1.5, -2.0, 3.25, 0.0], dtype=torch.bfloat16)
+    replace_initializers(model, refit_initializers(model, {"w": w}, {}, {}))
+    written = model.graph.initializer[0]
+    assert written.data_type == TensorProto.BFLOAT16 and list(written.dims) == [4]
+    assert written.raw_data == w.view(torch.int16).numpy().tobytes()
+    with pytest.raises(ValueError, match="initializer gm.w is torch.bfloat16"):
+        refit_initializers(model, {"w": w.float()}, {}, {})
