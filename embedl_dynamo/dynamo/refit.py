@@ -1,13 +1,14 @@
 """Refit: new weights into a compiled graph without building it again.
 
 When the weights of a compiled graph change (``load_state_dict``, an optimizer step: the
-guards of :mod:`~.frozen_weights` see it), a graph this process built keeps its plan, its
-ONNX graph, its runtime and, for INT8, its activation scales. What the weights decide is
-computed again, and only that:
+guards of :mod:`~.frozen_weights` see it), the graph keeps its plan, its ONNX graph, its
+runtime and, for INT8, its activation scales. What the weights decide is computed again, and
+only that:
 
-1. while the first build ran the pipeline, :func:`~.refit_recipe.record_transform` recorded which tensor ops
-   derive the transformed graph's constants from the frozen weights (folded BatchNorm, INT8
-   weight scales, half copies: a :class:`~embedl_dynamo.graph.weight_recipe.WeightRecipe`);
+1. while the build ran the pipeline, :func:`~.refit_recipe.record_transform` recorded which
+   tensor ops derive the transformed graph's constants from the frozen weights (folded
+   BatchNorm, INT8 weight scales, half copies: a
+   :class:`~embedl_dynamo.graph.weight_recipe.WeightRecipe`, kept with a warm start's alias);
 2. :func:`refit_graph` freezes the new weights (no Dynamo trace: the graph is Dynamo's, kept),
    replays the recipe on them, and writes the constants into the built artifact's initializers
    (:func:`~embedl_dynamo.onnx.refit_weights.refit_initializers`: the int8 codes folded again
@@ -20,9 +21,11 @@ computed again, and only that:
    trace).
 
 What cannot be refitted is built as before, with the reason in the report
-(``pipeline["refit"]``): a weight of another shape or dtype, a graph warm-started from the
-cache (no recipe), a partitioned graph, a constant the recipe cannot compute (SmoothQuant's,
-calibrated on activations) or an initializer the exporter computed from a weight.
+(``pipeline["refit"]``): a weight of another shape or dtype, ``mixed`` precision (its layers'
+precisions are timed), a constant the recipe cannot compute (SmoothQuant's, calibrated on
+activations) or an initializer the exporter computed from a weight (a linear layer's weight
+the exporter transposed). A partitioned graph, or one whose recipe cannot be replayed (the
+pipeline read a weight's value), is built anew as before.
 """
 
 from __future__ import annotations
@@ -170,6 +173,8 @@ def _refit(
     source: RefitSource, job: SubgraphJob, graph: fx.GraphModule, args: Sequence[Any]
 ) -> Callable[..., Any]:
     start = time.perf_counter()
+    if source.settings.precision.per_layer:
+        raise _NotRefitted(f"{source.settings.precision} times its layers' precisions anew")
     index_guard = guard_indices(graph)
     if index_guard is not None:  # as build_graph: the graph also flags an index out of range
         job.original = index_guard.graph
