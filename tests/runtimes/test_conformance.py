@@ -23,7 +23,13 @@ import pytest
 import torch
 
 from embedl_dynamo import last_report
-from embedl_dynamo.runtimes.conformance import ROWS, Verdict, differences, rule_for
+from embedl_dynamo.runtimes.conformance import (
+    NON_FINITE_EDGES,
+    ROWS,
+    Verdict,
+    differences,
+    rule_for,
+)
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from tests.runtimes.conformance_check import assert_conforms, compile_on
 
@@ -223,14 +229,18 @@ def _check(op: str, name: str, runtime: str, dtype: torch.dtype) -> None:
             warnings.simplefilter("ignore")
             actual = compile_on(fn, runtime, fallback="eager")(*tensors)
         assert_conforms(fn(*tensors), actual, rule.verdict, f"{name} on {runtime}")
-        reports = last_report().subgraphs
-        assert {r.runtime for r in reports} == {"eager"}, f"{name} ran on {runtime}: {reports}"
-        assert all(rule.reason in r.reason for r in reports)
+        for report in last_report().subgraphs:  # the op stays in PyTorch, alone or with its graph
+            why = (
+                [report.reason] if report.runtime == "eager" else [k["reason"] for k in report.kept]
+            )
+            assert any(rule.reason in w for w in why), f"{name} ran on {runtime}: {report}"
         return
     parts, refused = _compile_parts(info, samples, runtime)
     if not parts:  # loud (an export or build error): every such graph runs in PyTorch
         pytest.skip(f"{runtime} refuses every sample of {name} in {dtype}: {refused[0][:200]}")
-    differs = {d.edge for d in differences(op, runtime)}
+    # a difference on NaN or infinities is behind the per-call guard (dynamo/call_guards): such
+    # calls run in PyTorch, so they must conform as every other call does
+    differs = {d.edge for d in differences(op, runtime)} - set(NON_FINITE_EDGES)
     shown: set[str] = set()
     for fn, tensors, compiled in parts:
         for label, edge in _edge_calls(tensors, dtype):
@@ -248,9 +258,6 @@ def _check(op: str, name: str, runtime: str, dtype: torch.dtype) -> None:
                 if known is None:
                     raise
                 shown.add(known)
-    listed = differs & {"nan", "inf", "-inf"}  # the float edges
-    if dtype == torch.float32 and listed:  # listed differences that never show are gone
-        assert shown, f"{name} on {runtime}: none of the listed differences {listed} showed"
 
 
 _CI_CASES = [c for c in _cases(CI_DTYPES) if c.values[1] in CI_OPINFO]
