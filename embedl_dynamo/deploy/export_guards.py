@@ -24,6 +24,7 @@ rewrite), :func:`check_export_graph` decides once, from the same table
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +36,7 @@ from embedl_dynamo.errors import ExportError
 from embedl_dynamo.graph.capture import DYNAMIC_AXES_META
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.index_guards import guard_indices
-from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.runtimes.conformance import (
     CPU_RUNTIMES,
     NON_FINITE_EDGES,
@@ -43,8 +44,11 @@ from embedl_dynamo.runtimes.conformance import (
     needs_finite_inputs,
     node_blocker,
     op_name,
+    rule_for,
 )
 from embedl_dynamo.runtimes.registry import runtime_classes
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "JUDGED_TARGETS",
@@ -53,6 +57,7 @@ __all__ = [
     "export_blockers",
     "non_finite_reasons",
     "refuse_kept_ops",
+    "unproven_ops",
 ]
 
 #: targets whose file is judged by the table (the tensorrt target keeps its lint)
@@ -98,13 +103,34 @@ def _blocker(node: fx.Node, runtime: str) -> str | None:
     return reason.removesuffix("; runs in PyTorch") if reason is not None else None
 
 
+def _unproven(node: fx.Node, runtime: str) -> bool:
+    """Whether no row of the table speaks for ``node``'s op and input dtype on ``runtime``: not
+    known to differ, only not checked (a file that exported before the table existed keeps
+    exporting, with a warning)."""
+    op = op_name(node)
+    if op is None:
+        return False
+    source = next((a for a in node.all_input_nodes if hasattr(node_value_meta(a), "dtype")), None)
+    dtype = getattr(node_value_meta(source), "dtype", None) if source is not None else None
+    return rule_for(op, runtime, dtype) is None
+
+
 def export_blockers(gm: fx.GraphModule, runtime: str) -> list[tuple[fx.Node, str]]:
-    """Each node of ``gm`` that ``runtime`` does not compute as PyTorch does, and why (the
-    table's words); empty for a runtime the table does not speak for."""
+    """Each node of ``gm`` that ``runtime`` is known to compute otherwise than PyTorch, and why
+    (the table's words); empty for a runtime the table does not speak for. Ops without a row
+    are not refused (:func:`unproven_ops` names them)."""
     if runtime not in CPU_RUNTIMES:
         return []
     found = ((node, _blocker(node, runtime)) for node in gm.graph.nodes)
-    return [(node, reason) for node, reason in found if reason is not None]
+    return [(n, why) for n, why in found if why is not None and not _unproven(n, runtime)]
+
+
+def unproven_ops(gm: fx.GraphModule, runtime: str) -> list[str]:
+    """The ops of ``gm`` no row of the table speaks for on ``runtime`` (where they are)."""
+    if runtime not in CPU_RUNTIMES:
+        return []
+    nodes = (n for n in gm.graph.nodes if n.users and _unproven(n, runtime))
+    return sorted({_where(n) for n in nodes})
 
 
 def _target_of(runtime: str) -> str:
@@ -131,6 +157,14 @@ def refuse_kept_ops(gm: fx.GraphModule, runtime: str) -> None:
     """Raise :class:`~embedl_dynamo.errors.ExportError` when ``runtime`` does not compute an
     op of ``gm`` as PyTorch does: the first such op and why, the others by name, and where it
     is exact."""
+    unproven = unproven_ops(gm, runtime)
+    if unproven:
+        logger.warning(
+            "export: %s have no conformance row for %s: the file holds them, unchecked on edge "
+            "values (NaN, infinities, integer extremes)",
+            ", ".join(unproven),
+            runtime,
+        )
     blockers = export_blockers(gm, runtime)
     if not blockers:
         return

@@ -48,26 +48,22 @@ LITERAL_ELEMENTS = 64
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-class NotEncodable(TypeError):
-    """An op argument a recipe cannot hold as data."""
-
-
 def _number(value: float) -> Any:
     return value if math.isfinite(value) else str(value)
 
 
 def encode_argument(value: Any, tracked: Callable[[Any], dict[str, Any] | None]) -> Any:
     """``value`` (an op argument) as JSON data; ``tracked(tensor or storage)`` gives a weight's
-    encoded form (``{"slot": n}``...) or None. Raises :class:`NotEncodable` for what a recipe
+    encoded form (``{"slot": n}``...) or None. Raises ``TypeError`` for what a recipe
     cannot hold."""
     if isinstance(value, (torch.Tensor, torch.UntypedStorage)):
         found = tracked(value)
         if found is not None:
             return found
         if isinstance(value, torch.UntypedStorage):
-            raise NotEncodable("a storage that is no weight's")
+            raise TypeError("a storage that is no weight's")
         if value.numel() > LITERAL_ELEMENTS or value.device.type == "meta":
-            raise NotEncodable(f"a {tuple(value.shape)} tensor that is no weight")
+            raise TypeError(f"a {tuple(value.shape)} tensor that is no weight")
         flat = value.detach().reshape(-1)
         values = [_number(float(v)) if flat.is_floating_point() else v for v in flat.tolist()]
         return {"tensor": values, "dtype": _dtype_name(value.dtype), "shape": list(value.shape)}
@@ -85,7 +81,7 @@ def encode_argument(value: Any, tracked: Callable[[Any], dict[str, Any] | None])
     ):
         if isinstance(value, cls):
             return {kind: str(value).split(".")[-1]}
-    raise NotEncodable(f"an argument of type {type(value).__name__}")
+    raise TypeError(f"an argument of type {type(value).__name__}")
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -41,7 +41,6 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from embedl_dynamo.graph.weight_recipe import (
-    NotEncodable,
     WeightRecipe,
     encode_argument,
     tensor_digest,
@@ -217,7 +216,7 @@ class WeightRecorder(TorchDispatchMode):
                 }
             slot, _ = self._state(value)
             if slot == -1:
-                raise NotEncodable("a weight's storage read whole through a view")
+                raise TypeError("a weight's storage read whole through a view")
             key = "slot" if isinstance(value, torch.Tensor) else "storage_of"
             return None if slot is None else {key: slot}
 
@@ -227,7 +226,7 @@ class WeightRecorder(TorchDispatchMode):
                 encode_argument(list(args), tracked),
                 {k: encode_argument(v, tracked) for k, v in kwargs.items()},
             ]
-        except NotEncodable as exc:
+        except TypeError as exc:  # an argument a recipe cannot hold as data
             return f"{func} reads {exc}", []
         written = [self.slot_of(t) for t in written_arguments(func, args, kwargs)]
         return None, [*encoded, [s for s in written if s is not None]]
