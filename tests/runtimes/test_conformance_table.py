@@ -9,7 +9,6 @@ from pathlib import Path
 import torch
 from torch import fx
 
-from tools.op_conformance_doc import PAGE, markdown_table, render
 from embedl_dynamo import last_report
 from embedl_dynamo.runtimes.conformance import (
     ROWS,
@@ -21,6 +20,7 @@ from embedl_dynamo.runtimes.conformance import (
     rule_for,
 )
 from tests.runtimes.conformance_check import compile_on
+from tools.op_conformance_doc import PAGE, markdown_table, render
 
 TESTS = Path(__file__).resolve().parents[1]
 

@@ -9,7 +9,6 @@ import torch
 import embedl_dynamo
 from tests.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn
 
-
 _MIXED_DEFECT = pytest.mark.xfail(
     reason="open defect (2026-12-06): the digits models compiled with precision='mixed' on ONNX "
     "Runtime score 19% top-1 against float's 91% (the float artifact that won runs in 0.02 ms "

@@ -75,7 +75,9 @@ def _float_to_int(node: fx.Node) -> bool:
     """Whether ``node`` turns a float tensor into an integer one (bool excluded)."""
     source = node.args[0] if node.args else None
     value = node_value_meta(node)
-    before = getattr(node_value_meta(source), "dtype", None) if isinstance(source, fx.Node) else None
+    before = (
+        getattr(node_value_meta(source), "dtype", None) if isinstance(source, fx.Node) else None
+    )
     after = getattr(value, "dtype", None)
     if not isinstance(before, torch.dtype) or not isinstance(after, torch.dtype):
         return False
