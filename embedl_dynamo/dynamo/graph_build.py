@@ -48,7 +48,12 @@ from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.beat_eager import times_eager
 from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.int8_speed import compare_with_float
-from embedl_dynamo.tuning.judge import check_precision, judge_against, judging_sample
+from embedl_dynamo.tuning.judge import (
+    check_float_sample,
+    check_precision,
+    judge_against,
+    judging_sample,
+)
 from embedl_dynamo.tuning.mixed_precision import apply_mixed
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
 
@@ -289,10 +294,26 @@ def _judged_runtime(
             float_model = None
     else:
         runtime = options[0].runtime(settings, job.axes).build(model, job.inputs, judge)
-    if float_model is not None and not _judged_already(runtime, judged):
-        sample = judging_sample(job.inputs, settings.calibration_data)
-        check_precision(runtime, job.original, sample, settings.accuracy_budget)
+    _judge_on_sample(job, runtime, lower=float_model is not None, judged=judged)
     return runtime
+
+
+def _judge_on_sample(
+    job: SubgraphJob, runtime: Runtime, lower: bool, judged: dict[str, str] | None
+) -> None:
+    """Hold the artifact ``runtime`` runs to the graph Dynamo gave on the judging sample (the
+    build sample and calibration batches: :func:`~embedl_dynamo.tuning.judge.judging_sample`):
+    a ``lower`` one within ``accuracy_budget`` (unless ``mixed`` held this very artifact to it
+    here: ``judged``), a float one by the float rule where the sample holds more than the build
+    sample its runtime judged (an artifact right on the input its export traced alone is
+    refused here, never served)."""
+    settings = job.settings
+    sample = judging_sample(job.inputs, settings.calibration_data)
+    if lower:
+        if not _judged_already(runtime, judged):
+            check_precision(runtime, job.original, sample, settings.accuracy_budget)
+    elif len(sample) > 1:  # the build sample counted again, so the batches keep their numbers
+        check_float_sample(runtime, job.original, sample)
 
 
 def _runtime_failed(job: SubgraphJob, label: str, exc: Exception) -> None:

@@ -29,12 +29,13 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx, nn
+from torch.utils._python_dispatch import _disable_current_modes
 
 from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
@@ -132,6 +133,22 @@ def _native_output_to_debug():
             text = sink.read().decode(errors="replace").strip()
             if text:
                 logger.debug("ONNX exporter output:\n%s", text)
+
+
+@contextlib.contextmanager
+def _outside_dispatch_modes() -> Iterator[None]:
+    """The exporters run with no ``TorchDispatchMode`` active (one is restored after).
+
+    Why: the TorchScript tracer records the ops that reach its dispatch key, and a Python
+    dispatch mode takes them first: what the mode returns reaches the trace as a constant. A
+    graph exported under one (the weight recorder a build runs its pipeline in,
+    :mod:`~embedl_dynamo.graph.weight_recorder`, around ``mixed``'s race) became one
+    ``Constant`` node holding its outputs on the example inputs: right on those alone, cached
+    under the graph's key and served. No mode needs to see an export: it computes nothing a
+    recipe replays (an initializer the exporter folds is found by the refit itself).
+    """
+    with _disable_current_modes():
+        yield
 
 
 def _torchscript_export(
@@ -325,7 +342,7 @@ def _export(
     for name in order:
         start = time.perf_counter()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), _outside_dispatch_modes():
                 if name == "torchscript":
                     exported = _export_torchscript(module, args, path, opset, named, len(outputs))
                 else:

@@ -9,7 +9,10 @@ each of the same shape and dtype. Then two rules, one per kind of artifact:
   infinities where the reference has them. ``rtol`` is the runtime's declared
   :attr:`~embedl_dynamo.runtimes.base.Runtime.float_rtol` (:data:`FLOAT_RTOL` for the float32
   CPU runtimes and for an exported file, which ONNX Runtime verifies; 1e-3 for TensorRT's TF32
-  layers): one rule, the same artifact on the same runtime passes or fails alike.
+  layers): one rule, the same artifact on the same runtime passes or fails alike. A runtime
+  applies it on the build sample, the input the export traced; where the judging sample holds
+  more (:func:`check_float_sample`), on those batches too: an artifact that folded its inputs
+  into a constant answers right on the traced input alone.
 * **lower precision** (INT8, FP16, BF16, mixed; :func:`check_precision_outputs`): no NaN/inf,
   and :func:`cosine` to the float model's outputs ``>= accuracy_budget`` on every batch of the
   judging sample (:func:`judging_sample`), the worst batch counting. A batch of large scale
@@ -44,6 +47,7 @@ __all__ = [
     "LOWER_PRECISION_MARGIN",
     "check_finite",
     "check_float",
+    "check_float_sample",
     "check_precision",
     "check_precision_outputs",
     "check_structure",
@@ -54,6 +58,7 @@ __all__ = [
     "judge_artifact",
     "judging_sample",
     "sample_outputs",
+    "worst_cosine",
 ]
 
 LOWER_PRECISION_MARGIN = 0.97  # at least 3% faster than float as a whole, or float runs
@@ -205,6 +210,22 @@ def check_finite(outputs: Sequence[Any], what: str) -> None:
             raise OutputMismatchError(f"{what}: output {i} holds {bad} NaN/inf value(s)")
 
 
+def worst_cosine(
+    float_outputs: Sequence[Sequence[torch.Tensor]],
+    outputs: Sequence[Sequence[Any]],
+    what: str = "the artifact",
+) -> float:
+    """The least :func:`cosine` over the batches (one list of flat outputs per batch, in the
+    same order), each batch's structure checked first (:func:`check_structure`): a batch of
+    large scale cannot hide a bad one, as it would in one pooled cosine. NaN or infinity in a
+    batch gives -1.0 (:func:`cosine`)."""
+    worst = 1.0
+    for expected, actual in zip(float_outputs, outputs, strict=True):
+        check_structure(expected, actual, what)
+        worst = min(worst, cosine(expected, actual))
+    return worst
+
+
 def check_precision_outputs(
     float_outputs: Sequence[Sequence[torch.Tensor]],
     outputs: Sequence[Sequence[Any]],
@@ -223,11 +244,10 @@ def check_precision_outputs(
     Returns:
         The worst batch's cosine.
     """
-    worst = 1.0
     for expected, actual in zip(float_outputs, outputs, strict=True):
         check_structure(expected, actual, what)
         check_finite(actual, what)
-        worst = min(worst, cosine(expected, actual))
+    worst = worst_cosine(float_outputs, outputs, what)
     if not worst >= budget:
         raise OutputMismatchError(
             f"{what}: cosine {format_cosine(worst, budget)} to the float model < accuracy_budget "
@@ -246,6 +266,24 @@ def check_precision(
     each batch of ``sample``; returns the worst batch's cosine."""
     expected = sample_outputs(float_model, sample)
     return check_precision_outputs(expected, sample_outputs(runtime.infer, sample), budget)
+
+
+def check_float_sample(
+    runtime: Runtime, float_model: fx.GraphModule, sample: list[list[torch.Tensor]]
+) -> None:
+    """The float verdict (:func:`check_float`, the runtime's ``float_rtol``) on every batch
+    of ``sample`` of ``runtime``'s artifact against ``float_model``.
+
+    A runtime judges its artifact on the build sample alone (:func:`judge_artifact`), which
+    is the very input its export traced: an artifact that ignores its inputs (a trace that
+    folded them into one constant) answers right there and nowhere else. The other batches of
+    the judging sample (:func:`judging_sample`) tell.
+    """
+    expected = sample_outputs(float_model, sample)
+    actual = sample_outputs(runtime.infer, sample)
+    for i, (e, a) in enumerate(zip(expected, actual, strict=True)):
+        what = f"the {runtime.name} float artifact on judging batch {i}"
+        check_float(e, a, what, runtime.float_rtol)
 
 
 def judge_artifact(
@@ -309,17 +347,38 @@ def judge_against(
 
 
 def judging_sample(inputs: list[torch.Tensor], data: Any) -> list[list[torch.Tensor]]:
-    """What a lower precision is judged on: the build sample and up to two calibration batches
-    of the same shapes (``accuracy_budget`` is a cosine on calibration data)."""
+    """What an artifact is judged on: the build sample and up to two calibration batches in
+    its shapes (``accuracy_budget`` is a cosine on calibration data).
+
+    A batch with more samples than the build's, and otherwise its shapes, is judged on its
+    first ones (:func:`_cut_to`): calibration batches of 64 for a graph built at 60 judge it
+    too, on inputs its export did not trace (on the traced ones alone, an artifact that folded
+    its inputs into a constant answers right).
+    """
     sample = [list(inputs)]
     if not isinstance(data, (list, tuple)):
         return sample  # a forward_loop, or none: the build sample only
-    for batch in list(data)[:2]:
-        batch = list(batch) if isinstance(batch, (list, tuple)) else [batch]
-        fits = len(batch) == len(inputs) and all(
-            isinstance(b, torch.Tensor) and b.shape == t.shape and b.dtype == t.dtype
-            for b, t in zip(batch, inputs)
-        )
-        if fits:
-            sample.append(batch)
+    for batch in data:
+        if len(sample) == 3:
+            break
+        cut = _cut_to(list(batch) if isinstance(batch, (list, tuple)) else [batch], inputs)
+        if cut is not None:
+            sample.append(cut)
     return sample
+
+
+def _cut_to(batch: list[Any], inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """``batch`` in the shapes of ``inputs``: each tensor's first rows (dim 0) where it has
+    more, the rest of its shape and its dtype the same; None where it does not fit."""
+    if len(batch) != len(inputs):
+        return None
+    cut = []
+    for b, t in zip(batch, inputs):
+        if not isinstance(b, torch.Tensor) or b.dtype != t.dtype or b.dim() != t.dim():
+            return None
+        if t.dim() and b.shape[0] > t.shape[0]:
+            b = b[: t.shape[0]]
+        if b.shape != t.shape:
+            return None
+        cut.append(b)
+    return cut

@@ -201,8 +201,10 @@ def _measure(
         every_int8, inputs, num_threads=num_threads, runtime=where, artifact=int8_artifact
     )
     latency = layer_latencies(calibrated, float_times, int8_times)
-    # the float graph's outputs on the sample, which every cosine below is taken against
-    reference = flat_outputs(sample_outputs(calibrated.gm, sample))
+    # the float graph's outputs on the sample, which every cosine below is taken against:
+    # pooled for the per-layer estimates, batch by batch for the race's verdicts
+    per_batch = sample_outputs(calibrated.gm, sample)
+    reference = flat_outputs(per_batch)
     # the per-layer set is built on fake-quant estimates aiming a fifth of the budget's slack
     # higher (the runtime's integer kernels round a little differently); every candidate is
     # then judged on the runtime at the budget itself
@@ -225,7 +227,7 @@ def _measure(
         if rest:  # INT8 everywhere with the rest in fp32: `int8` itself, which mixed must match
             candidates[INT8_FP32_REST] = plain_int8
     timed = race(
-        candidates, inputs, (sample, reference, budget),
+        candidates, inputs, (sample, per_batch, budget),
         num_threads=num_threads, settings=settings, axes=axes, runtime=runtime,
         artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
     )  # fmt: skip

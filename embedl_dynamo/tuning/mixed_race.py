@@ -7,9 +7,10 @@ bf16 on OpenVINO on a CPU with AVX512_BF16 or AMX) the float graph in it; the pe
 set; and INT8 everywhere, the last two with their unquantized layers in the rest precision
 where there is one (and then INT8 everywhere with an fp32 rest too, since the half type does
 not pay on every model). Each lower candidate is judged on the runtime (its integer kernels are
-what will run) against ``accuracy_budget`` and must beat fp32 by more than noise
-(:func:`.timer.fastest_of`). :func:`settle` picks the winner and :func:`layer_records` says,
-per layer, what runs and why.
+what will run) against ``accuracy_budget``, batch by batch, and must beat fp32 by more than
+noise (:func:`.timer.fastest_of`); fp32 itself must answer as its graph does on the sample
+(the float rule), or nothing races against a wrong baseline. :func:`settle` picks the winner
+and :func:`layer_records` says, per layer, what runs and why.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import fx
 
 from embedl_dynamo.quant.stage import CalibratedGraph
 from embedl_dynamo.runtimes.base import Runtime
-from embedl_dynamo.tuning.judge import cosine, flat_outputs, sample_outputs
+from embedl_dynamo.tuning.judge import check_float_sample, sample_outputs, worst_cosine
 from embedl_dynamo.tuning.layer_profile import time_graphs
 from embedl_dynamo.tuning.timer import fastest_of
 
@@ -69,21 +70,31 @@ class Race:
 def race(
     candidates: dict[str, fx.GraphModule],
     inputs: Sequence[torch.Tensor],
-    judging: tuple[list[tuple[torch.Tensor, ...]], torch.Tensor, float],
+    judging: tuple[list[tuple[torch.Tensor, ...]], list[list[torch.Tensor]], float],
     **timing: Any,
 ) -> Race:
     """Build the candidates on the runtime, judge each lower one there against the budget (a
-    runtime can get a Q/DQ subset wrong that another runs right) and time those that hold
-    (:func:`~.layer_profile.time_graphs`, given ``timing``). ``judging`` is the sample, the
-    float graph's outputs on it and the budget."""
+    runtime can get a Q/DQ subset wrong that another runs right), fp32 by the float rule, and
+    time those that hold (:func:`~.layer_profile.time_graphs`, given ``timing``). ``judging``
+    is the sample, the float graph's flat outputs on each of its batches and the budget; a
+    batch's cosine counts alone (:func:`~.judge.worst_cosine`), as in the compile's verdict.
+
+    Raises:
+        OutputMismatchError: the fp32 candidate's artifact answers otherwise than its graph on
+            the sample (the float rule, :func:`~.judge.check_float_sample`): nothing races
+            against a wrong baseline, and it is never served.
+    """
     sample, reference, budget = judging
     result = Race()
 
     def judge(name: str, built: Runtime) -> bool:
         result.precisions[name] = built.module_precisions()
         if name == "fp32":
+            check_float_sample(built, candidates[name], sample)
             return True
-        value = cosine(reference, flat_outputs(sample_outputs(built.infer, sample)))
+        value = worst_cosine(
+            reference, sample_outputs(built.infer, sample), f"the {name} candidate"
+        )
         if value < budget:
             result.refused[name] = value
         else:

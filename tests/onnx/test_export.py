@@ -12,6 +12,8 @@ from torch import fx, nn
 from embedl_dynamo.backends.tensorrt import BACKEND
 from embedl_dynamo.errors import ExportError
 from embedl_dynamo.graph.capture import capture
+from embedl_dynamo.graph.weight_recorder import record_weights
+from embedl_dynamo.graph.weight_tensors import graph_weights
 from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.pipeline import run_pipeline
 from tests.models import ResNetLike, randomize_batchnorm
@@ -37,6 +39,21 @@ def test_export_fused_graph_single_file_dynamic_batch(fused, tmp_path, exporter)
         xb = torch.randn(batch, 3, 16, 16)
         (out,) = session.run(None, {"input_0": xb.numpy()})
         np.testing.assert_allclose(out, model(xb).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_export_under_the_weight_recorder_computes_from_its_inputs(fused, tmp_path):
+    """A build runs its pipeline under the refit's weight recorder (a TorchDispatchMode), and
+    ``mixed`` exports its candidates there: the TorchScript tracer took what the mode returned
+    as constants, one ``Constant`` node right on the example input alone, which was cached and
+    served. The exporters run outside any dispatch mode."""
+    model, gm, x = fused
+    with record_weights(graph_weights(gm)):
+        path = export_onnx(gm, [x], tmp_path / "m.onnx", exporter="torchscript")
+    assert "Conv" in {node.op_type for node in onnx.load(str(path)).graph.node}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    other = torch.randn(2, 3, 16, 16)
+    (out,) = session.run(None, {"input_0": other.numpy()})
+    np.testing.assert_allclose(out, model(other).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_static_export(fused, tmp_path):

@@ -16,6 +16,7 @@ from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.tuning.judge import (
     FLOAT_RTOL,
     check_float,
+    check_float_sample,
     check_precision,
     check_precision_outputs,
     cosine,
@@ -106,6 +107,20 @@ class _FixedRuntime(Runtime):
 
     def _infer(self, args):
         return self.outputs
+
+
+def test_a_float_artifact_right_on_the_traced_input_alone_is_refused():
+    """The runtime judges its artifact on the build sample, the very input its export traced:
+    an artifact that folded that input into a constant answers right there alone. The other
+    batches of the judging sample tell (mixed precision served such a file: 19% top-1)."""
+    model = nn.Linear(4, 3).eval()
+    x, other = torch.randn(2, 4), torch.randn(2, 4)
+    gm = fx.symbolic_trace(model)
+    with torch.no_grad():
+        runtime = _FixedRuntime((model(x),)).build(gm, [x], judge_artifact)  # right on x
+        check_float_sample(runtime, gm, [[x]])
+        with pytest.raises(OutputMismatchError, match="fixed float artifact on judging batch 0"):
+            check_float_sample(runtime, gm, [[other]])
 
 
 def _compile_accepts(model, x, outputs, precision: str, budget: float) -> bool:

@@ -9,16 +9,8 @@ import torch
 import embedl_dynamo
 from tests.digits import DigitsMobileCNN, DigitsViT, accuracy, train_digits_cnn
 
-_MIXED_DEFECT = pytest.mark.xfail(
-    reason="open defect (2026-12-06): the digits models compiled with precision='mixed' on ONNX "
-    "Runtime score 19% top-1 against float's 91% (the float artifact that won runs in 0.02 ms "
-    "and answers wrongly, past the judge); the same script shows it at 4b4cdc0, the test only "
-    "since the refit commit 0ae6bf9 changed the order of state. To fix first next session",
-    strict=True,
-)
 
-
-@pytest.mark.parametrize("precision", [pytest.param("mixed", marks=_MIXED_DEFECT), "int8"])
+@pytest.mark.parametrize("precision", ["mixed", "int8"])
 @pytest.mark.parametrize(("make", "epochs"), [(DigitsMobileCNN, 6), (DigitsViT, 12)])
 def test_precision_on_digits_holds_half_a_point_of_top1(precision, make, epochs, tmp_path):
     model, (x_train, _, x_test, y_test) = train_digits_cnn(epochs=epochs, make=make)

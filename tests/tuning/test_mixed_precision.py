@@ -240,6 +240,13 @@ def test_mixed_through_torch_compile_reports_every_layer(tmp_path) -> None:
     assert all(r["reason"] for r in sub.pipeline["layers"])
     cosine = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
     assert cosine >= 0.99
+    # an input the build did not trace: its artifacts were exported under the refit's weight
+    # recorder, and the one served answered every input as it answered the build sample
+    other = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got, want, built_on = compiled(other), model(other), model(BATCHES[0])
+    error = float((got - want).abs().max()) / float((want - built_on).abs().max())
+    assert error < 0.25, error  # the build sample's answer would be 1.0 off
 
 
 def test_int8_everywhere_wins_when_it_is_fastest_as_a_whole(monkeypatch) -> None:

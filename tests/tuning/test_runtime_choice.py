@@ -272,7 +272,12 @@ def test_lower_precision_is_judged_on_the_sample_and_calibration_batches():
     x = torch.randn(2, 3)
     same = [torch.randn(2, 3) for _ in range(3)]
     assert len(judging_sample([x], same)) == 3  # the sample and two calibration batches
-    assert len(judging_sample([x], [torch.randn(4, 3)])) == 1  # another shape: not comparable
+    larger = torch.randn(4, 3)  # more samples than the build's: judged on its first ones
+    sample = judging_sample([x], [larger])
+    assert len(sample) == 2 and torch.equal(sample[1][0], larger[:2])
+    assert len(judging_sample([x], [torch.randn(1, 3)])) == 1  # fewer: not comparable
+    assert len(judging_sample([x], [torch.randn(2, 4)])) == 1  # another shape: not comparable
+    assert len(judging_sample([x], [larger.double()])) == 1  # another dtype: not comparable
     assert len(judging_sample([x], lambda model: None)) == 1  # a forward_loop: the sample only
 
 
