@@ -240,18 +240,27 @@ def _finish_partitioned(
     report.runtime = "+".join(runtimes) or "eager"
     report.kept = [dataclasses.asdict(k) for k in partitioning.kept]
     report.coverage = _coverage(job, graph, partitioning)
-    reasons = list(dict.fromkeys(k.reason for k in partitioning.kept))
-    report.reason = (
-        f"{len(partitioning.kept)} of {partitioning.ops} ops stay in PyTorch: "
-        + "; ".join(reasons[:3])
-        + ("; ..." if len(reasons) > 3 else "")
-    )
+    report.reason = _kept_reason(partitioning)
     report.compile_s = time.perf_counter() - job.start
     record(report)
     logger.info("%s", report)
-    warnings.warn(
-        f"embedl_{job.backend.name}: subgraph {report.index} runs on {report.runtime}, except "
-        f"{report.reason}",
-        RuntimeWarning,
-        stacklevel=4,
+    if partitioning.kept:  # fragments on several runtimes, nothing kept: nothing to warn
+        warnings.warn(
+            f"embedl_{job.backend.name}: subgraph {report.index} runs on {report.runtime}, "
+            f"except {report.reason}",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+
+
+def _kept_reason(partitioning: Partitioning) -> str:
+    """What stays in PyTorch and why (its first three reasons), or where the fragments run."""
+    if not partitioning.kept:
+        runtimes = " and ".join(sorted({f.runtime for f in partitioning.fragments}))
+        return f"all {partitioning.ops} ops run on runtimes, split over {runtimes}"
+    reasons = list(dict.fromkeys(k.reason for k in partitioning.kept))
+    return (
+        f"{len(partitioning.kept)} of {partitioning.ops} ops stay in PyTorch: "
+        + "; ".join(reasons[:3])
+        + ("; ..." if len(reasons) > 3 else "")
     )

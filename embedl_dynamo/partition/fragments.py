@@ -15,8 +15,10 @@ it reads from outside, its constants are copied in, and the sizes it reads
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import fx, nn
@@ -122,7 +124,9 @@ def partition_graph(
     for runtime in runtimes:
         support = RuntimeSupport(runtime, taken, forced_out)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
-        for partition in partitioner.propose_partitions():
+        with _indexing_apart_from_picks(gm):
+            proposed = partitioner.propose_partitions()
+        for partition in proposed:
             nodes = [n for n in gm.graph.nodes if n in partition.nodes]
             count = sum(1 for n in nodes if not picks_output(n))
             if count < min_ops:
@@ -155,6 +159,37 @@ def partition_graph(
         if n not in taken
     ]
     return Partitioning(fragments, kept, len(computed))
+
+
+def indexing(tensor: torch.Tensor, index: object) -> torch.Tensor:
+    """``tensor[index]``: what a tensor-indexing ``operator.getitem`` node computes."""
+    return operator.getitem(tensor, index)
+
+
+indexing.__name__ = "getitem"  # the op's name for the conformance table and the report
+
+
+@contextlib.contextmanager
+def _indexing_apart_from_picks(gm: fx.GraphModule) -> Iterator[None]:
+    """While inside, tensor-indexing ``operator.getitem`` nodes call :func:`indexing`.
+
+    ``CapabilityBasedPartitioner`` moves every ``operator.getitem`` user of a node whose users
+    are all ``getitem`` into that node's partition, as the picks of a multi-output op belong
+    with it. Applied to indexing, it pulls an index the runtime does not take into a fragment,
+    and an indexing that reads two tensors of two partitions (``h[arange(B), lengths - 1]``)
+    moves back and forth forever. The graph's nodes are restored on the way out."""
+    swapped = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is operator.getitem and not picks_output(n)
+    ]
+    for node in swapped:
+        node.target = indexing
+    try:
+        yield
+    finally:
+        for node in swapped:
+            node.target = operator.getitem
 
 
 def _op(node: fx.Node) -> str:

@@ -8,6 +8,7 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.partition import fragment_inputs, partition_graph, stitch
+from embedl_dynamo.partition.fragments import indexing
 from tests.helpers import dynamo_frozen
 
 
@@ -132,3 +133,27 @@ def test_a_fragment_of_constants_alone_stays_in_pytorch():
     kept = {k.op: k for k in partitioning.kept}
     assert all(f.inputs for f in partitioning.fragments)
     assert kept["arange"].small and "only computes constants" in kept["arange"].reason
+
+
+class _LastToken(nn.Module):
+    """Last-token pooling: one indexing reads a float and two integer tensors, ``arange``
+    (OpenVINO takes it) and ``lengths - 1`` (int64 arithmetic OpenVINO leaves to others)."""
+
+    def forward(self, h: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        return h[torch.arange(h.shape[0]), lengths - 1] * 2.0
+
+
+def test_an_indexing_read_by_fragments_of_two_runtimes_is_placed_once_and_not_pulled():
+    """torch.fx's partitioner moves the ``getitem`` users of a node into its partition, as it
+    should the picks of a multi-output op; for indexing from two partitions it moved back and
+    forth without end. Here the partition ends, and the indexing lands where its own row says."""
+    h, lengths = torch.randn(4, 5), torch.tensor([1, 2, 3, 4])
+    gm, inputs = dynamo_frozen(_LastToken().eval(), h, lengths)
+    partitioning = partition_graph(gm, ["openvino", "onnxruntime"], min_ops=1)
+    placed = {n.name: f.runtime for f in partitioning.fragments for n in f.nodes}
+    assert placed["sub"] == "onnxruntime", placed  # int64 sub stays off OpenVINO
+    assert not partitioning.kept
+    fragments = partitioning.fragments
+    stitched = stitch(gm, fragments, [f.graph for f in fragments])
+    assert torch.equal(stitched(*inputs)[0], _LastToken()(h, lengths))
+    assert not any(n.target is indexing for n in gm.graph.nodes), "the graph is restored"

@@ -87,7 +87,9 @@ def test_a_valid_negative_index_reads_pytorchs_element(case, runtime):
     fn, first, later = VALID[case]
     compiled = _compiled(fn, runtime)
     assert torch.equal(compiled(*first), fn(*first))
-    assert [s.runtime for s in last_report().subgraphs] == [runtime]
+    (subgraph,) = last_report().subgraphs
+    # OpenVINO leaves int64 arithmetic (lengths - 1) to ONNX Runtime: nothing in PyTorch
+    assert runtime in subgraph.runtime.split("+") and not subgraph.kept, subgraph.reason
     assert torch.equal(compiled(*later), fn(*later)), case
 
 
