@@ -74,7 +74,9 @@ def test_other_arguments_than_saved_are_refused():
     gm, inputs = _dynamo_graph(nn.Linear(4, 2).eval(), torch.randn(3, 4))
     loaded = graph_from_data(graph_to_data(gm))
     inputs[-1] = torch.randn(5, 4)  # another batch size than the graph was saved for
-    with pytest.raises(SavedFunctionError, match=r"gives \(5, 4\) torch.float32, saved as \(3, 4\)"):
+    with pytest.raises(
+        SavedFunctionError, match=r"gives \(5, 4\) torch.float32, saved as \(3, 4\)"
+    ):
         add_example_values(loaded, inputs)
 
 

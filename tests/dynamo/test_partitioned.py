@@ -135,3 +135,23 @@ def test_an_fp16_overflow_runs_in_pytorch():
     assert torch.isfinite(model(large)).all() and torch.isfinite(out).all()
     assert model.up(large).abs().max() > 65504  # past fp16's range
     assert torch.allclose(out, model(large), rtol=1e-5)
+
+
+@pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino")
+def test_onnx_runtime_takes_the_integer_ops_openvino_keeps():
+    """OpenVINO computes int64 as int32, so its table keeps an int64 product in PyTorch; under
+    ``runtime="auto"`` ONNX Runtime, which multiplies int64 exactly, takes that fragment
+    instead, and nothing stays in PyTorch."""
+
+    def fn(x: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x * 2.0 + 1.0), ids * 1_000_003
+
+    compiled = torch.compile(fn, backend="embedl_openvino", options={"min_subgraph_size": 1})
+    x, ids = torch.randn(4), torch.tensor([3, 2**40, -(2**35), 0])
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        y, k = compiled(x, ids)
+    assert torch.equal(y, fn(x, ids)[0]) and torch.equal(k, fn(x, ids)[1])
+    (sub,) = embedl_dynamo.last_report()
+    assert sorted(p.runtime for p in sub.partitions) == ["onnxruntime", "openvino"], sub
+    assert sub.kept == [] and sub.runtime == "onnxruntime+openvino"

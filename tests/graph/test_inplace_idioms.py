@@ -191,13 +191,11 @@ def _assert_same(got, want):
 
 
 # idioms with an op the conformance table keeps in PyTorch on a runtime (that op stays there;
-# the rest of the graph may still run on the runtime). OpenVINO's Clamp and Exp answer a NaN
-# otherwise, but only a NaN: they run there behind the per-call guard on non-finite inputs
-# (embedl_dynamo/runtimes/conformance): OpenVINO's Greater, Clamp and Exp answer a NaN
-# otherwise; diagonal's export reads other elements on both CPU runtimes (the tensorrt and
-# lattice targets run on them here)
+# the rest of the graph may still run on the runtime). OpenVINO's Greater, Clamp and Exp answer
+# a NaN otherwise, but only a NaN: they run there behind the per-call guard on non-finite inputs
+# (embedl_dynamo/runtimes/conformance); diagonal's export reads other elements on both CPU
+# runtimes (the tensorrt and lattice targets run on them here)
 KEPT_ON = {
-    ("masked_fill_", "openvino"),
     ("buffer copy_ broadcast", "openvino"),  # a float64 buffer: OpenVINO computes it in float32
     *(("diagonal fill_", t) for t in ("onnxruntime", "tensorrt", "openvino", "lattice")),
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 from torch import fx
 
@@ -13,6 +14,7 @@ from embedl_dynamo import last_report
 from embedl_dynamo.runtimes.conformance import (
     ROWS,
     STRUCTURAL,
+    Rule,
     Verdict,
     differences,
     kept_in_pytorch,
@@ -135,3 +137,158 @@ def test_the_readme_counts_the_tables_rules():
         cells = [counted[Verdict.EXACT], counted[Verdict.BOUNDED], counted[Verdict.KEPT]]
         assert f"| {label} | {' | '.join(map(str, cells))} |" in readme, (runtime, cells)
     assert f"the [op conformance table](docs/op-conformance.md) ({len(ROWS)} ops" in readme
+
+
+def _recorded_names(fn, *args) -> list[str | None]:
+    """The table's names of the calls Dynamo records for ``fn`` (with its value metadata)."""
+    names: list[str | None] = []
+
+    def backend(gm, inputs):
+        names.extend(op_name(n) for n in gm.graph.nodes if n.op.startswith("call"))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*args)
+    return [n for n in names if n is not None]
+
+
+def test_an_op_is_named_by_the_computation_its_arguments_make():
+    """``pad`` and ``interpolate`` by mode, a cast of floats to integers, ``~`` of a bool,
+    ``softplus`` with another threshold, and a Tensor method as its torch function: each
+    another row (before, every mode of ``pad`` shared one row and a method ignored
+    ``rounding_mode``)."""
+    f = torch.nn.functional
+    x = torch.randn(1, 2, 4, 4)
+    relu6 = torch.nn.ReLU6()
+    names = _recorded_names(
+        lambda t: (
+            f.pad(t, (1, 1)),
+            f.pad(t, (1, 1, 1, 1), mode="reflect"),
+            f.interpolate(t, scale_factor=2.0),
+            f.interpolate(t, scale_factor=2.0, mode="bilinear", antialias=True),
+            t.long(),
+            t.to(torch.float16),
+            (t > 0).long(),
+            ~(t > 0),
+            f.softplus(t),
+            f.softplus(t, 1.0, 5.0),
+            t.div(2, rounding_mode="floor"),
+            t.div(t, rounding_mode="floor"),
+            relu6(t),
+        ),
+        x,
+    )
+    assert names == [
+        "pad",
+        "pad(mode='reflect')",
+        "interpolate(mode='nearest')",
+        "interpolate(mode='bilinear', antialias=True)",
+        "float_to_int",
+        "to",
+        "gt",
+        "long",
+        "gt",
+        "logical_not",
+        "softplus",
+        "softplus(threshold=5.0)",
+        "floordiv_by_number",
+        "div(rounding_mode='floor')",
+        "hardtanh",
+    ]
+
+
+def test_a_bool_rule_comes_before_the_integer_rule():
+    assert rule_for("any", "onnxruntime", torch.bool).verdict is Verdict.EXACT
+    assert rule_for("any", "onnxruntime", torch.int64).verdict is Verdict.KEPT
+    assert rule_for("logical_not", "openvino", torch.bool).verdict is Verdict.EXACT
+    assert rule_for("logical_not", "openvino", torch.int32).verdict is Verdict.KEPT
+    assert not Rule(Verdict.EXACT, "bool").covers(torch.uint8)
+    with pytest.raises(ValueError, match="use one of"):
+        Rule(Verdict.EXACT, "int8")
+
+
+# the ops whose missing rows kept whole models in PyTorch (issue 50), with an input dtype
+_ISSUE_50_OPS = {
+    torch.float32: (
+        "avg_pool2d",
+        "avg_pool1d",
+        "pad",
+        "pad(mode='reflect')",
+        "pad(mode='replicate')",
+        "conv1d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "interpolate(mode='nearest')",
+        "interpolate(mode='bilinear')",
+        "group_norm",
+        "instance_norm",
+        "layer_norm",
+        "leaky_relu",
+        "hardtanh",
+        "relu6",
+        "elu",
+        "mish",
+        "prelu",
+        "pixel_shuffle",
+        "repeat",
+        "ones",
+        "new_zeros",
+        "new_full",
+        "full",
+        "norm",
+        "linalg_vector_norm",
+        "addcmul",
+        "abs",
+        "detach",
+        "lerp",
+        "nan_to_num",
+        "clamp_min",
+        "clamp_max",
+        "scatter_add",
+        "remainder",
+        "fmod",
+        "gelu",
+        "silu",
+        "sigmoid",
+        "tanh",
+        "softplus",
+        "hardswish",
+        "hardsigmoid",
+        "exp",
+        "mean",
+        "var",
+        "std",
+        "where",
+        "cumsum",
+        "matmul",
+        "bmm",
+        "linear",
+        "baddbmm",
+        "to",
+        "type_as",
+    ),
+    torch.int64: ("mul", "remainder", "fmod", "neg", "abs", "cumsum"),
+    torch.bool: ("logical_not", "bitwise_not", "invert", "long", "int", "to", "any", "all"),
+}
+
+
+def test_the_ops_of_issue_50_run_on_onnx_runtime():
+    """Each has a row, and ONNX Runtime computes it (exact or bounded) for that dtype; on
+    OpenVINO each has a row too (``kept`` where it computes integers otherwise)."""
+    for dtype, ops in _ISSUE_50_OPS.items():
+        for op in ops:
+            rule = rule_for(op, "onnxruntime", dtype)
+            assert rule is not None and rule.verdict is not Verdict.KEPT, (op, dtype, rule)
+            assert rule_for(op, "openvino", dtype) is not None, (op, dtype)
+
+
+def test_an_op_on_an_empty_tensor_stays_in_pytorch():
+    """OpenVINO ended the process (SIGFPE) on ``x[0:3, 1]`` of a (0, 5, 5) tensor, and ONNX
+    Runtime on a group_norm of a batch of 0 beside another: any op reading or making a tensor
+    with a size of 0 is ``empty_tensor``, which both runtimes keep in PyTorch."""
+    names = _recorded_names(lambda t: (t[0:3, 1] + 1, t.sum()), torch.randn(0, 5, 5))
+    assert names == ["empty_tensor", "empty_tensor", "empty_tensor"]
+    assert _recorded_names(lambda t: t[0:3, 1] + 1, torch.randn(2, 5, 5)) == ["getitem", "add"]
+    for runtime in ("onnxruntime", "openvino"):
+        rule = rule_for("empty_tensor", runtime, torch.float32)
+        assert rule.verdict is Verdict.KEPT and "SIGFPE" in rule.reason

@@ -167,3 +167,23 @@ def test_openvino_keeps_float64_in_pytorch():
     assert torch.equal(compiled(x), fn(x))
     (report,) = last_report().subgraphs
     assert report.runtime == "eager" and "float64" in report.reason
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8])
+def test_8_bit_sums_wrap_as_in_pytorch(runtime, dtype):
+    """uint8 250 + 10 is 4 in PyTorch; OpenVINO saturates it to 255. An 8-bit add or sub
+    runs on ONNX Runtime and stays in PyTorch on OpenVINO, with the reason."""
+    if runtime == "openvino" and not OpenVINORuntime.is_available():
+        pytest.skip("no openvino")
+    fn = lambda a, b: (a + b) - (b - a)  # noqa: E731
+    compiled = compile_on(fn, runtime, fallback="eager")
+    a, b = torch.tensor([1, 2], dtype=dtype), torch.tensor([3, 4], dtype=dtype)
+    assert torch.equal(compiled(a, b), fn(a, b))
+    big = torch.tensor([120, 127], dtype=dtype)
+    assert torch.equal(compiled(big, big + 3), fn(big, big + 3))
+    (report,) = last_report().subgraphs
+    if runtime == "openvino":
+        assert report.runtime == "eager" and "saturates" in report.reason, report.reason
+    else:
+        assert report.runtime == "onnxruntime", report.reason

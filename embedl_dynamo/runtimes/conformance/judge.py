@@ -42,24 +42,48 @@ for _row in ROWS:
 
 def op_name(node: fx.Node) -> str | None:
     """The name the table knows ``node``'s op by (None: not a call, or picking one output of
-    a multi-output op, which computes nothing)."""
+    a multi-output op, which computes nothing). A Tensor method and a torch function share
+    it; where an argument makes it another computation, so does the name (``float_to_int``,
+    ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``)."""
     if node.op == "call_method":
-        return str(node.target)
+        return _specialised(node, str(node.target))
     if node.op != "call_function":
         return None
     if node.target is operator.getitem:
         source = node.args[0]
         picked = node_value_meta(source) if isinstance(source, fx.Node) else source
-        return None if isinstance(picked, (tuple, list)) else "getitem"  # a tensor: indexing
-    name = getattr(node.target, "__name__", None) or str(node.target)
+        if isinstance(picked, (tuple, list)):
+            return None
+        return _specialised(node, "getitem")  # a tensor: indexing
+    return _specialised(node, getattr(node.target, "__name__", None) or str(node.target))
+
+
+def _specialised(node: fx.Node, name: str) -> str:
+    """``name``, or the name of the other computation ``node``'s arguments make it."""
+    if _touches_empty(node) and not _empty_safe(node, name):
+        return "empty_tensor"  # computes nothing; runtimes may end the process on one
     if name == "embedding" and _max_norm(node) is not None:
         return "embedding_renorm_"  # rescales the weight's rows in place first: another op
     if name in ("floordiv", "floor_divide") and _plain_divisor(node):
         return "floordiv_by_number"  # neither -1 nor an infinity: another row
+    if name == "div" and node.kwargs.get("rounding_mode") == "floor" and _plain_divisor(node):
+        return "floordiv_by_number"  # x.div(2, rounding_mode="floor") is x // 2
     if name == "div" and node.kwargs.get("rounding_mode") is not None:
         return f"div(rounding_mode={node.kwargs['rounding_mode']!r})"  # floor or trunc: another op
     if name in _CASTS and _float_to_int(node):
         return "float_to_int"  # rounds towards zero, and may leave the integer type's range
+    if name in _INVERTS and _input_dtype(node) == torch.bool:
+        return "logical_not"  # ~ of a bool is its logical not
+    if name == "softplus" and _argument(node, 2, "threshold", 20.0) != 20.0:
+        return f"softplus(threshold={_argument(node, 2, 'threshold', 20.0)!r})"  # not exported
+    if name in _SUMS and _input_dtype(node) in (torch.int8, torch.uint8):
+        return f"{_SUMS[name]}(8-bit)"  # OpenVINO saturates where PyTorch wraps
+    if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
+        return f"{name}(unbatched)"  # the runtimes' pooling takes a batch axis only
+    if name == "avg_pool2d" and _argument(node, 6, "divisor_override", None) is not None:
+        return "avg_pool2d(divisor_override)"  # the ONNX export drops the divisor
+    if name == "instance_norm" and _argument(node, 1, "running_mean", None) is not None:
+        return "instance_norm(running_stats)"  # not exported for a batch size a call may change
     if name in _MODES:
         return _with_mode(node, name)
     return name
@@ -67,19 +91,62 @@ def op_name(node: fx.Node) -> str | None:
 
 #: casts, which from a float to an integer type are another op (``float_to_int``)
 _CASTS = frozenset({"to", "type_as", "type", "long", "int", "short", "char", "byte"})
+#: bitwise not, in its spellings
+_INVERTS = frozenset({"bitwise_not", "invert", "__invert__"})
+#: sums, by their names in a graph, whose 8-bit integer form is another op
+_SUMS = {n: op for op in ("add", "sub") for n in (op, f"{op}_", f"i{op}", f"__{op}__")}
+#: ops whose input has this rank with a batch axis; without one, they are another op
+_BATCHED_RANK = {"avg_pool1d": 3, "avg_pool2d": 4}
 #: ops whose mode is another computation: name -> (position of ``mode``, its default)
 _MODES = {"pad": (2, "constant"), "interpolate": (3, "nearest")}
 
 
+def _touches_empty(node: fx.Node) -> bool:
+    """Whether ``node`` reads or makes a tensor with a size of 0 (Dynamo specialises a size
+    of 0, so a call with one builds a graph of its own, where the 0 is static)."""
+    values = [node_value_meta(a) for a in node.all_input_nodes] + [node_value_meta(node)]
+    for value in values:
+        shape = getattr(value, "shape", None)
+        if shape is not None and any(isinstance(s, int) and s == 0 for s in shape):
+            return True
+    return False
+
+
+def _input_rank(node: fx.Node) -> int | None:
+    """The rank of ``node``'s first tensor input (None: unknown)."""
+    source = node.args[0] if node.args else None
+    shape = getattr(node_value_meta(source), "shape", None) if isinstance(source, fx.Node) else None
+    return len(shape) if shape is not None else None
+
+
+def _empty_safe(node: fx.Node, name: str) -> bool:
+    """Whether ``node`` only builds, joins or slices a tensor with a size of 0, as a decoder
+    does with its empty cache on the first call (``torch.tensor([])`` built in the graph and
+    joined by ``cat``; indexing by slices alone): the runtimes compute these; the process ends
+    on other ops (an integer index into an empty tensor)."""
+    if not node.all_input_nodes:
+        return True  # built from constants and sizes alone
+    if name == "cat":  # a (0,) tensor of another rank only where the graph builds it
+        rank = len(getattr(node_value_meta(node), "shape", ()))
+        return all(
+            len(getattr(node_value_meta(a), "shape", ())) == rank or not a.all_input_nodes
+            for a in node.all_input_nodes
+        )
+    if name != "getitem" or len(node.args) < 2:
+        return False
+    index = node.args[1] if isinstance(node.args[1], tuple) else (node.args[1],)
+    return all(isinstance(i, slice) or i is None or i is Ellipsis for i in index)
+
+
+def _argument(node: fx.Node, position: int, keyword: str, default: object) -> object:
+    """An argument of ``node``'s call, given by position or keyword."""
+    return node.args[position] if len(node.args) > position else node.kwargs.get(keyword, default)
+
+
 def _float_to_int(node: fx.Node) -> bool:
     """Whether ``node`` turns a float tensor into an integer one (bool excluded)."""
-    source = node.args[0] if node.args else None
-    value = node_value_meta(node)
-    before = (
-        getattr(node_value_meta(source), "dtype", None) if isinstance(source, fx.Node) else None
-    )
-    after = getattr(value, "dtype", None)
-    if not isinstance(before, torch.dtype) or not isinstance(after, torch.dtype):
+    before, after = _input_dtype(node), getattr(node_value_meta(node), "dtype", None)
+    if before is None or not isinstance(after, torch.dtype):
         return False
     integer = not (after.is_floating_point or after.is_complex) and after != torch.bool
     return before.is_floating_point and integer
@@ -89,10 +156,10 @@ def _with_mode(node: fx.Node, name: str) -> str:
     """``pad`` and ``interpolate`` named by their mode (``pad`` alone: constant padding;
     ``interpolate(mode='bilinear')``; antialiasing is another op again)."""
     position, default = _MODES[name]
-    mode = node.args[position] if len(node.args) > position else node.kwargs.get("mode", default)
+    mode = _argument(node, position, "mode", default)
     if name == "pad":
         return "pad" if mode == "constant" else f"pad(mode={mode!r})"
-    antialias = node.args[6] if len(node.args) > 6 else node.kwargs.get("antialias", False)
+    antialias = _argument(node, 6, "antialias", False)
     return f"interpolate(mode={mode!r}" + (", antialias=True)" if antialias else ")")
 
 
@@ -143,7 +210,10 @@ def _judge(op: str, runtime: str, dtype: torch.dtype | None) -> str | None:
     covering = _covering(op, runtime, dtype)
     if not covering:
         return f"{what} has no conformance row for {runtime}; runs in PyTorch"
-    kept = next((r for r in covering if r.verdict is Verdict.KEPT), None)
+    # a known dtype: the first rule that covers it (a bool rule before the integer one); an
+    # unknown one: any rule that keeps it
+    rules = covering[:1] if dtype is not None else covering
+    kept = next((r for r in rules if r.verdict is Verdict.KEPT), None)
     return f"{what} stays in PyTorch on {runtime}: {kept.reason}" if kept is not None else None
 
 

@@ -10,6 +10,7 @@ import torch
 
 __all__ = [
     "CPU_RUNTIMES",
+    "DTYPE_CLASSES",
     "Difference",
     "FLOAT_ATOL",
     "FLOAT_RTOL",
@@ -21,6 +22,8 @@ __all__ = [
 
 #: the runtimes the table speaks for
 CPU_RUNTIMES = ("onnxruntime", "openvino")
+#: the families of input dtypes a :class:`Rule` speaks for
+DTYPE_CLASSES = ("any", "float", "int", "bool")
 #: the ``bounded`` verdict's absolute bound on float outputs
 FLOAT_ATOL = 1e-5
 #: ... and its bound relative to the largest magnitude of the output
@@ -44,7 +47,9 @@ class Rule:
 
     Attributes:
         verdict: exact, bounded or kept.
-        dtypes: ``float``, ``int`` (integers and bools) or ``any``: the first tensor input's.
+        dtypes: ``float``, ``int`` (integers and bools), ``bool`` or ``any``: the first tensor
+            input's (a row lists a ``bool`` rule before its ``int`` rule: the first that
+            covers the dtype applies).
         reason: why (for ``kept``: what the runtime computes instead; else how it holds).
     """
 
@@ -52,10 +57,16 @@ class Rule:
     dtypes: str = "any"
     reason: str = ""
 
+    def __post_init__(self) -> None:
+        if self.dtypes not in DTYPE_CLASSES:
+            raise ValueError(f"Rule dtypes {self.dtypes!r}: use one of {DTYPE_CLASSES}")
+
     def covers(self, dtype: torch.dtype | None) -> bool:
         """Whether this rule speaks for an input of ``dtype`` (None: unknown, every rule)."""
         if self.dtypes == "any" or dtype is None:
             return True
+        if self.dtypes == "bool":
+            return dtype == torch.bool
         return (self.dtypes == "float") == (dtype.is_floating_point or dtype.is_complex)
 
 

@@ -5,28 +5,37 @@ from __future__ import annotations
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, Rule, Verdict
 
 __all__ = [
+    "ACCUMULATE_ZERO",
     "ARG",
     "BOUNDED",
     "CONV_NON_FINITE",
     "EXACT",
+    "EMPTY",
     "EXACT_FLOAT",
     "EXTREME",
     "FLOAT",
     "FLOOR_INF",
     "INT_DIV",
     "NAN",
+    "NON_FINITE",
+    "NOT_EXPORTED",
+    "ORT_WHERE",
     "OV_CLAMP",
+    "OV_COMPARE",
     "OV_INT",
     "OV_INDEX_PUT_INT",
     "OV_INT_PRODUCT",
-    "OV_INT_ROW",
+    "OV_INT32",
     "OV_INT_VIA_FLOAT",
     "OV_NAN_GREATER",
     "OV_SATURATES",
+    "OV_SATURATES_INT",
     "POOL_MATRIX",
     "REDUCTION",
+    "TIE_ORDER",
     "both",
     "elementwise",
+    "non_finite",
 ]
 
 EXACT = Rule(Verdict.EXACT)
@@ -69,12 +78,11 @@ def both(*rules: Rule) -> dict[str, tuple[Rule, ...]]:
     return {name: tuple(rules) for name in CPU_RUNTIMES}
 
 
-def elementwise(reason_ov: str = OV_INT) -> dict[str, tuple[Rule, ...]]:
-    """Float arithmetic bounded; integers exact on ONNX Runtime, bounded by int32 on OpenVINO."""
-    return {
-        "onnxruntime": BOUNDED,
-        "openvino": (BOUNDED[0], Rule(Verdict.BOUNDED, "int", reason_ov)),
-    }
+def elementwise(kept_ov: str = "") -> dict[str, tuple[Rule, ...]]:
+    """Floats bounded; integers exact on ONNX Runtime; on OpenVINO, integers kept for the
+    reason ``kept_ov`` gives (none: exact within int32's range, which the call's guard keeps)."""
+    ov_int = Rule(Verdict.KEPT, "int", kept_ov) if kept_ov else Rule(Verdict.BOUNDED, "int", OV_INT)
+    return {"onnxruntime": BOUNDED, "openvino": (BOUNDED[0], ov_int)}
 
 
 ARG = both(Rule(Verdict.EXACT, reason=NAN))
@@ -105,5 +113,45 @@ OV_SATURATES = (
     "a float infinity converted to another float type gives the largest finite value "
     "(OpenVINO's Convert saturates)"
 )
-OV_NAN_GREATER = Rule(Verdict.KEPT, "float", "a NaN compares greater than a number (OpenVINO)")
-OV_INT_ROW = Rule(Verdict.BOUNDED, "int", OV_INT)
+OV_NAN_GREATER = Difference("openvino", "nan", "a NaN compares greater than a number")
+OV_COMPARE = (
+    "OpenVINO compares integers through float32: of two integers above 2**24 that differ by "
+    "one, 16777217 and 16777216, it says they are equal"
+)
+ORT_WHERE = (
+    "a -0.0 taken from a broadcast operand comes back 0.0 (ONNX Runtime's Where): an equal "
+    "value, the other sign"
+)
+ACCUMULATE_ZERO = (
+    "with accumulate=True an element no index writes comes back 0.0 for -0.0 (the runtimes "
+    "add zeros to it)"
+)
+EMPTY = (
+    "an op on a tensor with a size of 0 computes no values, and runtimes may end the process "
+    "on one (SIGFPE: OpenVINO indexing x[0:3, 1] of a (0, 5, 5) tensor, ONNX Runtime "
+    "group_norm of a batch of 0 beside another)"
+)
+
+#: the edges a per-call guard on non-finite inputs covers
+NON_FINITE = ("nan", "inf", "-inf")
+NOT_EXPORTED = (
+    "the ONNX export refuses it (no ONNX form at the opset used): kept by name, so that the "
+    "rest of its graph is exported"
+)
+OV_INT32 = (
+    "OpenVINO's CPU plugin computes int64 as int32 and saturates int8/uint8 (an int64 input "
+    "outside int32's range runs in PyTorch, but a result outside it wraps: 2**31 - 1 + 1 "
+    "gives -2**31, uint8 250 + 10 gives 255)"
+)
+OV_SATURATES_INT = (
+    "OpenVINO's CPU plugin saturates int8 and uint8 sums where PyTorch wraps: uint8 250 + 10 "
+    "gives 255, PyTorch 4"
+)
+TIE_ORDER = "the indices of tied values come in another order"
+
+
+def non_finite(
+    reason: str, runtimes: tuple[str, ...] = CPU_RUNTIMES, edges: tuple[str, ...] = NON_FINITE
+) -> tuple[Difference, ...]:
+    """The same :class:`~.rules.Difference` on non-finite edges for each of ``runtimes``."""
+    return tuple(Difference(runtime, edge, reason) for runtime in runtimes for edge in edges)

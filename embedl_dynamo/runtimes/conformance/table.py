@@ -4,6 +4,8 @@ docstring for what the verdicts mean and how each row is checked)."""
 
 from __future__ import annotations
 
+from embedl_dynamo.runtimes.conformance.layer_rows import LAYER_ROWS
+from embedl_dynamo.runtimes.conformance.math_rows import MATH_ROWS
 from embedl_dynamo.runtimes.conformance.rules import (
     CPU_RUNTIMES,
     STRUCTURAL,
@@ -13,22 +15,27 @@ from embedl_dynamo.runtimes.conformance.rules import (
     Verdict,
 )
 from embedl_dynamo.runtimes.conformance.shorthands import (
+    ACCUMULATE_ZERO,
     ARG,
     BOUNDED,
     CONV_NON_FINITE,
+    EMPTY,
     EXACT,
-    EXACT_FLOAT,
     EXTREME,
     FLOAT,
     FLOOR_INF,
     INT_DIV,
+    NAN,
+    ORT_WHERE,
     OV_CLAMP,
+    OV_COMPARE,
     OV_INDEX_PUT_INT,
+    OV_INT32,
     OV_INT_PRODUCT,
-    OV_INT_ROW,
     OV_INT_VIA_FLOAT,
     OV_NAN_GREATER,
     OV_SATURATES,
+    OV_SATURATES_INT,
     POOL_MATRIX,
     REDUCTION,
     both,
@@ -59,12 +66,13 @@ _MOVES = (
     ("gather", ("gather",), ()),
     ("getitem", ("__getitem__",), ()),
     ("index_copy", ("index_copy",), ()),
-    ("masked_fill", ("masked_fill",), ("masked_fill_",)),
     ("new_ones", ("new_ones",), ()),
     ("zeros", ("zeros",), ()),
     ("zeros_like", ("zeros_like",), ()),
     ("arange", ("arange",), ()),
     ("narrow", ("narrow",), ()),
+    ("unflatten", ("unflatten",), ()),
+    ("full_like", ("full_like",), ()),
     ("t", ("t",), ()),
     ("reshape_as", ("reshape_as",), ()),
     ("ones_like", ("ones_like",), ()),
@@ -75,7 +83,6 @@ _MOVES = (
 )
 # float functions
 _FLOAT_FUNCTIONS = (
-    ("neg", ("neg",), ("__neg__",)),
     ("pow", ("pow",), ("__pow__",)),
     ("rsqrt", ("rsqrt",), ()),
     ("sin", ("sin",), ()),
@@ -86,9 +93,8 @@ _FLOAT_FUNCTIONS = (
     ("sqrt", ("sqrt",), ()),
     ("batch_norm", ("nn.functional.batch_norm",), ()),
 )
-# integer arithmetic, comparisons and logic: float bounded; integers exact (int32 on OpenVINO)
-_ELEMENTWISE = (
-    ("and_", ("bitwise_and",), ("bitwise_and", "__and__", "logical_and")),
+# comparisons: float bounded; integers exact on ONNX Runtime, through float32 on OpenVINO
+_COMPARISONS = (
     ("eq", ("eq",), ("__eq__",)),
     ("ne", ("ne",), ("__ne__",)),
     ("lt", ("lt",), ("__lt__",)),
@@ -118,17 +124,12 @@ _MORE_ROWS: tuple[OpRow, ...] = (
     ),
     OpRow("embedding", ("nn.functional.embedding",), both(EXACT)),
     *(
-        OpRow(
-            op,
-            (op,),
-            {"onnxruntime": BOUNDED, "openvino": (OV_NAN_GREATER, OV_INT_ROW)},
-            (f"__{op}__",),
-        )
+        OpRow(op, (op,), elementwise(OV_COMPARE), (f"__{op}__",), (OV_NAN_GREATER,))
         for op in ("gt", "ge")
     ),
     OpRow(
         "diff",
-        (),  # OpInfo's samples do not export; a decoder's packed-sequence mask does
+        (),  # OpInfo's samples (prepend, append, n > 1) do not export; a decoder's mask does
         {
             "onnxruntime": BOUNDED,
             "openvino": (Rule(Verdict.KEPT, reason="not checked on OpenVINO"),),
@@ -136,9 +137,21 @@ _MORE_ROWS: tuple[OpRow, ...] = (
         checked_by="dynamo/test_perplexity.py",
     ),
     OpRow(
+        "empty_tensor",
+        (),  # any op on a tensor with a size of 0 (judge.op_name)
+        both(Rule(Verdict.KEPT, reason=EMPTY)),
+        checked_by="runtimes/test_conformance.py",
+    ),
+    OpRow(
+        "masked_fill",
+        ("masked_fill",),
+        {"onnxruntime": (Rule(Verdict.BOUNDED, "float", ORT_WHERE), EXACT), "openvino": (EXACT,)},
+        ("masked_fill_",),
+    ),
+    OpRow(
         "floordiv_by_number",
         (),  # x // 2: no -1 or infinite divisor; graph/division.py rounds towards -inf
-        elementwise(),
+        elementwise(OV_INT_VIA_FLOAT),
         checked_by="graph/test_value_semantics.py",
     ),
     OpRow(
@@ -148,27 +161,16 @@ _MORE_ROWS: tuple[OpRow, ...] = (
         (),
         tuple(Difference("openvino", edge, OV_SATURATES) for edge in ("inf", "-inf")),
     ),
-    OpRow(
-        "long",
-        ("long",),
-        both(EXACT),
-        (),
-        tuple(
-            Difference(
-                "openvino",
-                edge,
-                "a NaN or infinity converted to int64 gives int32's smallest value "
-                "(PyTorch int64's; C leaves it undefined)",
-            )
-            for edge in ("nan", "inf", "-inf")
-        ),
-    ),
+    OpRow("long", ("long",), both(Rule(Verdict.EXACT, "int"))),
     OpRow(
         "index_put",
         ("index_put",),
         {
-            "onnxruntime": (EXACT,),
-            "openvino": (EXACT_FLOAT, Rule(Verdict.KEPT, "int", OV_INDEX_PUT_INT)),
+            "onnxruntime": (Rule(Verdict.BOUNDED, "float", ACCUMULATE_ZERO), EXACT),
+            "openvino": (
+                Rule(Verdict.BOUNDED, "float", ACCUMULATE_ZERO),
+                Rule(Verdict.KEPT, "int", OV_INDEX_PUT_INT),
+            ),
         },
         (),
         tuple(
@@ -184,10 +186,9 @@ _MORE_ROWS: tuple[OpRow, ...] = (
     OpRow(
         "exp",
         ("exp",),
-        {
-            "onnxruntime": (FLOAT,),
-            "openvino": (Rule(Verdict.KEPT, "float", "exp of NaN gives +inf (OpenVINO)"),),
-        },
+        both(FLOAT),
+        (),
+        (Difference("openvino", "nan", "exp of NaN gives +inf (OpenVINO)"),),
     ),
     OpRow(
         "diagonal",
@@ -200,16 +201,7 @@ _MORE_ROWS: tuple[OpRow, ...] = (
             )
         ),
     ),
-    OpRow(
-        "clamp",
-        ("clamp",),
-        {
-            "onnxruntime": (FLOAT,),
-            "openvino": (
-                Rule(Verdict.KEPT, "float", "a NaN input gives a bound (OpenVINO's Clamp)"),
-            ),
-        },
-    ),
+    OpRow("clamp", ("clamp",), elementwise(OV_INT32), (), (OV_CLAMP,)),
     OpRow(
         "floordiv",
         ("floor_divide",),
@@ -217,7 +209,13 @@ _MORE_ROWS: tuple[OpRow, ...] = (
         ("floor_divide", "__floordiv__"),
     ),
     *(OpRow(op, opinfo, both(FLOAT), aliases) for op, opinfo, aliases in _FLOAT_FUNCTIONS),
-    *(OpRow(op, opinfo, elementwise(), aliases) for op, opinfo, aliases in _ELEMENTWISE),
+    OpRow(
+        "and_",
+        ("bitwise_and",),
+        elementwise(),
+        ("bitwise_and", "__and__", "logical_and"),
+    ),
+    *(OpRow(op, opinfo, elementwise(OV_COMPARE), aliases) for op, opinfo, aliases in _COMPARISONS),
     *(
         OpRow(op, (), both(Rule(Verdict.EXACT, reason=why)), checked_by=STRUCTURAL)
         for op, why in _STRUCTURE
@@ -247,7 +245,17 @@ ROWS: tuple[OpRow, ...] = (
     OpRow("argmin", ("argmin",), ARG),
     OpRow("max", ("max.reduction_no_dim", "max.reduction_with_dim", "max.binary"), REDUCTION),
     OpRow("min", ("min.reduction_no_dim", "min.reduction_with_dim", "min.binary"), REDUCTION),
-    OpRow("amax", ("amax",), REDUCTION),
+    OpRow(
+        "amax",
+        ("amax",),
+        {
+            "onnxruntime": (
+                Rule(Verdict.BOUNDED, "float", f"{NAN}; of -0.0 and 0.0 it may give the other"),
+                Rule(Verdict.EXACT, "int", NAN),
+            ),
+            "openvino": REDUCTION["openvino"],
+        },
+    ),
     OpRow("amin", ("amin",), REDUCTION),
     OpRow("maximum", ("maximum",), EXTREME),
     OpRow("minimum", ("minimum",), EXTREME),
@@ -289,7 +297,10 @@ ROWS: tuple[OpRow, ...] = (
         ("nn.functional.relu",),
         {
             "onnxruntime": (EXACT,),
-            "openvino": (EXACT_FLOAT, Rule(Verdict.KEPT, "int", OV_INT_VIA_FLOAT)),
+            "openvino": (
+                Rule(Verdict.BOUNDED, "float", "relu(-0.0) gives 0.0, PyTorch -0.0"),
+                Rule(Verdict.KEPT, "int", OV_INT_VIA_FLOAT),
+            ),
         },
         ("relu_",),
         (OV_CLAMP,),
@@ -315,6 +326,15 @@ ROWS: tuple[OpRow, ...] = (
     OpRow("relu6", ("nn.functional.relu6",), both(FLOAT), (), (OV_CLAMP,)),
     OpRow("add", ("add",), elementwise(), ("add_", "iadd", "__add__")),
     OpRow("sub", ("sub",), elementwise(), ("sub_", "isub", "__sub__")),
+    *(
+        OpRow(
+            f"{op}(8-bit)",
+            (),  # judge.op_name: an int8 or uint8 add or sub
+            {"onnxruntime": (EXACT,), "openvino": (Rule(Verdict.KEPT, reason=OV_SATURATES_INT),)},
+            checked_by="runtimes/test_later_calls.py",
+        )
+        for op in ("add", "sub")
+    ),
     OpRow(
         "mul",
         ("mul",),
@@ -370,6 +390,7 @@ ROWS: tuple[OpRow, ...] = (
             for r in CPU_RUNTIMES
         ),
     ),
+    OpRow("adaptive_avg_pool1d", ("nn.functional.adaptive_avg_pool1d",), both(FLOAT)),
     OpRow(
         "adaptive_avg_pool2d",
         ("nn.functional.adaptive_avg_pool2d",),
@@ -383,6 +404,12 @@ ROWS: tuple[OpRow, ...] = (
     ),
     OpRow("layer_norm", ("nn.functional.layer_norm",), both(FLOAT)),
     OpRow("flatten", ("flatten",), both(EXACT)),
-    OpRow("where", ("where",), both(EXACT)),
+    OpRow(
+        "where",
+        ("where",),
+        {"onnxruntime": (Rule(Verdict.BOUNDED, reason=ORT_WHERE),), "openvino": (EXACT,)},
+    ),
     *_MORE_ROWS,
+    *LAYER_ROWS,
+    *MATH_ROWS,
 )

@@ -1,0 +1,116 @@
+"""The conformance table's rows for layers: convolutions, pooling, padding, resizing,
+normalizations and activations, in the form Dynamo's graph holds them (``nn.ReLU6`` is
+``hardtanh``, ``nn.Upsample`` is ``interpolate``; a ``pad`` or ``interpolate`` of another mode
+and a ``softplus`` of another threshold are other ops, :func:`~.judge.op_name`). See the
+package's docstring for the verdicts."""
+
+from __future__ import annotations
+
+from embedl_dynamo.runtimes.conformance.rules import OpRow, Rule, Verdict
+from embedl_dynamo.runtimes.conformance.shorthands import (
+    CONV_NON_FINITE,
+    EXACT,
+    EXACT_FLOAT,
+    FLOAT,
+    NOT_EXPORTED,
+    OV_CLAMP,
+    both,
+    non_finite,
+)
+
+__all__ = ["LAYER_ROWS"]
+
+_KEPT = Rule(Verdict.KEPT, reason=NOT_EXPORTED)
+_OV_CONV = non_finite(CONV_NON_FINITE, ("openvino",))
+_RESIZE = (
+    "a NaN or infinity reaches other outputs than in PyTorch: the runtimes weigh the two "
+    "neighbours in another form, so a zero weight times an infinity is NaN in one and not "
+    "the other"
+)
+_GROUP_NORM = (
+    "an infinity in the input, weight or bias gives inf where PyTorch gives NaN, or the "
+    "reverse: PyTorch folds the weight into the normalisation, the runtimes apply it after"
+)
+_CIRCULAR = Rule(
+    Verdict.KEPT,
+    reason="the ONNX export ends the process (SIGABRT in the exporter's circular padding) on "
+    "an input without a batch axis, F.pad(x of (3, 4, 5), (1, 1, 1, 1), mode='circular')",
+)
+_UNBATCHED = Rule(
+    Verdict.KEPT,
+    reason="without a batch axis the runtimes refuse it (ONNX Runtime's AveragePool: 'strides "
+    "has incorrect size'; OpenVINO's conversion fails)",
+)
+_RUNNING_STATS = Rule(
+    Verdict.KEPT,
+    reason="with running statistics the ONNX export needs a fixed batch size, which a later "
+    "call may change",
+)
+_DIVISOR = Rule(
+    Verdict.KEPT,
+    reason="the ONNX export drops divisor_override: the runtimes divide by the window's size",
+)
+_LAYERS_TEST = "runtimes/test_conformance_modules.py"
+_DEPTH_TO_SPACE = "ONNX Runtime has no integer DepthToSpace kernel (NOT_IMPLEMENTED at build)"
+
+LAYER_ROWS: tuple[OpRow, ...] = (
+    # a listed difference is one the sweep showed: ONNX Runtime's conv1d and conv_transpose
+    # matched PyTorch on every non-finite edge tried, as did OpenVINO's conv_transpose1d
+    OpRow("conv1d", ("nn.functional.conv1d",), both(FLOAT), (), _OV_CONV),
+    OpRow("conv_transpose1d", ("nn.functional.conv_transpose1d",), both(FLOAT)),
+    OpRow("conv_transpose2d", ("nn.functional.conv_transpose2d",), both(FLOAT), (), _OV_CONV),
+    OpRow("avg_pool1d", ("nn.functional.avg_pool1d",), both(FLOAT)),
+    OpRow("avg_pool2d", ("nn.functional.avg_pool2d",), both(FLOAT)),
+    *(
+        OpRow(f"{op}(unbatched)", (), both(_UNBATCHED), checked_by=_LAYERS_TEST)
+        for op in ("avg_pool1d", "avg_pool2d")
+    ),
+    OpRow("avg_pool2d(divisor_override)", (), both(_DIVISOR), checked_by=_LAYERS_TEST),
+    OpRow("pad", ("nn.functional.pad.constant",), both(EXACT)),
+    OpRow("pad(mode='reflect')", ("nn.functional.pad.reflect",), both(EXACT)),
+    OpRow(
+        "pad(mode='replicate')",
+        ("nn.functional.pad.replicate", "nn.functional.pad.replicate_negative"),
+        both(EXACT),
+    ),
+    OpRow("pad(mode='circular')", ("nn.functional.pad.circular",), both(_CIRCULAR)),
+    OpRow("interpolate(mode='nearest')", ("nn.functional.interpolate.nearest",), both(EXACT)),
+    OpRow(
+        "interpolate(mode='nearest-exact')",
+        ("nn.functional.interpolate.nearest-exact",),
+        both(_KEPT),
+    ),
+    OpRow(
+        "interpolate(mode='bilinear')",
+        ("nn.functional.interpolate.bilinear",),
+        both(FLOAT),
+        (),
+        non_finite(_RESIZE),
+    ),
+    OpRow(
+        "interpolate(mode='linear')",
+        ("nn.functional.interpolate.linear",),
+        both(FLOAT),
+        (),
+        non_finite(_RESIZE),
+    ),
+    OpRow("interpolate(mode='bicubic')", ("nn.functional.interpolate.bicubic",), both(FLOAT)),
+    OpRow("group_norm", ("nn.functional.group_norm",), both(FLOAT), (), non_finite(_GROUP_NORM)),
+    OpRow("instance_norm", ("nn.functional.instance_norm",), both(FLOAT)),
+    OpRow("instance_norm(running_stats)", (), both(_RUNNING_STATS), checked_by=_LAYERS_TEST),
+    OpRow("rms_norm", ("nn.functional.rms_norm",), both(_KEPT)),
+    OpRow("leaky_relu", ("nn.functional.leaky_relu",), both(FLOAT)),
+    OpRow("hardtanh", ("nn.functional.hardtanh",), both(FLOAT), (), (OV_CLAMP,)),
+    OpRow("elu", ("nn.functional.elu",), both(FLOAT)),
+    OpRow("mish", ("nn.functional.mish",), both(FLOAT)),
+    OpRow("prelu", ("nn.functional.prelu",), both(FLOAT)),
+    OpRow("softplus", ("nn.functional.softplus",), both(FLOAT)),
+    OpRow(
+        "pixel_shuffle",
+        ("nn.functional.pixel_shuffle",),
+        {
+            "onnxruntime": (EXACT_FLOAT, Rule(Verdict.KEPT, "int", _DEPTH_TO_SPACE)),
+            "openvino": (EXACT,),
+        },
+    ),
+)
