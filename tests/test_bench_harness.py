@@ -40,6 +40,7 @@ def _record(rows, baseline="eager", suite="cpu_table") -> Record:
     return record
 
 
+@pytest.mark.slow  # a fresh process timing every variant: about 10 s; the harness's parts below
 def test_cpu_table_smoke_writes_a_valid_record(tmp_path):
     """``python -m bench run cpu_table --smoke``: a tiny CNN, one round, every kind of variant."""
     out = tmp_path / "smoke.json"

@@ -2,7 +2,11 @@
 
 The examples are started together (one module fixture) and each test checks one example's exit
 code and output; the third-party Backend is pip-installed into a temporary directory and put on
-``PYTHONPATH``, the way a user would install a vendor's package.
+``PYTHONPATH``, the way a user would install a vendor's package. Three examples whose features
+other tests cover are ``slow`` (their own fixture, started only when they run): INT8 on the
+digits (tests/quant/test_accuracy.py, tests/tuning/test_mixed_accuracy.py), the plan's globs
+(tests/rewrite/test_engine.py, tests/cli/test_cli.py's plan) and an export loaded at two batch
+sizes (the README's export block in tests/docs/test_code_blocks.py, tests/deploy).
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ EXAMPLES = REPO / "examples"
 
 _RUNS = {
     "quickstart": ["quickstart.py", "--small", "--repeats", "3", "--plan"],
-    "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
-    "export_and_load": ["export_and_load.py", "--small"],
-    "plan_inspection": ["plan_inspection.py", "--small"],
     "third_party": ["third_party_backend/demo.py"],
     "save_and_load": ["save_and_load.py", "--small", "--int8"],
+}
+_SLOW_RUNS = {
+    "export_and_load": ["export_and_load.py", "--small"],
+    "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
+    "plan_inspection": ["plan_inspection.py", "--small"],
 }
 
 
@@ -41,13 +47,12 @@ def _install_plugin(tmp: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
-    tmp = tmp_path_factory.mktemp("examples")
-    plugin = _install_plugin(tmp)
+def _run_together(
+    tmp: Path, examples: dict[str, list[str]], plugin: Path | None = None
+) -> dict[str, subprocess.CompletedProcess]:
     env = dict(os.environ, EMBEDL_DYNAMO_CACHE_DIR=str(tmp / "cache"), OMP_NUM_THREADS="1")
     procs = {}
-    for name, argv in _RUNS.items():
+    for name, argv in examples.items():
         run_env = dict(env)
         if name == "third_party":
             run_env["PYTHONPATH"] = os.pathsep.join(
@@ -64,6 +69,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.Compl
     return results
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("examples")
+    return _run_together(tmp, _RUNS, _install_plugin(tmp))
+
+
+@pytest.fixture(scope="module")
+def slow_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess]:
+    return _run_together(tmp_path_factory.mktemp("slow_examples"), _SLOW_RUNS)
+
+
 def _ok(run: subprocess.CompletedProcess) -> str:
     assert run.returncode == 0, f"{run.args}\nstdout:\n{run.stdout}\nstderr:\n{run.stderr[-3000:]}"
     return run.stdout
@@ -78,8 +94,9 @@ def test_quickstart_prints_plan_and_comparison(runs) -> None:
     assert "embedl_tensorrt" in out and "median ms" in out
 
 
-def test_int8_digits_prints_accuracies(runs) -> None:
-    out = _ok(runs["int8_digits"])
+@pytest.mark.slow
+def test_int8_digits_prints_accuracies(slow_runs) -> None:
+    out = _ok(slow_runs["int8_digits"])
     line = next(line for line in out.splitlines() if line.startswith("test accuracy"))
     float_acc = float(line.split("float ")[1].split("%")[0])
     int8_acc = float(line.split("INT8 ")[1].split("%")[0])
@@ -87,8 +104,9 @@ def test_int8_digits_prints_accuracies(runs) -> None:
     assert int8_acc > float_acc - 2.0
 
 
-def test_export_and_load_round_trips(runs) -> None:
-    out = _ok(runs["export_and_load"])
+@pytest.mark.slow
+def test_export_and_load_round_trips(slow_runs) -> None:
+    out = _ok(slow_runs["export_and_load"])
     assert "wrote " in out and "resnet.json" in out
     assert "runtime='onnxruntime'" in out
     assert "batch 1: output (1, 10)" in out and "batch 5: output (5, 10)" in out
@@ -100,8 +118,9 @@ def test_export_and_load_round_trips(runs) -> None:
     assert len(diffs) == 2 and max(diffs) < 1e-4  # float export: export verifies 1e-4 of scale
 
 
-def test_plan_inspection_toggles_by_glob(runs) -> None:
-    out = _ok(runs["plan_inspection"])
+@pytest.mark.slow
+def test_plan_inspection_toggles_by_glob(slow_runs) -> None:
+    out = _ok(slow_runs["plan_inspection"])
     assert "conv_bn_add_relu@layer4.0.conv3: keep layer4 unfused" in out
     assert "fused convolutions left in layer4: []" in out
     diff = float(out.split("max abs diff to the original: ")[1].split()[0])

@@ -329,6 +329,8 @@ def _result(proc: subprocess.Popen) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # four fresh interpreters: about 20 s. The lock between builders runs by
+# default on threads (tests/cache/test_store.py), a warm second process in test_warm_start.py
 def test_fresh_processes_share_one_cache_dir_and_rebuild_a_corrupt_entry(tmp_path):
     """Three fresh interpreters compile at once with no ``import embedl_dynamo`` (the entry point
     loads it): one builds, two wait for its artifact and reuse it. A later process finds the

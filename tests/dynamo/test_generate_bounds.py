@@ -86,7 +86,10 @@ def test_a_static_cache_decoder_builds_per_shape_class():
     assert built[3] == 0, built  # after the dynamic recompile of built[2]
 
 
-@pytest.mark.parametrize("make", [_t5, _bart], ids=["t5", "bart"])
+# BART slow (about 8 s): T5 shows the encoder-decoder bound by default
+@pytest.mark.parametrize(
+    "make", [_t5, pytest.param(_bart, marks=pytest.mark.slow)], ids=["t5", "bart"]
+)
 def test_an_encoder_decoder_builds_nothing_in_its_second_generate(make):
     """T5 and BART: the first greedy ``generate()`` builds the graphs of the first decoding
     step (which fills the cross-attention cache), the second and the later steps; a second

@@ -128,6 +128,8 @@ def test_gpt2_left_padding_matches_eager(tmp_path):
     assert _masked_attention_fused()
 
 
+@pytest.mark.slow  # about 8 s; decoding with a cache by default: test_decoders.py (phi3, the
+# dynamic cache), test_generate.py (the static cache)
 def test_gpt2_with_kv_cache_decodes_like_eager(tmp_path):
     """``use_cache=True``: a prompt, then one token at a time with ``past_key_values``."""
     model = _gpt2()

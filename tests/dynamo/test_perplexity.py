@@ -100,6 +100,8 @@ def test_weight_only_perplexity_stays_near_float(trained, tmp_path):
     assert int4_ppl <= 1.05 * float_ppl or kept, (int4_ppl, float_ppl)
 
 
+@pytest.mark.slow  # about 7 s; greedy tokens equal eager's by default in test_decoders.py and
+# test_generate.py (random-init decoders)
 def test_greedy_tokens_in_fp32_equal_eager(trained, tmp_path):
     model, ids = trained
     prompt = ids[:1, :16]

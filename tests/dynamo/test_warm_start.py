@@ -51,6 +51,10 @@ def built(tmp_path_factory):
     return cache, _run_worker(cache)
 
 
+@pytest.mark.slow  # two fresh processes, four precisions each: about 25 s. By default a fresh
+# process starts from a cache in tests/cli/test_deploy.py (deploy --check's replica) and from a
+# saved INT8 function in tests/test_examples.py (save_and_load); warm starts of each precision
+# in one process: tests/tuning (test_mixed_precision, test_half_form, test_beat_eager)
 def test_a_second_process_loads_every_precision_and_builds_nothing(built):
     cache, first = built
     assert all(not r["loaded"][0] for r in first.values())  # the first process built them
@@ -66,6 +70,7 @@ def test_a_second_process_loads_every_precision_and_builds_nothing(built):
     assert _tree(cache / "onnx").keys() == before.keys()  # no artifact exported again
 
 
+@pytest.mark.slow  # a third process: about 20 s; the read-only cache in this process below
 def test_a_read_only_copy_elsewhere_starts_the_same_and_writes_nothing(built, tmp_path):
     cache, first = built
     shipped = tmp_path / "moved" / "shipped_cache"  # another path: nothing keyed by location

@@ -131,6 +131,8 @@ def _compile_in_a_process(cache: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two fresh processes: about 20 s; torch.compile over the threshold in this
+# process: test_a_cached_model_whose_data_file_changed_is_not_served
 def test_torch_compile_over_the_threshold_runs_and_warm_starts(tmp_path) -> None:
     """Compiled for each runtime, then compiled again by a second process from the cache (its
     data file too)."""

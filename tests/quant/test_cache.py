@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -62,6 +63,8 @@ def _run(cache_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two fresh processes: about 13 s; ranges read back from the cache in this
+# process: test_unsigned_ranges_come_back_from_the_cache_unchanged
 def test_second_process_runs_zero_calibration_passes(tmp_path):
     # the loop is keyed by what it feeds: its first two batches are hashed (a probe that stops
     # the loop there), then calibration runs all three

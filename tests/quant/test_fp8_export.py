@@ -147,6 +147,7 @@ def test_fp8_keeps_the_digits_cnn_within_budget(digits, tmp_path):
     assert cos["fp8"] >= budget and cos["int8"] >= budget, cos
 
 
+@pytest.mark.slow  # about 8 s; attention in FP8 by default: test_fp8_keeps_a_small_decoder_within_budget
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_fp8_keeps_the_digits_vit_within_budget(tmp_path):
     torch.manual_seed(0)

@@ -54,6 +54,8 @@ def _run_scenario(path: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a two-node Ray cluster: about 30 s; the replica, batcher and KServe routes
+# run in the default suite on stand-ins (test_replica*.py, test_batcher.py, test_kserve.py)
 def test_two_nodes_two_replicas_answer_like_load_through_a_replica_kill(mlp_file):
     seen = _run_scenario(mlp_file)
     # both nodes up, each replica holding one node's only CPU, one replica per node
