@@ -40,6 +40,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.cache.digests import blake3_digest
+from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.dynamo.call_guards import guard_call, runs_int8
@@ -221,6 +222,7 @@ def refit_artifact(
 ) -> tuple[OnnxArtifact, str]:
     """The refitted ONNX artifact (written into the cache under a key of its own, or found
     there) and the transformed model it is of."""
+    wait_for_cache_writes()  # the build's artifact may still be on its way to the disk
     found = cached_onnx(source.artifact_key, source.settings)
     if found is None:
         raise _NotRefitted("the built artifact is no longer in the cache")

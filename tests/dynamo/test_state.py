@@ -5,12 +5,15 @@ PyTorch."""
 from __future__ import annotations
 
 import gc
+import time
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.cache import files
 from embedl_dynamo.dynamo.compiled_call import WEIGHT_SETS
 from embedl_dynamo.runtimes.served import Served
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
@@ -39,10 +42,19 @@ def test_load_state_dict_after_compiling_is_picked_up():
         assert_close_to_scale(compiled(X), other(X))
 
 
-def test_two_instances_called_in_turn_each_keep_their_build():
+@pytest.mark.parametrize("write_delay_s", [0.0, 0.5])
+def test_two_instances_called_in_turn_each_keep_their_build(write_delay_s, monkeypatch):
     """Dynamo gives the second instance the first one's graph (its guards check the weights'
     sizes, not which tensors they are): each instance gets a build of its own weights, kept,
-    not rebuilt on every switch (before: a rebuild, and a runtime more in memory, per switch)."""
+    not rebuilt on every switch (before: a rebuild, and a runtime more in memory, per switch).
+    The second is a refit of the first's artifact even while that is still being written on a
+    helper thread (a loaded machine: before, it was built anew, as if the entry were gone)."""
+    run_in_background = files.run_in_background
+
+    def slow(write, name):
+        return run_in_background(lambda: (time.sleep(write_delay_s), write())[1], name)
+
+    monkeypatch.setattr(files, "run_in_background", slow)
     first, second = TinyConvNet().eval(), TinyConvNet().eval()
     compiled = [torch.compile(m, backend="embedl_onnxruntime") for m in (first, second)]
     with torch.no_grad():
