@@ -47,7 +47,6 @@ from torch import fx
 
 from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.cache.keys import package_version
-from embedl_dynamo.errors import CallRefused
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
@@ -58,16 +57,12 @@ from embedl_dynamo.runtimes.openvino.compile import (
     openvino_cause,
 )
 from embedl_dynamo.runtimes.openvino.compiled_cache import compile_or_import
+from embedl_dynamo.runtimes.openvino.int_range import check_int32_range
 from embedl_dynamo.runtimes.served import Served
 from embedl_dynamo.settings import Settings
 
-#: the int64 inputs OpenVINO takes: within half of int32's range, so that the sum or difference
-#: of two of them still fits the int32 it computes them in
-_INT64_LOW, _INT64_HIGH = -(2**30), 2**30 - 1
-
 __all__ = [
     "OpenVINORuntime",
-    "check_int32_range",
     "openvino_node_times",
 ]
 
@@ -85,23 +80,6 @@ _NOT_COMPUTE = frozenset(
     {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
      "ShapeOf", "Gather", "Concatenation", "Broadcast", "Convert", "StridedSlice", "Split"}
 )  # fmt: skip
-
-
-def check_int32_range(args: Sequence[torch.Tensor]) -> None:
-    """Raise :class:`~embedl_dynamo.errors.CallRefused` when an int64 input holds a value
-    outside half of int32's range: the CPU plugin computes int64 as int32 and would wrap it, or
-    wrap the sum of two such values (2**31 - 1 + 1 gave -2**31), so such a call runs in PyTorch
-    (:mod:`embedl_dynamo.runtimes.conformance`). Two reductions per int64 input (ids,
-    positions, masks: small)."""
-    for position, t in enumerate(args):
-        if t.dtype == torch.int64 and t.numel():
-            low, high = torch.aminmax(t)
-            if low < _INT64_LOW or high > _INT64_HIGH:
-                raise CallRefused(
-                    f"input {position} holds int64 values outside [-2**30, 2**30), "
-                    f"[{int(low)}, {int(high)}]: OpenVINO's CPU plugin computes int64 as int32, "
-                    "where they or their sums would wrap"
-                )
 
 
 class OpenVINORuntime(OnnxArtifactRuntime):
