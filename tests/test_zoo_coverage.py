@@ -9,6 +9,9 @@ except the ones :data:`BELOW_SHARE` names with the op that holds them there (an 
 failure). An entry of either list the model has outgrown fails too, so the lists shrink as
 rows are added to the table: whoever changes a row updates them.
 
+The file is ``slow`` (CI's slow slice runs it: ``python -m pytest -m slow
+tests/test_zoo_coverage.py``), so that the default run keeps to its five minutes.
+
 The zoo itself is checked here as well, without the library: it is large enough, holds the
 layer types issue 50 found kept in PyTorch, and every model runs in eager mode to finite,
 reproducible outputs.
@@ -28,6 +31,8 @@ from torch import nn
 
 import embedl_dynamo
 from tests.zoo import ZOO, output_tensors
+
+pytestmark = pytest.mark.slow
 
 BACKENDS = ("onnxruntime", "openvino")
 MIN_SHARE = 0.9
