@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.graph.freeze import freeze
 from embedl_dynamo.quant.insert import FakeQuantize
 from embedl_dynamo.rewrite.plan import TransformationPlan
@@ -239,3 +240,11 @@ def replace_cache_file(path: Any, data: bytes) -> None:
     record = json.loads(meta.read_text())
     record.update({DIGEST: blake3_digest(data).hex(), "size": len(data)})
     meta.write_text(json.dumps(record))
+
+
+def wait_until_stored() -> None:
+    """Wait for the builds' artifacts to reach the cache before a test changes weights in place:
+    an artifact whose weights change while it is written is not stored (its file would hold
+    neither set), so the next weights are then built anew, not refitted, which a test counting
+    refits would take for a defect (a loaded machine writes slowly)."""
+    wait_for_cache_writes(timeout=60)

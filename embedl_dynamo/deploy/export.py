@@ -260,8 +260,11 @@ def _output_tree(path: Path, tree: OutputTree | str | None, count: int) -> dict[
     if isinstance(tree, OutputTree) and tree.count == count:
         return tree.to_dict()
     why = tree if isinstance(tree, str) else "the pipeline changed the number of outputs"
-    logger.warning("%s: load() returns the outputs as a flat tuple, not in the model's "
-                   "structure: %s", path.name, why)  # fmt: skip
+    logger.warning(
+        "%s: load() returns the outputs as a flat tuple, not in the model's structure: %s",
+        path.name,
+        why,
+    )
     return None
 
 
@@ -298,8 +301,13 @@ def _write_sidecar(
     sidecar["engine_file"] = engine_path.name if engine_path else None
     if sidecar["tensorrt_lint"]:
         lint = sidecar["tensorrt_lint"]
-        logger.warning("%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
-                       "tensorrt_lint)", path.name, len(lint), lint[0])  # fmt: skip
+        logger.warning(
+            "%s: %d problem(s) for TensorRT's parser, first: %s (all in the sidecar's "
+            "tensorrt_lint)",
+            path.name,
+            len(lint),
+            lint[0],
+        )
     if html:
         seconds = time.perf_counter() - stages.start
         sidecar["html_file"] = write_report_page(path, target.name, result, seconds).name
@@ -313,8 +321,11 @@ def _log_verification(path: Path, check: Verification, settings: Settings) -> No
         logger.warning("%s; kept because verify=False", verification_message(path, check, settings))
     logger.info(
         "exported %s: max abs diff %.3g vs %s, %s",
-        path, check.max_abs_diff, check.compared_with, "passed" if check.passed else "failed",
-    )  # fmt: skip
+        path,
+        check.max_abs_diff,
+        check.compared_with,
+        "passed" if check.passed else "failed",
+    )
 
 
 def _capture(

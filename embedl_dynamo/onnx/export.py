@@ -38,7 +38,7 @@ from torch import fx, nn
 from torch.utils._python_dispatch import _disable_current_modes
 
 from embedl_dynamo.errors import ExportError, error_line
-from embedl_dynamo.graph.dynamic_axes import BATCH, DynamicAxes, batch_axes
+from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.exact_ops import exact_lowering
 from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, rest_precision
 from embedl_dynamo.onnx.exporter_hooks import (
@@ -54,6 +54,7 @@ from embedl_dynamo.onnx.initializers import (
     unwritten_float_model,
 )
 from embedl_dynamo.onnx.int8_weights import store_weights_as_int8
+from embedl_dynamo.onnx.io_axes import export_axes, input_names, output_names
 from embedl_dynamo.onnx.output_dtypes import cast_outputs
 from embedl_dynamo.onnx.weight_only import (
     save_weight_only,
@@ -74,16 +75,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_OPSET = 18
 _EXPORTERS = ("auto", "torchscript", "dynamo")
 _FD_LOCK = threading.Lock()  # file descriptors 1 and 2 are process-wide
-
-
-def input_names(n: int) -> list[str]:
-    """Names of the ONNX graph inputs: ``input_0``, ``input_1``..."""
-    return [f"input_{i}" for i in range(n)]
-
-
-def output_names(n: int) -> list[str]:
-    """Names of the ONNX graph outputs: ``output_0``, ``output_1``..."""
-    return [f"output_{i}" for i in range(n)]
 
 
 class _FlatOutputs(nn.Module):
@@ -252,8 +243,17 @@ def export_onnx_unwritten(
         run meanwhile); None when ``path`` was written here (a graph with Q/DQ nodes, or weights
         the exporter had to write itself).
     """
-    return _export(gm, example_inputs, Path(path), True, None, "torchscript", dynamic_axes,
-                   outputs, keep_unwritten=True)  # fmt: skip
+    return _export(
+        gm,
+        example_inputs,
+        Path(path),
+        True,
+        None,
+        "torchscript",
+        dynamic_axes,
+        outputs,
+        keep_unwritten=True,
+    )
 
 
 def export_onnx(
@@ -327,14 +327,7 @@ def _export(
         with torch.no_grad():
             outputs = module(*args)
     _check_io(args, outputs)
-    axes = dynamic_axes if dynamic_axes is not None else batch_axes(args, outputs, dynamic_batch)
-    if len(axes.outputs) != len(outputs):  # inputs' axes only: outputs follow the batch
-        batch = any(a.get(0) == BATCH for a in axes.inputs)
-        axes = DynamicAxes(axes.inputs, batch_axes(args, outputs, batch).outputs)
-    named = {
-        **{n: dict(a) for n, a in zip(input_names(len(args)), axes.inputs) if a},
-        **{n: dict(a) for n, a in zip(output_names(len(outputs)), axes.outputs) if a},
-    }
+    axes, named = export_axes(args, outputs, dynamic_batch, dynamic_axes)
     order = {"auto": ("torchscript", "dynamo"), "torchscript": ("torchscript",)}.get(
         exporter, ("dynamo",)
     )
@@ -376,8 +369,11 @@ def _export(
             continue
         logger.debug(
             "exported %s with the %s exporter in %.2f s (%d weights stored as int8)",
-            path, name, time.perf_counter() - start, folded,
-        )  # fmt: skip
+            path,
+            name,
+            time.perf_counter() - start,
+            folded,
+        )
         return unwritten
     raise ExportError("ONNX export failed: " + "; ".join(errors) + _fast_path_hint(gm))
 

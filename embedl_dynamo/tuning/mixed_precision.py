@@ -153,14 +153,19 @@ def choose_mixed(
         if cache is not None:
             document = {"format": _FORMAT, "int8": int8, "rest": chosen_rest, "layers": records}
             try:
-                cache.put(key, json.dumps(document, indent=1).encode(), ".json",
-                          meta={"kind": "mixed precision decisions"})  # fmt: skip
+                cache.put(
+                    key,
+                    json.dumps(document, indent=1).encode(),
+                    ".json",
+                    meta={"kind": "mixed precision decisions"},
+                )
             except OSError as exc:
                 logger.warning("mixed precision decisions not cached (%s)", exc)
     model, report = float_model or calibrated.gm, None
     if int8:
-        model, report = calibrated.build({r["id"]: r["reason"] for r in records
-                                          if r["id"] not in int8})  # fmt: skip
+        model, report = calibrated.build(
+            {r["id"]: r["reason"] for r in records if r["id"] not in int8}
+        )
     if chosen_rest is not None:
         model = with_rest_precision(model, chosen_rest)
     return MixedChoice(model, report, records, judged)
@@ -227,10 +232,15 @@ def _measure(
         if rest:  # INT8 everywhere with the rest in fp32: `int8` itself, which mixed must match
             candidates[INT8_FP32_REST] = plain_int8
     timed = race(
-        candidates, inputs, (sample, per_batch, budget),
-        num_threads=num_threads, settings=settings, axes=axes, runtime=runtime,
+        candidates,
+        inputs,
+        (sample, per_batch, budget),
+        num_threads=num_threads,
+        settings=settings,
+        axes=axes,
+        runtime=runtime,
         artifacts={"int8": int8_artifact} if int8_artifact is not None else None,
-    )  # fmt: skip
+    )
     lower = {"mixed", "int8"}
     if rest and lower & set(timed.refused) and not lower & set(timed.held):
         logger.info("mixed precision on %s: INT8 with %s failed the budget; fp32 rest", where, rest)
@@ -287,15 +297,27 @@ def apply_mixed(
         data = [tuple(inputs)]
     cache_dir = settings.cache_dir if settings.calibration_cache else None
     calibrated = calibrate_graph(
-        result.model, quantizer, data, observer=settings.observer, cache_dir=cache_dir,
-        use_cache=settings.calibration_cache, progress=settings.progress,
-    )  # fmt: skip
+        result.model,
+        quantizer,
+        data,
+        observer=settings.observer,
+        cache_dir=cache_dir,
+        use_cache=settings.calibration_cache,
+        progress=settings.progress,
+    )
     batches = data if not callable(data) or isinstance(data, (list, tuple)) else [tuple(inputs)]
     choice = choose_mixed(
-        calibrated, inputs, list(batches), settings.accuracy_budget,
-        cache_dir=cache_dir, num_threads=settings.num_threads, artifact_settings=settings,
-        axes=axes, float_model=result.model, runtime=runtime,
-    )  # fmt: skip
+        calibrated,
+        inputs,
+        list(batches),
+        settings.accuracy_budget,
+        cache_dir=cache_dir,
+        num_threads=settings.num_threads,
+        artifact_settings=settings,
+        axes=axes,
+        float_model=result.model,
+        runtime=runtime,
+    )
     report = dict(result.report, precision="mixed", layers=choice.layers)
     report["quantized"] = choice.report is not None
     if choice.report is None:  # all fp32: the fused graph itself, not the quantizer's prepared one

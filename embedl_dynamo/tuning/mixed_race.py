@@ -116,8 +116,11 @@ def settle(
     more than noise); ``layers`` updated to it, with the reasons of layers that leave INT8."""
     every = list(calibrated.placement.layers)
     if timed.refused:
-        logger.info("mixed precision on %s: refused on the runtime: %s", where,
-                    ", ".join(f"{n} (cosine {c:.4f})" for n, c in timed.refused.items()))  # fmt: skip
+        logger.info(
+            "mixed precision on %s: refused on the runtime: %s",
+            where,
+            ", ".join(f"{n} (cosine {c:.4f})" for n, c in timed.refused.items()),
+        )
     if "mixed" in timed.refused and "int8" in timed.timings:
         # the per-layer set failed; INT8 everywhere holds
         layers.int8, layers.cosine = every, full_cosine

@@ -13,7 +13,7 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.dynamo import refit as refit_module
-from tests.helpers import BUILD_COUNTS, random_batches
+from tests.helpers import BUILD_COUNTS, random_batches, wait_until_stored
 from tests.models import ResNetLike, randomize_batchnorm
 
 X = torch.randn(2, 3, 32, 32)
@@ -48,7 +48,7 @@ def test_new_fp32_weights_are_refitted_bit_for_bit_as_a_fresh_build(runtime, tmp
     compiled = _compile(model, runtime)
     with torch.no_grad():
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         model.load_state_dict(other.state_dict())
         refitted = compiled(X)
     refit = _last().pipeline["refit"]
@@ -64,7 +64,7 @@ def test_new_int8_weights_keep_the_scales_within_the_budget():
     compiled = _compile(model, "onnxruntime", precision="int8", calibration_data=data)
     with torch.no_grad():
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         scales = copy.deepcopy(_last().pipeline["quantization"]["ranges"])
         exports = BUILD_COUNTS["onnx"]  # INT8's and the float one it was timed against
         model.load_state_dict(other.state_dict())
@@ -85,7 +85,7 @@ def test_int8_scales_that_miss_the_budget_calibrate_again_on_the_same_runtime():
     compiled = _compile(model, "onnxruntime", precision="int8", calibration_data=data)
     with torch.no_grad():
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         scales = copy.deepcopy(_last().pipeline["quantization"]["ranges"])
         model.conv1.weight.mul_(50)  # activations far beyond the calibrated ranges: clipped
         refitted = compiled(X)
@@ -118,7 +118,7 @@ def test_a_weight_of_another_shape_is_built_anew_with_the_reason(monkeypatch):
     compiled = _compile(model, "onnxruntime")
     with torch.no_grad():
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         model.load_state_dict(other.state_dict())
         out = compiled(X)
         expected = other(X)
@@ -136,7 +136,7 @@ def test_a_warm_started_graph_refits_from_the_recipe_its_build_stored():
         torch._dynamo.reset()
         compiled = _compile(model, "onnxruntime")
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         assert _last().loaded and BUILD_COUNTS["onnx"] == 1
         model.load_state_dict(other.state_dict())
         out = compiled(X)
@@ -153,7 +153,7 @@ def test_the_refit_leaves_the_users_model_and_weights_as_they_were():
     new = {k: v.clone() for k, v in other.state_dict().items()}
     with torch.no_grad():
         compiled(X)
-        embedl_dynamo.wait_for_cache_writes(timeout=60)  # stored before weights change
+        wait_until_stored()
         model.load_state_dict(new)
         before = {k: v.clone() for k, v in model.state_dict().items()}
         compiled(X)

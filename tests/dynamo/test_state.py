@@ -16,18 +16,10 @@ import embedl_dynamo
 from embedl_dynamo.cache import files
 from embedl_dynamo.dynamo.compiled_call import WEIGHT_SETS
 from embedl_dynamo.runtimes.served import Served
-from tests.helpers import BUILD_COUNTS, assert_close_to_scale
+from tests.helpers import BUILD_COUNTS, assert_close_to_scale, wait_until_stored
 from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)
-
-
-def _stored() -> None:
-    """Wait for the build's artifact to reach the cache before weights change in place: an
-    artifact whose weights change while it is written is not stored (its file would hold
-    neither set), so the next weights are then built anew, not refitted, which the counts
-    below would take for a defect (a loaded machine writes slowly)."""
-    embedl_dynamo.wait_for_cache_writes(timeout=60)
 
 
 def test_weights_changed_in_place_after_compiling_are_picked_up():
@@ -35,7 +27,7 @@ def test_weights_changed_in_place_after_compiling_are_picked_up():
     compiled = torch.compile(model, backend="embedl_onnxruntime")
     with torch.no_grad():
         compiled(X)
-        _stored()
+        wait_until_stored()
         model.fc.weight.mul_(2)
         assert_close_to_scale(compiled(X), model(X))
         assert_close_to_scale(compiled(X), model(X))  # the refitted artifact, nothing more
@@ -88,7 +80,7 @@ def test_a_build_for_weights_modified_in_place_is_released_not_kept():
         compiled(X)
         live = _live_runtimes()
         for _ in range(changes):
-            _stored()
+            wait_until_stored()
             model.fc.weight.mul_(1.5)
             assert_close_to_scale(compiled(X), model(X))
     assert BUILD_COUNTS["onnx"] == 1 and BUILD_COUNTS["refit"] == changes  # each a refit

@@ -58,6 +58,12 @@ from embedl_dynamo.runtimes.openvino.compile import (
 )
 from embedl_dynamo.runtimes.openvino.compiled_cache import compile_or_import
 from embedl_dynamo.runtimes.openvino.int_range import check_int32_range
+from embedl_dynamo.runtimes.openvino.precisions import (
+    NOT_COMPUTE,
+    PRECISION_NAME,
+    PRECISION_RANK,
+    integer_layers,
+)
 from embedl_dynamo.runtimes.served import Served
 from embedl_dynamo.settings import Settings
 
@@ -67,19 +73,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# the runtime model's integer precisions (u4/i4: int4 weight-only compressed layers) by the
-# build_info entry that counts them
-_INTEGER = {"int8_layers": ("u8", "i8"), "int4_layers": ("u4", "i4")}
-# the runtime model's precisions, in this package's names, and their order (lowest first)
-_PRECISION_NAME = {"u4": "int4", "i4": "int4", "u8": "int8", "i8": "int8", "bf16": "bf16",
-                   "f16": "fp16", "f32": "fp32"}  # fmt: skip
-_RANK = {"int4": -1, "int8": 0, "fp16": 1, "bf16": 1, "fp32": 2}
-# runtime-model nodes that compute nothing (data, layout, shape bookkeeping)
-_NOT_COMPUTE = frozenset(
-    {"Const", "Input", "Output", "Parameter", "Result", "Reshape", "Reorder", "Transpose",
-     "ShapeOf", "Gather", "Concatenation", "Broadcast", "Convert", "StridedSlice", "Split"}
-)  # fmt: skip
 
 
 class OpenVINORuntime(OnnxArtifactRuntime):
@@ -187,13 +180,18 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # from memory would copy them
         path = self.read_artifact()
         self._compiled = compile_or_import(
-            path, self.artifact_digest(), self.confirm_artifact, self.settings.cache_dir,
+            path,
+            self.artifact_digest(),
+            self.confirm_artifact,
+            self.settings.cache_dir,
             self.build_info,
-            num_threads=self.settings.num_threads, hint=self._hint,
-            shapes=self._static_shapes, device=self._device,
-        )  # fmt: skip
+            num_threads=self.settings.num_threads,
+            hint=self._hint,
+            shapes=self._static_shapes,
+            device=self._device,
+        )
         self._request = self._compiled.create_infer_request()
-        self.build_info.update(_integer_layers(self.layer_precisions()))
+        self.build_info.update(integer_layers(self.layer_precisions()))
 
     def _compute_layers(self) -> Iterator[tuple[str, str, str]]:
         """``(layer type, runtime precision, original layer names)`` of every compute layer of
@@ -203,7 +201,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         for op in self._compiled.get_runtime_model().get_ordered_ops():
             info = op.get_rt_info()
             kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
-            if kind in _NOT_COMPUTE:
+            if kind in NOT_COMPUTE:
                 continue
             precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else ""
             names = info["originalLayersNames"].astype(str) if "originalLayersNames" in info else ""
@@ -221,12 +219,12 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         ``originalLayersNames`` (the exporter names nodes ``/gm/<module>/<op>``)."""
         found: dict[str, str] = {}
         for _, runtime_precision, names in self._compute_layers():
-            precision = _PRECISION_NAME.get(runtime_precision)
+            precision = PRECISION_NAME.get(runtime_precision)
             for name in names.split(",") if precision is not None else ():
                 parts = name.split("/")
                 if len(parts) > 2 and parts[1] == "gm":
                     known = found.get(parts[2])
-                    if known is None or _RANK[precision] < _RANK[known]:
+                    if known is None or PRECISION_RANK[precision] < PRECISION_RANK[known]:
                         found[parts[2]] = precision
         return found
 
@@ -310,21 +308,6 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         for i in aliased:
             torch.autograd.graph.increment_version(outputs[i])
         return tuple(outputs)
-
-
-def _integer_layers(precisions: Counter[tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """``{"int8_layers": {layer type: count}, "int4_layers": ...}`` of the runtime model's
-    integer layers (``precisions``: :meth:`OpenVINORuntime.layer_precisions`); only the
-    entries that have any."""
-    counted = {}
-    for entry, types in _INTEGER.items():
-        kinds = Counter()
-        for (kind, precision), count in precisions.items():
-            if precision in types:
-                kinds[kind] += count
-        if kinds:
-            counted[entry] = dict(sorted(kinds.items()))
-    return counted
 
 
 @contextlib.contextmanager
