@@ -71,7 +71,6 @@ EXPECTED_KEPT: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
     ("hf_deberta_v2", "onnxruntime"): (("*", CONSTANTS), ("truediv", NO_ROW)),
     ("hf_deberta_v2", "openvino"): (
         ("*", CONSTANTS),
-        ("neg", OV_INT64),
         ("sign", OV_INT64),
         ("truediv", NO_ROW),
         ("le", OV_COMPARE),

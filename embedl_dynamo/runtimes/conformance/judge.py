@@ -16,6 +16,7 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
+from embedl_dynamo.runtimes.conformance.int_bounds import fits_int32
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.table import ROWS
 
@@ -78,6 +79,8 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"softplus(threshold={_argument(node, 2, 'threshold', 20.0)!r})"  # not exported
     if name in _SUMS and _input_dtype(node) in (torch.int8, torch.uint8):
         return f"{_SUMS[name]}(8-bit)"  # OpenVINO saturates where PyTorch wraps
+    if name in _SUMS and _result_dtype(node) == torch.int64 and not fits_int32(node):
+        return f"{_SUMS[name]}(int64 past int32)"  # OpenVINO computes int64 as int32
     if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
         return f"{name}(unbatched)"  # the runtimes' pooling takes a batch axis only
     if name == "avg_pool2d" and _argument(node, 6, "divisor_override", None) is not None:
@@ -110,6 +113,10 @@ def _touches_empty(node: fx.Node) -> bool:
         if shape is not None and any(isinstance(s, int) and s == 0 for s in shape):
             return True
     return False
+
+
+def _result_dtype(node: fx.Node) -> torch.dtype | None:
+    return getattr(node_value_meta(node), "dtype", None)
 
 
 def _input_rank(node: fx.Node) -> int | None:

@@ -43,9 +43,9 @@ FLOAT = Rule(Verdict.BOUNDED, "float")
 EXACT_FLOAT = Rule(Verdict.EXACT, "float")
 BOUNDED = (Rule(Verdict.BOUNDED, "float"), Rule(Verdict.EXACT, "int"))
 OV_INT = (
-    "OpenVINO's CPU plugin computes int64 as int32: a call whose int64 inputs leave "
-    "[-2**30, 2**30) runs in PyTorch, so that the sum of two inputs still fits; a longer "
-    "chain of sums past 2**31 would wrap"
+    "OpenVINO's CPU plugin computes int64 as int32: a call whose int64 inputs or input "
+    "dimensions leave [-2**30, 2**30) runs in PyTorch, and a sum the graph cannot bound "
+    "within int32 is another row, add(int64 past int32), kept in PyTorch"
 )
 OV_INDEX_PUT_INT = (
     "on uint8 values OpenVINO wrote an element PyTorch did not (a value of 255 at the first "

@@ -1,0 +1,131 @@
+"""int64 sums on OpenVINO, which computes int64 as int32 (issue 50, section 2.3): its guard
+keeps inputs within [-2**30, 2**30), so the sum of two fits; a sum the graph cannot bound
+within int32 is the row ``add(int64 past int32)``, kept in PyTorch there and exact on ONNX
+Runtime (:mod:`embedl_dynamo.runtimes.conformance.int_bounds`)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from embedl_dynamo import last_report
+from embedl_dynamo.errors import CallRefused
+from embedl_dynamo.runtimes.conformance import op_name
+from embedl_dynamo.runtimes.conformance.int_bounds import value_range
+from embedl_dynamo.runtimes.openvino.int_range import check_int32_range
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from tests.runtimes.conformance_check import compile_on
+
+needs_openvino = pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino")
+EDGE = torch.tensor([2**30 - 1, -(2**30)])
+
+
+def _dynamo_graph(fn, *inputs):
+    """``fn``'s Dynamo graph, with the example values the judge reads."""
+    graphs = []
+
+    def capture(gm, _):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture, dynamic=False)(*inputs)
+    return graphs[0]
+
+
+def _sums(fn, *inputs) -> list[tuple[str, tuple[int, int] | None]]:
+    """(the table's name, the range) of each sum in ``fn``'s graph, in order."""
+    gm = _dynamo_graph(fn, *inputs)
+    return [
+        (op_name(n), value_range(n))
+        for n in gm.graph.nodes
+        if (op_name(n) or "").startswith(("add", "sub"))
+    ]
+
+
+def test_a_sum_of_two_inputs_fits_and_a_third_term_does_not():
+    a = torch.tensor([1, 2])
+    assert _sums(lambda x, y, z: x + y + z, a, a, a) == [
+        ("add", (-(2**31), 2**31 - 2)),
+        ("add(int64 past int32)", (-3 * 2**30, 3 * 2**30 - 3)),
+    ]
+
+
+def test_sizes_constants_aranges_and_masks_bound_a_sum():
+    """The sums of a decoder's positions: an arange offset by a size, a running sum of a
+    mask, and a small constant, each within int32."""
+    ids = torch.ones(2, 5, dtype=torch.int64)
+
+    def positions(ids):
+        mask = ids.ne(0).int()
+        running = torch.cumsum(mask, 1).type_as(mask) * mask
+        return running.long() + 1, torch.arange(ids.shape[1]) + ids.shape[1], ids - 7
+
+    assert _sums(positions, ids) == [
+        ("add", (1, 6)),
+        ("add", (5, 10)),
+        ("sub", (-(2**30) - 7, 2**30 - 8)),
+    ]
+
+
+def test_no_match_without_a_bound():
+    """A float made int64 has no bound (1e10 is a valid value), and neither has a constant
+    past int32: both sums are the other row."""
+    x = torch.tensor([1.0, 2.0])
+    assert _sums(lambda x: x.long() + 1, x) == [("add(int64 past int32)", None)]
+    assert _sums(lambda i: i + 2**31, torch.tensor([1])) == [
+        ("add(int64 past int32)", (2**31 - 2**30, 2**31 + 2**30 - 1))
+    ]
+
+
+def test_the_guard_refuses_a_dimension_the_bound_does_not_cover():
+    """Symbolic sizes are bounded by the guard on the inputs' dimensions (an expanded tensor
+    has the size without the memory)."""
+    check_int32_range([torch.zeros(1).expand(2**30 - 1)])
+    with pytest.raises(CallRefused, match="dimension of 2\\*\\*30 or more"):
+        check_int32_range([torch.zeros(1).expand(2**30)])
+
+
+CHAINS = {
+    "three_inputs": (lambda a, b, c: a + b + c, 3),
+    "doubled_twice": (lambda a: (a + a) + (a + a), 1),
+    "step_and_input": (lambda a: a - (-(2**30)) + a, 1),
+    "in_place": (lambda a: a.clone().add_(a).add_(a), 1),
+}
+
+
+@needs_openvino
+@pytest.mark.parametrize("case", CHAINS)
+def test_openvino_sums_past_int32_do_not_wrap_on_a_later_call(case):
+    """2**30 - 1 three times gave -1073741827 on OpenVINO: such sums stay in PyTorch."""
+    fn, count = CHAINS[case]
+    compiled = compile_on(fn, "openvino", fallback="eager")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert torch.equal(
+            compiled(*[torch.tensor([1, 2])] * count), fn(*[torch.tensor([1, 2])] * count)
+        )
+        assert torch.equal(compiled(*[EDGE] * count), fn(*[EDGE] * count))
+    reasons = [r.reason for r in last_report().subgraphs]
+    reasons += [k["reason"] for r in last_report().subgraphs for k in r.kept]
+    assert any("int64 past int32" in reason for reason in reasons), reasons
+
+
+@needs_openvino
+def test_openvino_takes_a_sum_of_two_inputs():
+    fn = lambda a, b: torch.cat([a + b, a - b])  # noqa: E731
+    compiled = compile_on(fn, "openvino")
+    assert torch.equal(compiled(EDGE, EDGE), fn(EDGE, EDGE))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report
+
+
+def test_onnxruntime_takes_the_sums_openvino_keeps():
+    fn, count = CHAINS["three_inputs"]
+    compiled = compile_on(fn, "onnxruntime")
+    big = torch.tensor([2**62, -(2**61)])
+    assert torch.equal(compiled(*[big] * count), fn(*[big] * count))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "onnxruntime", report
