@@ -129,3 +129,18 @@ def test_onnxruntime_takes_the_sums_openvino_keeps():
     assert torch.equal(compiled(*[big] * count), fn(*[big] * count))
     (report,) = last_report().subgraphs
     assert report.runtime == "onnxruntime", report
+
+
+@needs_openvino
+def test_openvino_keeps_any_op_that_makes_int64_values_past_int32():
+    """``where`` choosing a constant past int32 computes no sum, yet would wrap on OpenVINO."""
+    fn = lambda m, x: torch.where(m, torch.full_like(x, 2**40), x)  # noqa: E731
+    compiled = compile_on(fn, "openvino", fallback="eager")
+    x = torch.tensor([1, 2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mask in (torch.tensor([False, False]), torch.tensor([True, False])):
+            assert torch.equal(compiled(mask, x), fn(mask, x))
+    reasons = [r.reason for r in last_report().subgraphs]
+    reasons += [k["reason"] for r in last_report().subgraphs for k in r.kept]
+    assert any("past the int32" in reason for reason in reasons), reasons

@@ -16,7 +16,7 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
-from embedl_dynamo.runtimes.conformance.int_bounds import fits_int32
+from embedl_dynamo.runtimes.conformance.int_bounds import INT32_RANGE, fits_int32, value_range
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.table import ROWS
 
@@ -240,6 +240,7 @@ def node_blocker(node: fx.Node, runtime: str) -> str | None:
     return (
         _judge(op, runtime, dtype)
         or _float64_on_openvino(node, op, runtime)
+        or _int64_past_int32_on_openvino(node, op, runtime)
         or _finite_difference(op, runtime, dtype)
     )
 
@@ -285,3 +286,15 @@ def _float64_on_openvino(node: fx.Node, op: str, runtime: str) -> str | None:
     if runtime != "openvino" or getattr(value, "dtype", None) != torch.float64:
         return None
     return f"{op} makes float64, which OpenVINO computes as float32; runs in PyTorch"
+
+
+def _int64_past_int32_on_openvino(node: fx.Node, op: str, runtime: str) -> str | None:
+    """OpenVINO's CPU plugin computes int64 as int32: a node whose int64 values the graph
+    shows leaving int32 (a large constant chosen by ``where``, filled, or joined) would wrap
+    there, whatever the op, and runs in PyTorch."""
+    if runtime != "openvino" or getattr(node_value_meta(node), "dtype", None) != torch.int64:
+        return None
+    found = value_range(node)
+    if found is None or INT32_RANGE[0] <= found[0] and found[1] <= INT32_RANGE[1]:
+        return None
+    return f"{op} makes int64 values in [{found[0]}, {found[1]}], past the int32 OpenVINO computes int64 as; runs in PyTorch"
