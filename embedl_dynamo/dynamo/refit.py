@@ -51,7 +51,7 @@ from embedl_dynamo.errors import OutputMismatchError, error_line
 from embedl_dynamo.graph.index_guards import guard_indices
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.graph.weight_tensors import graph_weights
-from embedl_dynamo.onnx.artifact import OnnxArtifact, cached_onnx
+from embedl_dynamo.onnx.artifact import OnnxArtifact, cached_onnx, unstored_export
 from embedl_dynamo.onnx.external_data import save_model_file
 from embedl_dynamo.onnx.refit_weights import refit_initializers, replace_initializers
 from embedl_dynamo.report.record import record
@@ -222,15 +222,7 @@ def refit_artifact(
 ) -> tuple[OnnxArtifact, str]:
     """The refitted ONNX artifact (written into the cache under a key of its own, or found
     there) and the transformed model it is of."""
-    wait_for_cache_writes()  # the build's artifact may still be on its way to the disk
-    found = cached_onnx(source.artifact_key, source.settings)
-    if found is None:
-        raise _NotRefitted("the built artifact is no longer in the cache")
-    path, checksum = found
-    checksum()  # CorruptEntryError: the file is not what was built
-    import onnx
-
-    model = onnx.load(str(path))
+    model = _built_model(source)
     name, values = _initializers(model, source.recipe, replayed)
     digests = {k: blake3_digest(v.tobytes()).hex() for k, v in sorted(values.items())}
     key = content_key("onnx-refit", source.artifact_key, digests)
@@ -243,6 +235,23 @@ def refit_artifact(
     cache = ArtifactCache(source.settings.cache_dir, "onnx")
     written, built = cache.get_or_build(key, write, ".onnx", meta)  # read-only: a scratch copy
     return OnnxArtifact(key, built, written), name
+
+
+def _built_model(source: RefitSource) -> Any:
+    """The build's ONNX model: its cached file, or, where a weight changed in place while
+    that was written (so it was not stored), the export kept in memory."""
+    wait_for_cache_writes()  # the build's artifact may still be on its way to the disk
+    found = cached_onnx(source.artifact_key, source.settings)
+    if found is None:
+        model = unstored_export(source.artifact_key)
+        if model is None:
+            raise _NotRefitted("the built artifact is no longer in the cache")
+        return model
+    path, checksum = found
+    checksum()  # CorruptEntryError: the file is not what was built
+    import onnx
+
+    return onnx.load(str(path))
 
 
 def _initializers(

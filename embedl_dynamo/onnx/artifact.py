@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,7 +22,7 @@ from embedl_dynamo.cache.keys import (
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
 from embedl_dynamo.onnx.export import DEFAULT_OPSET, export_onnx_unwritten
-from embedl_dynamo.onnx.initializers import UnwrittenOnnx
+from embedl_dynamo.onnx.initializers import UnwrittenOnnx, WeightsChangedWhileWriting
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -29,9 +31,33 @@ __all__ = [
     "input_specs",
     "onnx_artifact",
     "recorded_digest",
+    "unstored_export",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: the exports whose file was not stored because a weight changed in place while it was
+#: written, by key, the latest few: a refit of that build takes its graph from here
+_UNSTORED: OrderedDict[str, UnwrittenOnnx] = OrderedDict()
+_UNSTORED_KEPT = 4
+_UNSTORED_LOCK = threading.Lock()
+
+
+def _keep_unstored(key: str, unwritten: UnwrittenOnnx) -> None:
+    with _UNSTORED_LOCK:
+        _UNSTORED[key] = unwritten
+        while len(_UNSTORED) > _UNSTORED_KEPT:
+            _UNSTORED.popitem(last=False)
+
+
+def unstored_export(key: str) -> Any | None:
+    """The ``ModelProto`` of the export ``key`` whose file was not stored because a weight
+    changed in place while it was written, with the weights' values as they are now (those
+    that changed are the new ones): enough for a refit, which computes every initializer a
+    weight gives again. None when there is no such export in this process."""
+    with _UNSTORED_LOCK:
+        unwritten = _UNSTORED.get(key)
+    return unwritten.current_model() if unwritten is not None else None
 
 
 def input_specs(example_inputs: list[torch.Tensor], axes: DynamicAxes) -> list[Any]:
@@ -143,7 +169,12 @@ def onnx_artifact(
         pending = [unwritten]  # the writer's one reference, dropped once written
 
         def finish() -> None:
-            pending.pop().write(path)
+            export = pending.pop()
+            try:
+                export.write(path)
+            except WeightsChangedWhileWriting:
+                _keep_unstored(key, export)
+                raise
 
         return finish
 

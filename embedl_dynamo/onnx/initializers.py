@@ -47,6 +47,7 @@ __all__ = [
     "tensor_proto",
     "UnwrittenOnnx",
     "unwritten_float_model",
+    "WeightsChangedWhileWriting",
 ]
 
 _ALIGN = 4096  # each weight in a data file starts at a multiple of this (mappable as is)
@@ -161,6 +162,11 @@ class OrtInitializers(dict):
     def __init__(self) -> None:
         super().__init__()
         self.shared: set[str] = set()
+
+
+class WeightsChangedWhileWriting(RuntimeError):
+    """A weight was modified in place while its ONNX file was being written from the tensors'
+    memory: the file would hold neither set of weights, so it is not stored."""
 
 
 class UnwrittenOnnx:
@@ -284,10 +290,18 @@ class UnwrittenOnnx:
         hold the numbers its content key was computed from; the cache then stores nothing."""
         moved = [n for n, t in self.weights.items() if version_of(t) != self.versions.get(n)]
         if moved:
-            raise RuntimeError(
+            raise WeightsChangedWhileWriting(
                 f"weight {moved[0]!r} (and {len(moved) - 1} more) was modified in place while "
                 "its ONNX file was being written; the file is not cached"
             )
+
+    def current_model(self) -> Any:
+        """The ``ModelProto`` with the weights' values as they are now (a copy of each)."""
+        model = type(self.model)()
+        model.CopyFrom(self.model)
+        for name, tensor in self.weights.items():
+            model.graph.initializer.append(tensor_proto(name, tensor.detach().contiguous()))
+        return model
 
     def write_with_data_file(self, path: Path) -> None:
         """Write every weight to :func:`~.external_data.data_path` (``model.onnx.data``), each

@@ -5,6 +5,7 @@ PyTorch."""
 from __future__ import annotations
 
 import gc
+import threading
 import time
 import warnings
 
@@ -31,6 +32,29 @@ def test_weights_changed_in_place_after_compiling_are_picked_up():
         model.fc.weight.mul_(2)
         assert_close_to_scale(compiled(X), model(X))
         assert_close_to_scale(compiled(X), model(X))  # the refitted artifact, nothing more
+    assert BUILD_COUNTS["onnx"] == 1 and BUILD_COUNTS["refit"] == 1  # no second export
+
+
+def test_weights_changed_in_place_while_the_artifact_is_written_are_refitted(monkeypatch):
+    """The build's file is written from the weights' memory on a helper thread: changed in
+    place meanwhile, it is not stored (it would hold neither set), and the refit takes the
+    export kept in memory instead (before: the new weights were built anew)."""
+    run_in_background = files.run_in_background
+    started = threading.Event()
+
+    def slow(write, name):
+        return run_in_background(lambda: (started.wait(30), write())[1], name)
+
+    monkeypatch.setattr(files, "run_in_background", slow)
+    model = TinyConvNet().eval()
+    compiled = torch.compile(model, backend="embedl_onnxruntime")
+    with torch.no_grad():
+        compiled(X)
+        model.fc.weight.mul_(2)  # before the write has begun
+        started.set()
+        files.wait_for_cache_writes(timeout=60)
+        assert_close_to_scale(compiled(X), model(X))
+        assert_close_to_scale(compiled(X), model(X))
     assert BUILD_COUNTS["onnx"] == 1 and BUILD_COUNTS["refit"] == 1  # no second export
 
 
