@@ -20,6 +20,7 @@ from embedl_dynamo.cli.inputs import (
     model_and_inputs,
     require_writable,
 )
+from embedl_dynamo.cli.signals import sigterm_interrupts
 from embedl_dynamo.errors import (
     CalibrationDataError,
     CliError,
@@ -291,10 +292,12 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc
     grpc = f" and gRPC at {args.host}:{args.grpc_port}" if args.grpc_port else ""
     print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer{grpc} "
-          "(KServe v2); Ctrl-C stops it", flush=True)  # fmt: skip
+          "(KServe v2); Ctrl-C or SIGTERM stops it", flush=True)  # fmt: skip
     try:
-        while True:
-            time.sleep(3600)
+        # installed after Ray's own handler (ray.init sets one that exits without undeploying)
+        with sigterm_interrupts():  # a process manager's stop, as Ctrl-C
+            while True:
+                time.sleep(3600)
     except KeyboardInterrupt:
         undeploy(name)  # only what serve started: in a cluster it joined, the application
         print("stopped")

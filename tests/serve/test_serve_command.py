@@ -209,7 +209,8 @@ def test_serve_runs_its_own_loopback_ray_and_stops_everything_it_started(structu
         assert ("127.0.0.1", port) in sockets
         outside = [(a, p) for a, p in sockets if not ipaddress.ip_address(a).is_loopback]
         assert not outside, outside
-        child.send_signal(signal.SIGINT)  # Ctrl-C, to the command alone
+        # a process manager's stop, to the command alone (Ctrl-C takes the same path)
+        child.send_signal(signal.SIGTERM)
         assert "stopped" in _wait_for_line(lines, "stopped", time.monotonic() + 60)
         assert child.wait(timeout=60) == 0
         gone = time.monotonic() + 30  # Ray's processes end with the instance
