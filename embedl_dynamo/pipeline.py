@@ -131,7 +131,7 @@ def quantize(
         progress: tqdm bar.
 
     Returns:
-        The quantized GraphModule; ``gm.meta["embedl_quantization"]`` holds the report.
+        The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (:mod:`~embedl_dynamo.quant.stage`) holds the report.
     """
     target = as_backend(backend)
     if forward_loop is not None and calibration_data is not None:

@@ -20,6 +20,7 @@ from embedl_dynamo.errors import CallRefused, error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
+from embedl_dynamo.quant.stage import QUANTIZATION_META
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.settings import Settings
 
@@ -317,7 +318,7 @@ _NUMPY_FLOATS = (torch.float32, torch.float64)  # read through numpy on the CPU
 
 def calibrated_input_bounds(quantized: fx.GraphModule) -> dict[int, float]:
     """The largest magnitude calibration saw at each graph input it quantizes, by position."""
-    ranges = quantized.meta.get("embedl_quantization", {}).get("ranges", {})
+    ranges = quantized.meta.get(QUANTIZATION_META, {}).get("ranges", {})
     placeholders = [n.name for n in quantized.graph.nodes if n.op == "placeholder"]
     bounds = {}
     for position, name in enumerate(placeholders):

@@ -163,6 +163,7 @@ def _build_stage(
     without data, which then stores its warm-start alias), or None when the original graph
     runs."""
     if _lazy_int8(job.settings):
+        job.report.calibrating = True
         job.report.reason = (
             f"{job.settings.precision} calibrates on the first {job.settings.calibration_steps} "
             "calls, which run in PyTorch; pass calibration_data to quantize when compiling"
@@ -170,6 +171,7 @@ def _build_stage(
 
         def build(quantized: fx.GraphModule) -> Callable[..., Any] | None:
             job.report.reason = ""  # calibrated: what the build says from here on
+            job.report.calibrating = False
             job.report.pipeline = dict(
                 job.report.pipeline,
                 precision=job.settings.precision.name,

@@ -386,7 +386,7 @@ def _refuse_unsaveable(report: SubgraphReport | None, record: dict[str, Any]) ->
     if report is None:
         return
     parts = report.partitions or [report]
-    pending = [p for p in parts if "calibrates on the first" in p.reason]
+    pending = [p for p in parts if p.calibrating]
     if pending:
         raise SavedFunctionError(
             f"INT8 has not calibrated yet ({pending[0].reason}); call the function that many "

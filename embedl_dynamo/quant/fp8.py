@@ -26,7 +26,7 @@ from torch import fx
 from embedl_dynamo.quant.fp8_placement import fp8_placement
 from embedl_dynamo.quant.fp8_qdq import convert_to_fp8
 from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.stage import calibrate_graph
+from embedl_dynamo.quant.stage import QUANTIZATION_META, calibrate_graph
 from embedl_dynamo.rewrite.qdq import Role
 from embedl_dynamo.settings import Settings
 
@@ -89,7 +89,7 @@ def quantize_fp8(
     ] + [
         {"id": f["id"], "precision": "fp32", "reason": f["reason"]} for f in report["float_layers"]
     ]
-    model.meta["embedl_quantization"] = report
+    model.meta[QUANTIZATION_META] = report
     return model, report
 
 

@@ -33,7 +33,17 @@ from embedl_dynamo.quant.quantizer import Quantizer
 from embedl_dynamo.quant.spec import QuantizationConfig
 from embedl_dynamo.settings import Settings
 
-__all__ = ["CalibratedGraph", "calibrate_graph", "int8_stage", "quantize_graph"]
+__all__ = [
+    "QUANTIZATION_META",
+    "CalibratedGraph",
+    "calibrate_graph",
+    "int8_stage",
+    "quantize_graph",
+]
+
+#: ``gm.meta`` key of a quantized graph (INT8, FP8): the quantization report (its layers,
+#: their ranges)
+QUANTIZATION_META = "embedl_quantization"
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +88,7 @@ class CalibratedGraph:
             "weight_count": len(placement.weights),
             "weights": weights,
         }
-        quantized.meta["embedl_quantization"] = report
+        quantized.meta[QUANTIZATION_META] = report
         return quantized, report
 
 

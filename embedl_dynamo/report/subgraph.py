@@ -44,6 +44,8 @@ class SubgraphReport:
         kept: the nodes a partitioned subgraph keeps in PyTorch: ``{"node", "op", "reason"}``.
         coverage: the share of the subgraph's compute nodes and FLOPs on a runtime
             (``{"ops": ..., "ops_on_runtime": ..., "op_share": ...}``).
+        calibrating: INT8 without calibration data that has not calibrated yet: its first
+            calls run in PyTorch (the reason says how many).
     """
 
     index: int
@@ -61,6 +63,7 @@ class SubgraphReport:
     partitions: list[SubgraphReport] = field(default_factory=list)
     kept: list[dict[str, str]] = field(default_factory=list)
     coverage: dict[str, Any] = field(default_factory=dict)
+    calibrating: bool = False
     _plan: PlanSnapshot | None = field(default=None, repr=False)
 
     @property

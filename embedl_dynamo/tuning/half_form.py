@@ -109,7 +109,7 @@ def half_form_note(choice: RuntimeChoice, precision: Precision) -> str:
         loser = next(label for label in choice.timings if label != choice.option.label)
         ratio = choice.timings[choice.option.label] / choice.timings[loser]
         why = f"timed {ratio:.2f}x the {other}"
-    elif "cached" in choice.note:
+    elif choice.from_cache:
         why = "cached decision for this architecture on this CPU; not timed"
     elif not computes_in(hint):
         why = f"this CPU does not compute in {hint}: the f32 graph + hint would run f32"

@@ -93,6 +93,7 @@ class RuntimeChoice:
     timings: dict[str, float]
     note: str
     eager: EagerSpeed | None = None
+    from_cache: bool = False  # the decision was read from the cache, not timed
 
 
 def measure_runtimes(
@@ -198,7 +199,7 @@ def _cached_choice(
         return None
     how = "cached decision for this architecture on this CPU; not timed"
     note = f"{eager.reason} ({how})" if eager is not None else f"auto: {cached} ({how})"
-    return RuntimeChoice(option, runtime, {}, note, eager)
+    return RuntimeChoice(option, runtime, {}, note, eager, from_cache=True)
 
 
 def _by_rule(options: Sequence[RunOption], builder: _Builder) -> RuntimeChoice | str | None:

@@ -49,6 +49,7 @@ from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.cache.keys import package_version
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
+from embedl_dynamo.quant.stage import QUANTIZATION_META
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (
@@ -165,7 +166,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         # Dynamo calls a static graph with these sizes only. Not for a Q/DQ graph: with the
         # sizes fixed, the CPU plugin's low-precision passes left half of a ViT's INT8
         # FullyConnected layers in f32
-        quantized = "embedl_quantization" in gm.meta
+        quantized = QUANTIZATION_META in gm.meta
         if axes is not None and axes.static_graph and not quantized:
             self._static_shapes = [tuple(t.shape) for t in example_inputs]
         artifact = self.artifact(gm, example_inputs)
