@@ -41,6 +41,7 @@ from embedl_dynamo.errors import ExportError, error_line
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.exact_ops import exact_lowering
 from embedl_dynamo.graph.rest_precision import ONNX_REST_PRECISION, rest_precision
+from embedl_dynamo.onnx.constant_views import mark_constant_views
 from embedl_dynamo.onnx.exporter_hooks import (
     capture_initializers,
     shape_inference_without_weights,
@@ -344,6 +345,7 @@ def _export(
             if exported is not None:
                 _mark_rest_precision(exported[0], gm)
                 cast_outputs(exported[0], dtypes)
+                mark_constant_views(*exported, gm)
             unwritten, folded = None, 0
             if weight_only_layers(gm):  # integer weights, written as a float graph is
                 folded, unwritten = save_weight_only(

@@ -16,7 +16,8 @@ the initializer of each, and computes its new value:
 
 It refuses (ValueError naming why) whatever it cannot prove is computed as a new export would
 compute it: a weight-derived constant that is no initializer of its own (the exporter merged it
-with an equal one, or folded it into another constant: a transposed linear weight), an
+with an equal one, or folded it into another constant; a linear weight the exporter transposed
+is taken where the export recorded it, :mod:`.constant_views`), an
 initializer of floating type that no constant names and that holds more than one value (it may
 be a fold of a weight), a zero point two quantizers share that would now differ, a constant
 the recipe could not replay (tainted), or a constant no weight decides that the exporter may
@@ -32,12 +33,15 @@ import numpy as np
 import torch
 
 from embedl_dynamo.graph.weight_recipe import digest_kind, tensor_digest
+from embedl_dynamo.onnx.constant_views import (
+    EXPORTED_PREFIX,
+    folded_constants,
+    transposed_constants,
+)
 from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 
 __all__ = ["EXPORTED_PREFIX", "refit_initializers", "replace_initializers"]
 
-#: how the exporter names the initializer of a transformed graph's constant ``name``
-EXPORTED_PREFIX = "gm."
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _INT8 = "_int8"
 
@@ -126,14 +130,20 @@ def refit_initializers(
         name, why = next(iter(tainted.items()))
         raise ValueError(f"constant {name} cannot be recomputed from the weights ({why})")
     constants = _Constants(model)
+    transposed, folded_away = transposed_constants(model), folded_constants(model)
     new: dict[str, np.ndarray] = {}
     folded: dict[str, np.ndarray] = {}
     zero_points: dict[str, torch.Tensor] = {}
     for fqn, tensor in derived.items():
         name = EXPORTED_PREFIX + fqn
+        for view in transposed.get(fqn, ()):  # the exporter's folded W.t(): its own initializer
+            _check_spec(view, constants.proto(view), tensor.t())
+            new[view] = _as_numpy(tensor.t())
         if name in constants:
             _check_spec(name, constants.proto(name), tensor)
             new[name] = _as_numpy(tensor)
+        elif fqn in transposed or folded_away.get(fqn) == tensor_digest(tensor):
+            continue  # all its initializers set, or unchanged: nothing folded from it changes
         elif name + _INT8 in constants:
             folded[name + _INT8] = _as_numpy(tensor)
         elif fqn.endswith(".zero_point"):
