@@ -242,6 +242,7 @@ def load(
     except ValueError:
         loaded.deactivate()
         raise
+    loaded.deploy()  # served from here on: never deactivated, build-only state released
     logger.info("loaded %s on %s (%s)", path, loaded.name, loaded.describe())
     return ExportedModule(path, loaded, metadata).eval()
 

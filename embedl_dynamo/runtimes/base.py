@@ -56,6 +56,11 @@ logger = logging.getLogger(__name__)
 PROFILE_WARMUP_RUNS = 5
 
 
+def _same_device(asked: torch.device, actual: torch.device) -> bool:
+    """Whether ``asked`` names ``actual`` (a device without an index names its current one)."""
+    return asked.type == actual.type and asked.index in (None, actual.index)
+
+
 def target_device() -> torch.device:
     """The CUDA device engines are built for and run on (the current one)."""
     return torch.device("cuda", torch.cuda.current_device())
@@ -96,6 +101,9 @@ class Runtime(ABC):
     #: how far a float artifact's outputs may be from the graph's, relative to each output's
     #: scale (:func:`~embedl_dynamo.tuning.judge.check_float`): float32 kernels reorder sums
     float_rtol: ClassVar[float] = 1e-4
+    #: compiles inside its first :meth:`infer` for each input shape (Torch-TensorRT's JIT);
+    #: False: :meth:`build` produces everything inference runs
+    is_jit: ClassVar[bool] = False
 
     def __init__(
         self, settings: Settings | None = None, dynamic_axes: DynamicAxes | None = None
@@ -104,6 +112,7 @@ class Runtime(ABC):
         self.dynamic_axes = dynamic_axes  # Dynamo's symbolic axes; dim 0 by the settings if None
         self.built = False
         self.active = False
+        self.deployed = False
         self.from_cache = False
         self.build_info: dict[str, Any] = {}
         self.judge: ArtifactJudge | None = None  # given to build(); None: nothing is judged
@@ -274,10 +283,50 @@ class Runtime(ABC):
             self.active = True
 
     def deactivate(self) -> None:
-        """Release inference resources; :meth:`infer` then fails until :meth:`activate`."""
+        """Release inference resources; :meth:`infer` then fails until :meth:`activate`.
+
+        Raises:
+            RuntimeError: the runtime is deployed (:meth:`deploy`).
+        """
+        if self.deployed:
+            raise RuntimeError(f"{self.name} runtime is deployed: it cannot be deactivated")
         if self.active:
             self._deactivate()
             self.active = False
+
+    @property
+    def device(self) -> torch.device:
+        """The device the runtime computes on: the CPU unless a subclass says otherwise."""
+        return torch.device("cpu")
+
+    def deploy(self, device: torch.device | str | None = None) -> Runtime:
+        """Pin the built runtime to its device for serving: it is active, what only building
+        needed (the judge and its reference outputs) is released, and it cannot be
+        deactivated any more (AITune's ``deploy``). ``load()`` and the serving replicas
+        deploy what they load.
+
+        Args:
+            device: the device it must run on (None: where it is); a runtime moves to no other.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ValueError: ``device`` is not the runtime's; build or load it for that device.
+        """
+        if device is not None and not _same_device(torch.device(device), self.device):
+            raise ValueError(
+                f"{self.name} runtime runs on {self.device}, not {device}: build it there "
+                "(load(path, device=...) or the compile's runtime options)"
+            )
+        self.activate()
+        self.judge, self._reference = None, None
+        self._deploy()
+        self.deployed = True
+        return self
+
+    def _deploy(self) -> None:  # noqa: B027 - optional hook
+        """Hook: release what only building needed."""
 
     def _activate(self) -> None:  # noqa: B027 - optional hook
         """Hook: acquire resources."""

@@ -22,8 +22,15 @@ class EagerRuntime(Runtime):
     def cuda_missing(cls) -> str | None:
         return None  # PyTorch runs the graph where its tensors are
 
+    @property
+    def device(self) -> torch.device:
+        """Where the graph's tensors are (the CPU before a build)."""
+        return getattr(self, "_device", torch.device("cpu"))
+
     def _build(self, gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> None:
         self._gm = gm
+        tensors = [*example_inputs, *gm.parameters(), *gm.buffers()]
+        self._device = next((t.device for t in tensors), torch.device("cpu"))
         self.build_info = {"nodes": len(gm.graph.nodes)}
 
     def _infer(self, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:

@@ -161,6 +161,16 @@ class OnnxRuntime(OnnxArtifactRuntime):
         return ort_providers() == [CPU_PROVIDER]
 
     @property
+    def device(self) -> torch.device:
+        """A CUDA device where the session's first provider is a GPU one, else the CPU."""
+        providers = self.build_info.get("providers") or [CPU_PROVIDER]
+        first = providers[0]
+        name, options = (first, {}) if isinstance(first, str) else (first[0], dict(first[1]))
+        if name == CPU_PROVIDER:
+            return torch.device("cpu")
+        return torch.device("cuda", int(options.get("device_id", 0)))
+
+    @property
     def providers(self) -> list[str]:
         """The execution providers the session really uses."""
         return list(self._session.get_providers()) if self._session is not None else []

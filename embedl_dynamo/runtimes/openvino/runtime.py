@@ -154,6 +154,15 @@ class OpenVINORuntime(OnnxArtifactRuntime):
         return runtime
 
     @property
+    def device(self) -> torch.device:
+        """OpenVINO's ``GPU`` (``GPU.1``) is an Intel GPU, PyTorch's ``xpu``; its CPU, and
+        ``AUTO``'s or an NPU's host memory, the CPU."""
+        kind, _, index = self._device.upper().partition(".")
+        if kind == "GPU":
+            return torch.device("xpu", int(index) if index.isdigit() else 0)
+        return torch.device("cpu")
+
+    @property
     def input_names(self) -> list[str]:
         return [p.any_name for p in self._compiled.inputs] if self._compiled else []
 

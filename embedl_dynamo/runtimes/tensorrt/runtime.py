@@ -225,6 +225,11 @@ class TensorRTRuntime(Runtime):
         return runtime
 
     @property
+    def device(self) -> torch.device:
+        """The CUDA device its engine was built for (the current one before a build)."""
+        return self._device if self._device is not None else target_device()
+
+    @property
     def input_names(self) -> list[str]:
         return list(self._inputs)
 

@@ -102,6 +102,13 @@ class TorchTensorRTRuntime(Runtime):
     cuda_only = True
     auto_rank = 30
 
+    is_jit = True  # an engine per input shape, compiled inside the first infer of that shape
+
+    @property
+    def device(self) -> torch.device:
+        """The CUDA device its module runs on (the current one before a build)."""
+        return getattr(self, "_device", None) or target_device()
+
     @classmethod
     def missing(cls) -> str | None:
         return _missing()
