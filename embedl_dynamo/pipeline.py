@@ -145,9 +145,14 @@ def quantize(
     )
     fused = apply_transformation_plan(plan).model
     quantized, _ = quantize_graph(
-        fused, quantizer, data, observer=observer, cache_dir=cache_dir,
-        use_cache=cache_dir is not None, progress=progress,
-    )  # fmt: skip
+        fused,
+        quantizer,
+        data,
+        observer=observer,
+        cache_dir=cache_dir,
+        use_cache=cache_dir is not None,
+        progress=progress,
+    )
     return quantized
 
 
@@ -170,7 +175,12 @@ def prepare_qat(
         quantizers) require grad; fine-tune it with any optimizer, then ``eval()``.
     """
     qat = quantize(
-        model, args, config, forward_loop, calibration_data=calibration_data, backend=backend,
+        model,
+        args,
+        config,
+        forward_loop,
+        calibration_data=calibration_data,
+        backend=backend,
         observer=observer,
-    )  # fmt: skip
+    )
     return make_trainable(qat)

@@ -127,8 +127,16 @@ class Precision:
 
 
 def _fields(p: Precision) -> tuple[Any, ...]:
-    return (p.name, p.lower, p.calibrates, p.quantizes, p.qdq_type, p.per_layer, p.half_dtype,
-            p.stage)  # fmt: skip
+    return (
+        p.name,
+        p.lower,
+        p.calibrates,
+        p.quantizes,
+        p.qdq_type,
+        p.per_layer,
+        p.half_dtype,
+        p.stage,
+    )
 
 
 _HALF = "embedl_dynamo.quant.half_precision:half_stage"

@@ -68,10 +68,15 @@ class SplitFusedForORT(PreparationRewrite):
             inner: nn.Module = FusedLinear(module.weight, module.bias, kind=module.kind)
         else:
             inner = FusedConv(
-                module.weight, module.bias, module.stride, module.padding, module.dilation,
-                module.groups, activation=None if activation_outside else activation,
+                module.weight,
+                module.bias,
+                module.stride,
+                module.padding,
+                module.dilation,
+                module.groups,
+                activation=None if activation_outside else activation,
                 kind=module.kind,
-            )  # fmt: skip
+            )
         name = f"{node.target}_{'linear' if isinstance(module, FusedLinear) else 'conv'}"
         gm.add_module(name, inner)
         path = module_path(node)

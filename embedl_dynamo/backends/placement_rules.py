@@ -314,9 +314,14 @@ class QuantMaxPoolInput(PlacementRule):
         dropped = []
         for node in gm.graph.nodes:
             pool_input = node.args[0] if node.args else node.kwargs.get("input")
-            if (node.op == "call_function" and node.target is F.max_pool2d
-                    and node.name in activations and isinstance(pool_input, fx.Node)
-                    and pool_input.name in activations and len(pool_input.users) == 1):  # fmt: skip
+            if (
+                node.op == "call_function"
+                and node.target is F.max_pool2d
+                and node.name in activations
+                and isinstance(pool_input, fx.Node)
+                and pool_input.name in activations
+                and len(pool_input.users) == 1
+            ):
                 del activations[node.name]
                 dropped.append(node.name)
         return dropped

@@ -23,16 +23,16 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import fx, nn
+from torch import fx
 
 from embedl_dynamo.graph import canonical_ops
-from embedl_dynamo.graph.attention_forms import ATTENTION_CANONICALIZERS, bind_attention_scales
-from embedl_dynamo.graph.canonical_ops import bind, identity
+from embedl_dynamo.graph.attention_forms import bind_attention_scales
+from embedl_dynamo.graph.canonical_ops import bind
 from embedl_dynamo.graph.division import floor_division
 from embedl_dynamo.graph.integer_accumulation import accumulate_integers_in_int64
+from embedl_dynamo.graph.module_forms import MODULE_CANONICALIZERS
 from embedl_dynamo.graph.nodes import (
     PATH_KEY,
-    canonical_call,
     copy_meta,
     is_tensor_node,
     module_path,
@@ -89,159 +89,6 @@ _TENSOR_ONLY = {torch.add, torch.mul, torch.matmul}
 
 
 # ---------------------------------------------------------------------------------------------
-# call_module -> canonical call_function
-# ---------------------------------------------------------------------------------------------
-
-
-def _param(gm: fx.GraphModule, graph: fx.Graph, qualname: str, name: str) -> fx.Node | None:
-    module = gm.get_submodule(qualname)
-    if getattr(module, name, None) is None:
-        return None
-    return graph.get_attr(f"{qualname}.{name}" if qualname else name)
-
-
-def _conv(gm, graph, node, module: nn.Module):
-    if module.padding_mode != "zeros":
-        return None
-    target = {nn.Conv1d: torch.conv1d, nn.Conv2d: torch.conv2d, nn.Conv3d: torch.conv3d}[
-        type(module)
-    ]
-    q = str(node.target)
-    return canonical_call(
-        graph,
-        target,
-        input=node.args[0],
-        weight=_param(gm, graph, q, "weight"),
-        bias=_param(gm, graph, q, "bias"),
-        stride=module.stride,
-        padding=module.padding,
-        dilation=module.dilation,
-        groups=module.groups,
-    )
-
-
-def _linear(gm, graph, node, module: nn.Linear):
-    q = str(node.target)
-    return canonical_call(
-        graph,
-        F.linear,
-        input=node.args[0],
-        weight=_param(gm, graph, q, "weight"),
-        bias=_param(gm, graph, q, "bias"),
-    )
-
-
-def _batch_norm(gm, graph, node, module: nn.modules.batchnorm._BatchNorm):
-    if module.running_mean is None or module.running_var is None:
-        return None
-    q = str(node.target)
-    return canonical_call(
-        graph,
-        F.batch_norm,
-        input=node.args[0],
-        running_mean=_param(gm, graph, q, "running_mean"),
-        running_var=_param(gm, graph, q, "running_var"),
-        weight=_param(gm, graph, q, "weight"),
-        bias=_param(gm, graph, q, "bias"),
-        training=module.training,
-        momentum=module.momentum if module.momentum is not None else 0.0,
-        eps=module.eps,
-    )
-
-
-def _layer_norm(gm, graph, node, module: nn.LayerNorm):
-    q = str(node.target)
-    return canonical_call(
-        graph,
-        F.layer_norm,
-        input=node.args[0],
-        normalized_shape=tuple(module.normalized_shape),
-        weight=_param(gm, graph, q, "weight"),
-        bias=_param(gm, graph, q, "bias"),
-        eps=module.eps,
-    )
-
-
-def _activation(target: Callable[..., Any]):
-    def rewrite(gm, graph, node, module):
-        return canonical_call(graph, target, input=node.args[0])
-
-    return rewrite
-
-
-def _gelu(gm, graph, node, module: nn.GELU):
-    return canonical_call(graph, F.gelu, input=node.args[0], approximate=module.approximate)
-
-
-def _max_pool2d(gm, graph, node, module: nn.MaxPool2d):
-    return canonical_call(
-        graph,
-        F.max_pool2d,
-        input=node.args[0],
-        kernel_size=module.kernel_size,
-        stride=module.stride,
-        padding=module.padding,
-        dilation=module.dilation,
-        ceil_mode=module.ceil_mode,
-        return_indices=module.return_indices,
-    )
-
-
-def _adaptive_avg_pool2d(gm, graph, node, module: nn.AdaptiveAvgPool2d):
-    return canonical_call(
-        graph, F.adaptive_avg_pool2d, input=node.args[0], output_size=module.output_size
-    )
-
-
-def _flatten(gm, graph, node, module: nn.Flatten):
-    return canonical_call(
-        graph, torch.flatten, input=node.args[0], start_dim=module.start_dim, end_dim=module.end_dim
-    )
-
-
-def _dropout(gm, graph, node, module: nn.Dropout):
-    return canonical_call(
-        graph, F.dropout, input=node.args[0], p=module.p, training=module.training
-    )
-
-
-def _identity(gm, graph, node, module):
-    return canonical_call(graph, identity, input=node.args[0])
-
-
-def _softmax(gm, graph, node, module: nn.Softmax):
-    return canonical_call(graph, F.softmax, input=node.args[0], dim=module.dim)
-
-
-# module type -> rewrite(gm, graph, node, module) -> canonical node or None (leave as is).
-MODULE_CANONICALIZERS: dict[type[nn.Module], Callable[..., fx.Node | None]] = {
-    nn.Conv1d: _conv,
-    nn.Conv2d: _conv,
-    nn.Conv3d: _conv,
-    nn.Linear: _linear,
-    nn.BatchNorm1d: _batch_norm,
-    nn.BatchNorm2d: _batch_norm,
-    nn.BatchNorm3d: _batch_norm,
-    nn.LayerNorm: _layer_norm,
-    nn.ReLU: _activation(torch.relu),
-    nn.ReLU6: _activation(F.relu6),
-    nn.SiLU: _activation(F.silu),
-    nn.Hardswish: _activation(F.hardswish),
-    nn.Hardsigmoid: _activation(F.hardsigmoid),
-    nn.Sigmoid: _activation(torch.sigmoid),
-    nn.Tanh: _activation(torch.tanh),
-    nn.GELU: _gelu,
-    nn.MaxPool2d: _max_pool2d,
-    nn.AdaptiveAvgPool2d: _adaptive_avg_pool2d,
-    nn.Flatten: _flatten,
-    nn.Dropout: _dropout,
-    nn.Identity: _identity,
-    nn.Softmax: _softmax,
-    **ATTENTION_CANONICALIZERS,
-}
-
-
-# ---------------------------------------------------------------------------------------------
 # call_function / call_method -> canonical call_function
 # ---------------------------------------------------------------------------------------------
 
@@ -287,8 +134,16 @@ def _rewrite_target(node: fx.Node, gm: fx.GraphModule) -> tuple[Any, dict, Any] 
             bound = _flatten_from_view(node)
             return (torch.flatten, bound, None) if bound else None
         if node.target is torch.batch_norm:
-            names = ("input", "weight", "bias", "running_mean", "running_var", "training",
-                     "momentum", "eps")  # fmt: skip
+            names = (
+                "input",
+                "weight",
+                "bias",
+                "running_mean",
+                "running_var",
+                "training",
+                "momentum",
+                "eps",
+            )
             bound = dict(zip(names, node.args))
             return F.batch_norm, bind(F.batch_norm, (), bound) or {}, None
         if node.target is F.hardtanh:

@@ -186,9 +186,15 @@ def exact_attention(
     """``F.scaled_dot_product_attention``: a query whose every key an additive float mask
     sets to ``-inf`` gets zeros."""
     out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-        scale=scale, enable_gqa=enable_gqa,
-    )  # fmt: skip
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
     if attn_mask is not None and attn_mask.is_floating_point():
         out = out.masked_fill(attn_mask.eq(float("-inf")).all(dim=-1, keepdim=True), 0.0)
     return out

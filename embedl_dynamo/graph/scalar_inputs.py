@@ -128,11 +128,24 @@ def int_as_tensor(new: fx.Node) -> bool:
 
 
 # elementwise arithmetic: a Python number operand and a 0-d tensor of the op's dtype agree
-_ARITHMETIC_FUNCTIONS = frozenset({
-    operator.add, operator.sub, operator.mul, operator.truediv, operator.floordiv,
-    operator.pow, torch.add, torch.sub, torch.mul, torch.div, torch.true_divide, torch.pow,
-    torch.maximum, torch.minimum,
-})  # fmt: skip
+_ARITHMETIC_FUNCTIONS = frozenset(
+    {
+        operator.add,
+        operator.sub,
+        operator.mul,
+        operator.truediv,
+        operator.floordiv,
+        operator.pow,
+        torch.add,
+        torch.sub,
+        torch.mul,
+        torch.div,
+        torch.true_divide,
+        torch.pow,
+        torch.maximum,
+        torch.minimum,
+    }
+)
 _ARITHMETIC_METHODS = frozenset({"add", "sub", "mul", "div", "true_divide", "pow"})
 
 

@@ -28,12 +28,38 @@ __all__ = ["ScalarOutputs", "SplitOutputs", "split_scalar_outputs"]
 # reads of a tensor's shape, and arithmetic on the numbers they give
 _SIZE_METHODS = frozenset({"size", "dim", "numel"})
 _SIZE_FUNCTIONS = frozenset(
-    {getattr(operator, n) for n in ("add", "sub", "mul", "floordiv", "truediv", "mod", "neg",
-                                    "pow", "getitem", "eq", "ne", "lt", "le", "gt", "ge")}
-    | {math.floor, math.ceil, getattr, torch.sym_int, torch.sym_float, torch.sym_max,
-       torch.sym_min, torch.sym_not}
+    {
+        getattr(operator, n)
+        for n in (
+            "add",
+            "sub",
+            "mul",
+            "floordiv",
+            "truediv",
+            "mod",
+            "neg",
+            "pow",
+            "getitem",
+            "eq",
+            "ne",
+            "lt",
+            "le",
+            "gt",
+            "ge",
+        )
+    }
+    | {
+        math.floor,
+        math.ceil,
+        getattr,
+        torch.sym_int,
+        torch.sym_float,
+        torch.sym_max,
+        torch.sym_min,
+        torch.sym_not,
+    }
     | {torch.ops.aten.sym_size.int, torch.ops.aten.sym_numel.default}
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -141,8 +167,13 @@ def _expression(graph: fx.Graph, expr: Any, reads: dict[Any, Any]) -> Any:
         return int(expr)
     if expr.is_Symbol:
         return reads.get(expr)
-    ops = {sympy.Add: operator.add, sympy.Mul: operator.mul, sympy.Max: max, sympy.Min: min,
-           FloorDiv: operator.floordiv}  # fmt: skip
+    ops = {
+        sympy.Add: operator.add,
+        sympy.Mul: operator.mul,
+        sympy.Max: max,
+        sympy.Min: min,
+        FloorDiv: operator.floordiv,
+    }
     op = ops.get(type(expr))
     args = [_expression(graph, a, reads) for a in expr.args]
     if op is None or any(a is None for a in args):

@@ -54,11 +54,32 @@ __all__ = [
 POSITIONS_META = "embedl_element_positions"
 
 #: view ops that select elements by logical position, replayable on an index tensor
-REPLAYABLE_VIEWS = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "flatten", "unflatten", "squeeze", "unsqueeze",
-    "t", "transpose", "permute", "narrow", "select", "diagonal", "movedim", "swapaxes",
-    "swapdims", "detach", "__getitem__", "getitem", "T", "mT",
-})  # fmt: skip
+REPLAYABLE_VIEWS = frozenset(
+    {
+        "view",
+        "view_as",
+        "reshape",
+        "reshape_as",
+        "flatten",
+        "unflatten",
+        "squeeze",
+        "unsqueeze",
+        "t",
+        "transpose",
+        "permute",
+        "narrow",
+        "select",
+        "diagonal",
+        "movedim",
+        "swapaxes",
+        "swapdims",
+        "detach",
+        "__getitem__",
+        "getitem",
+        "T",
+        "mT",
+    }
+)
 _SPLITS = frozenset({"chunk", "split", "unbind", "tensor_split", "split_with_sizes"})
 
 

@@ -81,8 +81,14 @@ def save_model_file(model: Any, path: str | Path, stale: set[str] = frozenset())
     data = data_path(path)
     if initializer_bytes(model) > EXTERNAL_DATA_BYTES:
         data.unlink(missing_ok=True)  # save_model appends to an existing data file
-        onnx.save_model(model, str(path), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=data.name, size_threshold=0)  # fmt: skip
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=data.name,
+            size_threshold=0,
+        )
     else:
         onnx.save_model(model, str(path))
     onnx.checker.check_model(str(path))

@@ -26,11 +26,19 @@ def onnx_elem_type(dtype: torch.dtype) -> int | None:
     from onnx import TensorProto
 
     names = {
-        torch.float32: "FLOAT", torch.float64: "DOUBLE", torch.float16: "FLOAT16",
-        torch.bfloat16: "BFLOAT16", torch.int64: "INT64", torch.int32: "INT32",
-        torch.int16: "INT16", torch.int8: "INT8", torch.uint8: "UINT8", torch.bool: "BOOL",
-        torch.float8_e4m3fn: "FLOAT8E4M3FN", torch.float8_e5m2: "FLOAT8E5M2",
-    }  # fmt: skip
+        torch.float32: "FLOAT",
+        torch.float64: "DOUBLE",
+        torch.float16: "FLOAT16",
+        torch.bfloat16: "BFLOAT16",
+        torch.int64: "INT64",
+        torch.int32: "INT32",
+        torch.int16: "INT16",
+        torch.int8: "INT8",
+        torch.uint8: "UINT8",
+        torch.bool: "BOOL",
+        torch.float8_e4m3fn: "FLOAT8E4M3FN",
+        torch.float8_e5m2: "FLOAT8E5M2",
+    }
     name = names.get(dtype)
     return getattr(TensorProto, name) if name is not None else None
 

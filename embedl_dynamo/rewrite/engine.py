@@ -307,8 +307,9 @@ def plan_transformation(
             entries.append(entry)
     plan = TransformationPlan(model=gm, entries=entries)
     plan.resolve_overlaps()  # longest pattern first: earlier entries claim their nodes
-    logger.debug("planned %d matches (%d conversions applied)", len(entries),
-                 sum(e.applied for e in entries))  # fmt: skip
+    logger.debug(
+        "planned %d matches (%d conversions applied)", len(entries), sum(e.applied for e in entries)
+    )
     return plan
 
 

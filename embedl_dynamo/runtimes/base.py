@@ -390,8 +390,12 @@ class Runtime(ABC):
         :meth:`load_artifact` recorded and the artifact ``Path`` (AITune's ``to_dict``)."""
         info = self.build_info
         artifacts = {"model": Path(info["artifact"])} if info.get("artifact") else {}
-        return {"runtime": self.name, "num_threads": self.settings.num_threads,
-                "options": dict(info.get("options") or {}), "artifacts": artifacts}  # fmt: skip
+        return {
+            "runtime": self.name,
+            "num_threads": self.settings.num_threads,
+            "options": dict(info.get("options") or {}),
+            "artifacts": artifacts,
+        }
 
     @classmethod
     def from_dict(cls, state: Mapping[str, Any]) -> Runtime:

@@ -245,9 +245,11 @@ def runtime_candidates(
         _registry.logged_auto.add(key)
         log(
             "runtime 'auto': none of %s %s for target %r; its graphs stay in PyTorch%s",
-            ", ".join(order), where, target,
+            ", ".join(order),
+            where,
+            target,
             " (CUDA tensors need tensorrt, or onnxruntime-gpu for ONNX Runtime)" if on_cuda else "",
-        )  # fmt: skip
+        )
         return [EagerRuntime]
     key = ",".join(c.name for c in found)
     if key not in _registry.logged_auto:

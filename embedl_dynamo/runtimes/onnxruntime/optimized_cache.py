@@ -85,8 +85,14 @@ def _options(optimized: bool) -> Any:
 
 def _entry(cache_dir: Path, artifact_digest: str) -> tuple[ArtifactCache | None, str]:
     """The cache (None when it cannot be opened) and the key of an optimised graph."""
-    key = content_key(_NAMESPACE, _FORMAT, artifact_digest, graph_config(),
-                      package_version("onnxruntime", "onnxruntime-gpu"), cpu_identity())  # fmt: skip
+    key = content_key(
+        _NAMESPACE,
+        _FORMAT,
+        artifact_digest,
+        graph_config(),
+        package_version("onnxruntime", "onnxruntime-gpu"),
+        cpu_identity(),
+    )
     try:
         return ArtifactCache(cache_dir, _NAMESPACE), key
     except OSError:
@@ -101,8 +107,9 @@ def _loaded(cache: ArtifactCache, key: str, num_threads: int | None) -> Any:
         return None
     path, confirm = found
     try:
-        session = create_session(path, [CPU_PROVIDER], num_threads=num_threads,
-                                 options=_options(optimized=True))  # fmt: skip
+        session = create_session(
+            path, [CPU_PROVIDER], num_threads=num_threads, options=_options(optimized=True)
+        )
     except Exception as exc:  # ONNX Runtime raises its own exception types
         logger.warning("optimised ONNX Runtime graph %s not used (%s); optimising again", path, exc)
         session = None
@@ -234,7 +241,8 @@ def cpu_session(
     path = artifact()
     session = create_session(path, [CPU_PROVIDER], num_threads=num_threads)
     if cache is not None and not cache.read_only and _kept(cache, path):
-        store_in_background(lambda: path, lambda: artifact_digest, cache_dir, num_threads,
-                            artifact_problem)  # fmt: skip
+        store_in_background(
+            lambda: path, lambda: artifact_digest, cache_dir, num_threads, artifact_problem
+        )
         info[OPTIMIZED_GRAPH] = WRITING
     return session

@@ -202,13 +202,18 @@ class OnnxRuntime(OnnxArtifactRuntime):
             self._artifact.unwritten = None  # ORT copied the weights; the writer holds its own
             if providers == [CPU_PROVIDER] and self._artifact.key:
                 artifact = self._artifact
-                store_in_background(lambda: artifact.path, self.artifact_digest,
-                                    self.settings.cache_dir, threads)  # fmt: skip
+                store_in_background(
+                    lambda: artifact.path, self.artifact_digest, self.settings.cache_dir, threads
+                )
         elif providers == [CPU_PROVIDER]:
             self._session = cpu_session(
-                self.read_artifact, self.artifact_problem(), self.artifact_digest(),
-                self.settings.cache_dir, threads, self.build_info,
-            )  # fmt: skip
+                self.read_artifact,
+                self.artifact_problem(),
+                self.artifact_digest(),
+                self.settings.cache_dir,
+                threads,
+                self.build_info,
+            )
             if self.build_info.get(OPTIMIZED_GRAPH) == LOADED:
                 self.artifact_not_read()
         else:
@@ -299,9 +304,18 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
 
 # the tensor types ONNX Runtime's Python binding takes as numpy buffers
 _NUMPY_TYPES = frozenset(
-    {torch.float32, torch.float64, torch.float16, torch.int8, torch.uint8, torch.int16,
-     torch.int32, torch.int64, torch.bool}
-)  # fmt: skip
+    {
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    }
+)
 
 
 def _bind(bind: Callable[..., None], name: str, tensor: torch.Tensor) -> torch.Tensor:
