@@ -202,8 +202,10 @@ def evict_to_budget(
     if removed:
         logger.info(
             "cache %s over its %d-byte budget: evicted %d least recently used entries",
-            root, max_bytes, len(removed),
-        )  # fmt: skip
+            root,
+            max_bytes,
+            len(removed),
+        )
     return removed
 
 
@@ -224,8 +226,12 @@ def room_for_derived(root: str | os.PathLike[str], max_bytes: int | None, nbytes
     logger.info(
         "cache %s: no room in its %d-byte budget for a derived entry of %d bytes (a runtime's "
         "own form of an artifact never evicts an artifact); raise %s or clear old entries with "
-        "`embedl-dynamo cache clear`", root, max_bytes, nbytes, ENV_CACHE_MAX_SIZE,
-    )  # fmt: skip
+        "`embedl-dynamo cache clear`",
+        root,
+        max_bytes,
+        nbytes,
+        ENV_CACHE_MAX_SIZE,
+    )
     return False
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "ENV_CACHE_DIR",
     "ENV_CACHE_LOCK_TIMEOUT",
     "ENV_CACHE_READ_ONLY",
+    "atomic_move_in",
     "atomic_write_bytes",
     "atomic_write_text",
     "build_without_cache",
@@ -144,6 +145,29 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     return path
 
 
+def atomic_move_in(src: Path, path: Path, before_replace: Callable[[Path], None]) -> None:
+    """Move the finished file ``src`` to ``path`` atomically, running ``before_replace`` first.
+
+    ``src`` is renamed (copied, from another filesystem) to a temporary name beside ``path``;
+    ``before_replace(tmp)`` then runs on it (the cache writes the entry's checksum sidecar
+    there, so a reader that finds the file always finds its checksum) before ``tmp`` replaces
+    ``path``. On any failure the temporary file is removed.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        try:
+            os.replace(src, tmp)
+        except OSError:  # another filesystem
+            shutil.copyfile(src, tmp)
+        before_replace(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
     return atomic_write_bytes(path, text.encode("utf-8"))
@@ -232,8 +256,11 @@ def _acquire(f: Any, lock_path: Path, timeout: float | None) -> None:
             warned = True
             logger.warning(
                 "waiting for another process's lock on cache entry %s (up to %g s; set "
-                "%s to change it)", lock_path, timeout, ENV_CACHE_LOCK_TIMEOUT,
-            )  # fmt: skip
+                "%s to change it)",
+                lock_path,
+                timeout,
+                ENV_CACHE_LOCK_TIMEOUT,
+            )
         time.sleep(min(pause, max(0.0, timeout - waited)))
         pause = min(pause * 2, 0.25)
 
@@ -358,5 +385,7 @@ def tell_unstored(kind: str, cache_dir: str | os.PathLike[str], exc: BaseExcepti
     logger.warning(
         "%s could not be stored in the cache %s (%s); later starts build it again. Free disk "
         "space there, or point EMBEDL_DYNAMO_CACHE_DIR elsewhere",
-        kind, cache_dir, error_line(exc),
-    )  # fmt: skip
+        kind,
+        cache_dir,
+        error_line(exc),
+    )

@@ -186,8 +186,14 @@ def _memory_of(tensor: torch.Tensor) -> tuple | None:
     if version_of(tensor) is None:
         return None
     address = tensor.untyped_storage().data_ptr()
-    return (tensor.device, address, tensor.storage_offset(), tuple(tensor.shape),
-            tuple(tensor.stride()), tensor.dtype)  # fmt: skip
+    return (
+        tensor.device,
+        address,
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
 
 
 def _word_sum(tensor: torch.Tensor) -> int:
@@ -250,8 +256,11 @@ def _hash_tensors(h: Any, tensors: list[tuple[str, torch.Tensor]]) -> None:
     """
     digests = _reused_digests([t for _, t in tensors])
     reused = set(digests)
-    big = [t for _, t in tensors
-           if id(t) not in digests and t.numel() * t.element_size() >= _PARALLEL_BYTES]  # fmt: skip
+    big = [
+        t
+        for _, t in tensors
+        if id(t) not in digests and t.numel() * t.element_size() >= _PARALLEL_BYTES
+    ]
     if len(big) > 1:
         from concurrent.futures import ThreadPoolExecutor
 

@@ -32,8 +32,9 @@ def build_for_unusable(
         logger.warning(
             "cache directory %s is unusable (%s); compiling without a cache. Set "
             "EMBEDL_DYNAMO_CACHE_DIR or options={'cache_dir': ...} to a writable directory.",
-            root, reason,
-        )  # fmt: skip
+            root,
+            reason,
+        )
     return build_without_cache(name, start)
 
 
@@ -52,6 +53,8 @@ def build_for_read_only(
             "read-only cache %s (%s) lacks %s; building it without storing it. Build the "
             "cache for this model, inputs and settings where it is written (`embedl-dynamo "
             "deploy`), then ship it.",
-            root, reason, what,
-        )  # fmt: skip
+            root,
+            reason,
+            what,
+        )
     return build_without_cache(name, start)

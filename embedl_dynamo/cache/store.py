@@ -52,6 +52,7 @@ from embedl_dynamo.cache.checksums import (
 from embedl_dynamo.cache.companion import COMPANION_SUFFIX, companion_path, move_companion
 from embedl_dynamo.cache.digests import DIGEST, blake3_digest, file_digest
 from embedl_dynamo.cache.files import (
+    atomic_move_in,
     atomic_write_bytes,
     build_without_cache,
     claim_cache_root,
@@ -288,21 +289,9 @@ class ArtifactCache:
             src = Path(data)
             digest = written_digest(src)
             companion = move_companion(src, path)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.close(fd)
-            try:
-                try:
-                    os.replace(src, tmp)
-                except OSError:  # another filesystem
-                    import shutil
-
-                    shutil.copyfile(src, tmp)
-                record(digest or file_digest(tmp), os.stat(tmp).st_size)
-                os.replace(tmp, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            atomic_move_in(
+                src, path, lambda tmp: record(digest or file_digest(tmp), tmp.stat().st_size)
+            )
         evict_to_budget(self.dir.parent, max_cache_bytes(), keep=path)
         return path
 
@@ -341,8 +330,9 @@ class ArtifactCache:
         if found is not None:
             return found, False, None
         if self.read_only:
-            path = build_for_read_only(self.root, self.read_only, f"{self.namespace} {key[:16]}",
-                                       f"{key}{suffix}", start)  # fmt: skip
+            path = build_for_read_only(
+                self.root, self.read_only, f"{self.namespace} {key[:16]}", f"{key}{suffix}", start
+            )
             return path, True, None
         try:
             if self._unusable is None:
@@ -381,8 +371,9 @@ class ArtifactCache:
                     finish()
                     return self._store_built(key, tmp, suffix, meta)
             except BaseException as exc:
-                logger.warning("cache entry %s not stored (%s); it is built again next time",
-                               final, exc)  # fmt: skip
+                logger.warning(
+                    "cache entry %s not stored (%s); it is built again next time", final, exc
+                )
                 raise
 
         return final, True, write_in_background(write)
