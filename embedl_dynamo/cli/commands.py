@@ -92,8 +92,14 @@ def run_plan(args: argparse.Namespace) -> int:
         from embedl_dynamo.report.subgraph import SubgraphReport
 
         ops = sum(n.op.startswith("call") for n in result.plan.model.graph.nodes)
-        sub = SubgraphReport(index=0, backend=backend.name, runtime="none (planned only)",
-                             ops=ops, status="planned", pipeline=result.report)  # fmt: skip
+        sub = SubgraphReport(
+            index=0,
+            backend=backend.name,
+            runtime="none (planned only)",
+            ops=ops,
+            status="planned",
+            pipeline=result.report,
+        )
         sub.plan = result.plan
         try:
             path = CompileReport([sub]).to_html(args.html)
@@ -170,7 +176,8 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def _write_triton(path: Any, args: argparse.Namespace) -> None:
-    from embedl_dynamo.deploy.triton import latest_version, write_triton_repository
+    from embedl_dynamo.deploy.triton import write_triton_repository
+    from embedl_dynamo.deploy.triton_versions import latest_version
     from embedl_dynamo.errors import RuntimeUnavailableError
 
     try:
@@ -231,8 +238,10 @@ def run_bench(args: argparse.Namespace) -> int:
         rows.append(measure(f"embedl_{args.int8_backend} int8", int8, inputs, **kw))
         notes.append(f"{rows[-1].name}: " + "; ".join(str(s) for s in last_report()))
     shapes = " ".join("x".join(map(str, s)) for s in args.input_shape)
-    print(f"{args.model}  input {shapes}  threads {torch.get_num_threads()}  "
-          f"medians over {args.repeats} runs")  # fmt: skip
+    print(
+        f"{args.model}  input {shapes}  threads {torch.get_num_threads()}  "
+        f"medians over {args.repeats} runs"
+    )
     print(format_table(rows, baseline="eager"))
     for note in notes:  # where each compiled variant really ran (eager fallbacks show here)
         print(f"  {note}")
@@ -274,15 +283,28 @@ def run_serve(args: argparse.Namespace) -> int:
     name = args.name or Path(args.path).stem
     try:
         if args.objective:  # measured once here (and cached), then used by deploy
-            choice = choose_serving(args.path, objective=args.objective,
-                                    latency_budget_ms=args.latency_budget_ms,
-                                    cpus=max(1, int(args.cpus_per_replica)))  # fmt: skip
+            choice = choose_serving(
+                args.path,
+                objective=args.objective,
+                latency_budget_ms=args.latency_budget_ms,
+                cpus=max(1, int(args.cpus_per_replica)),
+            )
             print(f"{choice.note}: batch {choice.batch}, {choice.threads} thread(s) per replica")
-        deploy(args.path, name=args.name, host=args.host, port=args.port, address=args.address,
-               grpc_port=args.grpc_port,
-               replicas=args.replicas, cpus_per_replica=args.cpus_per_replica,
-               threads=args.threads, max_batch_size=args.max_batch, autoscaling=autoscaling,
-               objective=args.objective, latency_budget_ms=args.latency_budget_ms)  # fmt: skip
+        deploy(
+            args.path,
+            name=args.name,
+            host=args.host,
+            port=args.port,
+            address=args.address,
+            grpc_port=args.grpc_port,
+            replicas=args.replicas,
+            cpus_per_replica=args.cpus_per_replica,
+            threads=args.threads,
+            max_batch_size=args.max_batch,
+            autoscaling=autoscaling,
+            objective=args.objective,
+            latency_budget_ms=args.latency_budget_ms,
+        )
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     except ImportError as exc:
@@ -291,8 +313,11 @@ def run_serve(args: argparse.Namespace) -> int:
         why = error_line(exc, with_type=False)
         raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc
     grpc = f" and gRPC at {args.host}:{args.grpc_port}" if args.grpc_port else ""
-    print(f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer{grpc} "
-          "(KServe v2); Ctrl-C or SIGTERM stops it", flush=True)  # fmt: skip
+    print(
+        f"serving {args.path} at http://{args.host}:{args.port}/v2/models/{name}/infer{grpc} "
+        "(KServe v2); Ctrl-C or SIGTERM stops it",
+        flush=True,
+    )
     try:
         # installed after Ray's own handler (ray.init sets one that exits without undeploying)
         with sigterm_interrupts():  # a process manager's stop, as Ctrl-C

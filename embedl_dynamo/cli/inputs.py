@@ -108,8 +108,17 @@ def load_factory(spec: str) -> Any:
 
 
 #: the dtypes ``--input-dtype`` takes
-INPUT_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8",
-                "bool")  # fmt: skip
+INPUT_DTYPES = (
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "int64",
+    "int32",
+    "int8",
+    "uint8",
+    "bool",
+)
 
 
 def input_dtypes(names: Sequence[str] | None, count: int) -> list[str]:

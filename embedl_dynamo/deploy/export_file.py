@@ -164,9 +164,17 @@ def write_verified(
             extra = judging_sample(list(args), settings.calibration_data)[1:]
             try:
                 check = verify_onnx(
-                    tmp, args, reference, model, settings.precision, settings.dynamic_batch,
-                    tolerance, settings.accuracy_budget, extra, target,
-                )  # fmt: skip
+                    tmp,
+                    args,
+                    reference,
+                    model,
+                    settings.precision,
+                    settings.dynamic_batch,
+                    tolerance,
+                    settings.accuracy_budget,
+                    extra,
+                    target,
+                )
             except VerificationError as exc:  # ONNX Runtime could not run the file
                 if verify:
                     raise
@@ -180,10 +188,13 @@ def write_verified(
                 "the file anyway."
             )
         written_opset = next(
-            (o.version for o in onnx.load(str(tmp), load_external_data=False).opset_import
-             if o.domain in ("", "ai.onnx")),
+            (
+                o.version
+                for o in onnx.load(str(tmp), load_external_data=False).opset_import
+                if o.domain in ("", "ai.onnx")
+            ),
             None,
-        )  # fmt: skip
+        )
         _move_into_place(tmp, path)
     return check, written_opset
 

@@ -158,12 +158,20 @@ def _output_tree(path: Path, metadata: dict[str, Any], count: int) -> OutputTree
     try:
         tree = OutputTree.from_dict(data)
     except (TypeError, ValueError) as exc:
-        logger.warning("%s: ignoring the sidecar's output_tree (%s); outputs come back as a "
-                       "flat tuple", path.name, exc)  # fmt: skip
+        logger.warning(
+            "%s: ignoring the sidecar's output_tree (%s); outputs come back as a flat tuple",
+            path.name,
+            exc,
+        )
         return None
     if tree.count != count:
-        logger.warning("%s: the sidecar's output_tree is for %d outputs, the file has %d; "
-                       "outputs come back as a flat tuple", path.name, tree.count, count)  # fmt: skip
+        logger.warning(
+            "%s: the sidecar's output_tree is for %d outputs, the file has %d; "
+            "outputs come back as a flat tuple",
+            path.name,
+            tree.count,
+            count,
+        )
         return None
     return tree
 
@@ -225,8 +233,12 @@ def load(
         unverified = unverified or f"its sidecar {sidecar_path(path).name} records no sha256 of it"
     if unverified is not None:
         log = logger.warning if check is not None else logger.info
-        log("%s: %s; its content is not verified and it runs on %s", path.name, unverified,
-            runtime_cls.name)  # fmt: skip
+        log(
+            "%s: %s; its content is not verified and it runs on %s",
+            path.name,
+            unverified,
+            runtime_cls.name,
+        )
     if runtime_cls is TensorRTRuntime:
         _check_engine(path, check)
     state = _state(path, runtime_cls, metadata, device, num_threads)
@@ -312,8 +324,12 @@ def _runtime_class(
     logger.warning(
         "%s was exported to run on %s, which is unavailable here (%s): it runs on %s instead; "
         "pass runtime=%r to choose it without this warning",
-        path.name, recorded, missing, default.name, default.name,
-    )  # fmt: skip
+        path.name,
+        recorded,
+        missing,
+        default.name,
+        default.name,
+    )
     return default
 
 

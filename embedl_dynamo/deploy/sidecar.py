@@ -179,9 +179,14 @@ def write_report_page(path: Path, backend: str, result: PipelineResult, seconds:
     page = path.with_suffix(".html")
     ops = sum(n.op.startswith("call") for n in result.model.graph.nodes)
     sub = SubgraphReport(
-        index=0, backend=backend, runtime=f"ONNX file {path.name}", ops=ops, status="exported",
-        pipeline=dict(result.report), compile_s=seconds,
-    )  # fmt: skip
+        index=0,
+        backend=backend,
+        runtime=f"ONNX file {path.name}",
+        ops=ops,
+        status="exported",
+        pipeline=dict(result.report),
+        compile_s=seconds,
+    )
     sub.plan = result.plan
     title = f"embedl_dynamo export: {path.name}"
     atomic_write_text(page, render_html([sub], CompileReport([sub]).summary(), title=title))

@@ -29,14 +29,9 @@ and written with protobuf's ``text_format``; tritonclient is imported only here.
 
 from __future__ import annotations
 
-import errno
-import filecmp
 import logging
 import os
 import re
-import secrets
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +39,10 @@ from typing import Any
 
 import onnx
 
-from embedl_dynamo.cache.files import atomic_write_text, file_mode
+from embedl_dynamo.cache.files import atomic_write_text
 from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT, has_index_flag
 from embedl_dynamo.deploy.sidecar import read_sidecar, sidecar_path
+from embedl_dynamo.deploy.triton_versions import latest_version, write_version
 from embedl_dynamo.deploy.triton_warmup import add_warmup, prefer_batch_sizes
 from embedl_dynamo.errors import ExportArgumentError, RuntimeUnavailableError
 from embedl_dynamo.onnx.external_data import external_locations
@@ -117,8 +113,9 @@ def graph_tensors(model: onnx.ModelProto) -> tuple[list[TritonTensor], list[Trit
     def tensor(value: onnx.ValueInfoProto) -> TritonTensor:
         kind = value.type.tensor_type
         dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in kind.shape.dim)
-        return TritonTensor(value.name, triton_data_type(kind.elem_type), dims,
-                            bool(dims) and dims[0] == -1)  # fmt: skip
+        return TritonTensor(
+            value.name, triton_data_type(kind.elem_type), dims, bool(dims) and dims[0] == -1
+        )
 
     inputs = [tensor(v) for v in model.graph.input if v.name not in weights]
     return inputs, [tensor(v) for v in model.graph.output]
@@ -171,11 +168,15 @@ def _check_arguments(
         raise ExportArgumentError(
             f"Triton model name {name!r} must be letters, digits, '_', '-' or '.'; pass name=..."
         )
-    for label, value, low in (("instances", instances, 1), ("threads", threads, 0),
-                              ("max_batch_size", max_batch_size, 1),
-                              ("queue_delay_us", queue_delay_us, 0)):  # fmt: skip
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                  or value < low):  # fmt: skip
+    for label, value, low in (
+        ("instances", instances, 1),
+        ("threads", threads, 0),
+        ("max_batch_size", max_batch_size, 1),
+        ("queue_delay_us", queue_delay_us, 0),
+    ):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < low
+        ):
             raise ExportArgumentError(f"{label}={value!r}: give an integer >= {low}")
 
 
@@ -286,64 +287,23 @@ def _index_flag_note(config: Any, sidecar: dict[str, Any]) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def _copy_into(source: Path, target: Path) -> None:
-    """Copy ``source`` to ``target`` under a temporary name, then rename it into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def latest_version(model_dir: str | os.PathLike[str]) -> int | None:
-    """The newest version of the Triton model at ``model_dir``: of its folders named by a
-    positive integer without a leading zero, as Triton reads them, the highest (None: none)."""
-    try:
-        names = [p.name for p in Path(model_dir).iterdir() if p.is_dir()]
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return max((int(n) for n in names if n.isdigit() and not n.startswith("0")), default=None)
-
-
-def _same_files(version: Path, files: dict[str, Path]) -> bool:
-    held = {p.name for p in version.iterdir() if p.is_file()}
-    return held == set(files) and all(
-        filecmp.cmp(source, version / name, shallow=False) for name, source in files.items()
-    )
-
-
-def _write_version(model_dir: Path, files: dict[str, Path]) -> int:
-    """Write ``files`` (name in the version: source) as a new version of the Triton model at
-    ``model_dir``; its number. Triton serves the newest version (its default version policy,
-    ``latest { num_versions: 1 }``), so a re-export is what it serves once it polls or loads,
-    and the version before stays beside it to roll back to. The files are written into a
-    hidden folder first, renamed to the number once complete, so Triton never loads half a
-    version. A newest version that holds the same bytes already is kept, not repeated."""
-    model_dir.mkdir(parents=True, exist_ok=True)
-    newest = latest_version(model_dir)
-    if newest is not None and _same_files(model_dir / str(newest), files):
-        return newest
-    staging = model_dir / f".embedl-staging-{os.getpid()}-{secrets.token_hex(4)}"
-    staging.mkdir()  # the umask's mode: the user Triton runs as reads it
-    try:
-        for name, source in files.items():
-            _copy_into(source, staging / name)
-        version = (newest or 0) + 1
-        while True:
-            try:
-                os.rename(staging, model_dir / str(version))
-                return version
-            except OSError as exc:  # another writer took the number meanwhile
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise
-                version += 1
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+def _version_files(path: Path, engine: Path | None) -> dict[str, Path]:
+    """The files a version of the model holds (name in the version: source): the TensorRT
+    engine as ``model.plan``, else ``model.onnx`` and its data files under the names the model
+    refers to (which must lie beside it)."""
+    if engine is not None:
+        return {"model.plan": engine}
+    files = {}
+    model = onnx.load(str(path), load_external_data=False)
+    for location in sorted(external_locations(model)):  # the names the model refers to
+        if Path(location).name != location:
+            raise ExportArgumentError(
+                f"{path.name} keeps weights in {location!r}, outside its own directory; "
+                "re-export it (its data file goes beside it)"
+            )
+        files[location] = path.parent / location
+    files["model.onnx"] = path
+    return files
 
 
 def write_triton_repository(
@@ -360,7 +320,8 @@ def write_triton_repository(
 ) -> Path:
     """Write ``<repository>/<name>/config.pbtxt`` and a new version ``<repository>/<name>/<n>/``
     for an export: ``1`` in a new repository, else the newest version's number plus one
-    (:func:`_write_version`: Triton serves the newest; a re-export of the same bytes keeps it).
+    (:func:`~.triton_versions.write_version`: Triton serves the newest; a re-export of the same
+    bytes keeps it).
 
     Args:
         path: the ``.onnx`` file :func:`~embedl_dynamo.export` wrote (its sidecar beside it
@@ -397,21 +358,20 @@ def write_triton_repository(
         log("%s: %s; the config is read from the ONNX file alone", path.name, ignored)
     backend = _triton_backend(sidecar, backend)
     engine = _engine_file(path, sidecar) if backend == "tensorrt" else None
-    config = _build_config(path, name, backend, engine is not None, sidecar, instances, threads,
-                          max_batch_size, queue_delay_us, preferred_batch_sizes)  # fmt: skip
-    files = {"model.plan": engine} if engine is not None else {}
-    if engine is None:
-        model = onnx.load(str(path), load_external_data=False)
-        for location in sorted(external_locations(model)):  # the names the model refers to
-            if Path(location).name != location:
-                raise ExportArgumentError(
-                    f"{path.name} keeps weights in {location!r}, outside its own directory; "
-                    "re-export it (its data file goes beside it)"
-                )
-            files[location] = path.parent / location
-        files["model.onnx"] = path
+    config = _build_config(
+        path,
+        name,
+        backend,
+        engine is not None,
+        sidecar,
+        instances,
+        threads,
+        max_batch_size,
+        queue_delay_us,
+        preferred_batch_sizes,
+    )
     model_dir = Path(repository) / name
-    version = _write_version(model_dir, files)
+    version = write_version(model_dir, _version_files(path, engine))
     text = _index_flag_note(config, sidecar) + text_format.MessageToString(config)
     atomic_write_text(model_dir / "config.pbtxt", text)
     what = (name, version, config.backend, model_dir)

@@ -103,9 +103,12 @@ class ServedArtifact:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], threads: int | None = None,
-        max_batch_size: int | None = None, device: str = "auto",
-    ) -> None:  # fmt: skip
+        self,
+        path: str | os.PathLike[str],
+        threads: int | None = None,
+        max_batch_size: int | None = None,
+        device: str = "auto",
+    ) -> None:
         self.path = Path(path)
         self.inputs, graph_outputs, self.batchable = artifact_specs(self.path)
         if threads is not None:

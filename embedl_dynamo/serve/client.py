@@ -41,8 +41,14 @@ def infer_request(
         array = np.asarray(array)
         if datatype_name(array.dtype) is None:
             raise KServeError(f"input {name!r}: dtype {array.dtype} has no KServe datatype")
-        inputs.append({"name": name, "shape": list(array.shape), "datatype": datatype_name(array.dtype),
-                       "data": array.ravel().tolist()})  # fmt: skip
+        inputs.append(
+            {
+                "name": name,
+                "shape": list(array.shape),
+                "datatype": datatype_name(array.dtype),
+                "data": array.ravel().tolist(),
+            }
+        )
     body: dict[str, Any] = {"inputs": inputs}
     if request_id is not None:
         body["id"] = request_id
@@ -58,9 +64,13 @@ def decode_outputs(response: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def post_infer(
-    url: str, body: Mapping[str, Any], *, timeout: float = 30.0, retries: int = 5,
+    url: str,
+    body: Mapping[str, Any],
+    *,
+    timeout: float = 30.0,
+    retries: int = 5,
     backoff: float = 0.2,
-) -> tuple[dict[str, Any], int]:  # fmt: skip
+) -> tuple[dict[str, Any], int]:
     """POST a KServe v2 inference request; retry it on a connection error or a 5xx status.
 
     Inference is idempotent (the same inputs give the same outputs), so a request that a dying

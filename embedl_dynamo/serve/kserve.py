@@ -51,11 +51,20 @@ __all__ = [
 DATATYPES: dict[str, np.dtype] = {
     name: np.dtype(dtype)
     for name, dtype in (
-        ("BOOL", np.bool_), ("UINT8", np.uint8), ("UINT16", np.uint16), ("UINT32", np.uint32),
-        ("UINT64", np.uint64), ("INT8", np.int8), ("INT16", np.int16), ("INT32", np.int32),
-        ("INT64", np.int64), ("FP16", np.float16), ("FP32", np.float32), ("FP64", np.float64),
+        ("BOOL", np.bool_),
+        ("UINT8", np.uint8),
+        ("UINT16", np.uint16),
+        ("UINT32", np.uint32),
+        ("UINT64", np.uint64),
+        ("INT8", np.int8),
+        ("INT16", np.int16),
+        ("INT32", np.int32),
+        ("INT64", np.int64),
+        ("FP16", np.float16),
+        ("FP32", np.float32),
+        ("FP64", np.float64),
     )
-}  # fmt: skip
+}
 _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 
 

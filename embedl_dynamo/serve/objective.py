@@ -76,8 +76,10 @@ def _measure(path: Path, batch: int, threads: int, workers: int, runs: int) -> d
     finally:
         torch.set_num_threads(kept)
     rng = np.random.default_rng(0)
-    shapes = [[batch if d == -1 and i == 0 else (d if d > 0 else 1) for i, d in
-               enumerate(spec.shape)] for spec in models[0].inputs]  # fmt: skip
+    shapes = [
+        [batch if d == -1 and i == 0 else (d if d > 0 else 1) for i, d in enumerate(spec.shape)]
+        for spec in models[0].inputs
+    ]
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     latencies: list[float] = []
     lock = threading.Lock()
@@ -102,8 +104,13 @@ def _measure(path: Path, batch: int, threads: int, workers: int, runs: int) -> d
     wall = time.perf_counter() - start
     p99 = float(np.percentile(latencies, 99)) * 1e3
     rows = arrays[0].shape[0] if arrays[0].ndim else 1  # a static batch's own size
-    return {"batch": batch, "threads": threads, "workers": workers,
-            "samples_s": workers * runs * rows / wall, "p99_ms": p99}  # fmt: skip
+    return {
+        "batch": batch,
+        "threads": threads,
+        "workers": workers,
+        "samples_s": workers * runs * rows / wall,
+        "p99_ms": p99,
+    }
 
 
 def _pick(candidates: list[dict[str, Any]], budget: float | None) -> tuple[dict[str, Any], str]:
@@ -113,8 +120,10 @@ def _pick(candidates: list[dict[str, Any]], budget: float | None) -> tuple[dict[
         where = "" if budget is None else f" with p99 within {budget:g} ms"
         return best, f"throughput: the most samples/s{where} of {len(candidates)} measured"
     best = min(candidates, key=lambda c: c["p99_ms"])
-    return best, (f"throughput: no setting keeps p99 within {budget:g} ms; the lowest p99 "
-                  f"({best['p99_ms']:.1f} ms) of {len(candidates)} measured")  # fmt: skip
+    return best, (
+        f"throughput: no setting keeps p99 within {budget:g} ms; the lowest p99 "
+        f"({best['p99_ms']:.1f} ms) of {len(candidates)} measured"
+    )
 
 
 def choose_serving(
@@ -151,20 +160,39 @@ def choose_serving(
         return ServingChoice("latency", 1, cpus, float("nan"), float("nan"), note)
     path = Path(path)
     sizes = sorted(set(batch_sizes or BATCH_SIZES)) if artifact_specs(path)[2] else [1]
-    key = content_key("serving_choice", _FORMAT, sha256_file(path), sizes, cpus,
-                      latency_budget_ms, cpu_name(), library_versions())  # fmt: skip
+    key = content_key(
+        "serving_choice",
+        _FORMAT,
+        sha256_file(path),
+        sizes,
+        cpus,
+        latency_budget_ms,
+        cpu_name(),
+        library_versions(),
+    )
     cache = ArtifactCache(cache_dir, "serving_choice")
     cached = cache.get_json(key, _read, "serving choice", "measuring again")
     if cached is not None:
         return cached
     candidates = [_measure(path, b, t, cpus // t, runs) for b in sizes for t in _splits(cpus)]
     best, note = _pick(candidates, latency_budget_ms)
-    choice = ServingChoice("throughput", best["batch"], best["threads"], best["samples_s"],
-                           best["p99_ms"], note, candidates)  # fmt: skip
+    choice = ServingChoice(
+        "throughput",
+        best["batch"],
+        best["threads"],
+        best["samples_s"],
+        best["p99_ms"],
+        note,
+        candidates,
+    )
     logger.info("serving choice for %s: %s", path.name, note)
     try:
-        cache.put(key, json.dumps({"format": _FORMAT, **asdict(choice)}).encode(), ".json",
-                  meta={"kind": "serving choice"})  # fmt: skip
+        cache.put(
+            key,
+            json.dumps({"format": _FORMAT, **asdict(choice)}).encode(),
+            ".json",
+            meta={"kind": "serving choice"},
+        )
     except OSError as exc:
         logger.debug("serving choice not cached: %s", exc)
     return choice

@@ -92,6 +92,60 @@ def _check_sizes(replicas: int, max_batch_size: int | None, batch_wait_s: float)
         raise ValueError(f"batch_wait_timeout_s={batch_wait_s!r}: give seconds >= 0")
 
 
+def _plan_for_objective(
+    path: Path,
+    objective: str,
+    latency_budget_ms: float | None,
+    replicas: int,
+    cpus_per_replica: float,
+) -> tuple[int, int, int, int]:
+    """``(replicas, cpus_per_replica, threads, max_batch_size)`` for ``objective``: the batch
+    and threads :func:`~embedl_dynamo.serve.objective.choose_serving` measures here on one
+    replica's whole CPUs, spread by :func:`replica_plan` over the CPUs asked for in all."""
+    choice = choose_serving(
+        path,
+        objective=objective,
+        latency_budget_ms=latency_budget_ms,
+        cpus=max(1, math.floor(cpus_per_replica)),
+    )
+    logger.info(
+        "%s: %s (batch %d, %d thread(s) per replica)",
+        path.name,
+        choice.note,
+        choice.batch,
+        choice.threads,
+    )
+    return replica_plan(choice, replicas, cpus_per_replica)
+
+
+def _deployment_options(
+    name: str,
+    replicas: int,
+    cpus_per_replica: float,
+    max_batch_size: int | None,
+    autoscaling: Mapping[str, Any] | None,
+    deployment_options: Mapping[str, Any] | None,
+) -> dict[str, Any]:
+    """Ray Serve's ``Deployment.options``: those :func:`build_app`'s arguments set, and the
+    caller's ``deployment_options``, which may not set any of them again."""
+    scaling: dict[str, Any] = (
+        {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
+    )
+    ours = {
+        "name": name,
+        "ray_actor_options": {"num_cpus": cpus_per_replica},
+        "max_ongoing_requests": 2 * (max_batch_size or 8),
+        **scaling,
+    }
+    taken = sorted(set(deployment_options or {}) & {*ours, "num_replicas", "autoscaling_config"})
+    if taken:
+        raise ValueError(
+            f"deployment_options sets {taken}, which build_app's own arguments "
+            "set (name, replicas, cpus_per_replica, max_batch_size, autoscaling)"
+        )
+    return {**ours, **(deployment_options or {})}
+
+
 def build_app(
     path: str | os.PathLike[str],
     *,
@@ -146,28 +200,16 @@ def build_app(
     check_artifact(path)  # a changed or garbage file is refused here, not by every replica
     _check_sizes(replicas, max_batch_size, batch_wait_timeout_s)
     if objective is not None:
-        choice = choose_serving(path, objective=objective, latency_budget_ms=latency_budget_ms,
-                                cpus=max(1, math.floor(cpus_per_replica)))  # fmt: skip
-        logger.info("%s: %s (batch %d, %d thread(s) per replica)", path.name, choice.note,
-                    choice.batch, choice.threads)  # fmt: skip
-        replicas, cpus_per_replica, threads, max_batch_size = replica_plan(
-            choice, replicas, cpus_per_replica
+        replicas, cpus_per_replica, threads, max_batch_size = _plan_for_objective(
+            path, objective, latency_budget_ms, replicas, cpus_per_replica
         )
     if threads is None:
         threads = max(1, math.floor(cpus_per_replica))
     check_threads(threads, "threads")  # as each replica's load() would, before any starts
-    scaling: dict[str, Any] = (
-        {"autoscaling_config": dict(autoscaling)} if autoscaling else {"num_replicas": replicas}
+    options = _deployment_options(
+        name, replicas, cpus_per_replica, max_batch_size, autoscaling, deployment_options
     )
-    ours = {"name": name, "ray_actor_options": {"num_cpus": cpus_per_replica},
-            "max_ongoing_requests": 2 * (max_batch_size or 8), **scaling}  # fmt: skip
-    taken = sorted(set(deployment_options or {}) & {*ours, "num_replicas", "autoscaling_config"})
-    if taken:
-        raise ValueError(
-            f"deployment_options sets {taken}, which build_app's own arguments "
-            "set (name, replicas, cpus_per_replica, max_batch_size, autoscaling)"
-        )
-    deployment = deployment_class().options(**ours, **(deployment_options or {}))
+    deployment = deployment_class().options(**options)
     return deployment.bind(str(path), name, threads, max_batch_size, batch_wait_timeout_s)
 
 

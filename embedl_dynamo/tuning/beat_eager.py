@@ -109,5 +109,8 @@ def warn_eager_faster(speed: EagerSpeed, index: int) -> None:
     logger.warning(
         "subgraph %d: %s measured slower than PyTorch (%.2f ms against eager's %.2f ms); it "
         "runs in PyTorch. beat_eager=False keeps the runtime",
-        index, speed.runtime, speed.runtime_ms, speed.eager_ms,
-    )  # fmt: skip
+        index,
+        speed.runtime,
+        speed.runtime_ms,
+        speed.eager_ms,
+    )

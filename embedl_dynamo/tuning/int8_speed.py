@@ -106,8 +106,11 @@ def warn_if_slower(speed: Int8Speed, index: int) -> None:
         logger.warning(
             "subgraph %d: int8 on %s measured slower than float (%.2f ms against %.2f ms); it "
             "runs as asked. precision='mixed' keeps INT8 only where it pays",
-            index, speed.runtime, speed.int8_ms, speed.fp32_ms,
-        )  # fmt: skip
+            index,
+            speed.runtime,
+            speed.int8_ms,
+            speed.fp32_ms,
+        )
 
 
 def _measure(
@@ -124,8 +127,9 @@ def _measure(
     try:
         fp32 = type(int8)(settings, axes).build(float_model, list(inputs), judge)
     except Exception as exc:
-        logger.debug("subgraph %d: float build for the INT8 speed check failed: %s",
-                     index, error_line(exc))  # fmt: skip
+        logger.debug(
+            "subgraph %d: float build for the INT8 speed check failed: %s", index, error_line(exc)
+        )
         return None
     try:
         timings = runtime_choice.measure_runtimes({"int8": int8, "fp32": fp32}, inputs)
@@ -140,8 +144,15 @@ def _cache_entry(int8: Runtime, settings: Settings) -> tuple[ArtifactCache | Non
     artifact = int8.key()
     if artifact is None:
         return None, ""
-    key = content_key(_NAMESPACE, _FORMAT, int8.name, artifact, settings.num_threads,
-                      library_versions([type(int8)]), cpu_name())  # fmt: skip
+    key = content_key(
+        _NAMESPACE,
+        _FORMAT,
+        int8.name,
+        artifact,
+        settings.num_threads,
+        library_versions([type(int8)]),
+        cpu_name(),
+    )
     try:
         return ArtifactCache(settings.cache_dir, _NAMESPACE), key
     except OSError:

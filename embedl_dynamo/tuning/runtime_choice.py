@@ -130,9 +130,13 @@ class _Builder:
                 if p.model is model and issubclass(p.runtime, OnnxArtifactRuntime)
             )
             self.exported[id(model)] = onnx_artifact(
-                model, list(self.inputs), self.settings, self.axes,
-                reference=lambda: self.outputs_of(model), in_memory=in_memory,
-            )  # fmt: skip
+                model,
+                list(self.inputs),
+                self.settings,
+                self.axes,
+                reference=lambda: self.outputs_of(model),
+                in_memory=in_memory,
+            )
         return self.exported[id(model)]
 
     def outputs_of(self, model: fx.GraphModule) -> tuple[torch.Tensor, ...]:
@@ -176,8 +180,9 @@ def _store(
     if eager is not None:
         document["eager"] = eager.to_dict()
     try:
-        cache.put(key, json.dumps(document, indent=1).encode(), ".json",
-                  meta={"kind": "runtime choice"})  # fmt: skip
+        cache.put(
+            key, json.dumps(document, indent=1).encode(), ".json", meta={"kind": "runtime choice"}
+        )
     except OSError as exc:
         logger.debug("runtime choice not cached: %s", exc)
 
@@ -270,10 +275,13 @@ def fastest(
     contest = [*options, RunOption(EAGER, EagerRuntime, eager)] if eager is not None else options
     architectures = {id(o.model): architecture_key(o.model, inputs, repr(axes)) for o in contest}
     key = content_key(
-        _NAMESPACE, _FORMAT,
+        _NAMESPACE,
+        _FORMAT,
         [[o.label, o.runtime.name, architectures[id(o.model)]] for o in contest],
-        settings.num_threads, library_versions(o.runtime for o in options), cpu_name(),
-    )  # fmt: skip
+        settings.num_threads,
+        library_versions(o.runtime for o in options),
+        cpu_name(),
+    )
     try:
         cache = ArtifactCache(settings.cache_dir, _NAMESPACE)
     except OSError:

@@ -76,9 +76,13 @@ class FamilyRule:
 
 
 FAMILY_RULES: tuple[FamilyRule, ...] = (
-    FamilyRule("transformer", "openvino", TRANSFORMER_MIN_FLOPS,
-               "OpenVINO led every large transformer measured"),
-)  # fmt: skip
+    FamilyRule(
+        "transformer",
+        "openvino",
+        TRANSFORMER_MIN_FLOPS,
+        "OpenVINO led every large transformer measured",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -97,10 +101,13 @@ class PrecisionRule:
 
 
 PRECISION_RULES: tuple[PrecisionRule, ...] = (
-    PrecisionRule(frozenset({"int8_weight_only", "int4_weight_only"}), "onnxruntime",
-                  "ONNX Runtime's MatMulNBits led OpenVINO's compressed-weight matmuls per "
-                  "token on every decoder measured"),
-)  # fmt: skip
+    PrecisionRule(
+        frozenset({"int8_weight_only", "int4_weight_only"}),
+        "onnxruntime",
+        "ONNX Runtime's MatMulNBits led OpenVINO's compressed-weight matmuls per "
+        "token on every decoder measured",
+    ),
+)
 
 logger = logging.getLogger(__name__)
 
@@ -204,5 +211,11 @@ def architecture_key(gm: fx.GraphModule, inputs: Sequence[torch.Tensor], *parts:
         if node.op == "get_attr"
     ]
     shapes = [_header(t) for t in inputs]
-    return content_key("architecture", format_graph(gm, literals=True), modules,
-                       sorted(set(constants)), shapes, *parts)  # fmt: skip
+    return content_key(
+        "architecture",
+        format_graph(gm, literals=True),
+        modules,
+        sorted(set(constants)),
+        shapes,
+        *parts,
+    )
