@@ -203,8 +203,14 @@ def tiny_decoder(name: str, kv_heads: int = 2, **config: Any) -> nn.Module:
     import transformers  # only the tests that build a decoder need it
 
     config_name, model_name, fixed = _DECODERS[name]
-    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=kv_heads, vocab_size=DECODER_VOCAB)  # fmt: skip
+    kw = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        vocab_size=DECODER_VOCAB,
+    )
     torch.manual_seed(0)
     model_config = getattr(transformers, config_name)(**{**kw, **fixed, **config})
     return getattr(transformers, model_name)(model_config).eval()

@@ -152,8 +152,9 @@ layer_norm@encoder.layers.1.norm2                        layer_norm             
 def test_dynamic_batch_graphs_decompose_attention_or_say_why() -> None:
     """With ``dynamic=True`` the batch is symbolic; new nodes get fake-tensor shapes."""
     torch.manual_seed(0)
-    plan = get_transformation_plan(dynamo_frozen(ViTLike().eval(), IMAGES, dynamic=True)[0],
-                                   TENSORRT_PATTERNS)  # fmt: skip
+    plan = get_transformation_plan(
+        dynamo_frozen(ViTLike().eval(), IMAGES, dynamic=True)[0], TENSORRT_PATTERNS
+    )
     assert plan["decompose_mha@blocks.1.attn"].applied
     assert plan["mha_in_projection@blocks.1.attn"].apply
     # Dynamo makes the encoder layer's float ``eps`` a graph input; freezing holds it as the

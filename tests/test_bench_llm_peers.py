@@ -12,10 +12,19 @@ import pytest
 from bench.variants import llm_peers
 from bench.variants.llm_peers import Peer, PeerDied, PeerSpec, split_variants
 
-CONFIG = {"model_type": "qwen2", "hidden_size": 32, "intermediate_size": 48,
-          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-          "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 5000.0},
-          "max_position_embeddings": 64, "vocab_size": 40, "tie_word_embeddings": True}  # fmt: skip
+CONFIG = {
+    "model_type": "qwen2",
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_theta": 5000.0},
+    "max_position_embeddings": 64,
+    "vocab_size": 40,
+    "tie_word_embeddings": True,
+}
 
 
 def qwen2_tensors() -> dict[str, np.ndarray]:
@@ -25,14 +34,20 @@ def qwen2_tensors() -> dict[str, np.ndarray]:
     shapes = {"model.embed_tokens.weight": (40, hidden), "model.norm.weight": (hidden,)}
     for i in range(2):
         p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (hidden,),
-                   p + "post_attention_layernorm.weight": (hidden,),
-                   p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.q_proj.bias": (hidden,),
-                   p + "self_attn.k_proj.weight": (kv, hidden), p + "self_attn.k_proj.bias": (kv,),
-                   p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.v_proj.bias": (kv,),
-                   p + "self_attn.o_proj.weight": (hidden, hidden),
-                   p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-                   p + "mlp.down_proj.weight": (hidden, inter)}  # fmt: skip
+        shapes |= {
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (hidden, hidden),
+            p + "self_attn.q_proj.bias": (hidden,),
+            p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.k_proj.bias": (kv,),
+            p + "self_attn.v_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.bias": (kv,),
+            p + "self_attn.o_proj.weight": (hidden, hidden),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        }
     return {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
 
 
@@ -107,8 +122,10 @@ def test_a_dead_peer_raises_peer_died():
 def test_split_variants_and_missing_venv(tmp_path, monkeypatch, capsys):
     ours, wanted = split_variants(["eager", "llama.cpp-q4_0", "openvino-int8", "ours-fp32"])
     assert ours == ["eager", "ours-fp32"]
-    assert {spec.name: v for spec, v in wanted.items()} == {"llama.cpp": ["q4_0"],
-                                                           "openvino": ["int8"]}  # fmt: skip
+    assert {spec.name: v for spec, v in wanted.items()} == {
+        "llama.cpp": ["q4_0"],
+        "openvino": ["int8"],
+    }
     with pytest.raises(ValueError, match=r"it has: f32, q8_0, q4_0"):
         split_variants(["llama.cpp-q5_k"])
     monkeypatch.setenv("EMBEDL_BENCH_PEERS", str(tmp_path))

@@ -40,10 +40,22 @@ def _install_plugin(tmp: Path) -> Path:
     shutil.copytree(EXAMPLES / "third_party_backend", source)  # keep build files out of the repo
     target = tmp / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(source)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return target
 
 
@@ -60,8 +72,12 @@ def _run_together(
             )
         procs[name] = subprocess.Popen(
             [sys.executable, str(EXAMPLES / argv[0]), *argv[1:]],
-            cwd=tmp, env=run_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            cwd=tmp,
+            env=run_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=300)

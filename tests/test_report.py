@@ -79,8 +79,11 @@ def test_the_first_screen_says_when_int8_is_slower_than_float(int8_ms, said) -> 
     from embedl_dynamo.report.subgraph import SubgraphReport
 
     sub = SubgraphReport(index=0, backend="tensorrt", runtime="onnxruntime", ops=3, status="ok")
-    sub.pipeline = {"precision": "int8", "quantized": True,
-                    "int8_speed": {"runtime": "onnxruntime", "int8_ms": int8_ms, "fp32_ms": 10.0}}  # fmt: skip
+    sub.pipeline = {
+        "precision": "int8",
+        "quantized": True,
+        "int8_speed": {"runtime": "onnxruntime", "int8_ms": int8_ms, "fp32_ms": 10.0},
+    }
     second = CompileReport([sub]).summary().splitlines()[1]
     assert second.startswith("warning: subgraph 0: int8 is 1.34x slower") == said
     if said:

@@ -48,8 +48,9 @@ def _report(tmp_path, **options):
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
-        torch.compile(model, backend="embedl_onnxruntime",
-                      options={"cache_dir": tmp_path / "c", **options})(x)  # fmt: skip
+        torch.compile(
+            model, backend="embedl_onnxruntime", options={"cache_dir": tmp_path / "c", **options}
+        )(x)
     return embedl_dynamo.last_report()
 
 
@@ -100,9 +101,13 @@ def test_export_writes_the_page_beside_the_sidecar(tmp_path) -> None:
 
     model = randomize_batchnorm(ResNetLike().eval())
     path = export(
-        model, torch.randn(2, 3, 16, 16), tmp_path / "m.onnx", precision="fp16", html=True,
+        model,
+        torch.randn(2, 3, 16, 16),
+        tmp_path / "m.onnx",
+        precision="fp16",
+        html=True,
         progress=False,
-    )  # fmt: skip
+    )
     side = json.loads(sidecar_path(path).read_text())
     assert side["html_file"] == "m.html"
     page = tmp_path / "m.html"
@@ -119,7 +124,17 @@ def test_export_writes_the_page_beside_the_sidecar(tmp_path) -> None:
 
 def test_cli_export_html(tmp_path) -> None:
     out = tmp_path / "m.onnx"
-    code = main(["export", "tests.models:ResNetLike", "--input-shape", "1,3,16,16", "-o",
-                 str(out), "--html", "-q"])  # fmt: skip
+    code = main(
+        [
+            "export",
+            "tests.models:ResNetLike",
+            "--input-shape",
+            "1,3,16,16",
+            "-o",
+            str(out),
+            "--html",
+            "-q",
+        ]
+    )
     assert code == EXIT_OK
     _parse(tmp_path / "m.html")

@@ -83,9 +83,10 @@ def test_attention_quantizes_q_and_k_for_any_head_size(heads):
     assert len(attention) == 2
     assert not [f for f in report["float_layers"] if "attention" in f["id"]]
     attention_calls = [
-        n for n in q.graph.nodes if n.op == "call_module"
-        and isinstance(q.get_submodule(n.target), FusedAttention)
-    ]  # fmt: skip
+        n
+        for n in q.graph.nodes
+        if n.op == "call_module" and isinstance(q.get_submodule(n.target), FusedAttention)
+    ]
     assert len(attention_calls) == 2
     for call in attention_calls:
         # q and k enter through a fake-quant; v stays float

@@ -132,8 +132,7 @@ def test_tensorrt_attention_head_size_rule(heads, quantized):
     floats = [f for f in report["float_layers"] if f["id"].startswith("quant_fused_attention")]
     if quantized:
         assert len(probs) == 2 and len(products) == 2 and not floats
-        matmuls = [n for n in q.graph.nodes
-                   if n.op == "call_function" and n.target is torch.matmul]  # fmt: skip
+        matmuls = [n for n in q.graph.nodes if n.op == "call_function" and n.target is torch.matmul]
         assert len(matmuls) == 2
         for node in matmuls:
             # the softmax output and v both enter the matmul through a fake-quant
@@ -211,8 +210,12 @@ class TestSnapshots(TestCase):
     def _transformer(self, backend):
         torch.manual_seed(0)
         x = torch.randn(2, 4, 8)
-        return quantize(_PreNormBlock().eval(), (x,), backend=backend,
-                        calibration_data=random_batches((2, 4, 8)))  # fmt: skip
+        return quantize(
+            _PreNormBlock().eval(),
+            (x,),
+            backend=backend,
+            calibration_data=random_batches((2, 4, 8)),
+        )
 
     def test_tensorrt_quantizes_a_residual_streams_branch_only(self):
         """ModelOpt's placement: the block's output enters the add quantized, the stream

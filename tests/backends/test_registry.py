@@ -58,8 +58,13 @@ _MYACCEL = """
 @pytest.fixture
 def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A third-party distribution ``myaccel-embedl`` on sys.path, registering ``myaccel``."""
-    _install(tmp_path, "myaccel-embedl", "myaccel_embedl", _MYACCEL,
-             {"myaccel": "myaccel_embedl:BACKEND"})  # fmt: skip
+    _install(
+        tmp_path,
+        "myaccel-embedl",
+        "myaccel_embedl",
+        _MYACCEL,
+        {"myaccel": "myaccel_embedl:BACKEND"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
@@ -78,8 +83,13 @@ def test_third_party_backend_is_discovered(plugin: Path) -> None:
 
 
 def test_factory_entry_point_is_called(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _install(tmp_path, "factory-embedl", "factory_embedl", _MYACCEL,
-             {"myaccel_factory": "factory_embedl:make_backend"})  # fmt: skip
+    _install(
+        tmp_path,
+        "factory-embedl",
+        "factory_embedl",
+        _MYACCEL,
+        {"myaccel_factory": "factory_embedl:make_backend"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert discover_backends()["myaccel_factory"].name == "myaccel_factory"
 
@@ -98,8 +108,13 @@ def test_entry_point_that_is_not_a_backend_is_refused(
 def test_broken_plugin_is_reported_and_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _install(tmp_path, "broken-embedl", "broken_embedl", "raise ImportError('no driver')\n",
-             {"broken": "broken_embedl:BACKEND"})  # fmt: skip
+    _install(
+        tmp_path,
+        "broken-embedl",
+        "broken_embedl",
+        "raise ImportError('no driver')\n",
+        {"broken": "broken_embedl:BACKEND"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo.backend"):
         backends = discover_backends()
@@ -114,8 +129,13 @@ def test_duplicate_name_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         from embedl_dynamo.backend import Backend
         BACKEND = Backend(name="tensorrt")
     """
-    _install(tmp_path, "impostor-embedl", "impostor_embedl", source,
-             {"tensorrt": "impostor_embedl:BACKEND"})  # fmt: skip
+    _install(
+        tmp_path,
+        "impostor-embedl",
+        "impostor_embedl",
+        source,
+        {"tensorrt": "impostor_embedl:BACKEND"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(RuntimeError) as info:
         discover_backends()
@@ -176,8 +196,13 @@ def test_single_backend_is_chosen_without_asking(monkeypatch: pytest.MonkeyPatch
 def test_reset_backends_forgets_choice_and_rediscovers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _install(tmp_path, "myaccel-embedl", "myaccel_embedl", _MYACCEL,
-             {"myaccel": "myaccel_embedl:BACKEND"})  # fmt: skip
+    _install(
+        tmp_path,
+        "myaccel-embedl",
+        "myaccel_embedl",
+        _MYACCEL,
+        {"myaccel": "myaccel_embedl:BACKEND"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     set_backend("myaccel")
     assert "myaccel" in discover_backends()

@@ -45,9 +45,15 @@ def test_jsonable_is_one_rule_for_keys_and_sidecars():
         "path": Path("/x/y.onnx"),
     }
     assert jsonable(value) == {
-        "t": [1.0, 2.0], "a": [0, 1], "n": 0.5, "bad": "nan", "s": ["a", "b"], "shape": [1, 3],
-        "dtype": "torch.float16", "path": "/x/y.onnx",
-    }  # fmt: skip
+        "t": [1.0, 2.0],
+        "a": [0, 1],
+        "n": 0.5,
+        "bad": "nan",
+        "s": ["a", "b"],
+        "shape": [1, 3],
+        "dtype": "torch.float16",
+        "path": "/x/y.onnx",
+    }
     assert list(jsonable({"b": 1, "a": 2})) == ["b", "a"]  # the caller sorts keys when dumping
     marker = object()
     assert jsonable([marker], default=repr) == [repr(marker)]

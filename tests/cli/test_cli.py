@@ -60,6 +60,11 @@ def net_py(tmp_path: Path) -> str:
     return str(path)
 
 
+def _export_argv(model: str, shape: str, out: object, *options: str) -> list[str]:
+    """``embedl-dynamo export MODEL --input-shape SHAPE -o OUT`` followed by ``options``."""
+    return ["export", model, "--input-shape", shape, "-o", str(out), *options]
+
+
 def _one_line_error(err: str, text: str) -> None:
     lines = [line for line in err.strip().splitlines() if line.strip()]
     assert len(lines) == 1, err
@@ -92,8 +97,9 @@ def test_plan_prints_the_table(capsys) -> None:
 
 def test_export_from_a_py_file_writes_onnx_and_sidecar(tmp_path, net_py, capsys) -> None:
     out_path = tmp_path / "net.onnx"
-    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
-            "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build", "2,3,16,16", out_path, "--cache-dir", str(tmp_path / "cache"), "-q"
+    )
     assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
     assert f"wrote {out_path}" in out and "max abs diff" in out
@@ -107,9 +113,22 @@ def test_export_writes_a_triton_repository(tmp_path, net_py, capsys) -> None:
     from google.protobuf import text_format
 
     out_path, repo = tmp_path / "net.onnx", tmp_path / "repo"
-    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
-            "--backend", "openvino", "--triton-repository", str(repo), "--triton-name", "net",
-            "--triton-instances", "2", "--triton-threads", "1", "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build",
+        "2,3,16,16",
+        out_path,
+        "--backend",
+        "openvino",
+        "--triton-repository",
+        str(repo),
+        "--triton-name",
+        "net",
+        "--triton-instances",
+        "2",
+        "--triton-threads",
+        "1",
+        "-q",
+    )
     assert main(argv) == EXIT_OK
     assert f"wrote Triton model {repo / 'net'}" in capsys.readouterr().out
     config = text_format.Parse(
@@ -133,9 +152,19 @@ def test_export_int8_with_calibration_file(tmp_path, net_py, suffix) -> None:
     else:
         torch.save(list(data.split(4)), calib)
     out_path = tmp_path / "q.onnx"
-    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out_path),
-            "--int8", "--calibration", str(calib), "--backend", "onnxruntime",
-            "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build",
+        "2,3,16,16",
+        out_path,
+        "--int8",
+        "--calibration",
+        str(calib),
+        "--backend",
+        "onnxruntime",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-q",
+    )
     assert main(argv) == EXIT_OK
     side = json.loads(out_path.with_suffix(".json").read_text())
     assert side["quantized"] is True and side["quantization"]["scales"]
@@ -143,9 +172,21 @@ def test_export_int8_with_calibration_file(tmp_path, net_py, suffix) -> None:
 
 def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
     png = tmp_path / "lat.png"
-    argv = ["bench", f"{net_py}:build", "--input-shape", "1,3,16,16", "--no-int8",
-            "--repeats", "3", "--warmup", "1", "--plot", str(png),
-            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    argv = [
+        "bench",
+        f"{net_py}:build",
+        "--input-shape",
+        "1,3,16,16",
+        "--no-int8",
+        "--repeats",
+        "3",
+        "--warmup",
+        "1",
+        "--plot",
+        str(png),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+    ]
     assert main(argv) == EXIT_OK
     out = capsys.readouterr().out
     assert "eager" in out and "embedl_tensorrt float" in out and "median ms" in out
@@ -159,19 +200,41 @@ def test_bench_prints_a_table_and_plots(tmp_path, net_py, capsys) -> None:
         (["plan", "tests.models:Nope", "--input-shape", "1,3,8,8"], EXIT_USAGE, "has no 'Nope'"),
         (["plan", "no_such_module_xyz:f", "--input-shape", "1"], EXIT_USAGE, "cannot import"),
         (["plan", "tests.models", "--input-shape", "1"], EXIT_USAGE, "is not MODULE:FACTORY"),
-        (["plan", "tests.models:ResNetLike", "--input-shape", "1,3,32,32", "--backend", "gpu9"],
-         EXIT_USAGE, "unknown backend 'gpu9'; known backends: lattice, onnxruntime, openvino, tensorrt"),
+        (
+            ["plan", "tests.models:ResNetLike", "--input-shape", "1,3,32,32", "--backend", "gpu9"],
+            EXIT_USAGE,
+            "unknown backend 'gpu9'; known backends: lattice, onnxruntime, openvino, tensorrt",
+        ),
         (["plan", "{net}:not_a_model", "--input-shape", "1"], EXIT_USAGE, "not a torch.nn.Module"),
-        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx",
-          "--calibration", "{tmp}/c.npy"], EXIT_USAGE, "only used with --precision int8/mixed"),
-        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.onnx", "--int8",
-          "--calibration", "{tmp}/missing.npy"], EXIT_USAGE, "does not exist"),
-        (["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.txt"],
-         EXIT_USAGE, "must end in .onnx"),
-        (["export", "tests.models:GraphBreakNet", "--input-shape", "2,3,16,16",
-          "-o", "{tmp}/g.onnx"], EXIT_EXPORT, "Export needs one graph"),
+        (
+            _export_argv("{net}:build", "1,3,8,8", "{tmp}/m.onnx", "--calibration", "{tmp}/c.npy"),
+            EXIT_USAGE,
+            "only used with --precision int8/mixed",
+        ),
+        (
+            _export_argv(
+                "{net}:build",
+                "1,3,8,8",
+                "{tmp}/m.onnx",
+                "--int8",
+                "--calibration",
+                "{tmp}/missing.npy",
+            ),
+            EXIT_USAGE,
+            "does not exist",
+        ),
+        (
+            ["export", "{net}:build", "--input-shape", "1,3,8,8", "-o", "{tmp}/m.txt"],
+            EXIT_USAGE,
+            "must end in .onnx",
+        ),
+        (
+            _export_argv("tests.models:GraphBreakNet", "2,3,16,16", "{tmp}/g.onnx"),
+            EXIT_EXPORT,
+            "Export needs one graph",
+        ),
     ],
-)  # fmt: skip
+)
 def test_errors_are_one_line_with_exit_codes(tmp_path, net_py, capsys, argv, code, text) -> None:
     argv = [a.format(net=net_py, tmp=tmp_path) for a in argv]
     quiet = ["-q"] if argv[0] == "export" else []
@@ -201,8 +264,14 @@ def test_bad_input_shape_is_a_usage_error(capsys) -> None:
 def test_verification_failure_exits_4(tmp_path, net_py, monkeypatch, capsys) -> None:
     real = verify_module.run_onnx
     monkeypatch.setattr(verify_module, "run_onnx", lambda p, a: [o * 2 + 1 for o in real(p, a)])
-    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o",
-            str(tmp_path / "m.onnx"), "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build",
+        "1,3,8,8",
+        tmp_path / "m.onnx",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "-q",
+    )
     assert main(argv) == EXIT_VERIFY
     _one_line_error(capsys.readouterr().err, "differs from PyTorch")
     assert main([*argv, "--no-verify"]) == EXIT_OK
@@ -213,8 +282,15 @@ def test_engine_without_tensorrt_exits_5(tmp_path, net_py, capsys) -> None:
 
     if TensorRTRuntime.missing() is None:
         pytest.skip("TensorRT is installed here: the unavailable path does not apply")
-    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o",
-            str(tmp_path / "m.onnx"), "--engine", "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build",
+        "1,3,8,8",
+        tmp_path / "m.onnx",
+        "--engine",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "-q",
+    )
     assert main(argv) == EXIT_UNAVAILABLE
     _one_line_error(capsys.readouterr().err, "engine=True needs TensorRT")
 
@@ -249,8 +325,14 @@ def test_console_script_runs_in_a_subprocess(tmp_path) -> None:
 def test_a_user_file_named_like_a_package_does_not_shadow_it(tmp_path, capsys) -> None:
     user = tmp_path / "onnx.py"  # the user's own onnx.py must not replace the onnx package
     user.write_text(_NET)
-    argv = ["export", f"{user}:build", "--input-shape", "1,3,8,8", "-o", str(tmp_path / "m.onnx"),
-            "--cache-dir", str(tmp_path / "c"), "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{user}:build",
+        "1,3,8,8",
+        tmp_path / "m.onnx",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "-q",
+    )
     assert main(argv) == EXIT_OK
     import onnx
 
@@ -277,8 +359,7 @@ def test_an_opset_outside_the_writable_range_is_a_usage_error_and_writes_nothing
     tmp_path, net_py, capsys, opset
 ) -> None:
     out = tmp_path / "m.onnx"
-    argv = ["export", f"{net_py}:build", "--input-shape", "1,3,8,8", "-o", str(out), "--opset",
-            opset, "-q"]  # fmt: skip
+    argv = _export_argv(f"{net_py}:build", "1,3,8,8", out, "--opset", opset, "-q")
     assert main(argv) == EXIT_USAGE
     _one_line_error(capsys.readouterr().err, f"invalid opset={opset}")
     assert not out.exists() and not out.with_suffix(".json").exists()
@@ -336,8 +417,17 @@ def test_bad_calibration_files_are_usage_errors(tmp_path, net_py, capsys, data, 
     calib = tmp_path / "calib.npy"
     np.save(calib, data.numpy())
     out = tmp_path / "q.onnx"
-    argv = ["export", f"{net_py}:build", "--input-shape", "2,3,16,16", "-o", str(out), "--int8",
-            "--calibration", str(calib), "--backend", "onnxruntime", "-q"]  # fmt: skip
+    argv = _export_argv(
+        f"{net_py}:build",
+        "2,3,16,16",
+        out,
+        "--int8",
+        "--calibration",
+        str(calib),
+        "--backend",
+        "onnxruntime",
+        "-q",
+    )
     assert main(argv) == EXIT_USAGE
     _one_line_error(capsys.readouterr().err, text)
     assert not out.exists()
@@ -380,12 +470,24 @@ def test_an_unwritable_plot_path_exits_3_before_the_benchmark(
 
     _no_work(monkeypatch)
     monkeypatch.setattr(tempfile, "mkstemp", _denied)  # root ignores chmod, so deny the write
-    argv = ["bench", f"{net_py}:build", "--input-shape", "1,3,8,8", "--plot",
-            str(tmp_path / "p.png")]  # fmt: skip
+    argv = [
+        "bench",
+        f"{net_py}:build",
+        "--input-shape",
+        "1,3,8,8",
+        "--plot",
+        str(tmp_path / "p.png"),
+    ]
     assert main(argv) == EXIT_EXPORT
     _one_line_error(capsys.readouterr().err, "cannot write to directory")
-    missing = ["bench", f"{net_py}:build", "--input-shape", "1,3,8,8", "--plot",
-               str(tmp_path / "nowhere" / "p.png")]  # fmt: skip
+    missing = [
+        "bench",
+        f"{net_py}:build",
+        "--input-shape",
+        "1,3,8,8",
+        "--plot",
+        str(tmp_path / "nowhere" / "p.png"),
+    ]
     assert main(missing) == EXIT_EXPORT
     _one_line_error(capsys.readouterr().err, "does not exist")
 
@@ -425,8 +527,19 @@ def test_integer_inputs_export_with_input_dtype_and_the_error_names_it(tmp_path,
     shape."""
     path = tmp_path / "tagger.py"
     path.write_text(_IDS)
-    base = ["export", f"{path}:build", "--input-shape", "2,5", "--input-shape", "2,5", "-q",
-            "--backend", "onnxruntime", "--cache-dir", str(tmp_path / "c")]  # fmt: skip
+    base = [
+        "export",
+        f"{path}:build",
+        "--input-shape",
+        "2,5",
+        "--input-shape",
+        "2,5",
+        "-q",
+        "--backend",
+        "onnxruntime",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     assert main([*base, "-o", str(tmp_path / "f.onnx")]) == EXIT_USAGE
     error = capsys.readouterr().err
     _one_line_error(error, "(2, 5) float32")
@@ -436,6 +549,11 @@ def test_integer_inputs_export_with_input_dtype_and_the_error_names_it(tmp_path,
     assert main(argv) == EXIT_OK
     side = json.loads(out.with_suffix(".json").read_text())
     assert [i["dtype"] for i in side["inputs"]] == ["int64", "float32"]
-    assert main([*base, "-o", str(out), "--input-dtype", "int64"] * 1 + ["--input-dtype", "int8",
-                 "--input-dtype", "bool"]) == EXIT_USAGE  # fmt: skip
+    assert (
+        main(
+            [*base, "-o", str(out), "--input-dtype", "int64"] * 1
+            + ["--input-dtype", "int8", "--input-dtype", "bool"]
+        )
+        == EXIT_USAGE
+    )
     _one_line_error(capsys.readouterr().err, "3 --input-dtype for 2 --input-shape")

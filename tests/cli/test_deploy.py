@@ -22,8 +22,19 @@ def test_deploy_builds_a_cache_a_replica_starts_from(tmp_path, capfd, seeded):
     net = tmp_path / "net.py"
     net.write_text(NET.format(seeded=seeded))
     cache = tmp_path / "cache"
-    argv = ["deploy", f"{net}:build", "--input-shape", "1,3,8,8", "--backend", "onnxruntime",
-            "--cache-dir", str(cache), "--batch-sizes", "1,3", "--check"]  # fmt: skip
+    argv = [
+        "deploy",
+        f"{net}:build",
+        "--input-shape",
+        "1,3,8,8",
+        "--backend",
+        "onnxruntime",
+        "--cache-dir",
+        str(cache),
+        "--batch-sizes",
+        "1,3",
+        "--check",
+    ]
     code = main(argv)
     out = capfd.readouterr()
     assert "cache ready in" in out.out and "built" in out.out

@@ -182,8 +182,13 @@ def test_a_backend_object_is_accepted_as_well_as_its_name(tmp_path) -> None:
 
     custom = dataclasses.replace(BACKEND, name="onnxruntime_custom")
     model = nn.Linear(4, 2).eval()
-    path = export(model, torch.randn(1, 4), tmp_path / "m.onnx", backend=custom,
-                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    path = export(
+        model,
+        torch.randn(1, 4),
+        tmp_path / "m.onnx",
+        backend=custom,
+        options={"cache_dir": tmp_path / "cache"},
+    )
     assert json.loads(sidecar_path(path).read_text())["backend"]["name"] == "onnxruntime_custom"
 
 
@@ -208,8 +213,12 @@ def test_graph_break_is_a_clear_error(tmp_path) -> None:
     from tests.models import GraphBreakNet
 
     with pytest.raises(ExportError, match=r"Export needs one graph"):
-        export(GraphBreakNet().eval(), torch.randn(2, 3, 16, 16), tmp_path / "g.onnx",
-               options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+        export(
+            GraphBreakNet().eval(),
+            torch.randn(2, 3, 16, 16),
+            tmp_path / "g.onnx",
+            options={"cache_dir": tmp_path / "cache"},
+        )
 
 
 def _has_tensorrt() -> bool:
@@ -222,8 +231,13 @@ def _has_tensorrt() -> bool:
 def test_engine_without_tensorrt_is_a_clear_error(tmp_path) -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3)).eval()
     with pytest.raises(ExportError, match=r"engine=True needs TensorRT and a CUDA GPU, but .*"):
-        export(model, torch.randn(1, 3, 8, 8), tmp_path / "e.onnx", engine=True,
-               options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+        export(
+            model,
+            torch.randn(1, 3, 8, 8),
+            tmp_path / "e.onnx",
+            engine=True,
+            options={"cache_dir": tmp_path / "cache"},
+        )
 
 
 @pytest.mark.tensorrt
@@ -232,8 +246,9 @@ def test_engine_without_tensorrt_is_a_clear_error(tmp_path) -> None:
 def test_engine_export_builds_and_loads(tmp_path) -> None:  # pragma: no cover - GPU machines
     model = _model()
     x = torch.randn(2, 3, 32, 32)
-    path = export(model, x, tmp_path / "r.onnx", engine=True,
-                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    path = export(
+        model, x, tmp_path / "r.onnx", engine=True, options={"cache_dir": tmp_path / "cache"}
+    )
     engine = path.with_suffix(".engine")
     assert engine.is_file()
     loaded = embedl_dynamo.load(engine)
@@ -251,8 +266,15 @@ def test_int8_export_has_qdq_scales_and_uses_the_calibration_cache(tmp_path, bac
     model = _model()
     x = torch.randn(2, 3, 32, 32)
     opts = {"cache_dir": tmp_path / "cache"}
-    path = export(model, x, tmp_path / "q.onnx", backend=backend, quantize="int8",
-                  calibration_data=_calibration(), options=opts)  # fmt: skip
+    path = export(
+        model,
+        x,
+        tmp_path / "q.onnx",
+        backend=backend,
+        quantize="int8",
+        calibration_data=_calibration(),
+        options=opts,
+    )
     proto = onnx.load(str(path))
     ops = [n.op_type for n in proto.graph.node]
     assert ops.count("QuantizeLinear") > 0 and ops.count("DequantizeLinear") > 0
@@ -265,8 +287,15 @@ def test_int8_export_has_qdq_scales_and_uses_the_calibration_cache(tmp_path, bac
     assert check["passed"] and check["compared_with"] == "fake-quant PyTorch graph"
     assert check["cosine_to_float"] > 0.98
     # the same model and data again: ranges come from the on-disk calibration cache
-    again = export(model, x, tmp_path / "q2.onnx", backend=backend, quantize="int8",
-                   calibration_data=_calibration(), options=opts)  # fmt: skip
+    again = export(
+        model,
+        x,
+        tmp_path / "q2.onnx",
+        backend=backend,
+        quantize="int8",
+        calibration_data=_calibration(),
+        options=opts,
+    )
     assert json.loads(sidecar_path(again).read_text())["quantization"]["ranges_from"] == "cache"
 
 
@@ -365,9 +394,12 @@ def test_a_file_that_fails_at_batch_2_is_an_export_error_naming_the_node(tmp_pat
     assert path.read_bytes() == b"keep me"
     assert "onnxruntime" not in capfd.readouterr().err
     export(
-        _ClassTokenNet(pin=True).eval(), (torch.randn(1, 3, 8, 8),), path, backend="onnxruntime",
+        _ClassTokenNet(pin=True).eval(),
+        (torch.randn(1, 3, 8, 8),),
+        path,
+        backend="onnxruntime",
         dynamic_batch=False,
-    )  # fmt: skip
+    )
     assert onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim[0].dim_value == 1
 
 
@@ -416,8 +448,14 @@ def test_mixed_measures_on_the_runtime_the_targets_file_is_for(
     monkeypatch.setattr(export_module, "apply_mixed", _record)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(2, 3, 8, 8)
-    export(model, x, tmp_path / "m.onnx", backend=backend, precision="mixed",
-           options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    export(
+        model,
+        x,
+        tmp_path / "m.onnx",
+        backend=backend,
+        precision="mixed",
+        options={"cache_dir": tmp_path / "c"},
+    )
     openvino = runtime_classes()["openvino"]
     want = (
         openvino
@@ -433,8 +471,14 @@ def test_an_instance_exports_more_times_than_dynamos_recompile_limit(tmp_path) -
     model = nn.Linear(4, 3).eval()
     limit = torch._dynamo.config.recompile_limit
     for i in range(limit + 2):
-        path = export(model, torch.randn(2, 4), tmp_path / f"m{i}.onnx", dynamic_batch=False,
-                      backend="onnxruntime", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+        path = export(
+            model,
+            torch.randn(2, 4),
+            tmp_path / f"m{i}.onnx",
+            dynamic_batch=False,
+            backend="onnxruntime",
+            options={"cache_dir": tmp_path / "c"},
+        )
         assert path.exists()
 
 
@@ -443,8 +487,14 @@ def test_bf16_that_onnx_runtime_cannot_run_names_the_missing_kernel(tmp_path) ->
     suggested dynamic_batch=False; the cause is ONNX Runtime's CPU provider lacking bf16 Conv."""
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3)).eval()
     with pytest.raises(VerificationError) as caught:
-        export(model, torch.randn(2, 3, 16, 16), tmp_path / "m.onnx", backend="onnxruntime",
-               precision="bf16", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+        export(
+            model,
+            torch.randn(2, 3, 16, 16),
+            tmp_path / "m.onnx",
+            backend="onnxruntime",
+            precision="bf16",
+            options={"cache_dir": tmp_path / "c"},
+        )
     message = str(caught.value)
     assert "no Conv kernel for tensor(bfloat16)" in message and "verify=False" in message
     assert "captured as a constant" not in message
@@ -469,8 +519,14 @@ def test_a_bf16_transformer_names_onnx_runtimes_missing_bf16_kernel(tmp_path, ba
     Version 18 for Split") and a size captured as a constant."""
     torch.manual_seed(0)
     with pytest.raises(VerificationError) as caught:
-        export(_TinyBert().eval(), torch.randint(0, 50, (2, 8)), tmp_path / "m.onnx",
-               backend=backend, precision="bf16", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+        export(
+            _TinyBert().eval(),
+            torch.randint(0, 50, (2, 8)),
+            tmp_path / "m.onnx",
+            backend=backend,
+            precision="bf16",
+            options={"cache_dir": tmp_path / "c"},
+        )
     message = str(caught.value)
     assert "no MatMul kernel for tensor(bfloat16)" in message, message
     assert "fp16" in message and "backend='openvino'" in message
@@ -494,8 +550,14 @@ def test_a_declared_sequence_axis_is_dynamic_in_the_file(tmp_path) -> None:
     torch.manual_seed(0)
     model = _Encoder().eval()
     ids = torch.randint(0, 50, (2, 12))
-    path = export(model, (ids,), tmp_path / "m.onnx", backend="onnxruntime",
-                  dynamic_shapes=[{1: "seq"}], options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    path = export(
+        model,
+        (ids,),
+        tmp_path / "m.onnx",
+        backend="onnxruntime",
+        dynamic_shapes=[{1: "seq"}],
+        options={"cache_dir": tmp_path / "c"},
+    )
     side = json.loads(sidecar_path(path).read_text())
     assert side["inputs"][0]["shape"] == ["batch", "seq"]
     loaded = embedl_dynamo.load(path)
@@ -509,8 +571,13 @@ def test_a_static_axis_is_named_when_a_call_changes_it(tmp_path) -> None:
     """Regression (issue 23 item 18): load() failed at another length with a raw ONNX Runtime
     dimension error."""
     model = _Encoder().eval()
-    path = export(model, (torch.randint(0, 50, (2, 12)),), tmp_path / "s.onnx",
-                  backend="onnxruntime", options={"cache_dir": tmp_path / "c"})  # fmt: skip
+    path = export(
+        model,
+        (torch.randint(0, 50, (2, 12)),),
+        tmp_path / "s.onnx",
+        backend="onnxruntime",
+        options={"cache_dir": tmp_path / "c"},
+    )
     with pytest.raises(ValueError, match=r"input 0 axis 1 is static \(12\).*dynamic_shapes"):
         embedl_dynamo.load(path)(torch.randint(0, 50, (3, 20)))
 
@@ -521,8 +588,12 @@ def test_a_static_axis_is_named_when_a_call_changes_it(tmp_path) -> None:
 )
 def test_bad_dynamic_shapes_name_the_fix(tmp_path, shapes, message) -> None:
     with pytest.raises(ExportArgumentError, match=message):
-        export(_Encoder().eval(), (torch.randint(0, 50, (2, 12)),), tmp_path / "b.onnx",
-               dynamic_shapes=shapes)  # fmt: skip
+        export(
+            _Encoder().eval(),
+            (torch.randint(0, 50, (2, 12)),),
+            tmp_path / "b.onnx",
+            dynamic_shapes=shapes,
+        )
 
 
 class _ReadsItsSecondArgumentFirst(nn.Module):

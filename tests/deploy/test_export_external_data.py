@@ -106,8 +106,14 @@ def test_an_int8_export_over_the_threshold_has_its_data_file(tmp_path, small_thr
     g = torch.Generator().manual_seed(1)
     calibration = [torch.randn(4, 3, 16, 16, generator=g) for _ in range(4)]
     x = torch.randn(2, 3, 16, 16)
-    path = export(model, x, tmp_path / "q.onnx", quantize="int8", calibration_data=calibration,
-                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    path = export(
+        model,
+        x,
+        tmp_path / "q.onnx",
+        quantize="int8",
+        calibration_data=calibration,
+        options={"cache_dir": tmp_path / "cache"},
+    )
     assert _files(tmp_path) == ["q.json", "q.onnx", "q.onnx.data"]
     with torch.no_grad():
         torch.testing.assert_close(load(path)(x), model(x), atol=0.1, rtol=0.1)

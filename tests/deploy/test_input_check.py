@@ -26,8 +26,14 @@ def static_ids_file(tmp_path_factory):
     root = tmp_path_factory.mktemp("ids")
     torch.manual_seed(0)
     ids = torch.randint(0, 20, (2, 5))
-    path = export(_Ids().eval(), ids, root / "ids.onnx", backend="onnxruntime",
-                  dynamic_batch=False, options={"cache_dir": root / "c"})  # fmt: skip
+    path = export(
+        _Ids().eval(),
+        ids,
+        root / "ids.onnx",
+        backend="onnxruntime",
+        dynamic_batch=False,
+        options={"cache_dir": root / "c"},
+    )
     return load(path), ids
 
 

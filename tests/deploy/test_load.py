@@ -75,8 +75,9 @@ def test_load_reads_the_sidecar(artifact) -> None:
 
 def test_single_output_is_a_tensor_and_non_contiguous_inputs_work(tmp_path) -> None:
     model = nn.Linear(4, 3).eval()
-    path = export(model, torch.randn(2, 4), tmp_path / "lin.onnx",
-                  options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    path = export(
+        model, torch.randn(2, 4), tmp_path / "lin.onnx", options={"cache_dir": tmp_path / "cache"}
+    )
     loaded = load(path)
     x = torch.randn(4, 5).t()[:, :4]  # a non-contiguous view
     y = loaded(x)

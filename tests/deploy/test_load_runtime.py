@@ -56,10 +56,16 @@ def openvino_files(tmp_path_factory):
     # verify=False: where the half-form race picks the typed bf16 graph, export's verification
     # (on ONNX Runtime, which has no bf16 Gemm kernel) cannot run it; load() runs it on OpenVINO
     files = {
-        precision: _export(model, x, root / f"{precision}.onnx", backend="openvino",
-                           precision=precision, verify=precision != "bf16")
+        precision: _export(
+            model,
+            x,
+            root / f"{precision}.onnx",
+            backend="openvino",
+            precision=precision,
+            verify=precision != "bf16",
+        )
         for precision in ("bf16", "int8")
-    }  # fmt: skip
+    }
     return model, files
 
 
@@ -145,8 +151,11 @@ def test_outputs_come_back_in_the_model_structure(tmp_path) -> None:
     assert isinstance(got, dict) and list(got) == ["logits", "aux", "mask", "n"]
     assert isinstance(got["aux"], tuple) and isinstance(got["aux"][1], list)
     assert got["aux"][1][1] is None and got["n"] == 2 and got["mask"] is mask
-    for g, w in [(got["logits"], want["logits"]), (got["aux"][0], want["aux"][0]),
-                 (got["aux"][1][0], want["aux"][1][0])]:  # fmt: skip
+    for g, w in [
+        (got["logits"], want["logits"]),
+        (got["aux"][0], want["aux"][0]),
+        (got["aux"][1][0], want["aux"][1][0]),
+    ]:
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 

@@ -100,17 +100,26 @@ def exports(tmp_path_factory):
     paths = {}
     for target in ("onnxruntime", "openvino", "tensorrt"):
         path = root / f"two_heads_{target}.onnx"
-        export(_model(), _inputs(), path, backend=target, triton_repository=root / "repo",
-               options={"cache_dir": root / "cache"})  # fmt: skip
+        export(
+            _model(),
+            _inputs(),
+            path,
+            backend=target,
+            triton_repository=root / "repo",
+            options={"cache_dir": root / "cache"},
+        )
         paths[target] = path
     return root / "repo", paths
 
 
 @pytest.mark.parametrize(
     "target, backend, kind",
-    [("onnxruntime", "onnxruntime", "KIND_CPU"), ("openvino", "openvino", "KIND_CPU"),
-     ("tensorrt", "onnxruntime", "KIND_GPU")],
-)  # fmt: skip
+    [
+        ("onnxruntime", "onnxruntime", "KIND_CPU"),
+        ("openvino", "openvino", "KIND_CPU"),
+        ("tensorrt", "onnxruntime", "KIND_GPU"),
+    ],
+)
 def test_every_target_config_parses_and_matches_its_onnx_file(exports, target, backend, kind):
     repo, paths = exports
     model_dir = repo / paths[target].stem
@@ -159,8 +168,14 @@ def test_thread_settings_per_runtime(exports, tmp_path):
 
 def test_static_batch_gives_full_dims_and_no_batching(tmp_path):
     path = tmp_path / "static.onnx"
-    export(_model(), _inputs(), path, backend="onnxruntime", dynamic_batch=False,
-           options={"cache_dir": tmp_path / "cache"})  # fmt: skip
+    export(
+        _model(),
+        _inputs(),
+        path,
+        backend="onnxruntime",
+        dynamic_batch=False,
+        options={"cache_dir": tmp_path / "cache"},
+    )
     config = _parse(write_triton_repository(path, tmp_path / "repo"))
     assert config.max_batch_size == 0
     assert not config.HasField("dynamic_batching")
@@ -208,9 +223,13 @@ def test_external_data_travels_under_the_name_the_model_refers_to(tmp_path, monk
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"name": "a/b"}, "model name"), ({"backend": "tflite"}, "unknown Triton backend"),
-     ({"instances": 0}, "instances=0"), ({"threads": -1}, "threads=-1")],
-)  # fmt: skip
+    [
+        ({"name": "a/b"}, "model name"),
+        ({"backend": "tflite"}, "unknown Triton backend"),
+        ({"instances": 0}, "instances=0"),
+        ({"threads": -1}, "threads=-1"),
+    ],
+)
 def test_bad_settings_are_refused_by_name(exports, tmp_path, kwargs, match):
     _, paths = exports
     with pytest.raises(ExportArgumentError, match=match):

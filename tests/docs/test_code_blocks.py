@@ -42,8 +42,11 @@ def test_markers_are_read(tmp_path):
     )
     blocks = python_blocks(page)
     assert [(b.line, b.marker, b.reason) for b in blocks] == [
-        (1, None, ""), (6, "continue", ""), (11, "skip", "needs a GPU"), (16, None, ""),
-    ]  # fmt: skip
+        (1, None, ""),
+        (6, "continue", ""),
+        (11, "skip", "needs a GPU"),
+        (16, None, ""),
+    ]
     assert blocks[3].code == "c = 3"
     grouped = chains([page])
     assert [len(c.blocks) for c in grouped] == [2, 1, 1]

@@ -17,9 +17,10 @@ X = torch.randn(2, 3, 8, 8)
 
 def _int8(model: nn.Module, data, **options):
     compiled = torch.compile(
-        model, backend="embedl_onnxruntime",
+        model,
+        backend="embedl_onnxruntime",
         options={"quantize": "int8", "calibration_data": data, **options},
-    )  # fmt: skip
+    )
     with torch.no_grad():
         return compiled(X)
 
@@ -77,10 +78,15 @@ def test_a_subgraph_after_a_graph_break_calibrates_on_what_reaches_it(caplog):
     model = _Broken().eval()
     data = [torch.randn(2, 3, 8, 8) for _ in range(2)]
     compiled = torch.compile(
-        model, backend="embedl_onnxruntime",
-        options={"quantize": "int8", "calibration_data": data, "calibration_steps": 2,
-                 "min_subgraph_size": 1},
-    )  # fmt: skip
+        model,
+        backend="embedl_onnxruntime",
+        options={
+            "quantize": "int8",
+            "calibration_data": data,
+            "calibration_steps": 2,
+            "min_subgraph_size": 1,
+        },
+    )
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo"), torch.no_grad():
         for _ in range(3):
             compiled(X)

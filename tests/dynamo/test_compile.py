@@ -410,8 +410,9 @@ def _compile_resnet_on(runtime: str, tmp_path: Path) -> tuple[nn.Module, torch.T
     x = torch.randn(2, 3, 16, 16)
     options = {"runtime": runtime, "cache_dir": tmp_path}
     with torch.no_grad():
-        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
-                              model(x))  # fmt: skip
+        assert_close_to_scale(
+            torch.compile(model, backend="embedl_tensorrt", options=options)(x), model(x)
+        )
     assert embedl_dynamo.last_report()[-1].runtime == runtime
     return model, x, options
 

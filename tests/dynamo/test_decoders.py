@@ -33,8 +33,15 @@ PROMPT = 10  # longer than Mistral's sliding window, so the window matters
 
 
 def _gpt2() -> torch.nn.Module:
-    config = transformers.GPT2Config(n_embd=64, n_layer=LAYERS, n_head=4, vocab_size=DECODER_VOCAB,
-                                     n_positions=64, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    config = transformers.GPT2Config(
+        n_embd=64,
+        n_layer=LAYERS,
+        n_head=4,
+        vocab_size=DECODER_VOCAB,
+        n_positions=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     return transformers.GPT2LMHeadModel(config).eval()
 
@@ -47,15 +54,21 @@ def _applied(pattern: str) -> list[bool]:
     """Whether each match of ``pattern`` in the last report's plans is applied (a conversion
     while planning, a fusion when the plan is applied)."""
     subgraphs = embedl_dynamo.last_report().subgraphs
-    return [e.apply for s in subgraphs if s.plan for e in s.plan.entries
-            if e.pattern.name == pattern]  # fmt: skip
+    return [
+        e.apply for s in subgraphs if s.plan for e in s.plan.entries if e.pattern.name == pattern
+    ]
 
 
 def _declined(pattern: str) -> list[str]:
     """The reasons of the last report's matches of ``pattern`` that were not applied."""
     subgraphs = embedl_dynamo.last_report().subgraphs
-    return [e.reason for s in subgraphs if s.plan for e in s.plan.entries
-            if e.pattern.name == pattern and not e.apply]  # fmt: skip
+    return [
+        e.reason
+        for s in subgraphs
+        if s.plan
+        for e in s.plan.entries
+        if e.pattern.name == pattern and not e.apply
+    ]
 
 
 def _assert_fully_compiled(runtimes: set[str]) -> None:
@@ -155,8 +168,11 @@ def test_greedy_tokens_equal_eager(name, config, cache):
     assert len(embedl_dynamo.last_report().subgraphs) <= 6
     assert _applied("scaled_dot_product_attention") + _applied("grouped_query_attention")
     # every attention fused: an SDPA left unfused only where the grouped fusion took it
-    assert not [r for r in _declined("scaled_dot_product_attention")
-                if not r.startswith("overlaps grouped_query_attention@")]  # fmt: skip
+    assert not [
+        r
+        for r in _declined("scaled_dot_product_attention")
+        if not r.startswith("overlaps grouped_query_attention@")
+    ]
 
 
 def test_dynamic_true_compiles_grouped_query_attention_too():

@@ -37,10 +37,13 @@ NEW_TOKENS = 8
 # here, test_decoders' mistral (left-padded batch) and test_generate_bounds (other lengths)
 # the dynamic cache on ONNX Runtime slow (about 15 s): by default test_decoders' phi3 generates
 # with it (a left-padded batch too, in at most 6 graphs), and qwen2 under dynamic=True
-@pytest.mark.parametrize(("name", "cache", "runtime"), [
-    pytest.param("llama", "dynamic", "onnxruntime", marks=pytest.mark.slow),
-    ("llama", "static", "openvino"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "cache", "runtime"),
+    [
+        pytest.param("llama", "dynamic", "onnxruntime", marks=pytest.mark.slow),
+        ("llama", "static", "openvino"),
+    ],
+)
 def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, cache, runtime):
     """Batch 1, then a left-padded batch of 2, through one compiled forward. The static cache's
     in-place writes (``index_copy_`` into the cache, its position counter's ``add_``) run in

@@ -50,19 +50,32 @@ def _compiled(make, backend: str = "embedl_onnxruntime") -> tuple[nn.Module, nn.
 
 def _t5() -> nn.Module:
     config = transformers.T5Config(
-        vocab_size=DECODER_VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
-        decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
+        vocab_size=DECODER_VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=1,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     torch.manual_seed(0)
     return transformers.T5ForConditionalGeneration(config).eval()
 
 
 def _bart() -> nn.Module:
     config = transformers.BartConfig(
-        vocab_size=DECODER_VOCAB, d_model=32, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-        decoder_ffn_dim=64, max_position_embeddings=64,
-    )  # fmt: skip
+        vocab_size=DECODER_VOCAB,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return transformers.BartForConditionalGeneration(config).eval()
 
@@ -74,13 +87,18 @@ def test_a_static_cache_decoder_builds_per_shape_class():
     and another ``max_new_tokens`` build none."""
     kw = {"cache_implementation": "static"}
     eager, model = _compiled(lambda: tiny_decoder("llama", num_hidden_layers=1))
-    calls = [(_prompt(8), NEW_TOKENS), (_prompt(8, 2), NEW_TOKENS), (_prompt(8), NEW_TOKENS + 3),
-             (_prompt(11), NEW_TOKENS + 7)]  # fmt: skip
+    calls = [
+        (_prompt(8), NEW_TOKENS),
+        (_prompt(8, 2), NEW_TOKENS),
+        (_prompt(8), NEW_TOKENS + 3),
+        (_prompt(11), NEW_TOKENS + 7),
+    ]
     built = []
     for ids, new_tokens in calls:
         before = _graphs()
-        assert torch.equal(_generate(model, ids, new_tokens, **kw),
-                           _generate(eager, ids, new_tokens, **kw))  # fmt: skip
+        assert torch.equal(
+            _generate(model, ids, new_tokens, **kw), _generate(eager, ids, new_tokens, **kw)
+        )
         built.append(_graphs() - before)
     assert built[0] == 2 and built[1] == 0, built  # prefill and decode, then nothing
     assert built[3] == 0, built  # after the dynamic recompile of built[2]
@@ -97,8 +115,11 @@ def test_an_encoder_decoder_builds_nothing_in_its_second_generate(make):
     tokens (the later steps' graph already takes any cache length)."""
     eager, model = _compiled(make)
     built = []
-    for ids, new_tokens in ((_prompt(10), NEW_TOKENS), (_prompt(10, 2), NEW_TOKENS),
-                            (_prompt(10), NEW_TOKENS + 3)):  # fmt: skip
+    for ids, new_tokens in (
+        (_prompt(10), NEW_TOKENS),
+        (_prompt(10, 2), NEW_TOKENS),
+        (_prompt(10), NEW_TOKENS + 3),
+    ):
         before = _graphs()
         assert torch.equal(_generate(model, ids, new_tokens), _generate(eager, ids, new_tokens))
         built.append(_graphs() - before)

@@ -48,9 +48,12 @@ def _masked_attention_fused() -> bool:
 
 def test_padded_bert_matches_eager_and_new_lengths_build_nothing(tmp_path):
     config = transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
         vocab_size=VOCAB,
-    )  # fmt: skip
+    )
     model = transformers.BertModel(config).eval()
     compiled = _compile(model, tmp_path)
     builds = []
@@ -72,9 +75,12 @@ def test_bert_under_dynamic_true_compiles(tmp_path):
     """Regression (issue 23 item 14): with dynamic=True, HF BERT ran in PyTorch (SDPA's scale
     a graph value, then every float attribute an input the exported file dropped)."""
     config = transformers.BertConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
         vocab_size=VOCAB,
-    )  # fmt: skip
+    )
     model = transformers.BertModel(config).eval()
     options = {"cache_dir": str(tmp_path), "fallback": "raise"}
     compiled = torch.compile(model, backend="embedl_onnxruntime", dynamic=True, options=options)
@@ -103,9 +109,14 @@ def test_padded_distilbert_matches_eager(tmp_path):
 
 def _gpt2():
     config = transformers.GPT2Config(
-        n_embd=64, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=128,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        vocab_size=VOCAB,
+        n_positions=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(config).eval()
 
 

@@ -36,9 +36,14 @@ def trained():
     """A 2-layer, hidden-64 Llama trained on the training files' bytes (seeded)."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, vocab_size=256, max_position_embeddings=256,
-    )  # fmt: skip
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=256,
+        max_position_embeddings=256,
+    )
     model = transformers.LlamaForCausalLM(config)
     data = torch.cat([_bytes(name) for name in TRAIN_FILES])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)

@@ -30,8 +30,12 @@ def _run_worker(cache: Path, read_only: bool = False) -> dict:
         env[ENV_CACHE_READ_ONLY] = "1"
     done = subprocess.run(
         [sys.executable, "-m", "tests.dynamo.warm_start_worker"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -62,8 +66,9 @@ def test_a_second_process_loads_every_precision_and_builds_nothing(built):
     second = _run_worker(cache)
     for precision, result in second.items():
         assert result["loaded"] and all(s.startswith("loaded") for s in result["loaded"]), (
-            precision, result["report"],
-        )  # fmt: skip
+            precision,
+            result["report"],
+        )
         assert all(", loaded" in line for line in result["report"])
         assert result["runtime"] == first[precision]["runtime"]
         assert result["output"] == first[precision]["output"], precision

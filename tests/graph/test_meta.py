@@ -25,8 +25,9 @@ def _graph_with_inputs(a, b) -> tuple[fx.GraphModule, fx.Node]:
 
 def _dynamic(mode: FakeTensorMode, real: torch.Tensor) -> torch.Tensor:
     """``real`` as a fake tensor of ``mode`` whose second size is symbolic."""
-    context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.STATIC, DimDynamic.DYNAMIC,
-                                                      DimDynamic.STATIC])  # fmt: skip
+    context = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]
+    )
     return mode.from_tensor(real, symbolic_context=context)
 
 

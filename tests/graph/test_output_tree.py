@@ -49,20 +49,29 @@ def test_the_json_form_round_trips() -> None:
     assert again.rebuild((), ()) == {"a": (1, None)}
 
 
+def _one_leaf_tree(leaf: dict) -> dict:
+    """The JSON form of a tree that is a single output, held by ``leaf``."""
+    spec = [1, {"type": None, "context": None, "children_spec": []}]
+    return {"spec": spec, "leaves": [leaf], "count": 1}
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"leaves": [], "count": 0}, "spec"),
-        ({"spec": [1, {"type": "os.system", "context": "null", "children_spec": []}],
-          "leaves": [], "count": 0}, "not an output tree"),
-        ({"spec": [1, {"type": None, "context": None, "children_spec": []}],
-          "leaves": [{"output": 3}], "count": 1}, "refers past its 1 outputs"),
-        ({"spec": [1, {"type": None, "context": None, "children_spec": []}],
-          "leaves": [{"file": "x"}], "count": 1}, "kind is 'file'"),
-        ({"spec": [1, {"type": None, "context": None, "children_spec": []}],
-          "leaves": [{"input": -1}], "count": 1}, "non-negative"),
+        (
+            {
+                "spec": [1, {"type": "os.system", "context": "null", "children_spec": []}],
+                "leaves": [],
+                "count": 0,
+            },
+            "not an output tree",
+        ),
+        (_one_leaf_tree({"output": 3}), "refers past its 1 outputs"),
+        (_one_leaf_tree({"file": "x"}), "kind is 'file'"),
+        (_one_leaf_tree({"input": -1}), "non-negative"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_tree_is_refused_with_the_reason(data, message) -> None:
     with pytest.raises(ValueError, match=message):
         OutputTree.from_dict(data)

@@ -68,8 +68,14 @@ def _grown_by_size() -> fx.GraphModule:
     size = graph.call_method("size", (key, 0))
     out = graph.call_function(operator.mul, (key, 2))
     grown = graph.call_function(operator.add, (n, size))
-    values = [(x, fake_x), (n, fake_n), (key, fake_key), (size, fake_key.shape[0]),
-              (out, fake_key), (grown, fake_n + fake_key.shape[0])]  # fmt: skip
+    values = [
+        (x, fake_x),
+        (n, fake_n),
+        (key, fake_key),
+        (size, fake_key.shape[0]),
+        (out, fake_key),
+        (grown, fake_n + fake_key.shape[0]),
+    ]
     for node, value in values:
         node.meta["example_value"] = value
     graph.output((out, grown))

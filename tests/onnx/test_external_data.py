@@ -82,8 +82,13 @@ def test_weights_an_exporter_wrote_per_tensor_are_gathered_into_one_data_file(
     gm, inputs = dynamo_frozen(_mlp(0), x)
     path = export_onnx(gm, inputs, tmp_path / "m.onnx")
     proto = onnx.load(str(path))
-    onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=False,
-                    size_threshold=0)  # fmt: skip
+    onnx.save_model(
+        proto,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=False,
+        size_threshold=0,
+    )
     (path.parent / "m.onnx.data").unlink()
     assert len(list(tmp_path.iterdir())) > 2  # a file per tensor
     store_weights_as_int8(path)
@@ -125,8 +130,9 @@ def _compile_in_a_process(cache: Path) -> dict:
     """Per installed runtime (ONNX Runtime, OpenVINO): the error and the ONNX builds."""
     script = _SCRIPT.format(repo=str(REPO), small=SMALL)
     env = {**os.environ, "EMBEDL_DYNAMO_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

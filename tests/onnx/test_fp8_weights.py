@@ -58,11 +58,12 @@ def test_int8_weights_are_not_fp8_folded_and_files_are_told_apart(tmp_path):
     assert has_fp8_qdq(path) and has_fp8_qdq(fp8)
     float_model = helper.make_model(
         helper.make_graph(
-            [helper.make_node("Relu", ["x"], ["y"])], "f",
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "f",
             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
         )
-    )  # fmt: skip
+    )
     assert not has_fp8_qdq(float_model.SerializeToString())
     broken = tmp_path / "broken.onnx"  # a file that is no model: ONNX Runtime names the problem
     broken.write_bytes(b"\x3a\x12\x0a\x10QuantizeLinear\xff")

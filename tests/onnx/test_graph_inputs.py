@@ -24,8 +24,13 @@ class _SkipsTheMiddle(nn.Module):
 def test_an_unread_input_is_declared_in_its_place_and_the_file_runs(tmp_path):
     args = (torch.randn(2, 3), torch.tensor(4), torch.randn(2, 3))
     axes = DynamicAxes(({0: "batch"}, {}, {0: "batch"}), ({0: "batch"},))
-    path = export_onnx(fx.symbolic_trace(_SkipsTheMiddle()), args, tmp_path / "m.onnx",
-                       exporter="torchscript", dynamic_axes=axes)  # fmt: skip
+    path = export_onnx(
+        fx.symbolic_trace(_SkipsTheMiddle()),
+        args,
+        tmp_path / "m.onnx",
+        exporter="torchscript",
+        dynamic_axes=axes,
+    )
     model = onnx.load(str(path))
     assert [i.name for i in model.graph.input] == input_names(3)
     counter = model.graph.input[1].type.tensor_type

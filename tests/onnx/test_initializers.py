@@ -180,8 +180,9 @@ def test_a_streamed_file_parses_as_one_model(tmp_path):
     assert stored["empty"].shape == (0,) and stored["flag"].item() is True
     x = torch.randn(2, 300)
     session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
-    np.testing.assert_allclose(session.run(None, {"input_0": x.numpy()})[0], (x @ big).numpy(),
-                               rtol=1e-5, atol=1e-4)  # fmt: skip
+    np.testing.assert_allclose(
+        session.run(None, {"input_0": x.numpy()})[0], (x @ big).numpy(), rtol=1e-5, atol=1e-4
+    )
 
 
 @pytest.mark.parametrize(
@@ -335,8 +336,9 @@ def test_sessions_read_the_models_own_weights_by_reference(tmp_path):
     (head,) = [n for n in arrays if n != table]
     assert arrays[head].shape == (600, 512)  # W as the model stores it, not W.t()
     assert np.shares_memory(arrays[head], model.head.weight.detach().numpy())
-    sessions = [create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
-                for _ in range(2)]  # fmt: skip
+    sessions = [
+        create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays) for _ in range(2)
+    ]
     feeds = {"input_0": ids.numpy()}
     expected = model(ids).detach()
     for session in sessions:
@@ -377,13 +379,17 @@ def test_a_transposed_linear_weight_is_not_copied_and_runs_as_the_file_does(tmp_
 def _matmul_graph(readers: list[tuple[str, list[str]]], outputs=("y",)) -> onnx.ModelProto:
     """``x`` and the weight ``w`` read by nodes ``(op, inputs)``; every node writes its own
     output, and the graph outputs are ``outputs``."""
-    nodes = [onnx.helper.make_node(op, inputs, [f"y{i}" if i else "y"])
-             for i, (op, inputs) in enumerate(readers)]  # fmt: skip
+    nodes = [
+        onnx.helper.make_node(op, inputs, [f"y{i}" if i else "y"])
+        for i, (op, inputs) in enumerate(readers)
+    ]
     info = onnx.helper.make_tensor_value_info
     graph = onnx.helper.make_graph(
-        nodes, "g", [info("x", onnx.TensorProto.FLOAT, [2, 8])],
+        nodes,
+        "g",
+        [info("x", onnx.TensorProto.FLOAT, [2, 8])],
         [info(name, onnx.TensorProto.FLOAT, None) for name in outputs],
-    )  # fmt: skip
+    )
     return onnx.helper.make_model(graph)
 
 
@@ -391,16 +397,28 @@ def _matmul_graph(readers: list[tuple[str, list[str]]], outputs=("y",)) -> onnx.
     "readers, weight, outputs, reason",
     [
         ([("MatMul", ["x", "w"])], torch.randn(8, 8), ("y",), "not a view: nothing to save"),
-        ([("MatMul", ["x", "w"])], torch.randn(8, 8, dtype=torch.float16).t(), ("y",),
-         "float16: FusedMatMul's CPU kernel is float32 only"),
+        (
+            [("MatMul", ["x", "w"])],
+            torch.randn(8, 8, dtype=torch.float16).t(),
+            ("y",),
+            "float16: FusedMatMul's CPU kernel is float32 only",
+        ),
         ([("MatMul", ["w", "x"])], torch.randn(8, 8).t(), ("y",), "the first input, not B"),
-        ([("MatMul", ["x", "w"]), ("Add", ["x", "w"])], torch.randn(8, 8).t(), ("y", "y1"),
-         "another reader needs the transposed values"),
+        (
+            [("MatMul", ["x", "w"]), ("Add", ["x", "w"])],
+            torch.randn(8, 8).t(),
+            ("y", "y1"),
+            "another reader needs the transposed values",
+        ),
         ([("MatMul", ["x", "w"])], torch.randn(8, 8).t(), ("y", "w"), "a graph output"),
-        ([("MatMul", ["x", "w"])], torch.randn(16, 8)[::2].t(), ("y",),
-         "a strided view: W.t() is no contiguous tensor"),
+        (
+            [("MatMul", ["x", "w"])],
+            torch.randn(16, 8)[::2].t(),
+            ("y",),
+            "a strided view: W.t() is no contiguous tensor",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_weight_read_otherwise_stays_transposed(readers, weight, outputs, reason):
     from embedl_dynamo.onnx.transposed_weights import read_transposed, transposed_weights
 

@@ -20,8 +20,9 @@ def test_int8_export_stores_weights_as_int8_and_is_four_times_smaller(tmp_path):
     batches = [torch.randn(2, 3, 32, 32) for _ in range(2)]
     options = {"cache_dir": tmp_path / "c"}
     fp32 = embedl_dynamo.export(model, x, tmp_path / "fp32.onnx", options=options)
-    int8 = embedl_dynamo.export(model, x, tmp_path / "int8.onnx", quantize="int8",
-                                calibration_data=batches, options=options)  # fmt: skip
+    int8 = embedl_dynamo.export(
+        model, x, tmp_path / "int8.onnx", quantize="int8", calibration_data=batches, options=options
+    )
     proto = onnx.load(str(int8))
     initializers = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
     q_of_constant = [

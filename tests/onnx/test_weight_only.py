@@ -168,9 +168,12 @@ def test_an_odd_count_of_int4_values_packs_and_runs_as_the_layer(tmp_path, symme
 
 @pytest.mark.parametrize(
     ("bits", "symmetric", "types"),
-    [(4, False, ["u4", "u4", "u4", "u8"]), (4, True, ["i4", "i4", "i4", "i8"]),
-     (8, False, ["u8"] * 4)],
-)  # fmt: skip
+    [
+        (4, False, ["u4", "u4", "u4", "u8"]),
+        (4, True, ["i4", "i4", "i4", "i8"]),
+        (8, False, ["u8"] * 4),
+    ],
+)
 def test_openvino_runs_every_weight_as_a_compressed_fully_connected(
     tmp_path, bits, symmetric, types
 ):

@@ -417,7 +417,10 @@ def test_a_frozen_graph_keeps_sharing_the_constants_nothing_writes() -> None:
     assert result.offset is frozen.offset  # read by an add only: shared
     fused = [n for n in result.graph.nodes if n.op == "call_module"]
     assert fused  # the linear+relu fusion reads the frozen weights, not a copy of them
-    owned = {t.untyped_storage().data_ptr() for n in fused for t in
-             result.get_submodule(str(n.target)).state_dict().values()}  # fmt: skip
+    owned = {
+        t.untyped_storage().data_ptr()
+        for n in fused
+        for t in result.get_submodule(str(n.target)).state_dict().values()
+    }
     assert owned <= {t.untyped_storage().data_ptr() for t in frozen.buffers()}
     torch.testing.assert_close(result(X), model(X))

@@ -236,6 +236,7 @@ def test_a_graph_that_cannot_be_stored_is_told_once_a_process(tmp_path, monkeypa
     assert len(warned) == 1, caplog.records
     assert "no space left" in warned[0].getMessage()
     assert str(tmp_path / "cache") in warned[0].getMessage()
-    assert any(r.levelno == logging.DEBUG and "not cached" in r.getMessage()
-               for r in caplog.records)  # fmt: skip
+    assert any(
+        r.levelno == logging.DEBUG and "not cached" in r.getMessage() for r in caplog.records
+    )
     assert not _entries(tmp_path / "cache")

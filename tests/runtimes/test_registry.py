@@ -155,8 +155,12 @@ def test_an_unknown_runtime_is_refused_where_the_registry_resolves_it():
 
 def test_runtimes_declare_their_own_facts():
     assert registry.auto_order() == [
-        "tensorrt", "torch_tensorrt", "openvino", "onnxruntime", "eager"
-    ]  # fmt: skip
+        "tensorrt",
+        "torch_tensorrt",
+        "openvino",
+        "onnxruntime",
+        "eager",
+    ]
     assert {c for c in registry.runtime_classes().values() if c.cuda_only} == {
         TensorRTRuntime,
         TorchTensorRTRuntime,
@@ -253,9 +257,13 @@ def test_a_mixed_decision_is_measured_again_after_an_openvino_upgrade(monkeypatc
 
     def choose():
         return mixed_precision.choose_mixed(
-            calibrated, [BATCHES[0]], BATCHES, budget=0.5, cache_dir=tmp_path,
+            calibrated,
+            [BATCHES[0]],
+            BATCHES,
+            budget=0.5,
+            cache_dir=tmp_path,
             runtime=OpenVINORuntime,
-        )  # fmt: skip
+        )
 
     first = choose()
     measured = len(profiled)

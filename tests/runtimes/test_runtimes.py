@@ -83,10 +83,11 @@ def _relu_file(tmp_path):
     from onnx import helper
 
     graph = helper.make_graph(
-        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "relu.onnx"
     onnx.save(model, str(path))

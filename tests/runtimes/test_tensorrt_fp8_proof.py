@@ -58,9 +58,12 @@ def _compile(tmp_path: Path, runtime: str):
     model = _Net().eval()
     batches = [torch.randn(2, 3, 8, 8) for _ in range(3)]
     options = {
-        "runtime": runtime, "precision": "fp8", "calibration_data": batches,
-        "cache_dir": str(tmp_path), "fallback": "raise",
-    }  # fmt: skip
+        "runtime": runtime,
+        "precision": "fp8",
+        "calibration_data": batches,
+        "cache_dir": str(tmp_path),
+        "fallback": "raise",
+    }
     compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
     with torch.inference_mode():
         out = compiled(batches[0])
@@ -77,8 +80,11 @@ def test_the_fp8_network_goes_through_the_real_tensorrt_api(tensorrt_on_cpu, tmp
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.runtime == "tensorrt" and sub.pipeline["precision"] == "fp8"
     calls = tensorrt_on_cpu.api.calls
-    for call in ("OnnxParser.parse", "Builder.build_serialized_network",
-                 "IExecutionContext.execute_async_v3"):  # fmt: skip
+    for call in (
+        "OnnxParser.parse",
+        "Builder.build_serialized_network",
+        "IExecutionContext.execute_async_v3",
+    ):
         assert call in calls, call
     (profile,) = tensorrt_on_cpu.profiles
     real = tensorrt_on_cpu.api.trt

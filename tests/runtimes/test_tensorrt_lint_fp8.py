@@ -36,8 +36,11 @@ def _fp8_conv_file(
         helper.make_node("DequantizeLinear", ["w8", "ws", "wz"], ["wd"], name="dq_w", axis=0),
     ]
     if consumer == "Conv":
-        nodes.append(helper.make_node("Conv", ["xd", "wd"], ["y"], name="conv", group=group,
-                                      pads=[kernel // 2] * 4))  # fmt: skip
+        nodes.append(
+            helper.make_node(
+                "Conv", ["xd", "wd"], ["y"], name="conv", group=group, pads=[kernel // 2] * 4
+            )
+        )
         out_shape = [1, out_ch, 8, 8]
     else:
         nodes = nodes[:2] + [helper.make_node(consumer, ["xd"], ["y"], name="pool")]

@@ -27,11 +27,12 @@ def _model(
     use = helper.make_node(reader, ["x", "w"] if reader == "MatMul" else ["w", "w"], ["y"])
     x_shape = [2, K] if reader == "MatMul" else [K, N]
     graph = helper.make_graph(
-        [dq, use], "g",
+        [dq, use],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [x_shape[0], N])],
         [codes, scale],
-    )  # fmt: skip
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 

@@ -375,9 +375,12 @@ def test_int8_without_modelopt_goes_onnx_to_tensorrt_and_says_so(
     model = _TwoInputs().eval()
     batches = [(torch.randn(2, 3, 8, 8), torch.randn(2, 4)) for _ in range(3)]
     options = {
-        "runtime": "torch_tensorrt", "precision": "int8", "calibration_data": batches,
-        "cache_dir": str(tmp_path), "fallback": "raise",
-    }  # fmt: skip
+        "runtime": "torch_tensorrt",
+        "precision": "int8",
+        "calibration_data": batches,
+        "cache_dir": str(tmp_path),
+        "fallback": "raise",
+    }
     compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
     with torch.inference_mode():
         out = compiled(*batches[0])

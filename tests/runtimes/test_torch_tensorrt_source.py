@@ -56,9 +56,13 @@ def _compile(model, x, tmp_path, **options):
     compiled = torch.compile(
         model,
         backend="embedl_tensorrt",
-        options={"runtime": "torch_tensorrt", "fallback": "raise", "cache_dir": str(tmp_path),
-                 **options},
-    )  # fmt: skip
+        options={
+            "runtime": "torch_tensorrt",
+            "fallback": "raise",
+            "cache_dir": str(tmp_path),
+            **options,
+        },
+    )
     with torch.inference_mode():
         out = compiled(x)
     assert embedl_dynamo.last_report()[0].runtime == "torch_tensorrt"

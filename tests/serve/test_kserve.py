@@ -114,8 +114,9 @@ def mlp(tmp_path_factory):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     root = tmp_path_factory.mktemp("served")
     dynamic = export(model, torch.randn(2, 16), root / "mlp.onnx", backend="onnxruntime")
-    static = export(model, torch.randn(2, 16), root / "static.onnx", backend="onnxruntime",
-                    dynamic_batch=False)  # fmt: skip
+    static = export(
+        model, torch.randn(2, 16), root / "static.onnx", backend="onnxruntime", dynamic_batch=False
+    )
     return dynamic, static
 
 

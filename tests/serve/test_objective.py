@@ -20,8 +20,9 @@ def files(tmp_path_factory):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
     root = tmp_path_factory.mktemp("objective")
     dynamic = export(model, torch.randn(2, 16), root / "mlp.onnx", backend="onnxruntime")
-    static = export(model, torch.randn(2, 16), root / "static.onnx", backend="onnxruntime",
-                    dynamic_batch=False)  # fmt: skip
+    static = export(
+        model, torch.randn(2, 16), root / "static.onnx", backend="onnxruntime", dynamic_batch=False
+    )
     return dynamic, static
 
 
@@ -41,8 +42,10 @@ def test_throughput_measures_every_setting_picks_the_best_and_caches_it(
     assert settings == {(1, 2, 1), (1, 1, 2), (4, 2, 1), (4, 1, 2)}
     best = max(choice.candidates, key=lambda c: c["samples_s"])
     assert (choice.batch, choice.threads, choice.samples_s) == (
-        best["batch"], best["threads"], best["samples_s"]
-    )  # fmt: skip
+        best["batch"],
+        best["threads"],
+        best["samples_s"],
+    )
 
     def measure(*args):
         raise AssertionError("a cached decision measures nothing")

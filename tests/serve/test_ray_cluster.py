@@ -41,9 +41,13 @@ def _run_scenario(path: Path) -> dict:
     }
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.serve.two_node_scenario", str(path)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         out, err = child.communicate(timeout=TIME_LIMIT_S)
     except subprocess.TimeoutExpired:

@@ -137,9 +137,16 @@ def main(path: str) -> dict:
         cluster.add_node(**NODE)
         ray.init(address=cluster.address, logging_level=logging.WARNING, log_to_driver=False)
         port = _free_port()
-        handle = deploy(path, name="mlp", port=port, replicas=2, cpus_per_replica=1,
-                        max_batch_size=4, batch_wait_timeout_s=0.01,
-                        deployment_options=QUICK_RECOVERY)  # fmt: skip
+        handle = deploy(
+            path,
+            name="mlp",
+            port=port,
+            replicas=2,
+            cpus_per_replica=1,
+            max_batch_size=4,
+            batch_wait_timeout_s=0.01,
+            deployment_options=QUICK_RECOVERY,
+        )
         summary["nodes"] = sum(n["Alive"] for n in ray.nodes())
         summary["cpus"] = ray.cluster_resources().get("CPU", 0)
         summary["cpus_free"] = ray.available_resources().get("CPU", 0)

@@ -79,8 +79,10 @@ def test_a_runtime_slower_than_eager_leaves_the_original_graph_in_pytorch(monkey
     assert calls == [["eager", "onnxruntime"]]  # one runtime: a contest of two
     assert (sub.status, sub.runtime, sub.reason) == ("eager", "eager", SLOWER)
     assert sub.pipeline["eager_speed"] == {
-        "runtime": "onnxruntime", "runtime_ms": 0.55, "eager_ms": 0.41
-    }  # fmt: skip
+        "runtime": "onnxruntime",
+        "runtime_ms": 0.55,
+        "eager_ms": 0.41,
+    }
     (message,) = _slower_messages(caplog)
     assert "onnxruntime" in message and "0.55 ms against eager's 0.41 ms" in message
     infers: list[int] = []
@@ -218,9 +220,11 @@ def test_a_mixed_graph_that_eager_beat_reports_its_layers_in_fp32():
 
     report = SubgraphReport(index=3, backend="onnxruntime", runtime="", ops=5, status="")
     report.pipeline = {
-        "precision": "mixed", "quantized": True, "quantization": {"quantized_layers": ["0"]},
+        "precision": "mixed",
+        "quantized": True,
+        "quantization": {"quantized_layers": ["0"]},
         "layers": [{"name": "0", "precision": "int8"}, {"name": "2", "precision": "fp32"}],
-    }  # fmt: skip
+    }
     job = SubgraphJob(BACKEND, Settings(precision="mixed"), report, OnnxRuntime, [], 0.0)
     job.eager_won(EagerSpeed("onnxruntime", 0.55, 0.41), SLOWER)
     assert (report.status, report.runtime, report.reason) == ("eager", "eager", SLOWER)

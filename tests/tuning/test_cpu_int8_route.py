@@ -47,8 +47,12 @@ def _model_and_data():
 
 def _compile(tmp_path, runtime):
     model, x, calibration = _model_and_data()
-    options = {"runtime": runtime, "cache_dir": tmp_path, "precision": "int8",
-               "calibration_data": calibration}  # fmt: skip
+    options = {
+        "runtime": runtime,
+        "cache_dir": tmp_path,
+        "precision": "int8",
+        "calibration_data": calibration,
+    }
     compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
     with torch.inference_mode():
         out, reference = compiled(x), model(x)
@@ -73,9 +77,10 @@ def test_on_onnxruntime_the_tensorrt_targets_int8_uses_integer_kernels(tmp_path)
     assert cosine > 0.99
     embedl_dynamo.wait_for_cache_writes()
     quantized = [
-        p for p in tmp_path.rglob("*.onnx")
+        p
+        for p in tmp_path.rglob("*.onnx")
         if any(n.op_type == "QuantizeLinear" for n in onnx.load(str(p)).graph.node)
-    ]  # fmt: skip
+    ]
     assert quantized
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(tmp_path / "optimised.onnx")

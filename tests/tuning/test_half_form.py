@@ -74,10 +74,13 @@ def _choose(result, frozen, x, settings):
 
 
 @needs_bf16
-@pytest.mark.parametrize(("winner", "rest", "other"), [
-    (HINT, "bf16", "typed graph"),
-    (TYPED, None, "f32 graph + hint"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("winner", "rest", "other"),
+    [
+        (HINT, "bf16", "typed graph"),
+        (TYPED, None, "f32 graph + hint"),
+    ],
+)
 def test_the_faster_form_runs_and_the_note_says_by_how_much(
     monkeypatch, tmp_path, winner, rest, other
 ):
@@ -136,11 +139,14 @@ def test_the_hint_artifact_computes_in_bf16_within_the_budget(tmp_path):
     assert F.cosine_similarity(bf16_out, expected, 0) >= settings.accuracy_budget
 
 
-@pytest.mark.parametrize(("precision", "runtime", "reason"), [
-    ("fp32", OpenVINORuntime, "not a half precision: one graph"),
-    ("int8", OpenVINORuntime, "Q/DQ graphs have no hint form"),
-    ("bf16", OnnxRuntime, "only OpenVINO takes a precision hint"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("precision", "runtime", "reason"),
+    [
+        ("fp32", OpenVINORuntime, "not a half precision: one graph"),
+        ("int8", OpenVINORuntime, "Q/DQ graphs have no hint form"),
+        ("bf16", OnnxRuntime, "only OpenVINO takes a precision hint"),
+    ],
+)
 def test_one_form_only_where_there_is_no_hint(precision, runtime, reason):
     _, _, result, _ = _graphs()
     options = half_form.half_form_options(
@@ -242,9 +248,15 @@ def test_export_writes_the_form_openvino_ran_faster(monkeypatch, tmp_path, winne
     model, _, _, x = _graphs()
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _timed(winner))
     # ONNX Runtime, which verifies exports, has no bf16 Conv: the typed file goes unverified
-    path = embedl_dynamo.export(model, (x,), tmp_path / "m.onnx", backend="openvino",
-                                precision="bf16", verify=rest is not None,
-                                options={"cache_dir": str(tmp_path / "c")})  # fmt: skip
+    path = embedl_dynamo.export(
+        model,
+        (x,),
+        tmp_path / "m.onnx",
+        backend="openvino",
+        precision="bf16",
+        verify=rest is not None,
+        options={"cache_dir": str(tmp_path / "c")},
+    )
     written = onnx.load(path)
     props = {p.key: p.value for p in written.metadata_props}
     assert props.get(ONNX_REST_PRECISION) == rest

@@ -26,8 +26,12 @@ def _int8_compile(runtime="onnxruntime"):
     torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike(width=8).eval())
     x = torch.randn(2, 3, 16, 16)
-    options = {"runtime": runtime, "precision": "int8", "calibration_data": [x],
-               "accuracy_budget": 0.9}  # fmt: skip
+    options = {
+        "runtime": runtime,
+        "precision": "int8",
+        "calibration_data": [x],
+        "accuracy_budget": 0.9,
+    }
     with torch.no_grad():
         out = torch.compile(model, backend="embedl_tensorrt", options=options)(x)
         assert_close_to_scale(out, model(x), rtol=0.2)
@@ -40,8 +44,11 @@ def test_a_slower_int8_runs_and_says_so_once(monkeypatch, caplog):
         report = _int8_compile()
     sub = report[-1]
     assert sub.runtime == "onnxruntime" and sub.pipeline["quantized"]  # kept as asked
-    assert sub.pipeline["int8_speed"] == {"runtime": "onnxruntime", "int8_ms": 13.4,
-                                          "fp32_ms": 10.0}  # fmt: skip
+    assert sub.pipeline["int8_speed"] == {
+        "runtime": "onnxruntime",
+        "int8_ms": 13.4,
+        "fp32_ms": 10.0,
+    }
     warnings = [r for r in caplog.records if "slower than float" in r.getMessage()]
     assert len(warnings) == 1 and "13.40 ms against 10.00 ms" in warnings[0].getMessage()
     first_screen = report.summary().splitlines()[:3]
@@ -68,8 +75,12 @@ def test_only_a_forced_int8_is_timed_against_float(monkeypatch, precision):
     torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike(width=8).eval())
     x = torch.randn(2, 3, 16, 16)
-    options = {"runtime": "onnxruntime", "precision": precision, "calibration_data": [x],
-               "accuracy_budget": 0.5}  # fmt: skip
+    options = {
+        "runtime": "onnxruntime",
+        "precision": precision,
+        "calibration_data": [x],
+        "accuracy_budget": 0.5,
+    }
     with torch.no_grad():
         torch.compile(model, backend="embedl_tensorrt", options=options)(x)
     assert "int8_speed" not in embedl_dynamo.last_report()[-1].pipeline

@@ -142,8 +142,9 @@ def _export_accepts(model, x, outputs, precision: str, budget: float, monkeypatc
     """The export path: :func:`verify_onnx` on a file whose ONNX Runtime outputs are
     ``outputs`` (the fake-quant reference is the float model itself here)."""
     monkeypatch.setattr(verify, "run_onnx", lambda path, args: [o.numpy() for o in outputs])
-    check = verify.verify_onnx(Path("unused.onnx"), (x,), model, model,
-                               get_precision(precision), False, None, budget)  # fmt: skip
+    check = verify.verify_onnx(
+        Path("unused.onnx"), (x,), model, model, get_precision(precision), False, None, budget
+    )
     return check.passed
 
 

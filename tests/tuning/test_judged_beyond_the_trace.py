@@ -34,8 +34,13 @@ def traced_input_only(monkeypatch):
 def _compile(precision: str, fallback: str, tmp_path):
     torch.manual_seed(0)
     model = TinyConvNet().eval()
-    options = {"precision": precision, "calibration_data": BATCHES, "fallback": fallback,
-               "cache_dir": str(tmp_path), "runtime": "onnxruntime"}  # fmt: skip
+    options = {
+        "precision": precision,
+        "calibration_data": BATCHES,
+        "fallback": fallback,
+        "cache_dir": str(tmp_path),
+        "runtime": "onnxruntime",
+    }
     return model, torch.compile(model, backend="embedl_onnxruntime", options=options)
 
 

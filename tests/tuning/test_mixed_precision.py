@@ -77,8 +77,16 @@ def _int8_modules(gm) -> int:
 def _fake_timing(monkeypatch, whole):
     """Whole-graph timing stand-in: ``whole(name, gm)`` gives each candidate's milliseconds."""
 
-    def time_graphs(graphs, inputs, num_threads=None, settings=None, axes=None,
-                    runtime=None, judge=None, artifacts=None):  # fmt: skip
+    def time_graphs(
+        graphs,
+        inputs,
+        num_threads=None,
+        settings=None,
+        axes=None,
+        runtime=None,
+        judge=None,
+        artifacts=None,
+    ):
         return {name: whole(name, gm) for name, gm in graphs.items()}
 
     monkeypatch.setattr(mixed_race, "time_graphs", time_graphs)

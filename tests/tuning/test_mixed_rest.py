@@ -82,8 +82,9 @@ def test_int8_where_faster_and_the_rest_in_bf16(monkeypatch) -> None:
     seen = _race(monkeypatch, {"fp32": 10.0, "bf16": 6.0, "mixed": 4.0, "int8": 7.0})
     choice = choose_mixed(calibrated, [BATCHES[0]], BATCHES, 0.9, runtime=_HalfRuntime)
     # every lower candidate runs its unquantized layers in bf16; fp32 stays fp32
-    assert seen == [{"fp32": None, "bf16": "bf16", "mixed": "bf16", "int8": "bf16",
-                     INT8_FP32_REST: None}]  # fmt: skip
+    assert seen == [
+        {"fp32": None, "bf16": "bf16", "mixed": "bf16", "int8": "bf16", INT8_FP32_REST: None}
+    ]
     precisions = Counter(r["precision"] for r in choice.layers)
     assert set(precisions) == {"int8", "bf16"} and precisions["int8"] >= len(fast)
     assert rest_precision(choice.model) == "bf16" and choice.report is not None

@@ -65,8 +65,9 @@ def test_real_timing_picks_one_and_a_second_compile_measures_nothing(monkeypatch
     x = torch.randn(2, 3, 16, 16)
     options = {"cache_dir": str(tmp_path)}
     with torch.no_grad():
-        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt", options=options)(x),
-                              model(x))  # fmt: skip
+        assert_close_to_scale(
+            torch.compile(model, backend="embedl_tensorrt", options=options)(x), model(x)
+        )
         first = embedl_dynamo.last_report()[-1]
         assert first.runtime in ("openvino", "onnxruntime")
         assert first.reason.startswith(f"auto: {first.runtime}, timed fastest here (")
@@ -181,8 +182,12 @@ def _mixed_compile(tmp_path, monkeypatch, winner, measure=None):
     model = randomize_batchnorm(ResNetLike(width=8).eval())
     g = torch.Generator().manual_seed(1)
     data = [torch.randn(2, 3, 16, 16, generator=g) for _ in range(3)]
-    options = {"cache_dir": str(tmp_path), "precision": "mixed", "calibration_data": data,
-               "accuracy_budget": 0.9}  # fmt: skip
+    options = {
+        "cache_dir": str(tmp_path),
+        "precision": "mixed",
+        "calibration_data": data,
+        "accuracy_budget": 0.9,
+    }
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         out = torch.compile(model, backend="embedl_tensorrt", options=options)(x)
@@ -209,8 +214,9 @@ def test_mixed_runs_when_it_wins(monkeypatch, tmp_path):
     assert any(r["precision"] == "int8" for r in sub.pipeline["layers"])
 
 
-@pytest.mark.parametrize(("winner", "runs"), [("openvino mixed", "openvino"),
-                                              ("onnxruntime fp32", "onnxruntime")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("winner", "runs"), [("openvino mixed", "openvino"), ("onnxruntime fp32", "onnxruntime")]
+)
 def test_what_mixed_measured_is_not_judged_or_timed_again(monkeypatch, tmp_path, winner, runs):
     """``mixed`` held its graph to the budget on its runtime and timed it against the float
     graph there: the auto choice times it only against the float graph on the other runtimes
@@ -257,8 +263,12 @@ def test_a_rejected_int8_artifact_falls_back_to_the_fastest_float_runtime(monkey
     torch.manual_seed(0)
     model = randomize_batchnorm(ResNetLike(width=8).eval())
     x = torch.randn(2, 3, 16, 16)
-    options = {"cache_dir": str(tmp_path), "precision": "int8", "calibration_data": [x],
-               "accuracy_budget": 0.999999}  # fmt: skip
+    options = {
+        "cache_dir": str(tmp_path),
+        "precision": "int8",
+        "calibration_data": [x],
+        "accuracy_budget": 0.999999,
+    }
     with torch.no_grad():
         torch.compile(model, backend="embedl_tensorrt", options=options)(x)
     sub = embedl_dynamo.last_report()[-1]
