@@ -48,8 +48,10 @@ def main() -> None:
     )
     print(f"  verified: max abs diff {check['max_abs_diff']:.2e} vs {check['compared_with']}")
     if side["quantized"]:
-        print(f"  INT8: {len(side['quantization']['scales'] or {})} scales, "
-              f"{len(side['quantization']['float_layers'])} layers left in float")  # fmt: skip
+        print(
+            f"  INT8: {len(side['quantization']['scales'] or {})} scales, "
+            f"{len(side['quantization']['float_layers'])} layers left in float"
+        )
 
     loaded = embedl_dynamo.load(path)
     print(f"loaded: {loaded}")
@@ -58,8 +60,10 @@ def main() -> None:
         with torch.no_grad():
             want = model(xb)
         got = loaded(xb)
-        print(f"  batch {batch}: output {tuple(got.shape)}, max abs diff to eager "
-              f"{float((got - want).abs().max()):.2e}")  # fmt: skip
+        print(
+            f"  batch {batch}: output {tuple(got.shape)}, max abs diff to eager "
+            f"{float((got - want).abs().max()):.2e}"
+        )
 
 
 if __name__ == "__main__":

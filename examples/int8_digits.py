@@ -83,8 +83,10 @@ def main() -> None:
     import embedl_dynamo
 
     print(embedl_dynamo.last_report())
-    print(f"test accuracy ({len(y_te)} images): float {float_acc:.2f}%  INT8 {int8_acc:.2f}%  "
-          f"(delta {int8_acc - float_acc:+.2f} points)")  # fmt: skip
+    print(
+        f"test accuracy ({len(y_te)} images): float {float_acc:.2f}%  INT8 {int8_acc:.2f}%  "
+        f"(delta {int8_acc - float_acc:+.2f} points)"
+    )
 
 
 if __name__ == "__main__":

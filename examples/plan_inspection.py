@@ -29,14 +29,17 @@ def main() -> None:
     print(f"\ndisabled {len(skipped)} matches in layer4:")
     for entry in skipped:
         print(f"  {entry.id}: {entry.reason}")
-    print("\nfused convolutions left in layer4:",
-          [e.id for e in plan.select("*@layer4*") if e.apply])  # fmt: skip
+    print(
+        "\nfused convolutions left in layer4:", [e.id for e in plan.select("*@layer4*") if e.apply]
+    )
 
     result = embedl_dynamo.apply_transformation_plan(plan)
     with torch.no_grad():
         diff = float((result.model(x) - model(x)).abs().max())
-    print(f"applied {result.report['applied_count']} matches, skipped "
-          f"{result.report['skipped_count']}; max abs diff to the original: {diff:.2e}")  # fmt: skip
+    print(
+        f"applied {result.report['applied_count']} matches, skipped "
+        f"{result.report['skipped_count']}; max abs diff to the original: {diff:.2e}"
+    )
     fused = sorted(
         {type(m).__name__ for m in result.model.modules() if "Fused" in type(m).__name__}
     )

@@ -45,8 +45,10 @@ def main() -> None:
                 print(sub.plan)
     diff = float((got - expected).abs().max())
     agree = bool((got.argmax(1) == expected.argmax(1)).all())
-    print(f"output: max abs diff {diff:.2e} vs eager (outputs up to "
-          f"{float(expected.abs().max()):.2f}); same top-1: {agree}")  # fmt: skip
+    print(
+        f"output: max abs diff {diff:.2e} vs eager (outputs up to "
+        f"{float(expected.abs().max()):.2f}); same top-1: {agree}"
+    )
 
     rows = [
         measure("eager", model, (x,), repeats=args.repeats),

@@ -10,9 +10,12 @@ import torch
 from torch import nn
 
 model = nn.Sequential(
-    nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-    nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16),
-).eval()  # fmt: skip
+    nn.Conv2d(3, 16, 3, padding=1),
+    nn.BatchNorm2d(16),
+    nn.ReLU(),
+    nn.Conv2d(16, 16, 3, padding=1),
+    nn.BatchNorm2d(16),
+).eval()
 x = torch.randn(2, 3, 32, 32)
 
 print("dynamo backends:", [b for b in torch._dynamo.list_backends() if "exampleaccel" in b])
