@@ -41,6 +41,7 @@ from embedl_dynamo.graph.index_ops import (
     known_true,
     proven_range,
     size_of,
+    tensor_size,
 )
 from embedl_dynamo.graph.nodes import constant_value, module_path, node_value_meta
 
@@ -171,13 +172,16 @@ class _Builder:
         return _with_meta(create(target, args), self.mode)
 
     def size(self, tensor: fx.Node, dim: int | None) -> fx.Node | int:
-        """The size as a node, or an int for a constant (an embedding table): a ``size`` call
+        """The size as a node, or an int for a constant (an embedding table: a ``size`` call
         would read the table outside its lookups, and keep it float under weight-only
-        precisions."""
+        precisions) and for a 0-d tensor."""
         if tensor.op == "get_attr":
             value = constant_value(self.gm, tensor)
             if isinstance(value, torch.Tensor):
-                return value.numel() if dim is None else int(value.shape[dim])
+                return int(tensor_size(value, dim))
+        value = node_value_meta(tensor)
+        if dim is not None and isinstance(value, torch.Tensor) and value.dim() == 0:
+            return 1  # a 0-d tensor is one element along dim 0; ``size(0)`` of it raises
         key = (tensor, dim)
         if key not in self.sizes:
             args = (tensor,) if dim is None else (tensor, dim)

@@ -39,6 +39,7 @@ __all__ = [
     "known_true",
     "proven_range",
     "size_of",
+    "tensor_size",
 ]
 
 _MASKS = (torch.bool, torch.uint8)  # index tensors PyTorch reads as masks, not positions
@@ -298,4 +299,13 @@ def size_of(gm: fx.GraphModule, tensor: fx.Node, dim: int | None) -> Any:
         value = constant_value(gm, tensor)
     if not isinstance(value, torch.Tensor):
         return None
-    return value.numel() if dim is None else value.shape[dim]
+    return tensor_size(value, dim)
+
+
+def tensor_size(value: torch.Tensor, dim: int | None) -> Any:
+    """``value``'s size along ``dim`` as an index op reads it (None: the element count): a
+    0-d tensor is one element along its only dimension, 0 (``gather``, ``scatter`` and the
+    ``index_*`` ops take it, with indices in [0, 1)), where ``value.shape[0]`` has none."""
+    if dim is None:
+        return value.numel()
+    return 1 if value.dim() == 0 else value.shape[dim]

@@ -4,6 +4,8 @@ Runtime and OpenVINO, which otherwise wrap a negative index or read zeros past t
 
 from __future__ import annotations
 
+import operator
+
 import expecttest
 import pytest
 import torch
@@ -127,6 +129,25 @@ def test_indices_the_graph_proves_in_range_get_no_guard():
         ("embedding@pos", False, "the index is a constant within PyTorch's range"),
         ("getitem@getitem", False, "the index is a constant within PyTorch's range"),
     ]
+
+
+def test_a_0_d_tensor_is_one_element_along_dim_0():
+    """PyTorch's gather, scatter and index_* ops take a 0-d tensor as one element along dim
+    0, indices in [0, 1). The guard read ``shape[0]`` of it and failed the compile with an
+    IndexError (gather and scatter of the conformance sweep's 0-d samples, every dtype)."""
+
+    def f(x, i, j, k):
+        return torch.gather(x, 0, i), torch.scatter_add(x, 0, j, x), torch.index_add(x, -1, k, x)
+
+    for x in (T(2.0), T(True)):
+        gm, inputs = dynamo_frozen(f, x, T([0, 0]), T(0), T([0]))
+        guard = guard_indices(gm)
+        assert [op.split("@")[0] for op in guard.ops] == ["gather", "scatter_add", "index_add"]
+        nodes = guard.graph.graph.nodes
+        assert not any(n.target == "size" for n in nodes)  # ``x.size(0)`` raises on a 0-d x
+        assert [n.args[1] for n in nodes if n.target is operator.ge] == [1, 1, 1]  # i >= 1
+        out = guard.graph(*inputs)
+        assert not out[-1] and all(torch.equal(a, b) for a, b in zip(guard.split(out), f(*inputs)))
 
 
 def test_a_dynamic_arange_that_may_pass_the_table_is_guarded_with_size_calls():

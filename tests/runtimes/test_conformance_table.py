@@ -197,6 +197,36 @@ def test_an_op_is_named_by_the_computation_its_arguments_make():
     ]
 
 
+def test_an_index_op_on_a_0_d_tensor_and_a_scatter_with_reduce_are_other_ops():
+    """The export has no form of either (the runtimes refuse a 0-d GatherElements, neither
+    exporter takes ``reduce``): each is its own row, kept in PyTorch with the reason, where the
+    0-d form failed inside the compile before and a reduce failed its build."""
+    x, i = torch.tensor(2.0), torch.tensor([0])
+    names = _recorded_names(
+        lambda t, j: (
+            torch.gather(t, 0, j),
+            torch.index_add(t, 0, j, t),
+            torch.gather(t.reshape(1), 0, j),
+            torch.scatter(t.reshape(1, 1), 1, j.reshape(1, 1), 3.0, reduce="multiply"),
+        ),
+        x,
+        i,
+    )
+    assert names == [
+        "gather(0-d)",
+        "index_add(0-d)",
+        "reshape",
+        "gather",
+        "reshape",
+        "reshape",
+        "scatter(reduce='multiply')",
+    ]
+    for op in ("gather(0-d)", "scatter(reduce='multiply')"):
+        assert rule_for(op, "onnxruntime", torch.float32).verdict is Verdict.KEPT
+    assert rule_for("index_add", "openvino", torch.bool).verdict is Verdict.KEPT
+    assert rule_for("index_add", "openvino", torch.int64).verdict is Verdict.EXACT
+
+
 def test_a_bool_rule_comes_before_the_integer_rule():
     assert rule_for("any", "onnxruntime", torch.bool).verdict is Verdict.EXACT
     assert rule_for("any", "onnxruntime", torch.int64).verdict is Verdict.KEPT

@@ -1,16 +1,22 @@
 """Index edge inputs through ``torch.compile`` (issue 50, 2.1 and 2.2): a benign first call, then
 later calls with negative, empty-sequence and out-of-range indices. An index PyTorch takes gives
 PyTorch's element (:mod:`embedl_dynamo.graph.exact_index`); one PyTorch refuses raises PyTorch's
-error, not a value a runtime made up (:mod:`embedl_dynamo.graph.index_guards`)."""
+error, not a value a runtime made up (:mod:`embedl_dynamo.graph.index_guards`). An index op on a
+0-d tensor, or a scatter with ``reduce``, has no ONNX form: it stays in PyTorch, with its row's
+reason."""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from embedl_dynamo import last_report
+from embedl_dynamo.runtimes.conformance import Verdict, rule_for
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
+from tests.runtimes.conformance_check import compile_on
 
 T = torch.tensor
 RUNTIMES = [
@@ -129,3 +135,46 @@ def test_an_index_pytorch_refuses_raises_pytorchs_error(case, runtime):
             fn(*later)
         with pytest.raises(eager.type):
             compiled(*later)
+
+
+_S = T(2.0)
+# name -> (function, inputs): index ops in forms the export has no ONNX form of, each its own
+# row of the conformance table, kept in PyTorch while the graph's ``clone`` runs on the runtime.
+# Before, a 0-d input failed inside the compile (IndexError: the index guard read the size of
+# dim 0 of a 0-d tensor) in every dtype, and a reduce failed the export
+OTHER_FORMS = {
+    "gather(0-d)": (lambda x, i: torch.gather(x, 0, i).clone(), (_S, T([0, 0]))),
+    "scatter(0-d)": (lambda x, i: torch.scatter(x, 0, i, x).clone(), (_S, T(0))),
+    "scatter_add(0-d)": (lambda x, i: torch.scatter_add(x, 0, i, x).clone(), (_S, T(0))),
+    "index_add(0-d)": (lambda x, i: torch.index_add(x, 0, i, x).clone(), (_S, T([0]))),
+    "index_copy(0-d)": (lambda x, i: torch.index_copy(x, 0, i, x).clone(), (_S, T([0]))),
+    "scatter(reduce='add')": (
+        lambda x, i: torch.scatter(x, 1, i, x, reduce="add").clone(),
+        (X, T([[0, 1, 1]] * 4)),
+    ),
+    "scatter(reduce='multiply')": (
+        lambda x, i: torch.scatter(x, 1, i, x, reduce="multiply").clone(),
+        (X, T([[0, 1, 1]] * 4)),
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("form", OTHER_FORMS)
+def test_an_index_form_without_an_onnx_form_stays_in_pytorch_with_its_reason(form, runtime, dtype):
+    fn, (x, index) = OTHER_FORMS[form]
+    x = (x > 1) if dtype == torch.bool else x.to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # scatter's reduce is deprecated
+        expected = fn(x, index)
+        torch._dynamo.reset()
+        actual = compile_on(fn, runtime, fallback="raise")(x, index)  # no build fails
+    assert torch.equal(actual, expected)
+    (subgraph,) = last_report().subgraphs
+    rule = rule_for(form, runtime, dtype)
+    assert rule.verdict is Verdict.KEPT
+    kept = [(k["op"], k["reason"]) for k in subgraph.kept]
+    reason = f"{form} on {dtype} stays in PyTorch on {runtime}: {rule.reason}"
+    assert kept == [(form.split("(")[0], reason)]  # the op, named by its form in the reason
+    assert subgraph.status == "partitioned" and runtime in subgraph.runtime, subgraph.reason

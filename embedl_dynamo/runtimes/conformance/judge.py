@@ -18,6 +18,7 @@ from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
 from embedl_dynamo.runtimes.conformance.int_bounds import INT32_RANGE, fits_int32, value_range
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
+from embedl_dynamo.runtimes.conformance.shorthands import INDEX_OPS
 from embedl_dynamo.runtimes.conformance.table import ROWS
 
 __all__ = [
@@ -45,7 +46,7 @@ def op_name(node: fx.Node) -> str | None:
     """The name the table knows ``node``'s op by (None: not a call, or picking one output of
     a multi-output op, which computes nothing). A Tensor method and a torch function share
     it; where an argument makes it another computation, so does the name (``float_to_int``,
-    ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``)."""
+    ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``, ``gather(0-d)``)."""
     if node.op == "call_method":
         return _specialised(node, str(node.target))
     if node.op != "call_function":
@@ -87,6 +88,10 @@ def _specialised(node: fx.Node, name: str) -> str:
         return "avg_pool2d(divisor_override)"  # the ONNX export drops the divisor
     if name == "instance_norm" and _argument(node, 1, "running_mean", None) is not None:
         return "instance_norm(running_stats)"  # not exported for a batch size a call may change
+    if name in INDEX_OPS and _input_rank(node) == 0:
+        return f"{name}(0-d)"  # ONNX's GatherElements and ScatterElements take no 0-d tensor
+    if name == "scatter" and node.kwargs.get("reduce") is not None:
+        return f"scatter(reduce={node.kwargs['reduce']!r})"  # not exported
     if name in _MODES:
         return _with_mode(node, name)
     return name

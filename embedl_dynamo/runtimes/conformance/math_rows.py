@@ -1,6 +1,6 @@
 """The conformance table's rows for elementwise math, integer arithmetic, casts, reductions,
-matrix products and tensors built from sizes (issue 50: the ops whose missing row kept whole
-models in PyTorch). See the package's docstring for the verdicts."""
+matrix products, indexing forms and tensors built from sizes (issue 50: the ops whose missing
+row kept whole models in PyTorch). See the package's docstring for the verdicts."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from embedl_dynamo.runtimes.conformance.shorthands import (
     EXACT,
     EXACT_FLOAT,
     FLOAT,
+    INDEX_OPS,
     NOT_EXPORTED,
     OV_CLAMP,
     OV_INT32,
@@ -57,6 +58,22 @@ _OV_BOOL = "OpenVINO converts NaN and the int64 -2**31 to False, PyTorch to True
 _MOD_INF = (
     "a finite number modulo an infinity gives NaN, where PyTorch gives the number or the "
     "infinity (Python's rule)"
+)
+
+_ZERO_D = Rule(
+    Verdict.KEPT,
+    reason="the export's indexing (GatherElements, ScatterElements) takes no 0-d tensor: neither "
+    "runtime builds it (ONNX Runtime: 'axis 0 is not in valid range')",
+)
+_INDEX_TEST = "runtimes/test_index_edges.py"
+_REDUCE = Rule(
+    Verdict.KEPT,
+    reason="the ONNX export refuses it: neither exporter takes scatter's reduce argument",
+)
+_INDEX_ADD_BOOL = Rule(
+    Verdict.KEPT,
+    "bool",
+    "the ONNX export refuses a bool index_add (an internal assert in the TorchScript exporter)",
 )
 
 MATH_ROWS: tuple[OpRow, ...] = (
@@ -154,6 +171,12 @@ MATH_ROWS: tuple[OpRow, ...] = (
             checked_by="runtimes/test_int64_sums.py",
         )
         for op in ("add", "sub")
+    ),
+    OpRow("index_add", ("index_add",), both(_INDEX_ADD_BOOL, EXACT)),
+    *(OpRow(f"{op}(0-d)", (), both(_ZERO_D), checked_by=_INDEX_TEST) for op in INDEX_OPS),
+    *(
+        OpRow(f"scatter(reduce={mode!r})", (), both(_REDUCE), checked_by=_INDEX_TEST)
+        for mode in ("add", "multiply")
     ),
     OpRow("sort", ("sort",), both(Rule(Verdict.KEPT, reason=TIE_ORDER))),
     OpRow(

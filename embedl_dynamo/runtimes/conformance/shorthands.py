@@ -15,6 +15,7 @@ __all__ = [
     "EXTREME",
     "FLOAT",
     "FLOOR_INF",
+    "INDEX_OPS",
     "INT_DIV",
     "NAN",
     "NON_FINITE",
@@ -149,6 +150,9 @@ OV_SATURATES_INT = (
     "gives 255, PyTorch 4"
 )
 TIE_ORDER = "the indices of tied values come in another order"
+#: ops indexing a dimension of their first input; on a 0-d input each is another op
+#: (``gather(0-d)``, :func:`~.judge.op_name`)
+INDEX_OPS = ("gather", "scatter", "scatter_add", "index_add", "index_copy")
 
 
 def non_finite(

@@ -78,7 +78,6 @@ _MOVES = (
     ("ones_like", ("ones_like",), ()),
     ("zero_", ("zero_",), ()),
     ("fill_", ("fill",), ("fill",)),
-    ("index_add", ("index_add",), ()),
     ("scatter", ("scatter",), ()),
 )
 # float functions
