@@ -227,6 +227,15 @@ def test_an_index_op_on_a_0_d_tensor_and_a_scatter_with_reduce_are_other_ops():
     assert rule_for("index_add", "openvino", torch.int64).verdict is Verdict.EXACT
 
 
+def test_true_division_of_integers_runs_on_both_runtimes():
+    """DeBERTa's relative positions divide int64 tensors (a float32 quotient): exact on ONNX
+    Runtime, within the bound on OpenVINO (its quotient may differ in the last bit)."""
+    for op in ("truediv", "div"):
+        assert rule_for(op, "onnxruntime", torch.int64).verdict is Verdict.EXACT
+        assert rule_for(op, "openvino", torch.int32).verdict is Verdict.BOUNDED
+        assert rule_for(op, "openvino", torch.float32).verdict is Verdict.BOUNDED
+
+
 def test_a_bool_rule_comes_before_the_integer_rule():
     assert rule_for("any", "onnxruntime", torch.bool).verdict is Verdict.EXACT
     assert rule_for("any", "onnxruntime", torch.int64).verdict is Verdict.KEPT

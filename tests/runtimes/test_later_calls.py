@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from embedl_dynamo import last_report
-from embedl_dynamo.runtimes.conformance import Verdict
+from embedl_dynamo.runtimes.conformance import Verdict, rule_for
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from tests.runtimes.conformance_check import assert_conforms, compile_on
 
@@ -69,6 +69,18 @@ CASES = {
         (torch.tensor([1, 2, 3], dtype=torch.int32),),
         (torch.tensor([2**24 + 1, 5, 2**30 + 3], dtype=torch.int32),),
     ),
+    # true division of integers (DeBERTa's relative positions): a zero divisor gives inf and
+    # NaN, as PyTorch's float32 quotient does; the sweep's OpInfo samples have no zero divisor
+    "int_truediv_by_zero": (
+        lambda a, b: (a + 0) / b,
+        (torch.tensor([1, 5, -3]), torch.tensor([2, 3, 4])),
+        (torch.tensor([0, 5, -3]), torch.tensor([0, 0, 0])),
+    ),
+    "int32_number_over_zero": (
+        lambda b: 7 / (b + 0),
+        (torch.tensor([1, 2], dtype=torch.int32),),
+        (torch.tensor([0, -2], dtype=torch.int32),),
+    ),
     "topk_ties": (
         lambda x: torch.topk(x * 1, 2),
         (torch.tensor([[0.0, 1.0, 2.0, 3.0]]),),
@@ -105,6 +117,19 @@ def test_an_exact_op_runs_on_the_runtime(runtime):
     (report,) = last_report().subgraphs
     assert report.runtime == runtime
     assert torch.equal(compiled(*later), torch.tensor([1, 0]))
+
+
+@pytest.mark.parametrize("case", ["int_truediv_by_zero", "int32_number_over_zero"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_integer_true_division_runs_on_the_runtime(case, runtime):
+    """It had no row for integers: DeBERTa's relative positions kept it in PyTorch."""
+    fn, first, later = CASES[case]
+    compiled = compile_on(fn, runtime)
+    compiled(*first)
+    (report,) = last_report().subgraphs
+    assert report.runtime == runtime and not report.kept, report.reason
+    verdict = rule_for("truediv", runtime, first[0].dtype).verdict
+    assert_conforms(fn(*later), compiled(*later), verdict, case)
 
 
 @pytest.mark.skipif(not OpenVINORuntime.is_available(), reason="no openvino")

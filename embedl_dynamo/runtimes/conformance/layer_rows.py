@@ -99,6 +99,7 @@ LAYER_ROWS: tuple[OpRow, ...] = (
     OpRow("instance_norm", ("nn.functional.instance_norm",), both(FLOAT)),
     OpRow("instance_norm(running_stats)", (), both(_RUNNING_STATS), checked_by=_LAYERS_TEST),
     OpRow("rms_norm", ("nn.functional.rms_norm",), both(_KEPT)),
+    OpRow("_weight_norm", (), both(FLOAT), checked_by="runtimes/test_weight_norm.py"),
     OpRow("leaky_relu", ("nn.functional.leaky_relu",), both(FLOAT)),
     OpRow("hardtanh", ("nn.functional.hardtanh",), both(FLOAT), (), (OV_CLAMP,)),
     OpRow("elu", ("nn.functional.elu",), both(FLOAT)),

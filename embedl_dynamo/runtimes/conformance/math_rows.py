@@ -1,6 +1,6 @@
-"""The conformance table's rows for elementwise math, integer arithmetic, casts, reductions,
-matrix products, indexing forms and tensors built from sizes (issue 50: the ops whose missing
-row kept whole models in PyTorch). See the package's docstring for the verdicts."""
+"""The conformance table's rows for elementwise math, division, integer arithmetic, casts,
+reductions, matrix products, indexing forms and tensors built from sizes (issue 50: the ops whose missing row kept whole
+models in PyTorch). See the package's docstring for the verdicts."""
 
 from __future__ import annotations
 
@@ -60,6 +60,21 @@ _MOD_INF = (
     "infinity (Python's rule)"
 )
 
+_TRUE_DIVISION = {
+    "onnxruntime": (
+        FLOAT,
+        Rule(Verdict.EXACT, "int", "converted to float32 and divided, as PyTorch does"),
+    ),
+    "openvino": (
+        FLOAT,
+        Rule(
+            Verdict.BOUNDED,
+            "int",
+            "converted to float32 and divided; OpenVINO's quotient may differ from PyTorch's "
+            "in the last bit (5 / 3, 3 / 7)",
+        ),
+    ),
+}
 _ZERO_D = Rule(
     Verdict.KEPT,
     reason="the export's indexing (GatherElements, ScatterElements) takes no 0-d tensor: neither "
@@ -77,6 +92,8 @@ _INDEX_ADD_BOOL = Rule(
 )
 
 MATH_ROWS: tuple[OpRow, ...] = (
+    OpRow("truediv", ("true_divide",), _TRUE_DIVISION, ("true_divide", "__truediv__")),
+    OpRow("div", ("div.no_rounding_mode",), _TRUE_DIVISION),
     OpRow(
         "sign",
         ("sign",),

@@ -86,8 +86,6 @@ _FLOAT_FUNCTIONS = (
     ("rsqrt", ("rsqrt",), ()),
     ("sin", ("sin",), ()),
     ("cos", ("cos",), ()),
-    ("truediv", ("true_divide",), ("true_divide", "__truediv__")),
-    ("div", ("div.no_rounding_mode",), ()),
     ("log", ("log",), ()),
     ("sqrt", ("sqrt",), ()),
     ("batch_norm", ("nn.functional.batch_norm",), ()),
