@@ -42,7 +42,6 @@ HANG_S = 180  # one model's coverage (about a second): past it, the run ends wit
 OV_INT64 = "computes int64 as int32"
 OV_COMPARE = "compares integers through float32"
 OV_TO_INT64 = "converts to int64 through int32"
-SMALL = "min_subgraph_size"
 CONSTANTS = "only computes constants"  # a fragment reading no input (arange, masks)
 
 
@@ -73,19 +72,12 @@ EXPECTED_KEPT: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
         ("le", OV_COMPARE),
         ("to", OV_TO_INT64),
     ),
-    **{
-        ("rmsnorm_mlp", b): (("rms_norm", "export refuses it"), ("linear", SMALL)) for b in BACKENDS
-    },
 }
 
 # (model, target) -> why it is below MIN_SHARE today: an expected failure, until the op it
-# names reaches a runtime (an entry the model has outgrown fails, so it is removed)
-BELOW_SHARE: dict[tuple[str, str], str] = {
-    **{
-        ("rmsnorm_mlp", b): "nn.RMSNorm has no ONNX form at the opset used (0.706)"
-        for b in BACKENDS
-    },
-}
+# names reaches a runtime (an entry the model has outgrown fails, so it is removed). None
+# since rms_norm is exported in PyTorch's formula (rmsnorm_mlp was at 0.706)
+BELOW_SHARE: dict[tuple[str, str], str] = {}
 
 # layer types issue 50 (section 1) names as kept in PyTorch on unseen models: the zoo holds each
 LAYER_TYPES = (

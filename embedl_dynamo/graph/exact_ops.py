@@ -1,4 +1,5 @@
-"""PyTorch's semantics for the ops whose ONNX form a runtime computes differently.
+"""PyTorch's semantics for the ops whose ONNX form a runtime computes differently, or that have
+none.
 
 Each function here computes exactly what the PyTorch op computes, in PyTorch, but out of ops
 whose ONNX form every CPU runtime computes as PyTorch does; :func:`exact_lowering` puts them
@@ -20,12 +21,15 @@ in place of the originals in the graph that is exported (the table of which op n
 * ``x[i, j]`` and ``x[i, j] = v`` with two or more index tensors: the exporter reads a negative
   index as a flat one; here each that can be negative is made non-negative first
   (:mod:`embedl_dynamo.graph.exact_index`).
+* ``rms_norm`` (``nn.RMSNorm``): no exporter takes it at the opset used; here it is PyTorch's
+  own formula, ``x * rsqrt(mean(x**2) + eps) * weight`` (in float32 for a half input): its
+  values bit for bit, in PyTorch.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -44,6 +48,7 @@ __all__ = [
     "exact_max_pool2d",
     "exact_max",
     "exact_min",
+    "exact_rms_norm",
     "exact_softmax",
     "exact_sum",
 ]
@@ -260,6 +265,25 @@ def exact_max_pool2d(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # 
     return out.masked_fill(mask > 0, float("nan"))
 
 
+def exact_rms_norm(
+    input: torch.Tensor,  # noqa: A002
+    normalized_shape: Sequence[int],
+    weight: torch.Tensor | None = None,
+    eps: float | None = None,
+) -> torch.Tensor:
+    """``F.rms_norm`` as PyTorch computes it: over the last ``len(normalized_shape)`` axes, a
+    half input and the weight in float32, the result in the input's dtype; ``eps`` the
+    machine epsilon of the dtype computed in when None."""
+    x = input.float() if input.dtype in (torch.float16, torch.bfloat16) else input
+    if eps is None:
+        eps = torch.finfo(x.dtype).eps
+    dims = list(range(-len(normalized_shape), 0))
+    out = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        out = out * weight.to(x.dtype)
+    return out.to(input.dtype)
+
+
 def _flat_sizes(sizes: tuple[Any, ...]) -> list[Any]:
     return [d for s in sizes for d in (s if isinstance(s, (tuple, list, torch.Size)) else (s,))]
 
@@ -296,6 +320,8 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.log_softmax: _log_softmax_method,
     F.max_pool2d: exact_max_pool2d,
     torch.max_pool2d: exact_max_pool2d,
+    F.rms_norm: exact_rms_norm,
+    torch.rms_norm: exact_rms_norm,
     "softmax": _softmax_method,
     "log_softmax": _log_softmax_method,
     "argmax": exact_argmax,

@@ -72,6 +72,8 @@ FP32_FUNCTIONS = frozenset(
         F.group_norm,
         F.batch_norm,
         F.instance_norm,
+        F.rms_norm,
+        torch.rms_norm,
         F.normalize,
         torch.softmax,
         F.softmax,

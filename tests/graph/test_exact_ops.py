@@ -82,3 +82,38 @@ def test_lowering_replaces_functions_and_methods_in_a_copy():
     _same(gm(X), lowered(X))
     relu_only = fx.symbolic_trace(lambda x: x.relu())
     assert exact_lowering(relu_only) is relu_only
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_rms_norm_is_pytorchs_to_the_bit(dtype):
+    """``rms_norm`` has no ONNX form at the opset used; its exact form is PyTorch's formula,
+    equal to ``F.rms_norm`` bit for bit: each weight (none, the input's dtype, float32), ``eps``
+    (None: the machine epsilon), one or two normalized axes, NaN and infinities."""
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(2, 4, 64, generator=gen) * 3).to(dtype)
+    x[0, 0, 0], x[0, 1, 3], x[1, 2, 5] = NAN, INF, -0.0
+    for shape in ((64,), (4, 64)):
+        for weight in (None, torch.randn(shape, generator=gen).to(dtype), torch.randn(shape)):
+            for eps in (None, 1e-6):
+                expected = F.rms_norm(x, shape, weight, eps)
+                actual = exact_ops.exact_rms_norm(x, shape, weight, eps)
+                assert actual.dtype == expected.dtype
+                assert torch.equal(actual.nan_to_num(), expected.nan_to_num())
+                assert torch.equal(actual.isnan(), expected.isnan())
+                assert torch.equal(actual.signbit(), expected.signbit())
+
+
+def test_rms_norm_is_lowered_by_its_torch_function():
+    """Dynamo records ``nn.RMSNorm`` and ``F.rms_norm`` as ``torch.rms_norm``."""
+
+    class Norm(torch.nn.RMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    norm = Norm(8, eps=1e-5).eval()
+    lowered = exact_lowering(fx.symbolic_trace(norm))
+    targets = {n.target for n in lowered.graph.nodes if n.op == "call_function"}
+    assert targets == {exact_ops.exact_rms_norm}
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        assert torch.equal(lowered(x), F.rms_norm(x, (8,), norm.weight, 1e-5))

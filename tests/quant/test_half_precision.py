@@ -130,6 +130,30 @@ def test_sensitive_ops_run_in_fp32_inside_the_cast_graph() -> None:
     ), seen
 
 
+def test_rms_norm_takes_fp32_and_a_linear_after_it_reads_its_dtype() -> None:
+    """``torch.rms_norm`` (Dynamo's ``nn.RMSNorm``) is a normalisation: fp32 statistics. Not
+    known here, it was taken to follow its inputs (fp32, with its fp32 weight) while it gave
+    the half dtype of its input: the fp32 head read fp16 (mat1 and mat2 must have the same
+    dtype), and the fp16 artifact was refused."""
+
+    class Norm(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc, self.norm, self.head = nn.Linear(16, 32), nn.RMSNorm(32), nn.Linear(32, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(x)
+            return self.head(torch.rms_norm(h, (32,), self.norm.weight, 1e-6))
+
+    torch.manual_seed(0)
+    model, x = Norm().eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        cast, layers = cast_graph(_fused(model, x), [x], "fp16")
+        got, expected = cast(x), model(x)
+    assert {r["id"].split("@")[0]: r["precision"] for r in layers}["rms_norm"] == "fp32"
+    assert got.dtype == torch.float32 and _cosine(got, expected) > 0.999
+
+
 def test_the_onnx_file_carries_fp16_types(tmp_path) -> None:
     torch.manual_seed(0)
     x = torch.randn(1, 3, 16, 16)

@@ -37,14 +37,15 @@ from tests.runtimes.conformance_edges import edge_calls, emptied
 CI_DTYPES = (torch.float32, torch.int64)
 # the OpInfo entries CI runs (float32 and int64): the reductions and activations whose edge
 # values differed, indexing, the comparisons OpenVINO answers otherwise for NaN and above 2**24,
-# a resize, ``%``, a cast of floats to integers and true division (of integers too: a float
-# quotient) (the layers: test_conformance_modules.py);
+# a resize, ``%``, a cast of floats to integers, true division (of integers too) and rms_norm's
+# exported form (the layers: test_conformance_modules.py);
 # every other entry and dtype is marked slow
 CI_OPINFO = frozenset(
     (
         *("argmax", "max.reduction_with_dim", "amax", "sum", "topk", "softmax", "cumsum"),
         *("nn.functional.relu", "nn.functional.hardtanh", "add", "gt", "eq", "remainder"),
-        *("__getitem__", "long", "nn.functional.interpolate.bilinear", "true_divide"),
+        *("__getitem__", "long", "nn.functional.interpolate.bilinear"),
+        *("true_divide", "nn.functional.rms_norm"),
     )
 )
 # ... and in bool
