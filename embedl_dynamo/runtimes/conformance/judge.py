@@ -302,4 +302,7 @@ def _int64_past_int32_on_openvino(node: fx.Node, op: str, runtime: str) -> str |
     found = value_range(node)
     if found is None or INT32_RANGE[0] <= found[0] and found[1] <= INT32_RANGE[1]:
         return None
-    return f"{op} makes int64 values in [{found[0]}, {found[1]}], past the int32 OpenVINO computes int64 as; runs in PyTorch"
+    return (
+        f"{op} on torch.int64 stays in PyTorch on openvino: its values reach "
+        f"[{found[0]}, {found[1]}], past the int32 OpenVINO computes int64 as"
+    )
