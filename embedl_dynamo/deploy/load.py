@@ -242,7 +242,18 @@ def load(
     if runtime_cls is TensorRTRuntime:
         _check_engine(path, check)
     state = _state(path, runtime_cls, metadata, device, num_threads)
-    try:  # an ONNX file is data: hashed while the runtime reads it, the two overlapping
+    loaded = _checked_runtime(runtime_cls, state, check)
+    loaded.deploy()  # served from here on: never deactivated, build-only state released
+    logger.info("loaded %s on %s (%s)", path, loaded.name, loaded.describe())
+    return ExportedModule(path, loaded, metadata).eval()
+
+
+def _checked_runtime(
+    runtime_cls: type[Runtime], state: dict[str, Any], check: ArtifactCheck | None
+) -> Runtime:
+    """The runtime loaded from ``state``, its file confirmed by ``check`` (when given) while
+    the runtime reads it: an ONNX file is data, hashed as it is read, the two overlapping."""
+    try:
         loaded = runtime_cls.from_dict(state)
     except Exception:
         if check is not None:  # a changed file is the cause to report, not the runtime's error
@@ -254,9 +265,7 @@ def load(
     except ValueError:
         loaded.deactivate()
         raise
-    loaded.deploy()  # served from here on: never deactivated, build-only state released
-    logger.info("loaded %s on %s (%s)", path, loaded.name, loaded.describe())
-    return ExportedModule(path, loaded, metadata).eval()
+    return loaded
 
 
 def _check_engine(path: Path, check: ArtifactCheck | None) -> None:

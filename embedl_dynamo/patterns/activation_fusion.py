@@ -29,8 +29,10 @@ def check_activation(m: Match, name: str = "act") -> MatchResult:
     """The activation node ``name`` must be one a fused module can run."""
     if activation_name(m[name]) is None:
         approximate = m[name].kwargs.get("approximate")
-        return m.fail(f"activation {m[name].target.__name__}(approximate={approximate!r}) is "
-                      "not supported by the fused kernel")  # fmt: skip
+        return m.fail(
+            f"activation {m[name].target.__name__}(approximate={approximate!r}) is "
+            "not supported by the fused kernel"
+        )
     return m.ok()
 
 

@@ -166,9 +166,14 @@ class FusedAttention(FusedModule):
             args = (attn_mask, self.is_causal, self.scale, self.groups, heads)
             return attention_for_export(q, k, v, *args)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, is_causal=self.is_causal, scale=self.scale,
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            is_causal=self.is_causal,
+            scale=self.scale,
             enable_gqa=self.groups > 1,
-        )  # fmt: skip
+        )
 
     def extra_repr(self) -> str:
         grouped = f", groups={self.groups}" if self.groups > 1 else ""

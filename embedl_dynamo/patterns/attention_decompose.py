@@ -78,9 +78,25 @@ class DecomposeTransformerEncoderLayer(Pattern):
     @staticmethod
     def target(src, qkv_w, qkv_b, proj_w, proj_b, n1_w, n1_b, n2_w, n2_b, w1, b1, w2, b2):
         out = torch._transformer_encoder_layer_fwd(
-            src, 8, 2, qkv_w, qkv_b, proj_w, proj_b, False, False, 1e-5,
-            n1_w, n1_b, n2_w, n2_b, w1, b1, w2, b2,
-        )  # fmt: skip
+            src,
+            8,
+            2,
+            qkv_w,
+            qkv_b,
+            proj_w,
+            proj_b,
+            False,
+            False,
+            1e-5,
+            n1_w,
+            n1_b,
+            n2_w,
+            n2_b,
+            w1,
+            b1,
+            w2,
+            b2,
+        )
         return out, {"layer": out}
 
     def check(self, m: Match) -> MatchResult:
@@ -133,17 +149,23 @@ class DecomposeTransformerEncoderLayer(Pattern):
 
         def feed_forward(x: fx.Node) -> fx.Node:
             hidden = b.call(
-                F.linear, _sub(path, "linear1"),
-                input=x, weight=layer["ffn_weight_1"], bias=layer["ffn_bias_1"],
-            )  # fmt: skip
+                F.linear,
+                _sub(path, "linear1"),
+                input=x,
+                weight=layer["ffn_weight_1"],
+                bias=layer["ffn_bias_1"],
+            )
             if layer["use_gelu"]:
                 hidden = b.call(F.gelu, path, input=hidden)
             else:
                 hidden = b.call(torch.relu, path, input=hidden)
             return b.call(
-                F.linear, _sub(path, "linear2"),
-                input=hidden, weight=layer["ffn_weight_2"], bias=layer["ffn_bias_2"],
-            )  # fmt: skip
+                F.linear,
+                _sub(path, "linear2"),
+                input=hidden,
+                weight=layer["ffn_weight_2"],
+                bias=layer["ffn_bias_2"],
+            )
 
         src = layer["src"]
         if layer["norm_first"]:
@@ -235,8 +257,13 @@ class DecomposeMHA(Pattern):
         q, k, v = (b.function(operator.getitem, path, heads, i) for i in range(3))
         attn = b.call(F.scaled_dot_product_attention, path, query=q, key=k, value=v)
         merged = b.function(merge_heads, path, attn)
-        out = b.call(F.linear, _sub(path, "out_proj"), input=merged, weight=kw["out_proj_weight"],
-                     bias=kw["out_proj_bias"])  # fmt: skip
+        out = b.call(
+            F.linear,
+            _sub(path, "out_proj"),
+            input=merged,
+            weight=kw["out_proj_weight"],
+            bias=kw["out_proj_bias"],
+        )
         b.finish()
         # readers of getitem(mha, 0) read ``out``; the unread getitem(mha, 1) goes away
         for user in list(anchor.users):

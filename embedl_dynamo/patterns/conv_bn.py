@@ -72,9 +72,14 @@ def fused_conv_from_match(
     weight, bias = m.value("w"), m.value("b")
     if "bn" in m and m["bn"] is not None:
         weight, bias = fold_batch_norm(
-            weight, bias, m.value("mean"), m.value("var"), m.value("gamma"), m.value("beta"),
+            weight,
+            bias,
+            m.value("mean"),
+            m.value("var"),
+            m.value("gamma"),
+            m.value("beta"),
             m.kwarg("bn", "eps"),
-        )  # fmt: skip
+        )
     return cls(
         weight,
         bias,

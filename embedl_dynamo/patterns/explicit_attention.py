@@ -114,8 +114,14 @@ class ExplicitAttention(Pattern):
 
     def replace(self, m: Match) -> fx.Node:
         mask = m["mask"] if self.masked else None
-        out = m.call(F.scaled_dot_product_attention, query=m["q"], key=m["k"], value=m["v"],
-                     attn_mask=mask, scale=float(m["scale"]))  # fmt: skip
+        out = m.call(
+            F.scaled_dot_product_attention,
+            query=m["q"],
+            key=m["k"],
+            value=m["v"],
+            attn_mask=mask,
+            scale=float(m["scale"]),
+        )
         infer_meta(m.gm, [out])
         copy_meta(m.anchor, out)
         return out

@@ -75,8 +75,10 @@ class ExpandGroupedKeyValue(Pattern):
                 set_meta_shape(node, m[name], shape)
                 repeated[name] = node
         kwargs = {**m["sdpa"].kwargs, "query": m["q"], "key": repeated["k"]}
-        out = m.call(F.scaled_dot_product_attention, **{**kwargs, "value": repeated["v"],
-                                                       "enable_gqa": False})  # fmt: skip
+        out = m.call(
+            F.scaled_dot_product_attention,
+            **{**kwargs, "value": repeated["v"], "enable_gqa": False},
+        )
         infer_meta(m.gm, [out])
         copy_meta(m.anchor, out)
         return out
@@ -127,9 +129,13 @@ class GroupedQueryAttention(Pattern):
     def replace(self, m: Match) -> fx.Node:
         kw, sizes = m["sdpa"].kwargs, (m.shape("q")[-1], m.shape("v")[-1])
         static = all(isinstance(size, int) for size in sizes)
-        module = FusedAttention(is_causal=bool(kw["is_causal"]), scale=kw["scale"],
-                                num_heads=m.shape("q")[1], groups=m["groups"],
-                                head_sizes=sizes if static else None)  # fmt: skip
+        module = FusedAttention(
+            is_causal=bool(kw["is_causal"]),
+            scale=kw["scale"],
+            num_heads=m.shape("q")[1],
+            groups=m["groups"],
+            head_sizes=sizes if static else None,
+        )
         mask = () if kw["attn_mask"] is None else (kw["attn_mask"],)
         return m.call_module(module, m["q"], m["k"], m["v"], *mask)
 

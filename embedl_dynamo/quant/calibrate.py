@@ -131,9 +131,13 @@ def fit_batches_to_graph(
     count = int(columns[0].shape[0]) // size
     logger.info(
         "calibration batches do not run through a graph compiled for batch %d (%s); "
-        "regrouped %d samples into %d batches of %d", size, reason, columns[0].shape[0], count,
+        "regrouped %d samples into %d batches of %d",
         size,
-    )  # fmt: skip
+        reason,
+        columns[0].shape[0],
+        count,
+        size,
+    )
     if count == 0:
         return None
     return [tuple(c[k * size : (k + 1) * size] for c in columns) for k in range(count)]

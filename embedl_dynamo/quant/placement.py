@@ -83,11 +83,13 @@ class Placement:
         return Placement(
             activations={n: r for n, r in self.activations.items() if n in activations},
             weights={k: w for k, w in self.weights.items() if k in weights},
-            float_layers=[*self.float_layers, *((i, reason) for i in self.quantized_layers
-                                                if i in layers)],
+            float_layers=[
+                *self.float_layers,
+                *((i, reason) for i in self.quantized_layers if i in layers),
+            ],
             quantized_layers=kept,
             layers={i: self.layers[i] for i in kept},
-        )  # fmt: skip
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

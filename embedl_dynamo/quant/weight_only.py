@@ -124,8 +124,16 @@ class WeightOnlyLinear(nn.Module):
         """``linear``'s weight quantized under ``spec`` (its bias copied, kept float)."""
         q, scale, zero = quantize_weight(linear.weight, spec)
         bias = None if linear.bias is None else linear.bias.detach().clone()
-        return cls(q, scale, zero, bias, spec, kind=linear.kind, activation=linear.activation,
-                   dtype=linear.weight.dtype)  # fmt: skip
+        return cls(
+            q,
+            scale,
+            zero,
+            bias,
+            spec,
+            kind=linear.kind,
+            activation=linear.activation,
+            dtype=linear.weight.dtype,
+        )
 
     def dense_weight_t(self) -> torch.Tensor:
         """``W'.T`` (``[K, N]``, the float weight's dtype): the ``weight_t`` buffer while
@@ -221,15 +229,22 @@ def weight_only_graph(
     kept: list[str] = []
     cosine = None
     if spec.bits == 4 and accuracy_budget is not None:
-        built, kept, cosine = _within_budget(gm, example_inputs, nodes, spec, int8, reasons,
-                                             accuracy_budget, built, made, tables)  # fmt: skip
+        built, kept, cosine = _within_budget(
+            gm, example_inputs, nodes, spec, int8, reasons, accuracy_budget, built, made, tables
+        )
     layers = list(embedding_rows)
     for node in nodes:
         bits = 8 if spec.bits == 8 or node in reasons else 4
         why = reasons.get(node, f"weight-only int{spec.bits}: integer weights, float activations")
         layers.append({"id": ids[node], "precision": f"int{bits}_weight_only", "reason": why})
-    report = {"layers": layers, "bits": spec.bits, "group_size": spec.group_size,
-              "symmetric": spec.symmetric, "kept_int8": kept, "cosine": cosine}  # fmt: skip
+    report = {
+        "layers": layers,
+        "bits": spec.bits,
+        "group_size": spec.group_size,
+        "symmetric": spec.symmetric,
+        "kept_int8": kept,
+        "cosine": cosine,
+    }
     return built, report
 
 

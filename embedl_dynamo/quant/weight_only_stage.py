@@ -59,8 +59,9 @@ def weight_only_stage(
     """
     start = time.perf_counter()
     spec = _spec_for(settings, backend)
-    model, report = weight_only_graph(gm, list(example_inputs), spec, settings.accuracy_budget,
-                                      _tables_kept(backend))  # fmt: skip
+    model, report = weight_only_graph(
+        gm, list(example_inputs), spec, settings.accuracy_budget, _tables_kept(backend)
+    )
     report["merged"] = merge_sibling_layers(model)
     layers = report.pop("layers")
     entries = {"layers": layers, "weight_only": report}

@@ -467,8 +467,12 @@ def _masks(n, h, length):
     keep[:, :, 1] = False  # a query that attends nowhere: zeros, as in SDPA
     padding = torch.zeros(n, 1, 1, length)
     padding[..., -3:] = torch.finfo(torch.float32).min  # HF's additive padding mask
-    return {"none": (None, False), "bool": (keep, False), "float": (padding, False),
-            "causal": (None, True)}  # fmt: skip
+    return {
+        "none": (None, False),
+        "bool": (keep, False),
+        "float": (padding, False),
+        "causal": (None, True),
+    }
 
 
 @pytest.mark.parametrize("kind", ["none", "bool", "float", "causal"])
@@ -479,8 +483,9 @@ def test_the_export_form_computes_what_sdpa_computes(kind, scale) -> None:
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 4, 7, 16) for _ in range(3))
     mask, causal = _masks(2, 4, 7)[kind]
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              scale=scale)  # fmt: skip
+    expected = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=causal, scale=scale
+    )
     got = attention_for_export(q, k, v, mask, causal, scale)
     assert max_abs_diff(got, expected) <= 1e-5
 

@@ -54,8 +54,9 @@ def _entries(model, args):
     return [e for e in entries if e.pattern.name != "remove_dropout"]
 
 
-@pytest.mark.parametrize(("masked", "pattern"), [(True, "explicit_attention_masked"),
-                                                 (False, "explicit_attention")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("masked", "pattern"), [(True, "explicit_attention_masked"), (False, "explicit_attention")]
+)
 def test_attention_written_out_matches(masked, pattern):
     args = (*_qkv(), _causal_mask()) if masked else _qkv()
     applied = [e.pattern.name for e in _entries(_Attention(masked), args) if e.apply]

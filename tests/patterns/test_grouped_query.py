@@ -106,12 +106,17 @@ def test_the_grouped_export_form_is_grouped_query_attention(mask):
 
     q, k, v = _qkv()
     keep = torch.rand(2, 1, 5, 5, generator=torch.Generator().manual_seed(3)) > 0.3
-    masks = {"none": None, "causal": None, "bool": keep,
-             "float": torch.zeros(2, 1, 5, 5).masked_fill(~keep, -1e9)}  # fmt: skip
+    masks = {
+        "none": None,
+        "causal": None,
+        "bool": keep,
+        "float": torch.zeros(2, 1, 5, 5).masked_fill(~keep, -1e9),
+    }
     causal = mask == "causal"
     got = attention_for_export(q, k, v, masks[mask], causal, None, groups=3)
-    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=masks[mask], is_causal=causal,
-                                              enable_gqa=True)  # fmt: skip
+    expected = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=masks[mask], is_causal=causal, enable_gqa=True
+    )
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
 
 

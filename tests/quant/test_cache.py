@@ -57,8 +57,12 @@ def _run(cache_dir: Path) -> dict:
     env["EMBEDL_DYNAMO_BACKEND"] = "onnxruntime"
     done = subprocess.run(
         [sys.executable, "-c", _SCRIPT, str(cache_dir)],
-        capture_output=True, text=True, env=env, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -174,8 +174,10 @@ def test_fp8_sits_exactly_at_the_int8_inputs_of_fp8_layers(make, shape, fp8, flo
     kept = [i for i in calibrated.placement.quantized_layers if i not in reasons]
     if fp8 is not None:  # the CNN: every decision named
         assert set(kept) == fp8
-        assert {i: next(r for r in reasons.values() if r.find(want) >= 0) for i, want in
-                float_reasons.items()} == {i: reasons[i] for i in float_reasons}  # fmt: skip
+        assert {
+            i: next(r for r in reasons.values() if r.find(want) >= 0)
+            for i, want in float_reasons.items()
+        } == {i: reasons[i] for i in float_reasons}
     else:  # the ViT: every linear, attention GEMM and residual add FP8; the 3-channel stem not
         assert any(i.startswith("quant_residual_add@") for i in kept)
         assert any(i.startswith("quant_fused_module@") for i in kept)
@@ -208,8 +210,9 @@ def test_fp8_onnx_numbers_equal_the_fake_quant_graph(tmp_path):
     model = _Mixed().eval()
     x = torch.randn(2, 3, 16, 16)
     gm, quantizer = _fused(model, x)
-    fp8_model, _ = quantize_fp8(gm, quantizer, random_batches((2, 3, 16, 16), n=2),
-                                use_cache=False, progress=False)  # fmt: skip
+    fp8_model, _ = quantize_fp8(
+        gm, quantizer, random_batches((2, 3, 16, 16), n=2), use_cache=False, progress=False
+    )
     path = export_onnx(fp8_model, (x,), tmp_path / "fp8.onnx")
     file = onnx.load(str(path))
     assert file.opset_import[0].version >= 19

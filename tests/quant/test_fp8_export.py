@@ -45,14 +45,14 @@ def _fp8_file_facts(path) -> dict:
     return {
         "opset": model.opset_import[0].version,
         "zero_types": {consts[n.input[2]].data_type for n in qdq},
-        "zeros": {float(numpy_helper.to_array(consts[n.input[2]]).astype(np.float32).max())
-                  for n in qdq},  # fmt: skip
-        "weight_types": {
-            consts[n.input[0]].data_type for n in qdq if n.input[0] in consts
+        "zeros": {
+            float(numpy_helper.to_array(consts[n.input[2]]).astype(np.float32).max()) for n in qdq
         },
-        "quantize_of_constant": [n.name for n in qdq
-                                 if n.op_type == "QuantizeLinear" and n.input[0] in consts],
-    }  # fmt: skip
+        "weight_types": {consts[n.input[0]].data_type for n in qdq if n.input[0] in consts},
+        "quantize_of_constant": [
+            n.name for n in qdq if n.op_type == "QuantizeLinear" and n.input[0] in consts
+        ],
+    }
 
 
 def test_export_fp8_writes_the_file_for_tensorrt(tmp_path):
@@ -61,9 +61,13 @@ def test_export_fp8_writes_the_file_for_tensorrt(tmp_path):
     x = torch.randn(2, 3, 16, 16)
     data = [torch.randn(4, 3, 16, 16) for _ in range(3)]
     path = embedl_dynamo.export(
-        model, x, tmp_path / "m.onnx", precision="fp8", calibration_data=data,
+        model,
+        x,
+        tmp_path / "m.onnx",
+        precision="fp8",
+        calibration_data=data,
         options={"cache_dir": str(tmp_path / "c")},
-    )  # fmt: skip
+    )
     facts = _fp8_file_facts(path)
     assert facts["opset"] >= 19
     assert facts["zero_types"] == {TensorProto.FLOAT8E4M3FN} and facts["zeros"] == {0.0}
@@ -84,8 +88,13 @@ def test_the_compile_report_shows_fp8_layers(tmp_path):
 
     torch.manual_seed(0)
     model = _Net().eval()
-    options = {"precision": "fp8", "calibration_data": [torch.randn(2, 3, 16, 16)],
-               "cache_dir": str(tmp_path), "runtime": "onnxruntime", "fallback": "raise"}  # fmt: skip
+    options = {
+        "precision": "fp8",
+        "calibration_data": [torch.randn(2, 3, 16, 16)],
+        "cache_dir": str(tmp_path),
+        "runtime": "onnxruntime",
+        "fallback": "raise",
+    }
     compiled = torch.compile(model, backend="embedl_tensorrt", options=options)
     with torch.no_grad():
         compiled(torch.randn(2, 3, 16, 16))
@@ -108,8 +117,19 @@ def test_fp8_is_accepted_from_options_the_environment_and_the_cli(tmp_path, monk
         "def build():\n    torch.manual_seed(0)\n    return _Net()\n"
     )
     out = tmp_path / "cli.onnx"
-    argv = ["export", f"{net}:build", "--input-shape", "2,3,16,16", "-o", str(out),
-            "--precision", "fp8", "--cache-dir", str(tmp_path / "cache"), "-q"]  # fmt: skip
+    argv = [
+        "export",
+        f"{net}:build",
+        "--input-shape",
+        "2,3,16,16",
+        "-o",
+        str(out),
+        "--precision",
+        "fp8",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "-q",
+    ]
     assert main(argv) == EXIT_OK
     side = json.loads(out.with_suffix(".json").read_text())
     assert side["precision"] == "fp8" and side["quantized"] is True
@@ -129,9 +149,13 @@ def _file_cosines(model, x, calibration, tmp_path, precisions=("int8", "fp8")) -
     cosines = {}
     for precision in precisions:
         path = embedl_dynamo.export(
-            model, x, tmp_path / f"{precision}.onnx", precision=precision,
-            calibration_data=calibration, options={"cache_dir": str(tmp_path / "c")},
-        )  # fmt: skip
+            model,
+            x,
+            tmp_path / f"{precision}.onnx",
+            precision=precision,
+            calibration_data=calibration,
+            options={"cache_dir": str(tmp_path / "c")},
+        )
         session = create_session(str(path))
         feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (x,))}
         out = torch.from_numpy(session.run(None, feeds)[0])

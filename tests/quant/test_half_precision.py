@@ -181,7 +181,7 @@ def test_fp16_through_torch_compile_runs_on_onnxruntime(tmp_path) -> None:
             "cache_dir": str(tmp_path),
             "fallback": "raise",
             "runtime": "onnxruntime",
-        },  # fmt: skip
+        },
     )
     with torch.no_grad():
         expected, got = model(x), compiled(x)
@@ -234,13 +234,37 @@ def test_cli_export_takes_precision(tmp_path) -> None:
     from embedl_dynamo.cli.main import main
 
     code = main(
-        ["export", "tests.models:MobileNetLike", "--input-shape", "1,3,32,32", "-o",
-         str(tmp_path / "m.onnx"), "--precision", "fp16", "-q"]
-    )  # fmt: skip
+        [
+            "export",
+            "tests.models:MobileNetLike",
+            "--input-shape",
+            "1,3,32,32",
+            "-o",
+            str(tmp_path / "m.onnx"),
+            "--precision",
+            "fp16",
+            "-q",
+        ]
+    )
     assert code == 0
     assert json.loads((tmp_path / "m.json").read_text())["precision"] == "fp16"
-    assert main(["export", "tests.models:MobileNetLike", "--input-shape", "1,3,32,32", "-o",
-                 str(tmp_path / "n.onnx"), "--precision", "fp16", "--int8", "-q"]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                "tests.models:MobileNetLike",
+                "--input-shape",
+                "1,3,32,32",
+                "-o",
+                str(tmp_path / "n.onnx"),
+                "--precision",
+                "fp16",
+                "--int8",
+                "-q",
+            ]
+        )
+        == 2
+    )
 
 
 class _ProjectedQuery(nn.Module):

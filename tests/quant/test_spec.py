@@ -93,8 +93,11 @@ def test_unsigned_nonnegative_takes_uint8_from_zero_for_a_nonnegative_range():
     assert spec.for_range(-0.5) is spec  # signed data keeps the symmetric int8 grid
     unsigned = spec.for_range(0.0)
     assert (unsigned.dtype, unsigned.qmin, unsigned.qmax, unsigned.symmetric) == (
-        "uint8", 0, 255, False,
-    )  # fmt: skip
+        "uint8",
+        0,
+        255,
+        False,
+    )
     scale, zero_point = scale_zero_point(unsigned, 0.0, 6.0)
     signed_scale, _ = scale_zero_point(spec, -6.0, 6.0)
     assert int(zero_point) == 0 and float(scale) == pytest.approx(6.0 / 255)

@@ -254,8 +254,9 @@ def test_the_budget_quantizes_each_layer_once_per_bit_width(block, monkeypatch):
     _, gm = block
     calls = []
     original = weight_only.quantize_weight
-    monkeypatch.setattr(weight_only, "quantize_weight", lambda w, s: calls.append(s.bits)
-                        or original(w, s))  # fmt: skip
+    monkeypatch.setattr(
+        weight_only, "quantize_weight", lambda w, s: calls.append(s.bits) or original(w, s)
+    )
     spec = WeightOnlySpec(4, group_size=32)
     _, report = weight_only_graph(gm, [_ids()], spec, accuracy_budget=0.999999)
     linears = len(report["layers"])

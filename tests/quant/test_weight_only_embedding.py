@@ -120,8 +120,9 @@ def test_a_lookup_keeps_its_float_table_with_the_reason(model, reason):
     assert refused and all(reason in r["reason"] for r in refused), rows
     quantized, report = weight_only_graph(gm, [_ids(), _ids(1)], WeightOnlySpec(8))
     if isinstance(model, TableInput):
-        assert not tables and not any(isinstance(m, WeightOnlyEmbedding)
-                                      for m in quantized.modules())  # fmt: skip
+        assert not tables and not any(
+            isinstance(m, WeightOnlyEmbedding) for m in quantized.modules()
+        )
     kept = [r for r in report["layers"] if r["precision"] == "fp32"]
     assert kept and all(reason in r["reason"] for r in kept)  # the report says why, too
 
@@ -164,8 +165,9 @@ def test_the_onnx_file_gathers_from_the_int8_table(tmp_path):
     feeds = {i.name: t.numpy() for i, t in zip(session.get_inputs(), (_ids(), _ids(1)))}
     with torch.no_grad():
         expected = quantized(_ids(), _ids(1))
-    torch.testing.assert_close(torch.from_numpy(session.run(None, feeds)[0]), expected,
-                               rtol=0, atol=0)  # fmt: skip
+    torch.testing.assert_close(
+        torch.from_numpy(session.run(None, feeds)[0]), expected, rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("backend", ["tensorrt", "onnxruntime", "openvino"])
@@ -177,8 +179,9 @@ def test_the_tensorrt_target_keeps_float_tables_with_its_reason(backend):
     from embedl_dynamo.settings import Settings
 
     settings = Settings(precision="int8_weight_only")
-    model, entries = weight_only_stage(_graph(Lookup()), [_ids(), _ids(1)],
-                                       as_backend(backend), settings)  # fmt: skip
+    model, entries = weight_only_stage(
+        _graph(Lookup()), [_ids(), _ids(1)], as_backend(backend), settings
+    )
     lookups = [m for m in model.modules() if isinstance(m, WeightOnlyEmbedding)]
     precisions = {r["precision"] for r in entries["layers"]}
     if backend == "tensorrt":

@@ -202,8 +202,12 @@ def test_openvino_runs_a_decoders_merged_weights_as_compressed_fully_connected_l
         pytest.skip(OpenVINORuntime.missing())
     model = tiny_decoder("qwen2", 2)
     ids = torch.randint(0, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
-    options = {"precision": "int4_weight_only", "weight_only_group_size": 32,
-               "accuracy_budget": 0.5, "fallback": "raise"}  # fmt: skip
+    options = {
+        "precision": "int4_weight_only",
+        "weight_only_group_size": 32,
+        "accuracy_budget": 0.5,
+        "fallback": "raise",
+    }
     compiled = torch.compile(model, backend="embedl_openvino", options=options)
     with torch.no_grad():
         expected, out = model(ids).logits, compiled(ids).logits

@@ -122,10 +122,15 @@ def _batched_fn(op: Callable[..., Any], specs: list[tuple[Any, tuple, dict]]) ->
     def fn(*tensors: torch.Tensor) -> tuple[Any, ...]:
         # each output a new tensor: a view of an input (flatten) would keep it in PyTorch
         return tuple(
-            _cloned(op(fill(i, tensors), *(fill(a, tensors) for a in args),
-                       **{k: fill(v, tensors) for k, v in kwargs.items()}))
+            _cloned(
+                op(
+                    fill(i, tensors),
+                    *(fill(a, tensors) for a in args),
+                    **{k: fill(v, tensors) for k, v in kwargs.items()},
+                )
+            )
             for i, args, kwargs in specs
-        )  # fmt: skip
+        )
 
     return fn
 
@@ -137,10 +142,13 @@ def _cloned(out: Any) -> Any:
 
 
 def _expect_runs_on(runtime: str, tensors: list[torch.Tensor]) -> bool:
-    return not (runtime == "openvino" and any(
-        t.dtype == torch.int64 and t.numel() and (t.min() < -(2**31) or t.max() >= 2**31)
-        for t in tensors
-    ))  # fmt: skip
+    return not (
+        runtime == "openvino"
+        and any(
+            t.dtype == torch.int64 and t.numel() and (t.min() < -(2**31) or t.max() >= 2**31)
+            for t in tensors
+        )
+    )
 
 
 def _compile_parts(

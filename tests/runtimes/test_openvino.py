@@ -106,10 +106,11 @@ def test_an_input_the_port_does_not_take_as_it_is_goes_through_the_dispatch(tmp_
     from embedl_dynamo.runtimes.openvino.runtime import _run_shared
 
     graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "x"], ["y"])], "double",
+        [helper.make_node("Add", ["x", "x"], ["y"])],
+        "double",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, str(tmp_path / "double.onnx"))
@@ -152,8 +153,12 @@ def test_openvino_target_runs_every_conv_and_linear_in_int8(tmp_path):
     torch.manual_seed(0)
     model = MobileNetLike().eval()
     x = torch.randn(1, 3, 32, 32)
-    gm = embedl_dynamo.quantize(model, (x,), backend="openvino",
-                                calibration_data=[torch.randn(1, 3, 32, 32) for _ in range(3)])  # fmt: skip
+    gm = embedl_dynamo.quantize(
+        model,
+        (x,),
+        backend="openvino",
+        calibration_data=[torch.randn(1, 3, 32, 32) for _ in range(3)],
+    )
     runtime = OpenVINORuntime(Settings(cache_dir=tmp_path, num_threads=1)).build(gm, [x])
     precisions = runtime.layer_precisions()
     convs = sum(isinstance(m, nn.Conv2d) for m in model.modules())
@@ -269,7 +274,7 @@ def test_an_int8_file_with_a_bf16_rest_runs_its_float_layers_in_bf16(tmp_path):
     rest = OpenVINORuntime(settings).build(with_rest_precision(gm, "bf16"), [x])
     assert plain.key() != rest.key()  # the same graph, another file
     props = {p.key: p.value for p in onnx.load(rest.build_info["artifact"]).metadata_props}
-    assert props == {ONNX_REST_PRECISION: "bf16"}
+    assert props[ONNX_REST_PRECISION] == "bf16"
     assert plain.build_info["inference_precision"] == "f32"
     bf16_cpu = "BF16" in _cpu_capabilities()
     assert rest.build_info["inference_precision"] == ("bf16" if bf16_cpu else "f32")

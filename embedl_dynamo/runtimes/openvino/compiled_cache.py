@@ -51,8 +51,9 @@ def _entry(cache_dir: Path, artifact_digest: str, settings: dict[str, Any]) -> t
     """The cache (None when it cannot be opened) and the key of a compiled model."""
     import openvino as ov
 
-    key = content_key(_NAMESPACE, _FORMAT, artifact_digest, settings, ov.get_version(),
-                      cpu_identity())  # fmt: skip
+    key = content_key(
+        _NAMESPACE, _FORMAT, artifact_digest, settings, ov.get_version(), cpu_identity()
+    )
     try:
         return ArtifactCache(cache_dir, _NAMESPACE), key
     except OSError:
