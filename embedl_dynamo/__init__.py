@@ -42,6 +42,7 @@ from embedl_dynamo.errors import (
     RuntimeUnavailableError,
     SavedFunctionError,
     VerificationError,
+    WeightsChangedWhileWritingError,
 )
 from embedl_dynamo.pipeline import prepare_qat, quantize
 from embedl_dynamo.report.record import clear_reports, explain, last_report
@@ -81,6 +82,7 @@ __all__ = [
     "ReadOnlyCacheError",
     "RuntimeUnavailableError",
     "SavedFunctionError",
+    "WeightsChangedWhileWritingError",
     "VerificationError",
     "QDQ",
     "Backend",

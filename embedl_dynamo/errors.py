@@ -28,6 +28,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "SavedFunctionError",
     "VerificationError",
+    "WeightsChangedWhileWritingError",
     "error_line",
 ]
 
@@ -108,6 +109,12 @@ class OutputMismatchError(EmbedlDynamoError, RuntimeError):
 class SavedFunctionError(EmbedlDynamoError, RuntimeError):
     """A compiled function cannot be saved or loaded as asked (a graph break, other weights, a
     missing artifact, another grad or autocast state); the message says why and what works."""
+
+
+class WeightsChangedWhileWritingError(EmbedlDynamoError, RuntimeError):
+    """A weight was modified in place while its ONNX file was being written from the tensors'
+    memory: the file would hold neither set of weights, so it is not stored (a refit of the
+    new weights takes the export kept in memory instead)."""
 
 
 class CliError(EmbedlDynamoError):

@@ -33,7 +33,7 @@ EXCEPTIONS = [
 
 
 def test_every_exception_has_the_base_and_is_exported_at_the_root():
-    assert len(EXCEPTIONS) == 19
+    assert len(EXCEPTIONS) == 20
     for cls in EXCEPTIONS:
         assert issubclass(cls, EmbedlDynamoError), cls
         assert cls.__name__ in errors.__all__, cls

@@ -20,9 +20,10 @@ from embedl_dynamo.cache.keys import (
     library_versions,
 )
 from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.errors import WeightsChangedWhileWritingError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, batch_axes
 from embedl_dynamo.onnx.export import DEFAULT_OPSET, export_onnx_unwritten
-from embedl_dynamo.onnx.initializers import UnwrittenOnnx, WeightsChangedWhileWriting
+from embedl_dynamo.onnx.initializers import UnwrittenOnnx
 from embedl_dynamo.settings import Settings
 
 __all__ = [
@@ -172,7 +173,7 @@ def onnx_artifact(
             export = pending.pop()
             try:
                 export.write(path)
-            except WeightsChangedWhileWriting:
+            except WeightsChangedWhileWritingError:
                 _keep_unstored(key, export)
                 raise
 

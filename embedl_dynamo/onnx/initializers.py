@@ -31,6 +31,7 @@ import torch
 
 from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes, version_of
+from embedl_dynamo.errors import WeightsChangedWhileWritingError
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.external_data import data_path, save_model_file
 from embedl_dynamo.onnx.fp8_weights import fold_fp8_weights
@@ -47,7 +48,6 @@ __all__ = [
     "tensor_proto",
     "UnwrittenOnnx",
     "unwritten_float_model",
-    "WeightsChangedWhileWriting",
 ]
 
 _ALIGN = 4096  # each weight in a data file starts at a multiple of this (mappable as is)
@@ -162,11 +162,6 @@ class OrtInitializers(dict):
     def __init__(self) -> None:
         super().__init__()
         self.shared: set[str] = set()
-
-
-class WeightsChangedWhileWriting(RuntimeError):
-    """A weight was modified in place while its ONNX file was being written from the tensors'
-    memory: the file would hold neither set of weights, so it is not stored."""
 
 
 class UnwrittenOnnx:
@@ -290,7 +285,7 @@ class UnwrittenOnnx:
         hold the numbers its content key was computed from; the cache then stores nothing."""
         moved = [n for n, t in self.weights.items() if version_of(t) != self.versions.get(n)]
         if moved:
-            raise WeightsChangedWhileWriting(
+            raise WeightsChangedWhileWritingError(
                 f"weight {moved[0]!r} (and {len(moved) - 1} more) was modified in place while "
                 "its ONNX file was being written; the file is not cached"
             )
