@@ -68,15 +68,15 @@ class Backend:
         conversion_patterns: structural rewrites, run to a fixpoint.
         fusion_patterns: operator fusions, matched longest first.
         smooth_patterns: SmoothQuant-style scale migrations run before quantization
-            (:class:`~embedl_dynamo.quant.smooth.SmoothingRule`).
+            (`embedl_dynamo.quant.smooth.SmoothingRule`).
         quantized_patterns: QDQ placement rules and preparation rewrites
-            (:mod:`embedl_dynamo.quant.rules`).
+            (`embedl_dynamo.quant.rules`).
         quantization: the target's quantization config (dtype, symmetry, granularity per
-            role; see :mod:`embedl_dynamo.quant`), or None when the target has no INT8 path.
+            role; see `embedl_dynamo.quant`), or None when the target has no INT8 path.
         runtimes: the runtimes the target's artifacts are meant for, best first: ``auto``
             picks the first available one (CUDA-only runtimes only for a graph on a CUDA
             device; where several CPU runtimes remain, float graphs are timed on each). Empty:
-            every registered runtime (:func:`~embedl_dynamo.runtimes.registry.auto_order`).
+            every registered runtime (`embedl_dynamo.runtimes.registry.auto_order`).
             The runtime registry checks the names when it resolves them.
         description: one line for ``embedl-dynamo backends``.
     """
@@ -124,7 +124,7 @@ class Backend:
 
     @property
     def quantizer(self) -> Quantizer:
-        """This target's :class:`~embedl_dynamo.quant.quantizer.Quantizer`.
+        """This target's `embedl_dynamo.quant.quantizer.Quantizer`.
 
         Raises:
             ValueError: the target has no INT8 configuration (the message lists those that do).
@@ -154,7 +154,8 @@ class Backend:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], catalogue: Sequence[Pattern] | None = None) -> Backend:
-        """Rebuild a Backend from :meth:`to_dict` output, resolving pattern names.
+        """Rebuild a Backend from [to_dict][embedl_dynamo.Backend.to_dict] output, resolving
+        pattern names.
 
         Args:
             data: the dictionary.
@@ -196,7 +197,8 @@ _registry = _Registry()
 def discover_backends() -> dict[str, Backend]:
     """All Backends registered in the ``embedl_dynamo.backends`` entry-point group, by name.
 
-    Cached after the first call (see :func:`reset_backends`). A name registered twice is refused.
+    Cached after the first call (see [reset_backends][embedl_dynamo.reset_backends]). A name
+    registered twice is refused.
     """
     if _registry.backends is not None:
         return dict(_registry.backends)

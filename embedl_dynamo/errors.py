@@ -67,7 +67,7 @@ class CallRefused(EmbedlDynamoError, ValueError):
 
 class IndexGuardError(CallRefused):
     """An index of this call is outside the range PyTorch takes in an op a runtime computes
-    (:mod:`embedl_dynamo.graph.index_guards`): the call runs in PyTorch, which raises."""
+    (`embedl_dynamo.graph.index_guards`): the call runs in PyTorch, which raises."""
 
 
 class NotACacheError(EmbedlDynamoError, ValueError):
@@ -87,7 +87,7 @@ class ExportError(EmbedlDynamoError, RuntimeError):
 
 
 class ExportArgumentError(ExportError, ValueError):
-    """A bad argument to :func:`~embedl_dynamo.export` (model, inputs, path, backend, options)."""
+    """A bad argument to [export][embedl_dynamo.export] (model, inputs, path, backend, options)."""
 
 
 class VerificationError(ExportError):
@@ -122,7 +122,7 @@ class CliError(EmbedlDynamoError):
 
     Args:
         message: the cause and the fix, one line.
-        code: the process exit code (:mod:`embedl_dynamo.cli` lists them; 2, a usage error, by
+        code: the process exit code (`embedl_dynamo.cli` lists them; 2, a usage error, by
             default).
     """
 

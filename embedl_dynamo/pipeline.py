@@ -131,7 +131,8 @@ def quantize(
         progress: tqdm bar.
 
     Returns:
-        The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (:mod:`~embedl_dynamo.quant.stage`) holds the report.
+        The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (`embedl_dynamo.quant.stage`)
+        holds the report.
     """
     target = as_backend(backend)
     if forward_loop is not None and calibration_data is not None:
@@ -168,7 +169,7 @@ def prepare_qat(
 ) -> fx.GraphModule:
     """A trainable fake-quant copy of ``model`` (``model`` itself is not modified).
 
-    The arguments are those of :func:`quantize`.
+    The arguments are those of [quantize][embedl_dynamo.quantize].
 
     Returns:
         A GraphModule in train mode whose float weights (the originals behind the weight

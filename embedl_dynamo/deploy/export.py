@@ -113,14 +113,12 @@ def export(
     Args:
         model: an ``nn.Module`` in eval mode; it is run, never modified.
         example_inputs: a tensor or a tuple of tensors (batch dimension first).
-        path: the ``.onnx`` file to write (its directory must exist); the sidecar goes to
-            :func:`sidecar_path` (``model.json``).
+        path: the ``.onnx`` file to write (its directory must exist); its sidecar: ``model.json``.
         backend: the target whose patterns are used: a name (``tensorrt``, ``onnxruntime``,
-            ...) or a :class:`~embedl_dynamo.backend.Backend`.
-        precision: ``fp32``, ``fp16``/``bf16`` (half types in the file, with normalisation,
-            softmax, reductions and outputs in fp32), ``int8`` (QDQ nodes, int8 weights) or
-            ``mixed`` (INT8 per layer where it pays within ``accuracy_budget``); None reads
-            ``EMBEDL_DYNAMO_PRECISION``, else ``fp32``.
+            ...) or a [Backend][embedl_dynamo.Backend].
+        precision: ``fp32``, ``fp16``/``bf16`` (normalisation, softmax, reductions and outputs
+            stay fp32), ``int8`` (QDQ nodes, int8 weights) or ``mixed`` (INT8 per layer where it
+            pays within ``accuracy_budget``); None: ``EMBEDL_DYNAMO_PRECISION``, else ``fp32``.
         quantize: the older spelling of ``precision="int8"``.
         calibration_data: INT8 calibration batches (tensors or tuples) or a callable
             ``forward_loop(model)``; the example inputs when None.
@@ -128,25 +126,23 @@ def export(
         dynamic_shapes: more dynamic axes, one ``None`` or ``{axis: name}`` per input, as
             ``torch.export`` takes them (``[{1: "seq"}]``); the sidecar names them.
         opset: ONNX opset; the exporter's default when None.
-        verify: raise :class:`VerificationError` when the file fails ``torch.compile``'s
-            verdict (:mod:`embedl_dynamo.tuning.judge`); the sidecar reports it either way.
+        verify: raise [VerificationError][embedl_dynamo.VerificationError] when the file fails
+            the verdict ``torch.compile`` gives; the sidecar reports it either way.
         engine: also build a TensorRT engine (``model.engine``); needs TensorRT and a GPU.
         tolerance: a float file's bound relative to the output scale (default
-            :data:`~embedl_dynamo.tuning.judge.FLOAT_RTOL`, as for ``torch.compile``); a lower
+            `embedl_dynamo.tuning.judge.FLOAT_RTOL`, as for ``torch.compile``); a lower
             precision is held to ``accuracy_budget`` (set it in ``options``).
-        options: further pipeline settings (``observer``, ``calibration_steps``, ``cache_dir``,
-            ...), as for ``torch.compile(..., options=...)``.
+        options: further pipeline settings, as ``torch.compile(..., options=...)`` takes them.
         progress: show a progress bar over the export stages (None: only on a terminal).
         html: also write the compile report as one page beside the sidecar (``model.html``).
-        triton_repository: also write a Triton model repository there (:mod:`.triton`).
+        triton_repository: also write a Triton model repository in this directory.
 
     Returns:
         The path of the ONNX file.
 
     Raises:
         ExportError: bad arguments, a model Dynamo cannot capture, an op ONNX cannot express,
-            or (``onnxruntime`` and ``openvino`` targets) an op the conformance table keeps in
-            PyTorch on the file's runtime (:mod:`~embedl_dynamo.deploy.export_guards`).
+            or an op the conformance table keeps in PyTorch on the file's runtime.
         VerificationError: ``verify`` is on and the file fails the verdict.
     """
     args = check_arguments(model, example_inputs, path, opset)

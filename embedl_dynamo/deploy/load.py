@@ -183,12 +183,12 @@ def load(
     check_sha256: bool = True,
     runtime: str = AUTO,
 ) -> ExportedModule:
-    """Load an artifact written by :func:`embedl_dynamo.export`.
+    """Load an artifact written by [embedl_dynamo.export][embedl_dynamo.export].
 
     The runtime is the one the export recorded in the sidecar (``openvino`` for the openvino
     target, else ``onnxruntime``; a TensorRT engine: ``tensorrt``), rebuilt from the sidecar's
-    state through :meth:`Runtime.from_dict <embedl_dynamo.runtimes.Runtime.from_dict>`, which
-    loads the file with the runtime's :meth:`~embedl_dynamo.runtimes.Runtime.load_artifact`.
+    state through `embedl_dynamo.runtimes.Runtime.from_dict`, which loads the file with the
+    runtime's `load_artifact`.
 
     Args:
         path: an ``.onnx`` file, or a TensorRT engine (``.engine``/``.plan``/``.trt``).
@@ -198,17 +198,17 @@ def load(
             (``"cuda:1"``), an int (a CUDA index, as ``torch.device(1)``), None (``auto``).
             A TensorRT engine runs on the current CUDA device.
         num_threads: the runtime's intra-op threads (its default when None), at most
-            :func:`~embedl_dynamo.deploy.sidecar_fields.max_threads` (as the sidecar's).
+            `embedl_dynamo.deploy.sidecar_fields.max_threads` (as the sidecar's).
         check_sha256: refuse a file whose bytes differ from the sha256 its sidecar recorded
-            at export, whatever the files are called now (:mod:`~embedl_dynamo.deploy.integrity`).
+            at export, whatever the files are called now (`embedl_dynamo.deploy.integrity`).
         runtime: ``auto`` (what the sidecar recorded; ONNX Runtime, with one warning, where
             that runtime is not installed or there is no sidecar), or a runtime that loads
             the file (``onnxruntime``, ``openvino``; ``tensorrt`` for an engine).
 
     Returns:
-        An :class:`ExportedModule` in eval mode. Where its runtime would answer NaN or
+        An `ExportedModule` in eval mode. Where its runtime would answer NaN or
         infinities with finite numbers (OpenVINO; quantized activations), a call holding them
-        raises ValueError naming the input and the fix (:mod:`~embedl_dynamo.deploy.non_finite`).
+        raises ValueError naming the input and the fix (`embedl_dynamo.deploy.non_finite`).
 
     Raises:
         FileNotFoundError: no such file.

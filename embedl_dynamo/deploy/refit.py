@@ -58,7 +58,7 @@ def refit(
     """Write new weights into the exported file at ``path`` and its sidecar (see the module).
 
     Args:
-        path: the ``.onnx`` file :func:`~embedl_dynamo.export` wrote (its sidecar beside it).
+        path: the ``.onnx`` file [export][embedl_dynamo.export] wrote (its sidecar beside it).
         state_dict: the new weights, named as ``model.state_dict()`` names them; or the model
             itself (its parameters and buffers, non-persistent buffers included).
         calibration_data: batches of the model's inputs (tensors or tuples) to check an INT8

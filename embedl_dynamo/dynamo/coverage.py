@@ -53,7 +53,7 @@ class GraphCoverage:
 
 @dataclasses.dataclass
 class CoverageReport:
-    """What :func:`coverage` found, over every Dynamo graph of the model."""
+    """What [coverage][embedl_dynamo.coverage] found, over every Dynamo graph of the model."""
 
     graphs: list[GraphCoverage]
 
@@ -94,10 +94,10 @@ def coverage(
         example_inputs: one call's positional inputs.
         backend: the target (``onnxruntime``, ``openvino``, ``tensorrt``; ``embedl_`` may
             prefix it).
-        options: compile options (:class:`~embedl_dynamo.settings.Settings`), e.g. ``runtime``.
+        options: compile options (`embedl_dynamo.settings.Settings`), e.g. ``runtime``.
 
     Returns:
-        A :class:`CoverageReport`.
+        A [CoverageReport][embedl_dynamo.CoverageReport].
 
     Example:
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))

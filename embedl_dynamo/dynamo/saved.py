@@ -80,7 +80,7 @@ def save_compiled(
         example_kwargs: the forward's keyword arguments.
         bundle: also copy the artifacts it loads into ``<path>.artifacts`` (a cache directory
             to ship beside the file); without it they are read from the compile cache.
-        options: compile options (:class:`~embedl_dynamo.settings.Settings`).
+        options: compile options (`embedl_dynamo.settings.Settings`).
 
     Returns:
         The compiled function (call it under ``torch.no_grad()``).
@@ -191,9 +191,9 @@ def _first_line(exc: BaseException) -> str:
 def load_compiled(
     path: str | Path, model: nn.Module, *, cache_dir: str | Path | None = None
 ) -> LoadedFunction:
-    """Load what :func:`save_compiled` wrote: no Dynamo trace, and on the first call no
-    pipeline stage (each artifact is loaded from the bundle beside the file, ``cache_dir``,
-    or the compile cache).
+    """Load what [save_compiled][embedl_dynamo.save_compiled] wrote: no Dynamo trace, and on
+    the first call no pipeline stage (each artifact is loaded from the bundle beside the file,
+    ``cache_dir``, or the compile cache).
 
     Args:
         path: the saved file (only files you made: see the module).

@@ -103,7 +103,7 @@ def last_report() -> CompileReport:
     """The subgraphs of the last ``torch.compile``'d callable that compiled: those of its first
     call (graph breaks included) and of its later calls that compiled again (a new shape, a
     size made dynamic). A compile of another callable starts a new report; so does
-    :func:`clear_reports`."""
+    [clear_reports][embedl_dynamo.clear_reports]."""
     with _lock:
         return CompileReport(list(_record))
 
@@ -117,10 +117,10 @@ def explain(
         model: the model (not modified).
         inputs: example inputs for one call.
         backend: the dynamo backend name (``embedl_tensorrt``, ``embedl_onnxruntime``...).
-        options: compile options (see :class:`~embedl_dynamo.settings.Settings`).
+        options: compile options (see `embedl_dynamo.settings.Settings`).
 
     Returns:
-        The :class:`CompileReport` of the subgraphs this call compiled.
+        The `CompileReport` of the subgraphs this call compiled.
     """
     clear_reports()
     compiled = torch.compile(model, backend=backend, options=options or None)

@@ -110,8 +110,9 @@ def trace(
 
     Returns:
         A new GraphModule that shares the model's tensors: rewrites put new tensors in place
-        of old ones and never write into them, and :func:`apply_transformation_plan` copies
-        the ones its result keeps (a copy here would cost every compile a pass over all the
+        of old ones and never write into them, and
+        [apply_transformation_plan][embedl_dynamo.apply_transformation_plan] copies the ones
+        its result keeps (a copy here would cost every compile a pass over all the
         model's weights).
     """
     if isinstance(model, fx.GraphModule):
@@ -148,7 +149,8 @@ def _propagate_shapes(gm: fx.GraphModule, args: Sequence[Any]) -> None:
 
 @dataclass
 class TransformResult:
-    """What :func:`transform` returns: the transformed model, its plan and a report."""
+    """What [transform][embedl_dynamo.transform.transform] returns: the transformed model, its
+    plan and a report."""
 
     model: fx.GraphModule
     plan: TransformationPlan
@@ -393,8 +395,8 @@ def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
     """Apply the plan's pending matches to a copy of ``plan.model``.
 
     Returns:
-        A :class:`TransformResult`; the plan itself is left untouched, so it can be edited and
-        applied again.
+        A [TransformResult][embedl_dynamo.TransformResult]; the plan itself is left untouched,
+        so it can be edited and applied again.
     """
     gm = _copy_sharing_tensors(plan.model)
     nodes = {n.name: n for n in gm.graph.nodes}

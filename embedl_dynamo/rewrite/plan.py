@@ -36,7 +36,8 @@ class PatternMatch:
         pattern: the pattern that matched.
         node: name of the anchor node in ``plan.model``.
         nodes: names of all graph nodes the match covers.
-        apply: whether :func:`apply_transformation_plan` will apply it (users may toggle it).
+        apply: whether [apply_transformation_plan][embedl_dynamo.apply_transformation_plan]
+            will apply it (users may toggle it).
         reason: why it is not applied (empty when it is).
         applied: True once the rewrite has been made (conversions are applied while planning).
         check_reason: the reason ``check`` declined, kept apart from overlap and user decisions.
@@ -85,7 +86,8 @@ class TransformationPlan:
     @property
     def matches(self) -> dict[str, dict[str, PatternMatch]]:
         """The entries as ``node name -> pattern name -> PatternMatch`` (the seed API's view);
-        setting ``.apply = False`` on one skips it, as :meth:`disable` does by glob."""
+        setting ``.apply = False`` on one skips it, as
+        [disable][embedl_dynamo.TransformationPlan.disable] does by glob."""
         table: dict[str, dict[str, PatternMatch]] = {}
         for entry in self.entries:
             table.setdefault(entry.node, {})[entry.pattern.name] = entry
