@@ -79,6 +79,11 @@ class Backend:
             every registered runtime (`embedl_dynamo.runtimes.registry.auto_order`).
             The runtime registry checks the names when it resolves them.
         description: one line for ``embedl-dynamo backends``.
+
+    Example:
+        >>> import embedl_dynamo
+        >>> embedl_dynamo.discover_backends()["onnxruntime"].name
+        'onnxruntime'
     """
 
     name: str
@@ -199,6 +204,11 @@ def discover_backends() -> dict[str, Backend]:
 
     Cached after the first call (see [reset_backends][embedl_dynamo.reset_backends]). A name
     registered twice is refused.
+
+    Example:
+        >>> import embedl_dynamo
+        >>> {"onnxruntime", "openvino", "tensorrt"} <= set(embedl_dynamo.discover_backends())
+        True
     """
     if _registry.backends is not None:
         return dict(_registry.backends)
@@ -255,7 +265,14 @@ def as_backend(backend: Backend | str | None) -> Backend:
 
 
 def set_backend(name: str | None) -> Backend | None:
-    """Select the active backend by name (None clears the choice)."""
+    """Select the active backend by name (None clears the choice).
+
+    Example:
+        ```python
+        embedl_dynamo.set_backend("openvino")  # transform() without patterns uses its patterns
+        plan = embedl_dynamo.get_transformation_plan(model, (x,))
+        ```
+    """
     if name is None:
         _registry.selected = None
         return None
@@ -270,6 +287,14 @@ def get_backend() -> Backend:
     Raises:
         ValueError: the chosen or environment-named backend does not exist.
         RuntimeError: no choice was made and zero or several backends are installed.
+
+    Example:
+        >>> import embedl_dynamo
+        >>> embedl_dynamo.set_backend("onnxruntime").name
+        'onnxruntime'
+        >>> embedl_dynamo.get_backend().name
+        'onnxruntime'
+        >>> embedl_dynamo.set_backend(None)  # no choice again
     """
     if _registry.selected is not None:
         return backend_by_name(_registry.selected)
@@ -300,7 +325,14 @@ def get_backend() -> Backend:
 
 
 def reset_backends() -> None:
-    """Forget discovered backends and the selection (tests use this to isolate state)."""
+    """Forget discovered backends and the selection (tests use this to isolate state).
+
+    Example:
+        ```python
+        embedl_dynamo.reset_backends()  # after installing a package with new backends
+        backends = embedl_dynamo.discover_backends()  # read the entry points again
+        ```
+    """
     _registry.backends = None
     _registry.selected = None
     _registry.origins = {}

@@ -133,6 +133,12 @@ def quantize(
     Returns:
         The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (`embedl_dynamo.quant.stage`)
         holds the report.
+
+    Example:
+        ```python
+        gm = embedl_dynamo.quantize(model.eval(), (x,), calibration_data=batches, backend="openvino")
+        y = gm(x)  # fake-quantized in PyTorch
+        ```
     """
     target = as_backend(backend)
     if forward_loop is not None and calibration_data is not None:
@@ -174,6 +180,12 @@ def prepare_qat(
     Returns:
         A GraphModule in train mode whose float weights (the originals behind the weight
         quantizers) require grad; fine-tune it with any optimizer, then ``eval()``.
+
+    Example:
+        ```python
+        qat = embedl_dynamo.prepare_qat(model, (x,), calibration_data=batches, backend="openvino")
+        loss = loss_fn(qat(x), target)  # train it as a module, then export
+        ```
     """
     qat = quantize(
         model,

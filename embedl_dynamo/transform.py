@@ -44,6 +44,13 @@ def get_transformation_plan(
 
     Returns:
         The plan; ``plan.model`` is the converted copy that the fusion entries refer to.
+
+    Example:
+        ```python
+        plan = embedl_dynamo.get_transformation_plan(model.eval(), (x,))
+        plan.disable("conv_bn@*layer4*")  # by glob
+        result = embedl_dynamo.apply_transformation_plan(plan)
+        ```
     """
     if patterns is None:
         backend = get_backend()
@@ -66,6 +73,13 @@ def transform(
     Returns:
         ``result.model`` (GraphModule), ``result.report`` (``applied_count``,
         ``skipped_count``, per-pattern counts, matches) and ``result.plan``.
+
+    Example:
+        ```python
+        result = embedl_dynamo.transform(model.eval(), (x,))  # the active Backend's patterns
+        print(result.plan)  # each match, applied or not, and why
+        y = result.model(x)
+        ```
     """
     plan = get_transformation_plan(model, patterns, args)
     return apply_transformation_plan(plan)

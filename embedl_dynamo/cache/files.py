@@ -75,6 +75,12 @@ def wait_for_cache_writes(timeout: float | None = None) -> None:
 
     Raises:
         TimeoutError: ``timeout`` seconds passed first.
+
+    Example:
+        ```python
+        torch.compile(model, backend="embedl_onnxruntime")(x)
+        embedl_dynamo.wait_for_cache_writes()  # before copying the cache directory
+        ```
     """
     with _WRITING_LOCK:
         pending = list(_WRITING)

@@ -144,6 +144,11 @@ def export(
         ExportError: bad arguments, a model Dynamo cannot capture, an op ONNX cannot express,
             or an op the conformance table keeps in PyTorch on the file's runtime.
         VerificationError: ``verify`` is on and the file fails the verdict.
+
+    Example:
+        ```python
+        embedl_dynamo.export(model.eval(), (x,), "model.onnx", backend="openvino", precision="int8")
+        ```
     """
     args = check_arguments(model, example_inputs, path, opset)
     path, target = Path(path), export_target(backend)

@@ -217,6 +217,12 @@ def load(
             (or whose graph reads weights from a file it did not record).
         RuntimeError: an engine file where TensorRT is not available, or a runtime asked for
             by name that is not installed here.
+
+    Example:
+        ```python
+        module = embedl_dynamo.load("model.onnx")  # on the runtime its sidecar recorded
+        y = module(torch.randn(5, 3, 32, 32))  # torch in, torch out, any batch size
+        ```
     """
     path = Path(path)
     if not path.is_file():

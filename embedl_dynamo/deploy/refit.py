@@ -75,6 +75,11 @@ def refit(
         VerificationError: the refitted INT8 file misses ``accuracy_budget`` with the kept
             scales; the file is left as it was.
         ValueError: the file is not the one its sidecar describes (``load()``'s check).
+
+    Example:
+        ```python
+        embedl_dynamo.refit("model.onnx", model.state_dict())  # new weights, same graph
+        ```
     """
     path = Path(path)
     verify_artifact(path)  # the file is the one its sidecar describes

@@ -32,7 +32,14 @@ __all__ = ["CoverageReport", "GraphCoverage", "KeptOp", "coverage"]
 
 @dataclasses.dataclass(frozen=True)
 class KeptOp:
-    """An op kept in PyTorch, why, and on how many nodes."""
+    """An op kept in PyTorch, why, and on how many nodes.
+
+    Example:
+        ```python
+        for kept in embedl_dynamo.coverage(model.eval(), (x,), backend="openvino").kept:
+            print(kept.op, kept.nodes, kept.reason)
+        ```
+    """
 
     op: str
     reason: str
@@ -53,7 +60,14 @@ class GraphCoverage:
 
 @dataclasses.dataclass
 class CoverageReport:
-    """What [coverage][embedl_dynamo.coverage] found, over every Dynamo graph of the model."""
+    """What [coverage][embedl_dynamo.coverage] found, over every Dynamo graph of the model.
+
+    Example:
+        ```python
+        report = embedl_dynamo.coverage(model.eval(), (x,), backend="openvino")
+        print(report.op_share, [(k.op, k.reason) for k in report.kept])
+        ```
+    """
 
     graphs: list[GraphCoverage]
 

@@ -88,6 +88,12 @@ def save_compiled(
     Raises:
         SavedFunctionError: Dynamo cannot trace the forward as one graph, or the compiled graph
             cannot be saved; the message says why and what works.
+
+    Example:
+        ```python
+        embedl_dynamo.save_compiled(model, (x,), "model.compiled", backend="embedl_onnxruntime")
+        fn = embedl_dynamo.load_compiled("model.compiled", model)  # in a new process
+        ```
     """
     if not isinstance(model, nn.Module):
         raise SavedFunctionError(
@@ -207,6 +213,12 @@ def load_compiled(
     Raises:
         SavedFunctionError: the file was not saved by an embedl backend, the model's weights
             are not the saved ones, or an artifact is missing or not the one saved.
+
+    Example:
+        ```python
+        fn = embedl_dynamo.load_compiled("model.compiled", model)  # no Dynamo trace
+        y = fn(x)
+        ```
     """
     if cache_dir is None and bundle_path(path).is_dir():
         cache_dir = bundle_path(path)

@@ -92,7 +92,15 @@ def record(report: SubgraphReport) -> None:
 
 
 def clear_reports() -> None:
-    """Start a new record (and free the reports it held)."""
+    """Start a new record (and free the reports it held).
+
+    Example:
+        ```python
+        embedl_dynamo.clear_reports()
+        torch.compile(model, backend="embedl_onnxruntime")(x)
+        print(embedl_dynamo.last_report())  # this compile only
+        ```
+    """
     global _compile
     with _lock:
         _record.clear()
@@ -103,7 +111,14 @@ def last_report() -> CompileReport:
     """The subgraphs of the last ``torch.compile``'d callable that compiled: those of its first
     call (graph breaks included) and of its later calls that compiled again (a new shape, a
     size made dynamic). A compile of another callable starts a new report; so does
-    [clear_reports][embedl_dynamo.clear_reports]."""
+    [clear_reports][embedl_dynamo.clear_reports].
+
+    Example:
+        ```python
+        torch.compile(model, backend="embedl_onnxruntime")(x)
+        print(embedl_dynamo.last_report())  # each subgraph: runtime, precision, fusions
+        ```
+    """
     with _lock:
         return CompileReport(list(_record))
 
@@ -121,6 +136,12 @@ def explain(
 
     Returns:
         The `CompileReport` of the subgraphs this call compiled.
+
+    Example:
+        ```python
+        report = embedl_dynamo.explain(model, x, backend="embedl_onnxruntime")
+        print(report)
+        ```
     """
     clear_reports()
     compiled = torch.compile(model, backend=backend, options=options or None)

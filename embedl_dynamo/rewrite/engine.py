@@ -17,7 +17,6 @@ import copy
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,7 +34,7 @@ from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
 from embedl_dynamo.rewrite.pattern import Pattern
-from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan
+from embedl_dynamo.rewrite.plan import PatternMatch, TransformationPlan, TransformResult
 from embedl_dynamo.rewrite.qdq import FusedModule
 
 __all__ = [
@@ -114,6 +113,11 @@ def trace(
         [apply_transformation_plan][embedl_dynamo.apply_transformation_plan] copies the ones
         its result keeps (a copy here would cost every compile a pass over all the
         model's weights).
+
+    Example:
+        >>> import torch, embedl_dynamo
+        >>> type(embedl_dynamo.trace(torch.nn.Linear(4, 2), (torch.randn(1, 4),))).__name__
+        'GraphModule'
     """
     if isinstance(model, fx.GraphModule):
         gm = _copy_sharing_tensors(model)
@@ -145,16 +149,6 @@ def _propagate_shapes(gm: fx.GraphModule, args: Sequence[Any]) -> None:
 
     with torch.no_grad():
         ShapeProp(gm).propagate(*args)
-
-
-@dataclass
-class TransformResult:
-    """What [transform][embedl_dynamo.transform.transform] returns: the transformed model, its
-    plan and a report."""
-
-    model: fx.GraphModule
-    plan: TransformationPlan
-    report: dict[str, Any] = field(default_factory=dict)
 
 
 def _entry(m: Match, apply: bool, reason: str, check_reason: str = "") -> PatternMatch:
@@ -397,6 +391,12 @@ def apply_transformation_plan(plan: TransformationPlan) -> TransformResult:
     Returns:
         A [TransformResult][embedl_dynamo.TransformResult]; the plan itself is left untouched,
         so it can be edited and applied again.
+
+    Example:
+        ```python
+        plan = embedl_dynamo.get_transformation_plan(model.eval(), (x,))
+        result = embedl_dynamo.apply_transformation_plan(plan)  # the plan is left as it was
+        ```
     """
     gm = _copy_sharing_tensors(plan.model)
     nodes = {n.name: n for n in gm.graph.nodes}

@@ -28,7 +28,14 @@ __all__ = ["Match", "MatchResult", "Rule"]
 
 @dataclass(frozen=True)
 class MatchResult:
-    """The verdict of a rule's ``check``: ``ok``, or not with the reason why."""
+    """The verdict of a rule's ``check``: ``ok``, or not with the reason why.
+
+    Example:
+        ```python
+        def check(self, m: Match) -> MatchResult:
+            return m.ok() if m.all_constant("w") else m.fail("the weight is not a constant")
+        ```
+    """
 
     ok: bool
     reason: str = ""
@@ -60,6 +67,14 @@ class Match:
 
     ``m["conv"]`` is the graph node the pattern called ``conv``; ``m["x"]`` what its argument
     ``x`` is bound to (a node, or a literal such as ``None`` for a missing bias).
+
+    Example:
+        ```python
+        def check(self, m: Match) -> MatchResult:
+            if m.kwarg("bn", "training"):
+                return m.fail("BatchNorm is in training mode (call model.eval())")
+            return m.ok()
+        ```
     """
 
     def __init__(

@@ -124,6 +124,14 @@ class Pattern(MatchRule):
 
     Attributes:
         qdq: where QDQ goes around the replacement (data for the quantization stage).
+
+    Example:
+        ```python
+        class ConvBN(Pattern):
+            name, phase, id_node = "conv_bn", "fusion", "conv"
+            ...  # target, check, replace: docs/architecture/patterns.md
+        result = embedl_dynamo.transform(model.eval(), (x,), [ConvBN()])
+        ```
     """
 
     qdq: ClassVar[QDQ] = QDQ()

@@ -22,7 +22,7 @@ from torch import fx
 from embedl_dynamo.report.plan_rows import PlanSnapshot, format_table
 from embedl_dynamo.rewrite.pattern import Pattern
 
-__all__ = ["PatternMatch", "TransformationPlan", "OVERLAP_PREFIX"]
+__all__ = ["PatternMatch", "TransformResult", "TransformationPlan", "OVERLAP_PREFIX"]
 
 OVERLAP_PREFIX = "overlaps "
 
@@ -41,6 +41,13 @@ class PatternMatch:
         reason: why it is not applied (empty when it is).
         applied: True once the rewrite has been made (conversions are applied while planning).
         check_reason: the reason ``check`` declined, kept apart from overlap and user decisions.
+
+    Example:
+        ```python
+        plan = embedl_dynamo.get_transformation_plan(model.eval(), (x,))
+        for entry in plan.entries:
+            print(entry.id, entry.apply, entry.reason)
+        ```
     """
 
     id: str
@@ -78,6 +85,13 @@ class TransformationPlan:
         model: the graph the fusion matches refer to; never the user's model.
         matches: ``node_name -> pattern_name -> PatternMatch``.
         entries: the same matches as a list in priority order (longest pattern first).
+
+    Example:
+        ```python
+        plan = embedl_dynamo.get_transformation_plan(model.eval(), (x,))
+        print(plan.table())
+        plan.disable("conv_bn@*")
+        ```
     """
 
     model: fx.GraphModule
@@ -164,3 +178,20 @@ class TransformationPlan:
     def summary(self) -> dict[str, Any]:
         """Counts of applied and skipped matches, overall and per pattern."""
         return self.snapshot().summary()
+
+
+@dataclass
+class TransformResult:
+    """What [transform][embedl_dynamo.transform.transform] returns: the transformed model, its
+    plan and a report.
+
+    Example:
+        ```python
+        result = embedl_dynamo.transform(model.eval(), (x,))
+        print(result.report["applied_count"], result.plan.summary())
+        ```
+    """
+
+    model: fx.GraphModule
+    plan: TransformationPlan
+    report: dict[str, Any] = field(default_factory=dict)

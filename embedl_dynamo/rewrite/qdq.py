@@ -16,7 +16,13 @@ __all__ = ["QDQ", "FusedModule", "Role"]
 
 
 class Role(str, enum.Enum):
-    """What a quantized position holds; the target's quantization config maps it to a spec."""
+    """What a quantized position holds; the target's quantization config maps it to a spec.
+
+    Example:
+        >>> from embedl_dynamo import Role
+        >>> [role.name for role in Role]
+        ['ACTIVATION', 'WEIGHT', 'BIAS', 'OUTPUT']
+    """
 
     ACTIVATION = "activation"
     WEIGHT = "weight"
@@ -32,6 +38,11 @@ class QDQ:
         inputs: match names (pattern arguments) whose values are quantized on the way in.
         weights: match names of constant weights quantized per channel inside the fused op.
         output: the role of the pattern's output when it is quantized on the way out, or None.
+
+    Example:
+        ```python
+        qdq = QDQ(inputs={"x": Role.ACTIVATION}, weights={"w": Role.WEIGHT})  # a Pattern's
+        ```
     """
 
     inputs: Mapping[str, Role] = field(default_factory=dict)
@@ -63,6 +74,15 @@ class FusedModule(nn.Module):
 
     ``qdq.inputs`` names forward arguments by position (``"0"``, ``"1"``), ``qdq.weights``
     names the module's own parameters (``"weight"``) quantized per output channel.
+
+    Example:
+        ```python
+        class FusedScale(FusedModule):
+            qdq = QDQ(inputs={"0": Role.ACTIVATION})  # QDQ before its first forward argument
+
+            def forward(self, x):
+                return x * 2
+        ```
     """
 
     qdq: ClassVar[QDQ] = QDQ()

@@ -1,13 +1,16 @@
 """The API page as readers see it: the site built (``mkdocs build --strict``, as CI builds it)
 shows every public name once and no raw Sphinx role, which mkdocstrings' google style prints as
-text (docstrings cross-reference with ``[name][embedl_dynamo.name]``, or use a code span).
+text (docstrings cross-reference with ``[name][embedl_dynamo.name]``, or use a code span); and
+every public name's docstring has an example, whose ``>>>`` lines run as doctests.
 
 The build runs where the docs extra is installed (``pip install -e '.[docs]'``), else it skips.
 """
 
 from __future__ import annotations
 
+import doctest
 import html
+import importlib
 import os
 import re
 import subprocess
@@ -54,3 +57,29 @@ def test_api_page_shows_each_public_name_once(api_page):
     assert not twice, f"the API page shows {twice} more than once"
     missing = sorted(set(embedl_dynamo.__all__) - set(entries))
     assert not missing, f"the API page does not show {missing}"
+
+
+@pytest.mark.parametrize("name", embedl_dynamo.__all__)
+def test_public_name_has_an_example(name):
+    doc = getattr(embedl_dynamo, name).__doc__ or ""
+    section = re.search(r"^\s*Examples?:\s*$", doc, re.MULTILINE)
+    assert section, f"embedl_dynamo.{name}'s docstring has no 'Example:' section"
+    body = doc[section.end() :]
+    assert ">>> " in body or "```" in body, (
+        f"embedl_dynamo.{name}'s Example: section has no '>>>' snippet or fenced code block"
+    )
+
+
+DOCTESTS = [n for n in embedl_dynamo.__all__ if ">>> " in (getattr(embedl_dynamo, n).__doc__ or "")]
+
+
+@pytest.mark.usefixtures("compile_isolation")
+@pytest.mark.parametrize("name", DOCTESTS)
+def test_doctest_examples_run(name):
+    """The ``>>>`` examples are the cheap ones (fenced blocks show what needs a model and data)."""
+    obj = getattr(embedl_dynamo, name)
+    globs = {**vars(importlib.import_module(obj.__module__))}
+    test = doctest.DocTestParser().get_doctest(obj.__doc__, globs, name, obj.__module__, 0)
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    runner.run(test)
+    assert runner.failures == 0, f"embedl_dynamo.{name}'s example failed (see the output above)"
