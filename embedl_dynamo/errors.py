@@ -222,7 +222,14 @@ class SavedFunctionError(EmbedlDynamoError, RuntimeError):
 class WeightsChangedWhileWritingError(EmbedlDynamoError, RuntimeError):
     """A weight was modified in place while its ONNX file was being written from the tensors'
     memory: the file would hold neither set of weights, so it is not stored (a refit of the
-    new weights takes the export kept in memory instead)."""
+    new weights takes the export kept in memory instead). Raised on the writer's thread and
+    logged; a caller sees it only where it waits for that write.
+
+    Example:
+        >>> import embedl_dynamo
+        >>> issubclass(embedl_dynamo.WeightsChangedWhileWritingError, RuntimeError)
+        True
+    """
 
 
 class CliError(EmbedlDynamoError):
