@@ -2,10 +2,12 @@
 
 A :class:`Precision` carries the facts the rest of the package asks about (whether it is a
 lower precision judged by ``accuracy_budget``, whether it calibrates and inserts Q/DQ, whether
-it is chosen per layer by measuring, its half dtype) and its *stage*: what the pipeline does to
-the float graph for it (cast to half, calibrate and insert Q/DQ, or nothing). A stage is named
-like an entry point (``"module:function"``) so this low layer names it without importing the
-layers above, or given as the callable itself.
+it is chosen per layer by measuring, its half dtype), its *stage*: what the pipeline does to
+the float graph for it (cast to half, calibrate and insert Q/DQ, or nothing), and its *form*:
+what is then chosen by measuring on the runtime (``mixed``'s layers, a half precision's typed
+or hinted graph on OpenVINO; :func:`~embedl_dynamo.tuning.precision_form.transform_for` runs
+both). A stage or form is named like an entry point (``"module:function"``) so this low layer
+names it without importing the layers above, or given as the callable itself.
 
 Adding a precision is its stage module plus one :func:`register_precision` line; settings,
 options, ``EMBEDL_DYNAMO_PRECISION``, ``export()`` and the CLI then accept its name.
@@ -22,6 +24,7 @@ import torch
 
 __all__ = [
     "Precision",
+    "PrecisionForm",
     "PrecisionStage",
     "get_precision",
     "precision_names",
@@ -31,6 +34,11 @@ __all__ = [
 
 # (float graph, example inputs, backend, settings) -> (graph at this precision, report entries)
 PrecisionStage = Callable[[Any, Sequence[Any], Any, Any], tuple[Any, dict[str, Any]]]
+# (pipeline result, FormContext) -> the pipeline result in the form chosen
+PrecisionForm = Callable[[Any, Any], Any]
+
+_MIXED_FORM = "embedl_dynamo.tuning.mixed_precision:apply_mixed_form"
+_HALF_FORM = "embedl_dynamo.tuning.half_form:apply_half_form"
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,10 @@ class Precision:
         half_dtype: the half type the graph computes in (``fp16``/``bf16``), else None.
         stage: what the pipeline runs on the float graph, a :data:`PrecisionStage` or its
             ``"module:function"`` name; None: the float graph as it is.
+        form: what runs on the pipeline's result to choose its form by measuring on the
+            runtime, a :data:`PrecisionForm` or its name; when not given, ``mixed``'s per-layer
+            choice for a ``per_layer`` precision, the half form for one with ``half_dtype``,
+            else none.
     """
 
     name: str
@@ -61,6 +73,7 @@ class Precision:
     per_layer: bool = False
     half_dtype: torch.dtype | None = None
     stage: str | PrecisionStage | None = None
+    form: str | PrecisionForm | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -83,14 +96,21 @@ class Precision:
                 f"Precision {self.name!r}: half_dtype={self.half_dtype!r} is not a floating "
                 "torch.dtype; give e.g. torch.float16, or None"
             )
-        stage = self.stage
-        if isinstance(stage, str) and stage.count(":") != 1:
-            raise ValueError(
-                f"Precision {self.name!r}: stage={stage!r} is not 'module:function'; give that "
-                "or the callable"
-            )
-        if stage is not None and not isinstance(stage, str) and not callable(stage):
-            raise ValueError(f"Precision {self.name!r}: stage must be callable, a name or None")
+        for step in ("stage", "form"):
+            value = getattr(self, step)
+            if isinstance(value, str) and value.count(":") != 1:
+                raise ValueError(
+                    f"Precision {self.name!r}: {step}={value!r} is not 'module:function'; give "
+                    "that or the callable"
+                )
+            if value is not None and not isinstance(value, str) and not callable(value):
+                raise ValueError(
+                    f"Precision {self.name!r}: {step} must be callable, a name or None"
+                )
+        if self.form is None and self.per_layer:
+            object.__setattr__(self, "form", _MIXED_FORM)
+        elif self.form is None and self.half_dtype is not None:
+            object.__setattr__(self, "form", _HALF_FORM)
 
     def __str__(self) -> str:
         return self.name
@@ -114,16 +134,29 @@ class Precision:
         Raises:
             ValueError: the named stage cannot be imported.
         """
-        if not isinstance(self.stage, str):
-            return self.stage
-        module, _, function = self.stage.partition(":")
-        try:
-            return getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(
-                f"precision {self.name!r}: its stage {self.stage!r} cannot be loaded ({exc}); "
-                "register it with an importable 'module:function' or the callable"
-            ) from exc
+        return _load_step(self.name, "stage", self.stage)
+
+    def load_form(self) -> PrecisionForm | None:
+        """The form as a callable (a ``"module:function"`` name is imported on first use).
+
+        Raises:
+            ValueError: the named form cannot be imported.
+        """
+        return _load_step(self.name, "form", self.form)
+
+
+def _load_step(precision: str, step: str, value: str | Callable[..., Any] | None) -> Any:
+    """``value`` (a precision's stage or form) as a callable, importing a named one."""
+    if not isinstance(value, str):
+        return value
+    module, _, function = value.partition(":")
+    try:
+        return getattr(importlib.import_module(module), function)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(
+            f"precision {precision!r}: its {step} {value!r} cannot be loaded ({exc}); "
+            "register it with an importable 'module:function' or the callable"
+        ) from exc
 
 
 def _fields(p: Precision) -> tuple[Any, ...]:
@@ -136,6 +169,7 @@ def _fields(p: Precision) -> tuple[Any, ...]:
         p.per_layer,
         p.half_dtype,
         p.stage,
+        p.form,
     )
 
 

@@ -29,6 +29,7 @@ from torch import fx
 
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.rest_precision import with_rest_precision
+from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.precision import Precision
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
 from embedl_dynamo.runtimes.openvino.compile import computes_in, half_hint
@@ -36,9 +37,17 @@ from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from embedl_dynamo.runtimes.reference import graph_outputs
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_precision_outputs, judge_against
+from embedl_dynamo.tuning.precision_form import FormContext
 from embedl_dynamo.tuning.runtime_choice import RunOption, RuntimeChoice, fastest
 
-__all__ = ["HINT", "TYPED", "choose_half_form", "half_form_note", "half_form_options"]
+__all__ = [
+    "HINT",
+    "TYPED",
+    "apply_half_form",
+    "choose_half_form",
+    "half_form_note",
+    "half_form_options",
+]
 
 TYPED = "typed graph"
 HINT = "f32 graph + hint"
@@ -151,3 +160,27 @@ def choose_half_form(
     choice = fastest(options, inputs, settings, axes, judge)
     note = half_form_note(choice, settings.precision)
     return dataclasses.replace(choice, note=note)
+
+
+def apply_half_form(result: PipelineResult, context: FormContext) -> PipelineResult:
+    """A half precision's form (:data:`~embedl_dynamo.precision.PrecisionForm`): ``result``
+    in the form :func:`choose_half_form` found faster on ``context``'s runtime within the
+    budget (the typed graph, or the float graph whose file asks for the half type), its
+    report's ``half_form`` saying which and why; ``result`` as it is where there is one form
+    only, or where ``context`` leaves the artifact's form to the caller's build."""
+    if not context.artifact_forms:
+        return result
+    choice = choose_half_form(
+        result.model,
+        result.float_model,
+        context.runtime_cls,
+        context.original,
+        list(context.inputs),
+        context.settings,
+        context.axes,
+    )
+    if choice is None:
+        return result
+    choice.runtime.deactivate()  # what is kept is the graph of the form chosen
+    report = dict(result.report, half_form=choice.note)
+    return PipelineResult(choice.option.model, result.plan, report, result.float_model)

@@ -69,8 +69,9 @@ from embedl_dynamo.tuning.mixed_race import (
     race,
     settle,
 )
+from embedl_dynamo.tuning.precision_form import FormContext
 
-__all__ = ["MixedChoice", "apply_mixed", "choose_mixed"]
+__all__ = ["MixedChoice", "apply_mixed", "apply_mixed_form", "choose_mixed"]
 
 logger = logging.getLogger(__name__)
 
@@ -326,3 +327,16 @@ def apply_mixed(
     if choice.judged is not None:
         report["judged"] = choice.judged
     return PipelineResult(choice.model, result.plan, report, float_model=result.model)
+
+
+def apply_mixed_form(result: PipelineResult, context: FormContext) -> PipelineResult:
+    """``mixed``'s form (:data:`~embedl_dynamo.precision.PrecisionForm`): :func:`apply_mixed`
+    on the float pipeline ``result``, measured on ``context``'s runtime and axes."""
+    return apply_mixed(
+        result,
+        context.inputs,
+        context.backend.quantizer,
+        context.settings,
+        axes=context.axes,
+        runtime=context.runtime_cls,
+    )
