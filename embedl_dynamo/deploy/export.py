@@ -10,8 +10,10 @@ very same stages the ``embedl_*`` dynamo backends run (it calls them, it does no
    ``openvino`` targets an op the file's runtime does not compute as PyTorch does is an
    :class:`~embedl_dynamo.errors.ExportError` (one file cannot keep it in PyTorch); a graph
    with index ops gets the index flag output (:mod:`~embedl_dynamo.deploy.index_flag`);
-3. :func:`~embedl_dynamo.pipeline.run_pipeline`: conversions, fusions and, with
-   ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache;
+3. :func:`~embedl_dynamo.tuning.precision_form.transform_for`: conversions, fusions and, with
+   ``quantize="int8"``, QDQ insertion calibrated through the same on-disk calibration cache,
+   then the precision's form measured on the file's runtime (``mixed``'s layers, a half
+   precision's typed or hinted graph on OpenVINO);
 4. :func:`~embedl_dynamo.onnx.export.export_onnx`: one ONNX file, weights (and weight scales) as
    initializers, a dynamic batch axis;
 
@@ -69,14 +71,13 @@ from embedl_dynamo.deploy.verify import Verification
 from embedl_dynamo.errors import ExportArgumentError, ExportError
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.graph.output_tree import OUTPUT_TREE_META, OutputTree
-from embedl_dynamo.pipeline import PipelineResult, run_pipeline
+from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
-from embedl_dynamo.tuning.half_form import choose_half_form
 from embedl_dynamo.tuning.judge import flat_outputs
-from embedl_dynamo.tuning.mixed_precision import apply_mixed
+from embedl_dynamo.tuning.precision_form import transform_for
 
 __all__ = [
     "MIN_OPSET",
@@ -190,7 +191,8 @@ def _build_file(
             gm = _capture(model, args, *shapes)
             guards = check_export_graph(gm, target.name, runtime)  # what the table allows
         with stages.run("pipeline"), recording(guards.graph) as recorder:  # for refit()
-            result = _pipeline(guards.graph, args, target, settings)
+            runtime_cls = _form_runtime(target)
+            result = transform_for(guards.graph, args, target, settings, runtime_cls)
         outputs, eager = _outputs(result, args), _in_graph_order(model, gm)
         written = write_verified(
             path,
@@ -347,43 +349,11 @@ def _capture(
         ) from exc
 
 
-def _mixed_runtime(target: Backend) -> type[Runtime]:
-    """The runtime ``mixed`` measures on: the installed CPU runtime whose placement the target
-    is (OpenVINO for the openvino target), else ONNX Runtime."""
+def _form_runtime(target: Backend) -> type[Runtime]:
+    """The runtime the precision's form (``mixed``'s choice, the half form) is measured on: the
+    installed CPU runtime whose placement the target is (OpenVINO for the openvino target),
+    else ONNX Runtime."""
     for runtime in runtime_classes().values():
         if runtime.cpu_target == target and runtime.is_available():
             return runtime
     return OnnxRuntime
-
-
-def _pipeline(
-    gm: Any, args: tuple[torch.Tensor, ...], target: Backend, settings: Settings
-) -> PipelineResult:
-    """The ``torch.compile`` pipeline (and ``mixed``'s choice, measured on the target's
-    runtime)."""
-    if not settings.precision.per_layer:
-        return _half_form(gm, args, run_pipeline(gm, args, target, settings), target, settings)
-    result = run_pipeline(gm, args, target, settings.float_copy())
-    return apply_mixed(result, args, target.quantizer, settings, runtime=_mixed_runtime(target))
-
-
-def _half_form(
-    gm: Any,
-    args: tuple[torch.Tensor, ...],
-    result: PipelineResult,
-    target: Backend,
-    settings: Settings,
-) -> PipelineResult:
-    """``result``, for a half precision on a target whose CPU runtime has two forms of it
-    (OpenVINO: :func:`~embedl_dynamo.tuning.half_form.choose_half_form`), in the form that
-    runtime ran faster here within the budget: the typed graph, or the float graph whose file
-    asks for the half type (:mod:`~embedl_dynamo.graph.rest_precision`). The report's
-    ``half_form`` says which and why."""
-    choice = choose_half_form(
-        result.model, result.float_model, _mixed_runtime(target), gm, list(args), settings
-    )
-    if choice is None:
-        return result
-    choice.runtime.deactivate()
-    report = dict(result.report, half_form=choice.note)
-    return PipelineResult(choice.option.model, result.plan, report, result.float_model)

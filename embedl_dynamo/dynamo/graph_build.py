@@ -5,8 +5,9 @@ The stage both a whole Dynamo subgraph and each fragment of a partitioned one go
 
 1. a warm start loads what an earlier build of the same graph stored, without running the
    pipeline (:mod:`embedl_dynamo.dynamo.warm_start`);
-2. :func:`~embedl_dynamo.pipeline.run_pipeline` (and ``mixed``'s choice), then the runtime
-   is built through the artifact cache and its artifact judged against the graph;
+2. :func:`~embedl_dynamo.tuning.precision_form.transform_for` (the pipeline, then ``mixed``'s
+   choice), then the runtime is built through the artifact cache (a half precision's form
+   chosen there) and its artifact judged against the graph;
 3. if the pipeline or the runtime fails, ``fallback="eager"`` leaves the graph in PyTorch and
    the report says why; ``fallback="raise"`` raises;
 4. under ``runtime="auto"``, a runtime timed no faster than PyTorch running the graph leaves it
@@ -37,7 +38,7 @@ from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.dynamo.warm_start import alias_key_of, remember_build, start_warm
 from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.index_guards import guard_indices
-from embedl_dynamo.pipeline import PipelineResult, run_pipeline
+from embedl_dynamo.pipeline import PipelineResult
 from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
 from embedl_dynamo.quant.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
@@ -54,7 +55,7 @@ from embedl_dynamo.tuning.judge import (
     judge_against,
     judging_sample,
 )
-from embedl_dynamo.tuning.mixed_precision import apply_mixed
+from embedl_dynamo.tuning.precision_form import transform_for
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
 
 __all__ = ["build_graph"]
@@ -134,17 +135,22 @@ def _lazy_int8(settings: Settings) -> bool:
 
 
 def _transform(job: SubgraphJob, frozen: fx.GraphModule) -> PipelineResult | None:
-    """The pipeline (and ``mixed``'s choice) on the frozen graph; None (the reason in the
-    report) when it fails and ``fallback`` is not ``raise``."""
+    """The pipeline and the precision's form (``mixed``'s choice) on the frozen graph,
+    measured on the subgraph's runtime; None (the reason in the report) when it fails and
+    ``fallback`` is not ``raise``. The half form is chosen in :func:`_judged_runtime`, which
+    keeps the runtime it built."""
     settings, backend = job.settings, job.backend
-    mixed = settings.precision.per_layer
-    float_settings = settings.float_copy() if _lazy_int8(settings) or mixed else settings
     try:
-        result = run_pipeline(frozen, job.inputs, backend, float_settings)
-        if mixed:
-            result = apply_mixed(
-                result, job.inputs, backend.quantizer, settings, job.axes, job.runtime_cls
-            )
+        result = transform_for(
+            frozen,
+            job.inputs,
+            backend,
+            settings,
+            job.runtime_cls,
+            job.axes,
+            calibrate_later=_lazy_int8(settings),
+            artifact_forms=False,
+        )
     except (NotImplementedError, CalibrationDataError):
         raise  # bad calibration data is the user's to fix: never a silent float fallback
     except Exception as exc:

@@ -438,14 +438,14 @@ def test_mixed_measures_on_the_runtime_the_targets_file_is_for(
     OpenVINO for the openvino target (when installed), ONNX Runtime otherwise."""
     from embedl_dynamo.runtimes.registry import runtime_classes
 
-    export_module = importlib.import_module("embedl_dynamo.deploy.export")
+    mixed_precision = importlib.import_module("embedl_dynamo.tuning.mixed_precision")
     seen = []
 
     def _record(result, inputs, quantizer, settings, axes=None, runtime=None):
         seen.append(runtime)
         return result  # the float graph: what mixed keeps when nothing pays
 
-    monkeypatch.setattr(export_module, "apply_mixed", _record)
+    monkeypatch.setattr(mixed_precision, "apply_mixed", _record)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU()).eval()
     x = torch.randn(2, 3, 8, 8)
     export(

@@ -351,7 +351,7 @@ def test_fresh_processes_share_one_cache_dir_and_rebuild_a_corrupt_entry(tmp_pat
 
 
 def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
-    import embedl_dynamo.dynamo.graph_build as dynamo_compile
+    import embedl_dynamo.tuning.precision_form as precision_form
 
     model = randomize_batchnorm(ResNetLike().eval())
     x = torch.randn(2, 3, 16, 16)
@@ -360,9 +360,9 @@ def test_warm_cache_skips_the_pipeline_but_plan_stays_reachable(monkeypatch):
         cold_plan = str(embedl_dynamo.last_report()[-1].plan)
         torch._dynamo.reset()
         calls = []
-        real = dynamo_compile.run_pipeline
+        real = precision_form.run_pipeline
         monkeypatch.setattr(
-            dynamo_compile, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
+            precision_form, "run_pipeline", lambda *a, **k: calls.append(1) or real(*a, **k)
         )
         assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     warm = embedl_dynamo.last_report()[-1]

@@ -10,7 +10,7 @@ from torch import fx, nn
 
 import embedl_dynamo
 import embedl_dynamo.dynamo.compile as dynamo_compile
-import embedl_dynamo.dynamo.graph_build as graph_build
+import embedl_dynamo.tuning.precision_form as precision_form
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from tests.helpers import assert_close_to_scale
 
@@ -39,7 +39,7 @@ def test_channel_shuffle_compiles_and_runs_on_the_runtime():
 
 
 def test_a_runtime_that_cannot_build_leaves_the_original_graph_running(monkeypatch):
-    real = graph_build.run_pipeline
+    real = precision_form.run_pipeline
 
     def broken_pipeline(*args, **kwargs):
         result = real(*args, **kwargs)
@@ -54,7 +54,7 @@ def test_a_runtime_that_cannot_build_leaves_the_original_graph_running(monkeypat
     def failing_build(self, gm, inputs, judge=None):
         raise RuntimeError("export failed: unsupported op")
 
-    monkeypatch.setattr(graph_build, "run_pipeline", broken_pipeline)
+    monkeypatch.setattr(precision_form, "run_pipeline", broken_pipeline)
     monkeypatch.setattr(OnnxRuntime, "build", failing_build)
     model = _ShuffleBlock().eval()
     x = torch.randn(2, 4, 8, 8)
@@ -69,7 +69,7 @@ def test_a_runtime_that_cannot_build_leaves_the_original_graph_running(monkeypat
 def test_a_rewrite_that_changes_the_results_fails_the_first_call(monkeypatch):
     """Regression (issue 23 item 3): the first-call check compared the artifact with the
     transformed graph, so a rewrite that broke the semantics passed it."""
-    real = graph_build.run_pipeline
+    real = precision_form.run_pipeline
 
     def wrong_rewrite(*args, **kwargs):
         result = real(*args, **kwargs)
@@ -83,7 +83,7 @@ def test_a_rewrite_that_changes_the_results_fails_the_first_call(monkeypatch):
         result.float_model = result.model
         return result
 
-    monkeypatch.setattr(graph_build, "run_pipeline", wrong_rewrite)
+    monkeypatch.setattr(precision_form, "run_pipeline", wrong_rewrite)
     model = _ShuffleBlock().eval()
     x = torch.randn(2, 4, 8, 8)
     with torch.no_grad():
