@@ -271,7 +271,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     if importlib.util.find_spec("ray") is None:
-        needs = "serving needs Ray Serve; pip install 'embedl-dynamo[serve]'"
+        needs = "serving needs Ray Serve; pip install 'ray[serve]>=2.40'"
         raise CliError(needs, EXIT_UNAVAILABLE)
     if not args.debug:  # Serve's driver-side INFO lines ("Started Serve", ...) stay quiet
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
@@ -308,7 +308,10 @@ def run_serve(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         raise CliError(str(exc), EXIT_USAGE) from exc
     except ImportError as exc:
-        raise CliError(f"{exc}; pip install 'embedl-dynamo[serve]'", EXIT_UNAVAILABLE) from exc
+        raise CliError(
+            f"{exc}; pip install 'ray[serve]>=2.40' 'tritonclient[grpc,http]>=2.40'",
+            EXIT_UNAVAILABLE,
+        ) from exc
     except RuntimeError as exc:  # Serve's deployment failed: a replica that cannot answer
         why = error_line(exc, with_type=False)
         raise CliError(f"the replicas did not start: {why}", EXIT_INTERNAL) from exc

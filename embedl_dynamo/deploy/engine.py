@@ -35,7 +35,7 @@ def build_engine_file(onnx_path: Path, args: tuple[torch.Tensor, ...], settings:
     if missing is not None:
         raise EngineUnavailableError(
             f"engine=True needs TensorRT and a CUDA GPU, but {missing}. Install "
-            "embedl-dynamo[tensorrt] on an NVIDIA machine, or export with engine=False and build "
+            "'tensorrt>=11.0,<11.1' on an NVIDIA machine, or export with engine=False and build "
             "the engine there (trtexec --onnx=...)."
         )
     import tensorrt as trt

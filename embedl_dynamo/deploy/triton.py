@@ -127,7 +127,7 @@ def _model_config_pb2() -> Any:
     except ImportError as exc:
         raise RuntimeUnavailableError(
             f"writing a Triton model repository needs tritonclient ({exc}); "
-            "pip install 'embedl-dynamo[serve]' (or 'tritonclient[grpc]')"
+            "pip install 'tritonclient[grpc,http]>=2.40' (the serve extra's client)"
         ) from exc
     return model_config_pb2
 

@@ -9,7 +9,8 @@ the model's output structure; :func:`undeploy` stops only what
 ``deploy`` started; :func:`choose_serving` picks the batch size and threads per replica for
 ``objective="throughput"`` (within a latency budget) by measuring the file on this machine.
 Triton model repositories are written at export time (:mod:`embedl_dynamo.deploy.triton`). Ray
-is imported only when a deployment is built (``pip install 'embedl-dynamo[serve]'``).
+is imported only when a deployment is built: the ``serve`` extra (``pip install -e '.[serve]'``
+in a clone), or ``pip install 'ray[serve]>=2.40' 'tritonclient[grpc,http]>=2.40'``.
 """
 
 from embedl_dynamo.serve.artifact import ServedArtifact, check_artifact

@@ -101,7 +101,7 @@ def _service() -> Any:
         from tritonclient.grpc import service_pb2
     except ImportError as exc:
         raise ImportError(
-            f"KServe v2 gRPC needs tritonclient ({exc}); pip install 'embedl-dynamo[serve]'"
+            f"KServe v2 gRPC needs tritonclient ({exc}); pip install 'tritonclient[grpc,http]>=2.40'"
         ) from exc
     return service_pb2
 

@@ -41,7 +41,7 @@ def ray_modules() -> tuple[Any, Any]:
         from ray import serve
     except ImportError as exc:
         raise ImportError(
-            f"serving needs Ray Serve ({exc}); pip install 'embedl-dynamo[serve]'"
+            f"serving needs Ray Serve ({exc}); pip install 'ray[serve]>=2.40'"
         ) from exc
     return ray, serve
 

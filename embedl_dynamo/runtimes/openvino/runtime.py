@@ -13,7 +13,7 @@ type (:mod:`~embedl_dynamo.graph.rest_precision`), compiled with it as
 ``INFERENCE_PRECISION_HINT``, so the CPU plugin picks its own f32 islands (norms, reductions,
 pooling) instead of running the typed graph's casts; which form runs is decided by timing
 both (:mod:`embedl_dynamo.tuning.half_form`).
-``openvino`` is imported lazily (``pip install embedl-dynamo[openvino]``).
+``openvino`` is imported lazily (``pip install 'openvino>=2025.0'``).
 :meth:`OpenVINORuntime.load_artifact` compiles an exported ``.onnx`` file the same way
 (``embedl_dynamo.load`` for the openvino target's files), on the CPU or an OpenVINO GPU.
 
@@ -97,7 +97,7 @@ class OpenVINORuntime(OnnxArtifactRuntime):
     @classmethod
     def missing(cls) -> str | None:
         if importlib.util.find_spec("openvino") is None:
-            return "the openvino package is not installed (pip install embedl-dynamo[openvino])"
+            return "the openvino package is not installed (pip install 'openvino>=2025.0')"
         return None
 
     @classmethod
