@@ -290,6 +290,7 @@ def _judged_runtime(
     if half is not None:  # bf16/fp16 on OpenVINO: the typed graph or the f32 graph + hint
         runtime = half.runtime
         report.reason = "; ".join(r for r in (report.reason, half.note) if r)
+        report.pipeline = dict(report.pipeline, half_form=half.note)  # as export's report says
     elif len(options) > 1 or eager is not None:
         choice = fastest(options, job.inputs, settings, job.axes, judge, eager)
         runtime = choice.runtime

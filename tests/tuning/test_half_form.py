@@ -113,6 +113,7 @@ def test_the_decision_is_cached_and_a_second_compile_neither_times_nor_exports(
         expected = model(x)
     second = embedl_dynamo.last_report()[-1]
     assert first.reason == "bf16 on openvino: f32 graph + bf16 hint (timed 0.50x the typed graph)"
+    assert first.pipeline["half_form"] == first.reason  # the report's key, as export's says
     assert second.reason == (
         "bf16 on openvino: f32 graph + bf16 hint (cached decision for this architecture on "
         "this CPU; not timed)"
