@@ -144,3 +144,38 @@ def test_openvino_keeps_any_op_that_makes_int64_values_past_int32():
     reasons = [r.reason for r in last_report().subgraphs]
     reasons += [k["reason"] for r in last_report().subgraphs for k in r.kept]
     assert any("past the int32" in reason for reason in reasons), reasons
+
+
+def test_a_comparison_of_integers_within_2_24_is_its_own_row():
+    """A decoder's causal mask compares positions the graph bounds (an arange, a size):
+    exact through float32, so OpenVINO takes it. An input's integers are bounded only by the
+    guard, past 2**24: that comparison keeps its row (no match, the reason OV_COMPARE says)."""
+    ids = torch.ones(2, 5, dtype=torch.int64)
+
+    def mask(ids):
+        positions = torch.arange(ids.shape[1])
+        return positions[None, :] <= positions[:, None], ids >= 3
+
+    gm = _dynamo_graph(mask, ids)
+    names = [op_name(n) for n in gm.graph.nodes]
+    names = [n for n in names if n == "ge" or (n or "").startswith("le(")]
+    assert names == ["le(integers within 2**24)", "ge"]
+
+
+@needs_openvino
+def test_openvino_takes_a_bounded_comparison_and_keeps_an_unbounded_one():
+    def fn(x, ids):
+        positions = torch.arange(x.shape[1])
+        causal = (positions[None, :] <= positions[:, None]).float()
+        return x @ causal, ids > 16777216
+
+    compiled = compile_on(fn, "openvino", fallback="eager")
+    x, ids = torch.randn(2, 4), torch.tensor([16777217, 16777216])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, expected = compiled(x, ids), fn(x, ids)
+    torch.testing.assert_close(got[0], expected[0])
+    assert torch.equal(got[1], expected[1])  # through float32: 16777217 > 16777216 is False
+    (report,) = last_report().subgraphs
+    kept = [k["op"] for k in report.kept]
+    assert kept == ["gt"], report

@@ -22,13 +22,15 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 
-__all__ = ["GUARDED_RANGE", "INT32_RANGE", "fits_int32", "value_range"]
+__all__ = ["GUARDED_RANGE", "INT32_RANGE", "exact_in_float32", "fits_int32", "value_range"]
 
 Range = tuple[int, int]
 
 #: the values OpenVINO's guard lets an int64 input, or an input's dimension, take
 GUARDED_RANGE: Range = (-(2**30), 2**30 - 1)
 INT32_RANGE: Range = (-(2**31), 2**31 - 1)
+#: the largest magnitude up to which float32 holds every integer
+FLOAT32_EXACT = 2**24
 #: how far back through the graph a range is sought before giving up
 _DEPTH = 64
 
@@ -66,6 +68,17 @@ def fits_int32(node: fx.Node) -> bool:
     """Whether ``node``'s values provably stay within int32's range."""
     found = value_range(node)
     return found is not None and INT32_RANGE[0] <= found[0] and found[1] <= INT32_RANGE[1]
+
+
+def exact_in_float32(node: fx.Node) -> bool:
+    """Whether every operand of ``node`` (its tensors and numbers) is an integer whose range
+    lies within [-2**24, 2**24], where float32 holds each integer exactly: a comparison
+    OpenVINO computes through float32 is then exact."""
+    operands = [a for a in (*node.args, *node.kwargs.values()) if a is not None]
+    ranges = [value_range(a) for a in operands]
+    return bool(ranges) and all(
+        r is not None and -FLOAT32_EXACT <= r[0] and r[1] <= FLOAT32_EXACT for r in ranges
+    )
 
 
 def value_range(value: Any, depth: int = 0) -> Range | None:

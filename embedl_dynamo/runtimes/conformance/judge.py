@@ -16,7 +16,12 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
-from embedl_dynamo.runtimes.conformance.int_bounds import INT32_RANGE, fits_int32, value_range
+from embedl_dynamo.runtimes.conformance.int_bounds import (
+    INT32_RANGE,
+    exact_in_float32,
+    fits_int32,
+    value_range,
+)
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.shorthands import INDEX_OPS
 from embedl_dynamo.runtimes.conformance.table import ROWS
@@ -80,6 +85,8 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"softplus(threshold={_argument(node, 2, 'threshold', 20.0)!r})"  # not exported
     if name in _SUMS and _input_dtype(node) in (torch.int8, torch.uint8):
         return f"{_SUMS[name]}(8-bit)"  # OpenVINO saturates where PyTorch wraps
+    if name in _COMPARES and _integer(_input_dtype(node)) and exact_in_float32(node):
+        return f"{_COMPARES[name]}(integers within 2**24)"  # exact through float32 too
     if name in _SUMS and _result_dtype(node) == torch.int64 and not fits_int32(node):
         return f"{_SUMS[name]}(int64 past int32)"  # OpenVINO computes int64 as int32
     if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
@@ -103,6 +110,8 @@ _CASTS = frozenset({"to", "type_as", "type", "long", "int", "short", "char", "by
 _INVERTS = frozenset({"bitwise_not", "invert", "__invert__"})
 #: sums, by their names in a graph, whose 8-bit integer form is another op
 _SUMS = {n: op for op in ("add", "sub") for n in (op, f"{op}_", f"i{op}", f"__{op}__")}
+#: comparisons, by their names in a graph
+_COMPARES = {n: op for op in ("eq", "ne", "lt", "le", "gt", "ge") for n in (op, f"__{op}__")}
 #: ops whose input has this rank with a batch axis; without one, they are another op
 _BATCHED_RANK = {"avg_pool1d": 3, "avg_pool2d": 4}
 #: ops whose mode is another computation: name -> (position of ``mode``, its default)
@@ -118,6 +127,15 @@ def _touches_empty(node: fx.Node) -> bool:
         if shape is not None and any(isinstance(s, int) and s == 0 for s in shape):
             return True
     return False
+
+
+def _integer(dtype: torch.dtype | None) -> bool:
+    """Whether ``dtype`` is an integer type (bool is not)."""
+    return (
+        dtype is not None
+        and not (dtype.is_floating_point or dtype.is_complex)
+        and dtype != torch.bool
+    )
 
 
 def _result_dtype(node: fx.Node) -> torch.dtype | None:

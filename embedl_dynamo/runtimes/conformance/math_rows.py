@@ -182,6 +182,15 @@ MATH_ROWS: tuple[OpRow, ...] = (
     OpRow("scatter_add", ("scatter_add",), _INT64),
     *(
         OpRow(
+            f"{op}(integers within 2**24)",
+            (),  # judge.op_name: a comparison of integers the graph bounds within 2**24
+            both(EXACT),
+            checked_by="runtimes/test_int64_sums.py",
+        )
+        for op in ("eq", "ne", "lt", "le", "gt", "ge")
+    ),
+    *(
+        OpRow(
             f"{op}(int64 past int32)",
             (),  # judge.op_name: an int64 sum the graph cannot bound within int32
             {"onnxruntime": (EXACT,), "openvino": (Rule(Verdict.KEPT, reason=_OV_SUM),)},
