@@ -31,6 +31,8 @@ EXPORTED_PREFIX = "gm."
 
 __all__ = [
     "FOLDED_KEY",
+    "FOLDED_MAX_BYTES",
+    "INT8_SUFFIX",
     "TRANSPOSED_KEY",
     "folded_constants",
     "mark_constant_views",
@@ -41,6 +43,11 @@ __all__ = [
 TRANSPOSED_KEY = "embedl.transposed_constants"
 #: the ONNX metadata entry: JSON ``{constant name: its digest}`` of the constants folded away
 FOLDED_KEY = "embedl.folded_constants"
+#: a weight's initializer folded to int8 as the file is written is named ``gm.<name>_int8``
+INT8_SUFFIX = "_int8"
+#: the largest folded constant hashed at export (a buffer of positions, a rotary table's
+#: frequencies); a larger one is not recorded, and a refit of new weights builds anew
+FOLDED_MAX_BYTES = 1 << 20
 
 
 def _view_key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -64,9 +71,17 @@ def mark_constant_views(
             constant = views.get(_view_key(tensor))
             if constant is not None:
                 transposed[name] = constant
-    named = {n[len(EXPORTED_PREFIX) :] for n in weights if n.startswith(EXPORTED_PREFIX)}
+    named = {
+        n[len(EXPORTED_PREFIX) :].removesuffix(INT8_SUFFIX)
+        for n in weights
+        if n.startswith(EXPORTED_PREFIX)
+    }
     kept = named | set(transposed.values())
-    folded = {n: tensor_digest(v) for n, v in constants if n not in kept}
+    folded = {
+        n: tensor_digest(v)
+        for n, v in constants
+        if n not in kept and v.numel() * v.element_size() <= FOLDED_MAX_BYTES
+    }
     for key, mapping in ((TRANSPOSED_KEY, transposed), (FOLDED_KEY, folded)):
         if mapping:
             entry = model.metadata_props.add()

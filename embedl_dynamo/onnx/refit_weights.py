@@ -35,6 +35,7 @@ import torch
 from embedl_dynamo.graph.weight_recipe import digest_kind, tensor_digest
 from embedl_dynamo.onnx.constant_views import (
     EXPORTED_PREFIX,
+    INT8_SUFFIX,
     folded_constants,
     transposed_constants,
 )
@@ -43,7 +44,6 @@ from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 __all__ = ["EXPORTED_PREFIX", "refit_initializers", "replace_initializers"]
 
 _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
-_INT8 = "_int8"
 
 
 def _array(proto: Any) -> np.ndarray:
@@ -144,8 +144,8 @@ def refit_initializers(
             new[name] = _as_numpy(tensor)
         elif fqn in transposed or folded_away.get(fqn) == tensor_digest(tensor):
             continue  # all its initializers set, or unchanged: nothing folded from it changes
-        elif name + _INT8 in constants:
-            folded[name + _INT8] = _as_numpy(tensor)
+        elif name + INT8_SUFFIX in constants:
+            folded[name + INT8_SUFFIX] = _as_numpy(tensor)
         elif fqn.endswith(".zero_point"):
             zero_points[fqn] = tensor
         else:
@@ -215,7 +215,7 @@ def _folded(
         node = readers.get(name)
         if node is None or len(node.input) < 3:
             raise ValueError(f"int8 weight {name} is read by no DequantizeLinear with a zero point")
-        source = name[: -len(_INT8)]
+        source = name[: -len(INT8_SUFFIX)]
         values = {source: weight}
         for other in node.input[1:3]:
             values[other] = new[other] if other in new else constants.old(other)

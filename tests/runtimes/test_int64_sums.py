@@ -179,3 +179,17 @@ def test_openvino_takes_a_bounded_comparison_and_keeps_an_unbounded_one():
     (report,) = last_report().subgraphs
     kept = [k["op"] for k in report.kept]
     assert kept == ["gt"], report
+
+
+def test_the_indices_torch_where_returns_have_no_range_from_its_condition():
+    """``torch.where(mask)`` gives positions, not the condition's 0 and 1: no range."""
+    root = torch.nn.Module()
+    root.register_buffer("mask", torch.tensor([True, False, True]))
+    graph = torch.fx.Graph()
+    mask = graph.get_attr("mask")
+    positions = graph.call_function(torch.where, (mask,))
+    chosen = graph.call_function(torch.where, (mask, 5, 2))
+    graph.output((positions, chosen))
+    torch.fx.GraphModule(root, graph)  # the graph's owning module holds the constant
+    assert value_range(mask) == (0, 1)
+    assert value_range(positions) is None and value_range(chosen) == (0, 5)

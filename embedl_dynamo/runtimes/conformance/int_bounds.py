@@ -22,7 +22,14 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 
-__all__ = ["GUARDED_RANGE", "INT32_RANGE", "exact_in_float32", "fits_int32", "value_range"]
+__all__ = [
+    "GUARDED_RANGE",
+    "INT32_RANGE",
+    "exact_in_float32",
+    "fits_int32",
+    "inside",
+    "value_range",
+]
 
 Range = tuple[int, int]
 
@@ -64,10 +71,14 @@ _FILLS = {"full": 1, "full_like": 1, "new_full": 2, "fill_": 1}
 _CONSTANT_FILLS = frozenset("zeros zeros_like new_zeros ones ones_like new_ones".split())
 
 
+def inside(found: Range | None, bounds: Range) -> bool:
+    """Whether the range ``found`` is known and lies within ``bounds``."""
+    return found is not None and bounds[0] <= found[0] and found[1] <= bounds[1]
+
+
 def fits_int32(node: fx.Node) -> bool:
     """Whether ``node``'s values provably stay within int32's range."""
-    found = value_range(node)
-    return found is not None and INT32_RANGE[0] <= found[0] and found[1] <= INT32_RANGE[1]
+    return inside(value_range(node), INT32_RANGE)
 
 
 def exact_in_float32(node: fx.Node) -> bool:
@@ -75,10 +86,8 @@ def exact_in_float32(node: fx.Node) -> bool:
     lies within [-2**24, 2**24], where float32 holds each integer exactly: a comparison
     OpenVINO computes through float32 is then exact."""
     operands = [a for a in (*node.args, *node.kwargs.values()) if a is not None]
-    ranges = [value_range(a) for a in operands]
-    return bool(ranges) and all(
-        r is not None and -FLOAT32_EXACT <= r[0] and r[1] <= FLOAT32_EXACT for r in ranges
-    )
+    exact = (-FLOAT32_EXACT, FLOAT32_EXACT)
+    return bool(operands) and all(inside(value_range(a), exact) for a in operands)
 
 
 def value_range(value: Any, depth: int = 0) -> Range | None:
@@ -95,9 +104,9 @@ def value_range(value: Any, depth: int = 0) -> Range | None:
         return None  # a float's values are no integer range
     computed = _computed_range(value, depth + 1)
     by_dtype = _DTYPE_RANGES.get(getattr(meta, "dtype", None))
-    if computed is None or by_dtype is None:
-        return computed if by_dtype is None else by_dtype
-    return max(computed[0], by_dtype[0]), min(computed[1], by_dtype[1])
+    if by_dtype is None or inside(computed, by_dtype):
+        return computed
+    return by_dtype  # a narrower integer type wraps a value past its range: any of its values
 
 
 def _computed_range(node: fx.Node, depth: int) -> Range | None:
@@ -127,6 +136,8 @@ def _op_range(node: fx.Node, name: str, depth: int) -> Range | None:
         if name == "view" and any(isinstance(a, torch.dtype) for a in args[1:]):
             return None  # view(dtype) reads the bits as another type
         return value_range(args[0], depth)
+    if name == "where" and len(args) == 1:
+        return None  # torch.where(condition): the indices where it holds
     if name in _CHOOSERS:
         chosen = [a for a in (*args, *node.kwargs.values()) if a is not None]
         return _hull([(0, 0), *(value_range(a, depth) for a in chosen)])

@@ -20,6 +20,7 @@ from embedl_dynamo.runtimes.conformance.int_bounds import (
     INT32_RANGE,
     exact_in_float32,
     fits_int32,
+    inside,
     value_range,
 )
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
@@ -318,7 +319,7 @@ def _int64_past_int32_on_openvino(node: fx.Node, op: str, runtime: str) -> str |
     if runtime != "openvino" or getattr(node_value_meta(node), "dtype", None) != torch.int64:
         return None
     found = value_range(node)
-    if found is None or INT32_RANGE[0] <= found[0] and found[1] <= INT32_RANGE[1]:
+    if found is None or inside(found, INT32_RANGE):
         return None
     return (
         f"{op} on torch.int64 stays in PyTorch on openvino: its values reach "
