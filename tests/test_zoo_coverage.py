@@ -39,28 +39,12 @@ MIN_SHARE = 0.9
 MIN_MODELS = 45
 HANG_S = 180  # one model's coverage (about a second): past it, the run ends with its stacks
 
-OV_INT64 = "computes int64 as int32"
-OV_COMPARE = "compares integers through float32"
-OV_TO_INT64 = "converts to int64 through int32"
-OV_SUM = "add(int64 past int32)"
-CONSTANTS = "only computes constants"  # a fragment reading no input (arange, masks)
-
-
 # (model, target) -> (op, a fragment of the reason) for what it keeps in PyTorch, as coverage()
-# says on 2026-12-06 ("*": any op, for constant-only fragments). The decoders' and encoders'
-# mask comparisons run on OpenVINO since the graph bounds their integers within 2**24 (exact
-# through float32); integer arithmetic it cannot bound stays in PyTorch there.
-EXPECTED_KEPT: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("hf_swin", "openvino"): (("*", CONSTANTS), ("mul", OV_INT64)),
-    ("hf_t5", "openvino"): (("*", CONSTANTS), ("add", OV_SUM)),
-    ("hf_deberta_v2", "openvino"): (
-        ("*", CONSTANTS),
-        ("sign", OV_INT64),
-        ("abs", OV_INT64),
-        ("le", OV_COMPARE),
-        ("to", OV_TO_INT64),
-    ),
-}
+# says ("*": any op). None since freezing folds the tensors computed from no input (Swin's
+# window masks, T5's and DeBERTa's relative-position buckets: graph/input_free.py): the integer
+# ops OpenVINO computes otherwise now run once, in PyTorch, at the build. An op a model adds
+# here needs its reason, as the ones this list held did.
+EXPECTED_KEPT: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {}
 
 # (model, target) -> why it is below MIN_SHARE today: an expected failure, until the op it
 # names reaches a runtime (an entry the model has outgrown fails, so it is removed). None

@@ -21,6 +21,10 @@ Consequences, as with inductor's freezing:
   written into (a KV cache; also through a view) stays an input and its final value is
   returned, for the caller to copy back.
 
+Then, as inductor's freezing folds constants, the tensors the graph computes from no input and
+no weight (masks from ``arange``, relative-position buckets) are computed once, in PyTorch, and
+become constants too (:mod:`embedl_dynamo.graph.input_free`).
+
 The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 """
 
@@ -43,6 +47,7 @@ from embedl_dynamo.graph.functionalize import (
     returned_inputs,
     written_inputs,
 )
+from embedl_dynamo.graph.input_free import fold_input_free
 from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
 from embedl_dynamo.graph.view_writes import inputs_written_through_views
@@ -371,6 +376,7 @@ def freeze(
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
     positions = functionalize(frozen, write_back)
+    fold_input_free(frozen)
     users = {placeholders[index]: k for k, index in enumerate(user_inputs)}
     regenerated = {out: users[node] for out, node in returned.items() if node in users}
     views = {

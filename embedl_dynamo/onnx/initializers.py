@@ -85,6 +85,13 @@ def tensor_proto(name: str, tensor: torch.Tensor) -> Any:
     return proto
 
 
+def _may_be_a_shape(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a small integer tensor, which a node may read as a shape or an
+    axis (``Expand``, ``Reshape``): ONNX Runtime's shape inference reads those only inline."""
+    small = tensor.numel() * tensor.element_size() < SHARED_MIN_BYTES
+    return small and not tensor.is_floating_point() and tensor.dim() <= 1
+
+
 def _header(name: str, tensor: torch.Tensor) -> Any:
     from onnx import TensorProto
 
@@ -225,7 +232,7 @@ class UnwrittenOnnx:
         read_transposed(model, self.transposed)
         convolved = {n.input[1] for n in model.graph.node if n.op_type in _REORDERED_WEIGHTS}
         for name, tensor in self.weights.items():
-            if not tensor.numel():
+            if not tensor.numel() or _may_be_a_shape(tensor):
                 model.graph.initializer.append(tensor_proto(name, tensor))
                 continue
             tensor = self.transposed.get(name, tensor)

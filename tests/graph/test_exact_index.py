@@ -85,9 +85,8 @@ input l_i_
 input l_j_
 input l_lengths_
 getitem = exact_getitem(l_x_, (l_i_, l_j_), nonnegative=())
-arange = arange(4)
 sub = sub(l_lengths_, 1)
-getitem_1 = exact_getitem(l_x_, (arange, sub), nonnegative=(0))
+getitem_1 = exact_getitem(l_x_, ($embedl_folded_0, sub), nonnegative=(0))
 return (getitem, getitem_1)""",
         )
 

@@ -47,7 +47,7 @@ def _feed(gm, values):
 
 
 class TestGuard(expecttest.TestCase):
-    def test_ids_and_last_positions_are_checked_and_the_arange_is_not(self) -> None:
+    def test_ids_and_last_positions_are_checked_and_the_folded_arange_is_not(self) -> None:
         ids, lengths = T([[1, 2, 3], [4, 5, 6]]), T([3, 0])
         gm, inputs = dynamo_frozen(_Pooled().eval(), ids, lengths)
         guard = guard_indices(gm)
@@ -64,7 +64,6 @@ float_2 = .float(ge)
 add = add(float_1, float_2)
 sum_1 = .sum(add)
 h = embedding(l_ids_, $emb.weight, None, None, 2.0, False, False)
-arange = arange(2)
 sub = sub(l_lengths_, 1)
 size = .size(h, 1)
 add_1 = add(sub, size)
@@ -74,7 +73,7 @@ float_3 = .float(lt_1)
 float_4 = .float(ge_1)
 add_2 = add(float_3, float_4)
 sum_2 = .sum(add_2)
-getitem = getitem(h, (arange, sub))
+getitem = getitem(h, ($embedl_folded_0, sub))
 add_3 = add(sum_1, sum_2)
 ne = ne(add_3, 0)
 return (getitem, ne)""",
@@ -82,7 +81,7 @@ return (getitem, ne)""",
         assert guard.ops == ("embedding@emb", "getitem@getitem")
         assert index_checks(gm) == (
             IndexCheck("embedding@emb", True),
-            IndexCheck("getitem@getitem", False, "the index is an arange within PyTorch's range"),
+            IndexCheck("getitem@getitem", False, "the index is a constant within PyTorch's range"),
             IndexCheck("getitem@getitem", True),
         )
         # an empty sequence reads its own last token in PyTorch: in range, no flag
@@ -125,7 +124,7 @@ def test_indices_the_graph_proves_in_range_get_no_guard():
     assert guard_indices(gm) is None
     reasons = [(c.op, c.guarded, c.reason) for c in index_checks(gm)]
     assert reasons == [
-        ("embedding@pos", False, "the index is an arange within PyTorch's range"),
+        ("embedding@pos", False, "the index is a constant within PyTorch's range"),
         ("embedding@pos", False, "the index is a constant within PyTorch's range"),
         ("getitem@getitem", False, "the index is a constant within PyTorch's range"),
     ]
@@ -260,3 +259,15 @@ def test_exported_guard_flags_each_index_pytorch_refuses(runtime, tmp_path):
                 assert runtime is OnnxRuntime, (name, value)
                 continue
             assert flag, (name, value)
+
+
+def test_an_arange_over_the_dimension_it_indexes_gets_no_guard():
+    """With a dynamic batch the ``arange`` is no constant: it is proved in range as an arange."""
+
+    class Rows(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[torch.arange(x.shape[0]), 0]
+
+    gm, _ = dynamo_frozen(Rows().eval(), torch.randn(3, 5), dynamic=True)
+    reasons = [(c.guarded, c.reason) for c in index_checks(gm)]
+    assert reasons == [(False, "the index is an arange within PyTorch's range")]

@@ -120,19 +120,41 @@ def test_a_size_read_across_fragments_is_recomputed_not_passed():
 
 
 def test_a_fragment_of_constants_alone_stays_in_pytorch():
-    """Nodes that read no input (a mask built from ``arange`` beside a kept op) would make a
-    runtime fragment without inputs: they stay in PyTorch as small, with the reason."""
+    """Nodes that read no input, only a buffer (which a refit may change, so freezing does not
+    fold it), beside a kept op would make a runtime fragment without inputs: they stay in
+    PyTorch as small, with the reason."""
 
     class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("positions", torch.arange(5))
+
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            mask = (torch.arange(5) * 2 + 1).float()
+            mask = (self.positions * 2 + 1).float()
             return torch.cosh(mask) * x
 
     gm, _ = dynamo_frozen(Masked(), torch.randn(5))
     partitioning = partition_graph(gm, ["onnxruntime"], min_ops=1)
     kept = {k.op: k for k in partitioning.kept}
     assert all(f.inputs for f in partitioning.fragments)
-    assert kept["arange"].small and "only computes constants" in kept["arange"].reason
+    assert kept["mul"].small and "only computes constants" in kept["mul"].reason
+
+
+def test_tensors_computed_from_no_input_are_folded_and_leave_no_fragment():
+    """The same mask from ``arange`` of a static length reads no input and no weight: freezing
+    computes it once (graph/input_free.py), and the whole graph goes to the runtime."""
+
+    class Masked(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = (torch.arange(5) * 2 + 1).float()
+            return torch.cosh(mask) * x
+
+    x = torch.randn(5)
+    gm, inputs = dynamo_frozen(Masked(), x)
+    partitioning = partition_graph(gm, ["onnxruntime"], min_ops=1)
+    assert not partitioning.kept and len(partitioning.fragments) == 1
+    assert not any(n.target is torch.arange for n in gm.graph.nodes)
+    assert torch.equal(gm(*inputs)[0], Masked()(x))
 
 
 class _LastToken(nn.Module):
@@ -149,7 +171,7 @@ def test_an_indexing_read_by_fragments_of_two_runtimes_is_placed_once_and_not_pu
     should the picks of a multi-output op; for indexing from two partitions it moved back and
     forth without end. Here the partition ends, and the indexing lands where its own row says."""
     h, lengths = torch.randn(4, 5), torch.tensor([1, 2, 3, 4])
-    gm, inputs = dynamo_frozen(_LastToken().eval(), h, lengths)
+    gm, inputs = dynamo_frozen(_LastToken().eval(), h, lengths, dynamic=True)
     partitioning = partition_graph(gm, ["openvino", "onnxruntime"], min_ops=1)
     placed = {n.name: f.runtime for f in partitioning.fragments for n in f.nodes}
     assert placed["mul"] == "onnxruntime" and placed["arange"] == "openvino", placed

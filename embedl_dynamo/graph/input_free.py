@@ -1,0 +1,151 @@
+"""Folding the tensors a graph computes from no input: computed once, at freezing, in PyTorch.
+
+A graph often builds tensors that read neither an input nor a weight: a causal mask from
+``arange`` of a static length, T5's and DeBERTa's relative-position buckets, Swin's window
+masks. Each call would compute them again, and the integer ops they use (int64 products,
+``sign``, casts of logarithms to int64) are the ones a runtime computes differently from
+PyTorch, which would keep them, and so a piece of the graph, in PyTorch. Like the constant
+folding of inductor's freezing (``torch._inductor.freezing``), this pass evaluates them once, in
+PyTorch, so they are exactly PyTorch's values, and stores each as a constant of the graph.
+
+What is folded, and what is not:
+
+* a node is *input-free* when every node it reads is input-free; placeholders and ``get_attr``
+  (weights and buffers, which may change and are refitted) are not. Random ops, ops without a
+  defined result (``empty``), ops with an effect (an in-place write, an assertion) and calls of
+  modules are never folded, nor is anything they read or that reads them;
+* only the tensors where input-free values meet the rest of the graph are stored, each at most
+  :data:`MAX_FOLDED_BYTES`; a larger or an empty one stays computed;
+* a tensor the graph returns, or that shares storage with one it returns, stays computed: each
+  call must return a tensor of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import fx
+
+from embedl_dynamo.graph.aliasing import alias_classes, keeps_side_effects
+from embedl_dynamo.graph.nodes import node_value_meta
+
+__all__ = ["FOLDED_PREFIX", "MAX_FOLDED_BYTES", "fold_input_free"]
+
+#: the attribute name prefix of a folded tensor (``embedl_folded_0``...)
+FOLDED_PREFIX = "embedl_folded_"
+#: the largest tensor stored as a folded constant, in bytes
+MAX_FOLDED_BYTES = 16 * 2**20
+
+#: ops whose value is not a function of their arguments: never folded
+_NOT_FOLDED = frozenset(
+    """
+    rand rand_like randn randn_like randint randint_like randperm normal bernoulli multinomial
+    poisson dropout alpha_dropout feature_dropout feature_alpha_dropout dropout1d dropout2d
+    dropout3d uniform_ normal_ exponential_ geometric_ cauchy_ log_normal_ random_ bernoulli_
+    empty empty_like new_empty empty_strided
+    """.split()
+)
+
+
+def fold_input_free(gm: fx.GraphModule) -> int:
+    """Evaluate ``gm``'s input-free tensors once and store each as a constant (in place).
+
+    Returns:
+        How many tensors were stored.
+
+    Example:
+        >>> graph = fx.Graph()
+        >>> x = graph.placeholder("x")
+        >>> mask = graph.call_function(torch.lt, (graph.call_function(torch.arange, (4,)), 3))
+        >>> _ = graph.output(graph.call_function(torch.mul, (x, mask)))
+        >>> gm = fx.GraphModule(torch.nn.Module(), graph)
+        >>> fold_input_free(gm)
+        1
+        >>> [n.op for n in gm.graph.nodes]
+        ['placeholder', 'get_attr', 'call_function', 'output']
+    """
+    free = _input_free(gm)
+    classes, returned = _returned_classes(gm)
+    env: dict[fx.Node, Any] = {}
+    stored = 0
+    for node in gm.graph.nodes:
+        if node not in free:
+            continue
+        env[node] = _evaluate(node, env)
+        outside = [user for user in node.users if user not in free]
+        value = env[node]
+        if not outside or not _storable(value) or classes.get(node, node) in returned:
+            continue
+        _store(gm, node, value, outside, f"{FOLDED_PREFIX}{stored}")
+        stored += 1
+    if stored:
+        _erase_unused(gm, free)
+        gm.recompile()
+    return stored
+
+
+def _input_free(gm: fx.GraphModule) -> set[fx.Node]:
+    """The calls that read only input-free nodes and constants, and may be folded."""
+    free: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method") or not _foldable(node):
+            continue
+        if all(source in free for source in node.all_input_nodes):
+            free.add(node)
+    return free
+
+
+def _foldable(node: fx.Node) -> bool:
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    if name in _NOT_FOLDED or keeps_side_effects(node):
+        return False
+    return not any(keeps_side_effects(user) for user in node.users)
+
+
+def _returned_classes(gm: fx.GraphModule) -> tuple[dict[fx.Node, Any], set[Any]]:
+    """Each node's alias key, and the keys of the tensors ``gm`` returns."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    returned: list[fx.Node] = []
+    fx.node.map_arg(output.args, returned.append)
+    classes = alias_classes(gm)
+    return classes, {classes.get(node, node) for node in returned}
+
+
+def _evaluate(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    args = fx.node.map_arg(node.args, env.__getitem__)
+    kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
+    if node.op == "call_method":
+        return getattr(args[0], str(node.target))(*args[1:], **kwargs)
+    return node.target(*args, **kwargs)
+
+
+def _storable(value: Any) -> bool:
+    """A tensor with elements, up to :data:`MAX_FOLDED_BYTES`; an empty one (a cache's
+    ``torch.tensor([])``, which ``cat`` takes beside any rank) stays the op that makes it."""
+    if not isinstance(value, torch.Tensor) or not value.numel():
+        return False
+    return value.numel() * value.element_size() <= MAX_FOLDED_BYTES
+
+
+def _store(
+    gm: fx.GraphModule, node: fx.Node, value: torch.Tensor, readers: list[fx.Node], name: str
+) -> None:
+    """Register ``value`` as the buffer ``name`` and let ``readers`` read it for ``node``."""
+    while hasattr(gm, name):
+        name += "_"
+    gm.register_buffer(name, value.detach().clone())
+    with gm.graph.inserting_before(node):
+        constant = gm.graph.get_attr(name)
+    constant.meta.update(node.meta)
+    if "example_value" not in constant.meta and node_value_meta(node) is None:
+        constant.meta["val"] = value
+    for reader in readers:
+        reader.replace_input_with(node, constant)
+
+
+def _erase_unused(gm: fx.GraphModule, free: Iterable[fx.Node]) -> None:
+    for node in reversed(list(gm.graph.nodes)):
+        if node in free and not node.users:
+            gm.graph.erase_node(node)

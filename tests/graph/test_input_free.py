@@ -1,0 +1,89 @@
+"""Freezing folds the tensors a graph computes from no input (graph/input_free.py): what is
+folded, what is not and why, and that the folded graph computes what the model does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import fx, nn
+
+import embedl_dynamo.graph.input_free as input_free
+from embedl_dynamo.graph.input_free import FOLDED_PREFIX, fold_input_free
+from tests.helpers import dynamo_frozen
+
+
+def _folded(gm: fx.GraphModule) -> list[torch.Tensor]:
+    return [
+        getattr(gm, str(n.target))
+        for n in gm.graph.nodes
+        if n.op == "get_attr" and str(n.target).startswith(FOLDED_PREFIX)
+    ]
+
+
+def _ops(gm: fx.GraphModule) -> set[str]:
+    return {getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes}
+
+
+class RelativeBuckets(nn.Module):
+    """T5-style buckets: int64 arithmetic, ``sign``, a cast of a logarithm, all from ``arange``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(x.shape[-1])
+        relative = positions[None, :] - positions[:, None]
+        large = (torch.log(relative.abs().float() + 1) * 3).to(torch.int64)
+        buckets = torch.sign(relative) * torch.minimum(large, torch.full_like(large, 7)) + 8
+        return x @ x.transpose(-1, -2) + buckets.float()
+
+
+def test_tensors_from_no_input_are_computed_once_and_equal_the_model():
+    x = torch.randn(2, 6, 6)
+    gm, inputs = dynamo_frozen(RelativeBuckets().eval(), x)
+    assert [tuple(t.shape) for t in _folded(gm)] == [(6, 6)]
+    assert not {"arange", "sign", "log", "minimum"} & _ops(gm)
+    assert torch.equal(gm(*inputs)[0], RelativeBuckets()(x))
+
+
+class FromInputs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offsets", torch.arange(4))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from_buffer = (self.offsets * 2).float()  # a buffer may change: refit, not folding
+        random = torch.rand(4)  # another value on each call
+        empty = torch.zeros(0)  # a cache's empty start: nothing to gain
+        x = torch.cat([torch.zeros(0), x])  # a legacy empty tensor, which cat takes beside any
+        returned = torch.arange(4).view(2, 2)  # each call returns a tensor of its own
+        return x + from_buffer + random.sum() * 0 + empty.sum(), returned
+
+
+def test_what_reads_a_weight_is_random_empty_or_returned_is_not_folded():
+    gm, _ = dynamo_frozen(FromInputs().eval(), torch.randn(4))
+    assert [t.tolist() for t in _folded(gm)] == [0.0]  # only the empty tensor's sum
+    assert {"rand", "zeros", "arange", "mul", "view"} <= _ops(gm)
+
+
+def test_a_returned_constant_is_a_new_tensor_on_every_call():
+    gm, inputs = dynamo_frozen(FromInputs().eval(), torch.randn(4))
+    first, second = gm(*inputs)[1], gm(*inputs)[1]
+    first.add_(1)
+    assert torch.equal(second, torch.arange(4).view(2, 2))
+
+
+def test_a_tensor_over_the_size_bound_stays_computed(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(input_free, "MAX_FOLDED_BYTES", 8 * 5)
+    x = torch.randn(2, 6, 6)
+    gm, inputs = dynamo_frozen(RelativeBuckets().eval(), x)  # 36 elements of 4 bytes
+    assert not _folded(gm) and "arange" in _ops(gm)
+    assert torch.equal(gm(*inputs)[0], RelativeBuckets()(x))
+
+
+def test_with_a_dynamic_length_nothing_is_constant():
+    x = torch.randn(2, 6, 6)
+    gm, inputs = dynamo_frozen(RelativeBuckets().eval(), x, dynamic=True)
+    assert not _folded(gm) and "arange" in _ops(gm)
+
+
+def test_folding_twice_finds_nothing_more():
+    gm, _ = dynamo_frozen(RelativeBuckets().eval(), torch.randn(2, 6, 6))
+    assert fold_input_free(gm) == 0
