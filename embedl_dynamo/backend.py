@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
-from embedl_dynamo.quant.smooth import SmoothingRule
-from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.quantizer import Quantizer
+from embedl_dynamo.quant.int8.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.int8.smooth import SmoothingRule
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
 from embedl_dynamo.rewrite.pattern import PHASES, Pattern
 
 __all__ = [
@@ -68,9 +68,9 @@ class Backend:
         conversion_patterns: structural rewrites, run to a fixpoint.
         fusion_patterns: operator fusions, matched longest first.
         smooth_patterns: SmoothQuant-style scale migrations run before quantization
-            (`embedl_dynamo.quant.smooth.SmoothingRule`).
+            (`embedl_dynamo.quant.int8.smooth.SmoothingRule`).
         quantized_patterns: QDQ placement rules and preparation rewrites
-            (`embedl_dynamo.quant.rules`).
+            (`embedl_dynamo.quant.int8.rules`).
         quantization: the target's quantization config (dtype, symmetry, granularity per
             role; see `embedl_dynamo.quant`), or None when the target has no INT8 path.
         runtimes: the runtimes the target's artifacts are meant for, best first: ``auto``
@@ -129,7 +129,7 @@ class Backend:
 
     @property
     def quantizer(self) -> Quantizer:
-        """This target's `embedl_dynamo.quant.quantizer.Quantizer`.
+        """This target's `embedl_dynamo.quant.int8.quantizer.Quantizer`.
 
         Raises:
             ValueError: the target has no INT8 configuration (the message lists those that do).

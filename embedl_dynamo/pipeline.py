@@ -8,8 +8,8 @@
    :func:`~embedl_dynamo.rewrite.engine.apply_transformation_plan`);
 2. the stage of ``settings.precision`` (:class:`~embedl_dynamo.precision.Precision`, from its
    registry): for ``fp16``/``bf16``, half-precision casting with the sensitive ops in fp32
-   (:func:`~embedl_dynamo.quant.half_precision.half_stage`); for ``int8``/``mixed``, the
-   Backend's quantizer (:func:`~embedl_dynamo.quant.stage.int8_stage`); for ``fp32``, none.
+   (:func:`~embedl_dynamo.quant.half.stage.half_stage`); for ``int8``/``mixed``, the
+   Backend's quantizer (:func:`~embedl_dynamo.quant.int8.stage.int8_stage`); for ``fp32``, none.
 
 It knows nothing about Dynamo or runtimes, so any caller that has a frozen graph can use it.
 :func:`quantize` and :func:`prepare_qat` run the same stages on a plain module and return the
@@ -27,9 +27,9 @@ from typing import Any
 from torch import fx, nn
 
 from embedl_dynamo.backend import Backend, as_backend
-from embedl_dynamo.quant.qat import make_trainable
-from embedl_dynamo.quant.spec import QuantizationConfig
-from embedl_dynamo.quant.stage import quantize_graph
+from embedl_dynamo.quant.int8.qat import make_trainable
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.stage import quantize_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.rewrite.plan import TransformationPlan
 from embedl_dynamo.settings import Settings
@@ -131,7 +131,7 @@ def quantize(
         progress: tqdm bar.
 
     Returns:
-        The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (`embedl_dynamo.quant.stage`)
+        The quantized GraphModule; ``gm.meta[QUANTIZATION_META]`` (`embedl_dynamo.quant.int8.stage`)
         holds the report.
 
     Example:

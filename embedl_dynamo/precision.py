@@ -173,10 +173,10 @@ def _fields(p: Precision) -> tuple[Any, ...]:
     )
 
 
-_HALF = "embedl_dynamo.quant.half_precision:half_stage"
-_INT8 = "embedl_dynamo.quant.stage:int8_stage"
-_WEIGHT_ONLY = "embedl_dynamo.quant.weight_only_stage:weight_only_stage"
-_FP8 = "embedl_dynamo.quant.fp8:fp8_stage"
+_HALF = "embedl_dynamo.quant.half.stage:half_stage"
+_INT8 = "embedl_dynamo.quant.int8.stage:int8_stage"
+_WEIGHT_ONLY = "embedl_dynamo.quant.weight_only.stage:weight_only_stage"
+_FP8 = "embedl_dynamo.quant.fp8.stage:fp8_stage"
 _BUILT_IN = (
     Precision("fp32", lower=False),
     Precision("fp16", half_dtype=torch.float16, stage=_HALF),

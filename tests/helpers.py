@@ -18,7 +18,7 @@ from torch import fx, nn
 
 from embedl_dynamo.cache.files import wait_for_cache_writes
 from embedl_dynamo.graph.freeze import freeze
-from embedl_dynamo.quant.insert import FakeQuantize
+from embedl_dynamo.quant.int8.insert import FakeQuantize
 from embedl_dynamo.rewrite.plan import TransformationPlan
 
 __all__ = [

@@ -7,7 +7,7 @@ blocked along K by 128 at opset 21, int8 per output channel), with weights of th
 (colder than any cache), run on one ``[1, 1, 896]`` token by ONNX Runtime (``MatMulNBits``, our
 session options) and OpenVINO (compressed ``FullyConnected``), interleaved in rounds. With
 ``--merged`` the linears that read one input are one weight each, as our files store them
-(:mod:`embedl_dynamo.quant.weight_only_merge`): q|k|v ``[896, 1152]`` and gate|up ``[896,
+(:mod:`embedl_dynamo.quant.weight_only.merge`): q|k|v ``[896, 1152]`` and gate|up ``[896,
 9728]``, four matmuls a layer instead of seven. ``torch`` runs the same chain
 on PyTorch's own CPU weight-only kernels (``_weight_int4pack_mm_for_cpu``,
 ``_weight_int8pack_mm``), the eager runtime's candidates. Rows: each runner's median ms per

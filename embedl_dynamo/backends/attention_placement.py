@@ -27,7 +27,7 @@ from embedl_dynamo.patterns.attention import (
     FusedAttention,
     ScaledDotProductAttention,
 )
-from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.int8.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 

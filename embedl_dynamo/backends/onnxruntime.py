@@ -14,7 +14,7 @@ from embedl_dynamo.backends.ort_preparation import SplitFusedForORT
 from embedl_dynamo.backends.placement_rules import QuantConv, QuantLinear, QuantResidualAdd
 from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.grouped_query import GroupedQueryAttention
-from embedl_dynamo.quant.spec import ONNXRUNTIME_INT8
+from embedl_dynamo.quant.int8.spec import ONNXRUNTIME_INT8
 from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = ["BACKEND", "ONNXRUNTIME_QUANTIZED_PATTERNS"]

@@ -25,7 +25,7 @@ from embedl_dynamo.backends.placement_rules import (
 )
 from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
 from embedl_dynamo.patterns.pooling import StemConvBNReLUMaxPool
-from embedl_dynamo.quant.spec import OPENVINO_INT8
+from embedl_dynamo.quant.int8.spec import OPENVINO_INT8
 
 __all__ = ["BACKEND", "OPENVINO_FUSION_PATTERNS", "OPENVINO_QUANTIZED_PATTERNS"]
 

@@ -18,7 +18,7 @@ from embedl_dynamo.patterns.fused_modules import (
     FusedConvMaxPool,
     FusedLinear,
 )
-from embedl_dynamo.quant.rules import PreparationRewrite
+from embedl_dynamo.quant.int8.rules import PreparationRewrite
 
 __all__ = ["ORT_INTEGER_ACTIVATIONS", "SplitFusedForORT"]
 

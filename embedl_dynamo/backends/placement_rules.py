@@ -1,6 +1,6 @@
 """The built-in targets' QDQ placement rules (phase ``quantized``): where each wants Q/DQ.
 
-A :class:`~embedl_dynamo.quant.rules.PlacementRule` rewrites nothing: it *annotates*. Its ``qdq``
+A :class:`~embedl_dynamo.quant.int8.rules.PlacementRule` rewrites nothing: it *annotates*. Its ``qdq``
 says which match names are quantized on the way in (activations), which constant inputs are
 weights (per-channel), and whether the output is quantized; ``check`` says when an op stays in
 float, and why (the reason lands in the quantization report). ``module_types`` extends a rule to
@@ -35,7 +35,7 @@ from torch import fx, nn
 
 from embedl_dynamo.patterns.attention import FusedLayerNorm
 from embedl_dynamo.patterns.fused_modules import FusedConv, FusedLinear
-from embedl_dynamo.quant.rules import PlacementRule
+from embedl_dynamo.quant.int8.rules import PlacementRule
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.qdq import QDQ, FusedModule, Role
 

@@ -26,7 +26,7 @@ from embedl_dynamo.backends.placement_rules import (
     QuantResidualAdd,
 )
 from embedl_dynamo.patterns.common import COMMON_CONVERSION_PATTERNS, COMMON_FUSION_PATTERNS
-from embedl_dynamo.quant.spec import TENSORRT_INT8
+from embedl_dynamo.quant.int8.spec import TENSORRT_INT8
 
 __all__ = ["BACKEND", "TENSORRT_PATTERNS", "TENSORRT_QUANTIZED_PATTERNS"]
 

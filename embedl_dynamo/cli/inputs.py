@@ -306,7 +306,7 @@ def calibration_batches(path_text: str, inputs: Sequence[Any]) -> list[Any]:
         CliError: (exit 2) a file that cannot be read, does not fit, or holds NaN or infinity.
     """
     from embedl_dynamo.errors import CalibrationDataError
-    from embedl_dynamo.quant.calibrate import (
+    from embedl_dynamo.quant.int8.calibrate import (
         as_batches,
         calibration_mismatch,
         check_batches_finite,

@@ -19,7 +19,7 @@ from torch import nn
 from embedl_dynamo.backend import Backend, as_backend
 from embedl_dynamo.deploy.sidecar import refuse_foreign_sidecar, sidecar_path
 from embedl_dynamo.errors import ExportArgumentError, ExportError
-from embedl_dynamo.quant.calibrate import calibration_mismatch
+from embedl_dynamo.quant.int8.calibrate import calibration_mismatch
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 

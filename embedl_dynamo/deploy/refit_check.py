@@ -24,7 +24,7 @@ import torch
 from embedl_dynamo.errors import ExportError, OutputMismatchError, VerificationError, error_line
 from embedl_dynamo.onnx.external_data import save_model_file
 from embedl_dynamo.onnx.refit_weights import EXPORTED_PREFIX
-from embedl_dynamo.quant.calibrate import as_batches
+from embedl_dynamo.quant.int8.calibrate import as_batches
 from embedl_dynamo.runtimes.registry import runtime_classes
 from embedl_dynamo.settings import Settings
 from embedl_dynamo.tuning.judge import check_precision_outputs

@@ -20,7 +20,7 @@ from embedl_dynamo.errors import CallRefused, error_line
 from embedl_dynamo.graph.functionalize import written_inputs
 from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
-from embedl_dynamo.quant.stage import QUANTIZATION_META
+from embedl_dynamo.quant.int8.stage import QUANTIZATION_META
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.settings import Settings
 

@@ -39,8 +39,8 @@ from embedl_dynamo.dynamo.warm_start import alias_key_of, remember_build, start_
 from embedl_dynamo.errors import CalibrationDataError, error_line
 from embedl_dynamo.graph.index_guards import guard_indices
 from embedl_dynamo.pipeline import PipelineResult
-from embedl_dynamo.quant.calibrate import calibration_mismatch, fit_batches_to_graph
-from embedl_dynamo.quant.lazy import calibrate_then_build
+from embedl_dynamo.quant.int8.calibrate import calibration_mismatch, fit_batches_to_graph
+from embedl_dynamo.quant.int8.lazy import calibrate_then_build
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import LOWER_REJECTED
 from embedl_dynamo.runtimes.base import Runtime

@@ -36,7 +36,7 @@ from embedl_dynamo.partition import (
     partition_graph,
     stitch,
 )
-from embedl_dynamo.quant.calibrate import as_batches, calibration_mismatch
+from embedl_dynamo.quant.int8.calibrate import as_batches, calibration_mismatch
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime

@@ -46,7 +46,7 @@ from embedl_dynamo.errors import CorruptEntryError, OutputMismatchError, error_l
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.onnx.artifact import input_specs
-from embedl_dynamo.quant.calibrate import data_fingerprint
+from embedl_dynamo.quant.int8.calibrate import data_fingerprint
 from embedl_dynamo.report.plan_rows import PlanSnapshot
 from embedl_dynamo.report.record import record
 from embedl_dynamo.report.subgraph import SubgraphReport

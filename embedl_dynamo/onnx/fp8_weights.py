@@ -17,14 +17,14 @@ import numpy as np
 from torch import nn
 
 from embedl_dynamo.onnx.int8_weights import graph_constants
-from embedl_dynamo.quant.fp8_qdq import FP8_MAX, FP8_MIN_OPSET, holds_fp8
+from embedl_dynamo.quant.fp8.qdq import FP8_MAX, FP8_MIN_OPSET, holds_fp8
 
 __all__ = ["fold_fp8_weights", "fp8_opset", "has_fp8_qdq"]
 
 
 def fp8_opset(module: nn.Module, opset: int | None, default: int) -> int:
     """The opset to export ``module`` at: ``opset``, else ``default``, raised to
-    :data:`~embedl_dynamo.quant.fp8_qdq.FP8_MIN_OPSET` when the graph holds FP8 quantizers.
+    :data:`~embedl_dynamo.quant.fp8.qdq.FP8_MIN_OPSET` when the graph holds FP8 quantizers.
 
     Raises:
         ValueError: an FP8 graph and an ``opset`` older than FP8 Q/DQ; the message names the fix.

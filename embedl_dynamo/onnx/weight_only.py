@@ -1,6 +1,6 @@
 """Store weight-only layers' weights as integers: ``DequantizeLinear(q, s, z) -> MatMul``.
 
-A :class:`~embedl_dynamo.quant.weight_only.WeightOnlyLinear` exports as ``MatMul(x, W'.T)``
+A :class:`~embedl_dynamo.quant.weight_only.linear.WeightOnlyLinear` exports as ``MatMul(x, W'.T)``
 with ``W'`` as a float constant (held only while it is exported, :func:`with_dense_weights`);
 here that constant is replaced by its integer codes read by ``DequantizeLinear``, the one
 portable form every runtime takes with its own kernels:
@@ -34,7 +34,7 @@ from embedl_dynamo.cache.hashed_file import open_hashed
 from embedl_dynamo.cache.keys import tensor_bytes
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.onnx.initializers import UnwrittenOnnx, unwritten_float_model
-from embedl_dynamo.quant.weight_only import WeightOnlyLinear, dense_weights
+from embedl_dynamo.quant.weight_only.linear import WeightOnlyLinear, dense_weights
 
 __all__ = [
     "BLOCKED_OPSET",
@@ -185,7 +185,7 @@ def _memory(tensor: torch.Tensor) -> tuple[Any, ...]:
 
 def with_dense_weights(export: Callable[..., Any]) -> Callable[..., Any]:
     """``export(gm, ...)`` with ``gm``'s weight-only layers holding their float ``W'.T``
-    (:func:`~embedl_dynamo.quant.weight_only.dense_weights`) for the exporter, and only while
+    (:func:`~embedl_dynamo.quant.weight_only.linear.dense_weights`) for the exporter, and only while
     it runs: the float weights never outlive the export."""
 
     @functools.wraps(export)

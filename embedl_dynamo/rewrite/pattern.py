@@ -60,7 +60,7 @@ class MatchRule:
     """Something that finds a subgraph and judges each occurrence: ``target`` and ``check``.
 
     :class:`Pattern` (conversions, fusions) adds a replacement; the quantization stage's
-    placement and smoothing rules (:mod:`embedl_dynamo.quant.rules`) add annotations instead.
+    placement and smoothing rules (:mod:`embedl_dynamo.quant.int8.rules`) add annotations instead.
 
     Attributes:
         name: short snake_case identifier, unique within a Backend's list.

@@ -2,7 +2,7 @@
 
 Two forms compute the same half precision, and which is faster depends on the model:
 
-* the **typed graph** (:func:`~embedl_dynamo.quant.half_precision.cast_graph`): matmul-class
+* the **typed graph** (:func:`~embedl_dynamo.quant.half.stage.cast_graph`): matmul-class
   layers in the half type, Cast nodes around every fp32 island (norms, reductions,
   squeeze-excite pooling, outputs). TensorRT's strongly typed networks need this form, and
   every other runtime keeps it;

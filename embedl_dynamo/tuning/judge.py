@@ -38,8 +38,8 @@ from torch import fx
 from embedl_dynamo.errors import OutputMismatchError
 from embedl_dynamo.graph.float32 import exact_float32
 from embedl_dynamo.graph.rest_precision import rest_precision
-from embedl_dynamo.quant.half_precision import HALF_PRECISION_META
-from embedl_dynamo.quant.stage import QUANTIZATION_META
+from embedl_dynamo.quant.half.stage import HALF_PRECISION_META
+from embedl_dynamo.quant.int8.stage import QUANTIZATION_META
 from embedl_dynamo.runtimes.base import ArtifactJudge, Runtime
 from embedl_dynamo.runtimes.reference import graph_call, graph_outputs
 
@@ -298,7 +298,7 @@ def judge_artifact(
 
     A float artifact must pass :func:`check_float` within ``rtol`` (the runtime's
     :attr:`~embedl_dynamo.runtimes.base.Runtime.float_rtol`) against ``reference()``.
-    A lower-precision one (``gm`` carries :data:`~embedl_dynamo.quant.stage.QUANTIZATION_META`, :data:`HALF_PRECISION_META`
+    A lower-precision one (``gm`` carries :data:`~embedl_dynamo.quant.int8.stage.QUANTIZATION_META`, :data:`HALF_PRECISION_META`
     or a rest precision, :mod:`~embedl_dynamo.graph.rest_precision`) must be finite here; the caller holds it to the float model
     with :func:`check_precision`, since ``gm``'s own half-precision or fake-quant outputs are no
     tighter a reference than the budget (two correct kernels round in their own order).

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from embedl_dynamo.quant.stage import CalibratedGraph
+from embedl_dynamo.quant.int8.stage import CalibratedGraph
 from embedl_dynamo.tuning.judge import cosine, flat_outputs, format_cosine, sample_outputs
 from embedl_dynamo.tuning.layer_profile import LayerTimes
 

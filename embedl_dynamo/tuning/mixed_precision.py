@@ -50,9 +50,9 @@ from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.rest_precision import with_rest_precision
 from embedl_dynamo.onnx.artifact import onnx_artifact
 from embedl_dynamo.pipeline import PipelineResult
-from embedl_dynamo.quant.cache import CALIBRATION_NAMESPACE
-from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.stage import CalibratedGraph, calibrate_graph
+from embedl_dynamo.quant.int8.calibration_cache import CALIBRATION_NAMESPACE
+from embedl_dynamo.quant.int8.quantizer import Quantizer
+from embedl_dynamo.quant.int8.stage import CalibratedGraph, calibrate_graph
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.settings import Settings
@@ -108,7 +108,7 @@ def choose_mixed(
     """Decide INT8 or fp32 per layer of ``calibrated`` (see the module docstring).
 
     Args:
-        calibrated: the calibrated graph (:func:`~embedl_dynamo.quant.stage.calibrate_graph`).
+        calibrated: the calibrated graph (:func:`~embedl_dynamo.quant.int8.stage.calibrate_graph`).
         inputs: one input per placeholder, for timing.
         batches: calibration batches, for sensitivity (the first few are used).
         budget: the least output cosine to the float model the INT8 set may have.

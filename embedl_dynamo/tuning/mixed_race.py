@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.quant.stage import CalibratedGraph
+from embedl_dynamo.quant.int8.stage import CalibratedGraph
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.tuning.judge import check_float_sample, sample_outputs, worst_cosine
 from embedl_dynamo.tuning.layer_profile import time_graphs

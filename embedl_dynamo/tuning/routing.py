@@ -14,7 +14,7 @@ import logging
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
 from embedl_dynamo.precision import Precision
-from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op
+from embedl_dynamo.quant.int8.torch_tensorrt_qdq import has_quantize_op
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.tensorrt.runtime import TensorRTRuntime
 from embedl_dynamo.runtimes.torch_tensorrt.runtime import TorchTensorRTRuntime

@@ -12,7 +12,7 @@ from torch import nn
 
 from embedl_dynamo import quantize
 from embedl_dynamo.patterns.attention import FusedAttention
-from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
+from embedl_dynamo.quant.int8.insert import FakeQuantize, WeightFakeQuantize
 from tests.helpers import is_fake_quant, random_batches
 from tests.models import MobileNetLike, ResNetLike, ViTLike, randomize_batchnorm
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.quant import stage
+from embedl_dynamo.quant.int8 import stage
 from tests.models import TinyConvNet
 
 X = torch.randn(2, 3, 8, 8)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from embedl_dynamo.quant.weight_only import WeightOnlyLinear
+from embedl_dynamo.quant.weight_only.linear import WeightOnlyLinear
 
 pytest.importorskip("onnxruntime")
 

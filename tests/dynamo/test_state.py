@@ -191,7 +191,7 @@ def test_lazy_int8_calibrates_once_across_threads(tmp_path):
     import threading
 
     from embedl_dynamo.backends.onnxruntime import BACKEND
-    from embedl_dynamo.quant.lazy import calibrate_then_build
+    from embedl_dynamo.quant.int8.lazy import calibrate_then_build
     from embedl_dynamo.settings import Settings
 
     patterns = [*BACKEND.conversion_patterns, *BACKEND.fusion_patterns]

@@ -8,7 +8,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from embedl_dynamo.onnx.fp8_weights import fold_fp8_weights, fp8_opset, has_fp8_qdq
-from embedl_dynamo.quant.fp8_qdq import FP8FakeQuantize
+from embedl_dynamo.quant.fp8.qdq import FP8FakeQuantize
 from embedl_dynamo.runtimes.onnxruntime.session import create_session
 
 

@@ -17,8 +17,8 @@ from torch import nn
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.onnx.export import export_onnx
 from embedl_dynamo.onnx.weight_only import store_weight_only, weight_only_layers
-from embedl_dynamo.quant.weight_codes import WeightOnlySpec
-from embedl_dynamo.quant.weight_only import weight_only_graph
+from embedl_dynamo.quant.weight_only.codes import WeightOnlySpec
+from embedl_dynamo.quant.weight_only.linear import weight_only_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.session import create_session
 from embedl_dynamo.runtimes.tensorrt.lint import lint_for_tensorrt

@@ -55,7 +55,7 @@ def test_lazy_calibration_on_first_calls(digits, tmp_path, caplog):
     )
     batches = list(x_train[:256].split(64))
     # inference: under no_grad (in grad mode trainable weights would keep the graph eager)
-    with caplog.at_level(logging.INFO, logger="embedl_dynamo.quant.lazy"), torch.no_grad():
+    with caplog.at_level(logging.INFO, logger="embedl_dynamo.quant.int8.lazy"), torch.no_grad():
         float_out = [compiled(b) for b in batches[:3]]
         for b, out in zip(batches[:3], float_out):
             torch.testing.assert_close(out, model(b), atol=1e-4, rtol=1e-4)  # still float

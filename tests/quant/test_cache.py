@@ -21,7 +21,7 @@ _SCRIPT = textwrap.dedent(
     """
     import json, sys, torch
     from embedl_dynamo import quantize
-    from embedl_dynamo.quant import stage
+    from embedl_dynamo.quant.int8 import stage
     from tests.models import ResNetLike, randomize_batchnorm
 
     passes = []  # forward passes per calibration run, counted by wrapping the real function

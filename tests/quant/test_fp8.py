@@ -12,16 +12,16 @@ from onnx import TensorProto, helper
 from torch import nn
 
 from embedl_dynamo.backend import backend_by_name
-from embedl_dynamo.quant.fp8 import check_fp8_quantizer, quantize_fp8
-from embedl_dynamo.quant.fp8_placement import fp8_float_reasons
-from embedl_dynamo.quant.fp8_qdq import (
+from embedl_dynamo.quant.fp8.placement import fp8_float_reasons
+from embedl_dynamo.quant.fp8.qdq import (
     FP8_MAX,
     FP8FakeQuantize,
     FP8QuantizeDequantize,
     FP8WeightFakeQuantize,
 )
-from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
-from embedl_dynamo.quant.stage import calibrate_graph
+from embedl_dynamo.quant.fp8.stage import check_fp8_quantizer, quantize_fp8
+from embedl_dynamo.quant.int8.insert import FakeQuantize, WeightFakeQuantize
+from embedl_dynamo.quant.int8.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.session import create_session
 from tests.helpers import random_batches

@@ -1,4 +1,4 @@
-"""FP16/BF16 in the graph (:mod:`embedl_dynamo.quant.half_precision`): which ops go half, which
+"""FP16/BF16 in the graph (:mod:`embedl_dynamo.quant.half.stage`): which ops go half, which
 stay fp32, the casts, the numbers, and the artifact that carries the types."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.onnx.export import export_onnx
-from embedl_dynamo.quant.half_precision import cast_graph
+from embedl_dynamo.quant.half.stage import cast_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from tests.models import MobileNetLike, ViTLike
 

@@ -1,4 +1,4 @@
-"""INT8 calibrated on its first calls (:mod:`embedl_dynamo.quant.lazy`): a call with NaN or
+"""INT8 calibrated on its first calls (:mod:`embedl_dynamo.quant.int8.lazy`): a call with NaN or
 infinity is answered by the float graph and not calibrated on, so calibration still finishes
 (issue 50 item 7: one NaN used to fail every calibration after it)."""
 
@@ -8,7 +8,7 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.backends.onnxruntime import BACKEND
-from embedl_dynamo.quant.lazy import calibrate_then_build
+from embedl_dynamo.quant.int8.lazy import calibrate_then_build
 from embedl_dynamo.settings import Settings
 from tests.models import TinyConvNet
 

@@ -6,14 +6,14 @@ import pytest
 import torch
 
 from embedl_dynamo.errors import NonFiniteError
-from embedl_dynamo.quant.observers import (
+from embedl_dynamo.quant.int8.observers import (
     HistogramCalibrator,
     MinMaxCalibrator,
     PercentileCalibrator,
     make_calibrator,
     scale_zero_point,
 )
-from embedl_dynamo.quant.spec import QuantizationSpec
+from embedl_dynamo.quant.int8.spec import QuantizationSpec
 
 
 def _data_with_outlier():
@@ -105,8 +105,8 @@ def test_scale_zero_point_math():
 
 
 def test_mean_minmax_averages_each_batchs_range_as_nncf_does():
-    from embedl_dynamo.quant.observers import MeanMinMaxCalibrator, make_calibrator
-    from embedl_dynamo.quant.spec import OPENVINO_INT8
+    from embedl_dynamo.quant.int8.observers import MeanMinMaxCalibrator, make_calibrator
+    from embedl_dynamo.quant.int8.spec import OPENVINO_INT8
     from embedl_dynamo.rewrite.qdq import Role
 
     calibrator = MeanMinMaxCalibrator("x")

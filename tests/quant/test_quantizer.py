@@ -14,7 +14,7 @@ from embedl_dynamo.backends.placement_rules import QuantConv
 from embedl_dynamo.backends.tensorrt import BACKEND as TENSORRT
 from embedl_dynamo.patterns.conv_bn import CONV_BN_RELU
 from embedl_dynamo.quant import Quantizer
-from embedl_dynamo.quant.placement import Placement
+from embedl_dynamo.quant.int8.placement import Placement
 from embedl_dynamo.rewrite.qdq import Role
 from tests.models import randomize_batchnorm
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from embedl_dynamo import quantize
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.quant.smooth import SmoothLayerNormLinear, apply_smoothing, smoothing_scales
+from embedl_dynamo.quant.int8.smooth import SmoothLayerNormLinear, apply_smoothing, smoothing_scales
 from embedl_dynamo.rewrite.matcher import find_matches
 from embedl_dynamo.transform import trace
 from tests.models import ViTLike

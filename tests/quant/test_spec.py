@@ -9,7 +9,7 @@ import pytest
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.backends.onnxruntime import BACKEND as ORT
 from embedl_dynamo.backends.tensorrt import BACKEND as TRT
-from embedl_dynamo.quant.spec import (
+from embedl_dynamo.quant.int8.spec import (
     ONNXRUNTIME_INT8,
     TENSORRT_INT8,
     QuantizationConfig,
@@ -86,8 +86,8 @@ def test_backends_carry_their_config_and_round_trip():
 
 
 def test_unsigned_nonnegative_takes_uint8_from_zero_for_a_nonnegative_range():
-    from embedl_dynamo.quant.observers import scale_zero_point
-    from embedl_dynamo.quant.spec import OPENVINO_INT8
+    from embedl_dynamo.quant.int8.observers import scale_zero_point
+    from embedl_dynamo.quant.int8.spec import OPENVINO_INT8
 
     spec = OPENVINO_INT8.spec(Role.ACTIVATION)
     assert spec.for_range(-0.5) is spec  # signed data keeps the symmetric int8 grid

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from embedl_dynamo import quantize
-from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
+from embedl_dynamo.quant.int8.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from tests.models import ResNetLike
 
 
@@ -34,7 +34,7 @@ def test_quantize_op_graph_matches_fake_quant():
 
 
 def test_asymmetric_quantizers_are_refused():
-    from embedl_dynamo.quant.torch_tensorrt_qdq import _amax
+    from embedl_dynamo.quant.int8.torch_tensorrt_qdq import _amax
 
     with pytest.raises(ValueError, match="asymmetric"):
         _amax(torch.tensor(0.1), torch.tensor(128), "x")

@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 (:mod:`embedl_dynamo.quant.weight_only`): which linears are rewritten
+"""Weight-only int8/int4 (:mod:`embedl_dynamo.quant.weight_only.linear`): which linears are rewritten
 and why, the dequantised weights' numbers, the budget, and the options' validation."""
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from embedl_dynamo.backend import as_backend
-from embedl_dynamo.quant import weight_only
-from embedl_dynamo.quant.weight_codes import (
+from embedl_dynamo.quant.weight_only import linear
+from embedl_dynamo.quant.weight_only.codes import (
     WeightOnlySpec,
     dequantize_weight,
     dequantize_weight_t,
     quantize_weight,
 )
-from embedl_dynamo.quant.weight_only import (
+from embedl_dynamo.quant.weight_only.linear import (
     WeightOnlyLinear,
     dense_weights,
     weight_only_graph,
 )
-from embedl_dynamo.quant.weight_only_stage import weight_only_stage
+from embedl_dynamo.quant.weight_only.stage import weight_only_stage
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.settings import Settings
 
@@ -253,9 +253,9 @@ def test_a_layer_keeps_integer_weights_only_and_a_float_one_while_exported(block
 def test_the_budget_quantizes_each_layer_once_per_bit_width(block, monkeypatch):
     _, gm = block
     calls = []
-    original = weight_only.quantize_weight
+    original = linear.quantize_weight
     monkeypatch.setattr(
-        weight_only, "quantize_weight", lambda w, s: calls.append(s.bits) or original(w, s)
+        linear, "quantize_weight", lambda w, s: calls.append(s.bits) or original(w, s)
     )
     spec = WeightOnlySpec(4, group_size=32)
     _, report = weight_only_graph(gm, [_ids()], spec, accuracy_budget=0.999999)

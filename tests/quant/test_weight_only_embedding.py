@@ -1,5 +1,5 @@
 """Embedding tables under the weight-only precisions
-(:mod:`embedl_dynamo.quant.weight_only_embedding`): which lookups become per-row int8 and why
+(:mod:`embedl_dynamo.quant.weight_only.embedding`): which lookups become per-row int8 and why
 the others keep their float table, the numbers they compute, and the ONNX file and sessions
 made of them."""
 
@@ -16,9 +16,9 @@ from torch import fx, nn
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.onnx.export import export_onnx
-from embedl_dynamo.quant.weight_codes import WeightOnlySpec
-from embedl_dynamo.quant.weight_only import weight_only_graph
-from embedl_dynamo.quant.weight_only_embedding import WeightOnlyEmbedding, embedding_tables
+from embedl_dynamo.quant.weight_only.codes import WeightOnlySpec
+from embedl_dynamo.quant.weight_only.embedding import WeightOnlyEmbedding, embedding_tables
+from embedl_dynamo.quant.weight_only.linear import weight_only_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 
 
@@ -175,7 +175,7 @@ def test_the_tensorrt_target_keeps_float_tables_with_its_reason(backend):
     """TensorRT reads int8 constants through DequantizeLinear (its lint's rule), not as a
     Gather's table: that target keeps the float table; the others take int8."""
     from embedl_dynamo.backend import as_backend
-    from embedl_dynamo.quant.weight_only_stage import weight_only_stage
+    from embedl_dynamo.quant.weight_only.stage import weight_only_stage
     from embedl_dynamo.settings import Settings
 
     settings = Settings(precision="int8_weight_only")

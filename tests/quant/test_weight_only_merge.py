@@ -1,5 +1,5 @@
 """Weight-only layers that read one input, stored as one
-(:mod:`embedl_dynamo.quant.weight_only_merge`): which layers merge and why others do not, the
+(:mod:`embedl_dynamo.quant.weight_only.merge`): which layers merge and why others do not, the
 graph it leaves, the numbers (the unmerged layers' own), and the one kernel per group that
 ONNX Runtime runs."""
 
@@ -20,10 +20,10 @@ import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.printer import format_graph
 from embedl_dynamo.onnx.export import export_onnx
-from embedl_dynamo.quant.weight_codes import WeightOnlySpec
-from embedl_dynamo.quant.weight_only import weight_only_graph
-from embedl_dynamo.quant.weight_only_merge import MergedWeightOnlyLinear, merge_sibling_layers
-from embedl_dynamo.quant.weight_only_stage import weight_only_stage
+from embedl_dynamo.quant.weight_only.codes import WeightOnlySpec
+from embedl_dynamo.quant.weight_only.linear import weight_only_graph
+from embedl_dynamo.quant.weight_only.merge import MergedWeightOnlyLinear, merge_sibling_layers
+from embedl_dynamo.quant.weight_only.stage import weight_only_stage
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.session import create_session
 from embedl_dynamo.settings import Settings

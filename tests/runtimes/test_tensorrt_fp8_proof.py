@@ -123,8 +123,8 @@ def test_torch_tensorrt_converts_fp8_quantize_op_per_tensor_only():
 
 
 def test_to_torch_tensorrt_qdq_refuses_fp8_with_the_fix():
-    from embedl_dynamo.quant.fp8_qdq import FP8FakeQuantize
-    from embedl_dynamo.quant.torch_tensorrt_qdq import to_torch_tensorrt_qdq
+    from embedl_dynamo.quant.fp8.qdq import FP8FakeQuantize
+    from embedl_dynamo.quant.int8.torch_tensorrt_qdq import to_torch_tensorrt_qdq
 
     root = torch.nn.Module()
     root.fq = FP8FakeQuantize(1.0)

@@ -13,7 +13,7 @@ import embedl_dynamo
 from embedl_dynamo.backend import as_backend
 from embedl_dynamo.graph.dynamic_axes import BATCH
 from embedl_dynamo.onnx import artifact as artifacts
-from embedl_dynamo.quant.stage import calibrate_graph
+from embedl_dynamo.quant.int8.stage import calibrate_graph
 from embedl_dynamo.rewrite.engine import apply_transformation_plan, plan_transformation
 from embedl_dynamo.runtimes.onnxruntime.runtime import node_times
 from embedl_dynamo.settings import Settings

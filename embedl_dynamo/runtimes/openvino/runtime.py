@@ -49,7 +49,7 @@ from embedl_dynamo.backends.openvino import BACKEND as OPENVINO
 from embedl_dynamo.cache.keys import package_version
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.onnx.artifact import OnnxArtifact
-from embedl_dynamo.quant.stage import QUANTIZATION_META
+from embedl_dynamo.quant.int8.stage import QUANTIZATION_META
 from embedl_dynamo.runtimes.base import PROFILE_WARMUP_RUNS, LayerProfiler
 from embedl_dynamo.runtimes.onnx_artifact import OnnxArtifactRuntime
 from embedl_dynamo.runtimes.openvino.compile import (

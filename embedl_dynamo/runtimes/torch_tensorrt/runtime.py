@@ -19,7 +19,7 @@ Engines are built for the shapes they see; a new input shape builds one more mod
 :data:`MAX_SHAPES`, then calls with other shapes raise and run in PyTorch with one warning).
 
 INT8: Torch-TensorRT converts no ``aten.fake_quantize_*`` op. A fake-quant graph is rewritten to
-``tensorrt::quantize_op`` (:func:`~embedl_dynamo.quant.torch_tensorrt_qdq.to_torch_tensorrt_qdq`)
+``tensorrt::quantize_op`` (:func:`~embedl_dynamo.quant.int8.torch_tensorrt_qdq.to_torch_tensorrt_qdq`)
 when NVIDIA ModelOpt has registered that op; without it the build raises a clear error and the
 float artifact runs instead (see ``dynamo.compile``).
 """
@@ -36,9 +36,9 @@ import torch
 from torch import fx
 
 from embedl_dynamo.cache.keys import package_version
-from embedl_dynamo.quant.fp8_qdq import holds_fp8
-from embedl_dynamo.quant.insert import FakeQuantize
-from embedl_dynamo.quant.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
+from embedl_dynamo.quant.fp8.qdq import holds_fp8
+from embedl_dynamo.quant.int8.insert import FakeQuantize
+from embedl_dynamo.quant.int8.torch_tensorrt_qdq import has_quantize_op, to_torch_tensorrt_qdq
 from embedl_dynamo.runtimes.base import Runtime, target_device
 
 __all__ = [

@@ -34,7 +34,7 @@ from torch import fx, nn
 
 from embedl_dynamo.graph.aliasing import mutated_tensor
 from embedl_dynamo.graph.nodes import constant_value, module_path
-from embedl_dynamo.quant.weight_codes import WeightOnlySpec, dequantize_weight, quantize_weight
+from embedl_dynamo.quant.weight_only.codes import WeightOnlySpec, dequantize_weight, quantize_weight
 
 __all__ = ["WeightOnlyEmbedding", "embedding_tables", "swap_embeddings"]
 

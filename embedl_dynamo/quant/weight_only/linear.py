@@ -30,7 +30,7 @@ Which layers keep 8 bits under ``int4_weight_only`` (each one reported with its 
   every layer has 8 bits).
 
 Embedding tables become per-row int8 codes under both precisions
-(:mod:`embedl_dynamo.quant.weight_only_embedding`).
+(:mod:`embedl_dynamo.quant.weight_only.embedding`).
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ from torch import fx, nn
 
 from embedl_dynamo.graph.nodes import constant_value, module_path
 from embedl_dynamo.patterns.fused_modules import FusedLinear
-from embedl_dynamo.quant.weight_codes import (
+from embedl_dynamo.quant.weight_only.codes import (
     WeightOnlySpec,
     dequantize_weight,
     dequantize_weight_t,
     quantize_weight,
 )
-from embedl_dynamo.quant.weight_only_embedding import (
+from embedl_dynamo.quant.weight_only.embedding import (
     WeightOnlyEmbedding,
     embedding_tables,
     swap_embeddings,
@@ -202,7 +202,7 @@ def weight_only_graph(
         accuracy_budget: the least cosine of the outputs to the float graph's (int4 only;
             None: no check).
         tables_kept: why every embedding table stays float on this target (None: tables
-            become int8, :mod:`~embedl_dynamo.quant.weight_only_embedding`).
+            become int8, :mod:`~embedl_dynamo.quant.weight_only.embedding`).
 
     Returns:
         ``(graph, report)``: ``layers`` (id, precision, reason), ``bits``, ``group_size``,

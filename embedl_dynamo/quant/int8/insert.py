@@ -22,9 +22,9 @@ from torch import fx, nn
 from torch.nn.utils import parametrize
 
 from embedl_dynamo.graph.nodes import PATH_KEY, constant_value, module_path
-from embedl_dynamo.quant.observers import Calibrator, make_calibrator, scale_zero_point
-from embedl_dynamo.quant.placement import Placement, WeightPoint
-from embedl_dynamo.quant.spec import QuantizationConfig, QuantizationSpec
+from embedl_dynamo.quant.int8.observers import Calibrator, make_calibrator, scale_zero_point
+from embedl_dynamo.quant.int8.placement import Placement, WeightPoint
+from embedl_dynamo.quant.int8.spec import QuantizationConfig, QuantizationSpec
 from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = [

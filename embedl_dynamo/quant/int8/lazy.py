@@ -21,8 +21,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.stage import quantize_graph
+from embedl_dynamo.quant.int8.quantizer import Quantizer
+from embedl_dynamo.quant.int8.stage import quantize_graph
 from embedl_dynamo.settings import Settings
 
 __all__ = ["LazyInt8", "calibrate_then_build"]

@@ -26,9 +26,9 @@ from torch import fx
 
 from embedl_dynamo.cache.keys import content_key, fingerprint_graph
 from embedl_dynamo.cache.store import ArtifactCache
-from embedl_dynamo.quant.observers import scale_zero_point
-from embedl_dynamo.quant.placement import Placement
-from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.observers import scale_zero_point
+from embedl_dynamo.quant.int8.placement import Placement
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
 from embedl_dynamo.rewrite.qdq import Role
 
 __all__ = [

@@ -29,7 +29,7 @@ from torch import fx, nn
 from embedl_dynamo.graph.nodes import constant_value
 from embedl_dynamo.patterns.attention import AttentionProbs
 from embedl_dynamo.patterns.fused_modules import FusedConv
-from embedl_dynamo.quant.placement import Placement
+from embedl_dynamo.quant.int8.placement import Placement
 
 __all__ = [
     "FP8_CONV_MAX_FILTER",

@@ -1,7 +1,7 @@
 """Decide where QDQ goes, from a target's placement rules: annotation, not insertion.
 
 As in PT2E, deciding is separate from inserting. :func:`plan_placement` runs each
-:class:`~embedl_dynamo.quant.rules.PlacementRule` over the fused graph and collects
+:class:`~embedl_dynamo.quant.int8.rules.PlacementRule` over the fused graph and collects
 
 * activation points: graph values quantized once for all their users (``Role.ACTIVATION`` /
   ``Role.OUTPUT``); an output point after a conv whose only user is its activation moves past
@@ -22,7 +22,7 @@ from torch import fx
 
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.patterns.fused_modules import ACTIVATIONS
-from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.int8.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, verdict
 from embedl_dynamo.rewrite.qdq import QDQ, Role

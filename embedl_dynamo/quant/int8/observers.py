@@ -20,7 +20,7 @@ import math
 import torch
 
 from embedl_dynamo.errors import NonFiniteError
-from embedl_dynamo.quant.spec import QuantizationSpec
+from embedl_dynamo.quant.int8.spec import QuantizationSpec
 
 __all__ = [
     "Calibrator",

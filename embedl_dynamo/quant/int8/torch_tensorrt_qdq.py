@@ -17,8 +17,8 @@ import torch
 from torch import fx
 from torch.nn.utils import parametrize
 
-from embedl_dynamo.quant.fp8_qdq import holds_fp8
-from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
+from embedl_dynamo.quant.fp8.qdq import holds_fp8
+from embedl_dynamo.quant.int8.insert import FakeQuantize, WeightFakeQuantize
 
 __all__ = ["has_quantize_op", "is_available", "to_torch_tensorrt_qdq"]
 

@@ -25,7 +25,7 @@ from embedl_dynamo.graph.aliasing import keeps_side_effects
 from embedl_dynamo.graph.nodes import module_path
 from embedl_dynamo.patterns.attention import FusedLayerNorm, FusedQKVProjection
 from embedl_dynamo.patterns.fused_modules import FusedLinear
-from embedl_dynamo.quant.calibrate import calibrate
+from embedl_dynamo.quant.int8.calibrate import calibrate
 from embedl_dynamo.rewrite.match import Match, MatchResult
 from embedl_dynamo.rewrite.matcher import find_matches, verdict
 from embedl_dynamo.rewrite.pattern import MatchRule

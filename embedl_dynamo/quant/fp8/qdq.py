@@ -9,7 +9,7 @@ activations and per output channel (axis 0) for weights.
 The TensorRT target's INT8 fake-quant graph already holds Q/DQ at the right inputs with symmetric
 scales ``amax / 127``; :func:`convert_to_fp8` swaps each of its quantizers for the FP8 one with
 the same ``amax``, so FP8 is placed exactly where INT8 is (then kept only where TensorRT has FP8
-kernels, see :mod:`.fp8_placement`). The FP8 modules export through
+kernels, see :mod:`.placement`). The FP8 modules export through
 :class:`FP8QuantizeDequantize`'s ONNX symbolic as ``QuantizeLinear -> DequantizeLinear`` with a
 ``FLOAT8E4M3FN`` zero point 0 (opset 19 or later).
 """
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.quant.insert import FakeQuantize, WeightFakeQuantize
+from embedl_dynamo.quant.int8.insert import FakeQuantize, WeightFakeQuantize
 
 __all__ = [
     "FP8_MAX",

@@ -19,9 +19,9 @@ import torch
 from torch import fx, nn
 
 from embedl_dynamo.errors import CalibrationDataError, NonFiniteError, error_line
-from embedl_dynamo.quant.observers import Calibrator, scale_zero_point
-from embedl_dynamo.quant.placement import Placement
-from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.observers import Calibrator, scale_zero_point
+from embedl_dynamo.quant.int8.placement import Placement
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
 
 __all__ = [
     "CalibrationData",

@@ -2,8 +2,8 @@
 
 The graph is calibrated exactly as for the tensorrt target's INT8 (the same placement, the same
 observers and calibration cache), the placement is cut to the layers TensorRT runs in FP8
-(:mod:`.fp8_placement`), and each quantizer becomes an FP8 one with the same ``amax``
-(:mod:`.fp8_qdq`): per-tensor activation scales ``amax / 448``, per-channel weight scales on axis
+(:mod:`.placement`), and each quantizer becomes an FP8 one with the same ``amax``
+(:mod:`.qdq`): per-tensor activation scales ``amax / 448``, per-channel weight scales on axis
 0. Every other layer keeps the graph's float type. The ONNX file holds ``QuantizeLinear`` /
 ``DequantizeLinear`` with ``FLOAT8E4M3FN`` zero points at opset 19 or later, weights stored as
 FP8 initializers (:mod:`embedl_dynamo.onnx.fp8_weights`).
@@ -23,10 +23,10 @@ from typing import Any
 import torch
 from torch import fx
 
-from embedl_dynamo.quant.fp8_placement import fp8_placement
-from embedl_dynamo.quant.fp8_qdq import convert_to_fp8
-from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.stage import QUANTIZATION_META, calibrate_graph
+from embedl_dynamo.quant.fp8.placement import fp8_placement
+from embedl_dynamo.quant.fp8.qdq import convert_to_fp8
+from embedl_dynamo.quant.int8.quantizer import Quantizer
+from embedl_dynamo.quant.int8.stage import QUANTIZATION_META, calibrate_graph
 from embedl_dynamo.rewrite.qdq import Role
 from embedl_dynamo.settings import Settings
 
@@ -68,11 +68,11 @@ def quantize_fp8(
         gm: the fused, canonical float graph (not modified).
         quantizer: the tensorrt target's quantizer (``Backend.quantizer``).
         data: calibration batches or a ``forward_loop(model)``.
-        options: as for :func:`~embedl_dynamo.quant.stage.calibrate_graph`.
+        options: as for :func:`~embedl_dynamo.quant.int8.stage.calibrate_graph`.
 
     Returns:
         ``(FP8 fake-quant GraphModule, report)``: the quantization report of
-        :func:`~embedl_dynamo.quant.stage.quantize_graph` (``quantized_layers`` in FP8,
+        :func:`~embedl_dynamo.quant.int8.stage.quantize_graph` (``quantized_layers`` in FP8,
         ``float_layers`` with reasons) plus ``dtype`` and ``layers`` (one record per layer:
         id, precision, reason).
     """

@@ -19,18 +19,18 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.quant.cache import calibration_key, load_ranges, store_ranges
-from embedl_dynamo.quant.calibrate import (
+from embedl_dynamo.quant.int8.calibrate import (
     as_batches,
     calibrate,
     check_batches_finite,
     data_fingerprint,
     ranges_from_calibrators,
 )
-from embedl_dynamo.quant.insert import insert_fake_quant, insert_observers
-from embedl_dynamo.quant.placement import Placement
-from embedl_dynamo.quant.quantizer import Quantizer
-from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.calibration_cache import calibration_key, load_ranges, store_ranges
+from embedl_dynamo.quant.int8.insert import insert_fake_quant, insert_observers
+from embedl_dynamo.quant.int8.placement import Placement
+from embedl_dynamo.quant.int8.quantizer import Quantizer
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
 from embedl_dynamo.settings import Settings
 
 __all__ = [

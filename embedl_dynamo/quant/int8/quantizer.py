@@ -16,10 +16,10 @@ from typing import Any
 
 from torch import fx
 
-from embedl_dynamo.quant.placement import Placement, apply_preparation, plan_placement
-from embedl_dynamo.quant.rules import PlacementRule, PreparationRewrite
-from embedl_dynamo.quant.smooth import SmoothingRule, apply_smoothing
-from embedl_dynamo.quant.spec import QuantizationConfig
+from embedl_dynamo.quant.int8.placement import Placement, apply_preparation, plan_placement
+from embedl_dynamo.quant.int8.rules import PlacementRule, PreparationRewrite
+from embedl_dynamo.quant.int8.smooth import SmoothingRule, apply_smoothing
+from embedl_dynamo.quant.int8.spec import QuantizationConfig
 
 __all__ = ["Quantizer"]
 

@@ -1,7 +1,7 @@
 """The pipeline's stage of the weight-only precisions (``int8_weight_only``,
 ``int4_weight_only``): the spec from the settings and the target, each linear's weights in
-integers (:mod:`embedl_dynamo.quant.weight_only`), then the layers that read one input stored
-as one (:mod:`embedl_dynamo.quant.weight_only_merge`)."""
+integers (:mod:`embedl_dynamo.quant.weight_only.linear`), then the layers that read one input stored
+as one (:mod:`embedl_dynamo.quant.weight_only.merge`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 from torch import fx
 
-from embedl_dynamo.quant.weight_codes import WeightOnlySpec
-from embedl_dynamo.quant.weight_only import WEIGHT_ONLY_BITS, weight_only_graph
-from embedl_dynamo.quant.weight_only_merge import merge_sibling_layers
+from embedl_dynamo.quant.weight_only.codes import WeightOnlySpec
+from embedl_dynamo.quant.weight_only.linear import WEIGHT_ONLY_BITS, weight_only_graph
+from embedl_dynamo.quant.weight_only.merge import merge_sibling_layers
 from embedl_dynamo.settings import Settings
 
 __all__ = ["weight_only_stage"]

@@ -26,7 +26,7 @@ import torch
 from torch import fx
 
 from embedl_dynamo.graph.nodes import module_path
-from embedl_dynamo.quant.weight_only import WeightOnlyLinear, apply_activation
+from embedl_dynamo.quant.weight_only.linear import WeightOnlyLinear, apply_activation
 
 __all__ = ["MergedWeightOnlyLinear", "merge_sibling_layers"]
 

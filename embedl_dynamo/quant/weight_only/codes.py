@@ -8,7 +8,7 @@ A ``[N, K]`` weight gets integer codes ``q``, scales ``s`` and, when asymmetric,
                  q = clip(round(W / s) + z, 0, 2**bits - 1)
     W' = (q - z) * s                      (qmax = 7 for int4, 127 for int8: a narrow range)
 
-:mod:`embedl_dynamo.quant.weight_only` turns linear layers into such codes;
+:mod:`embedl_dynamo.quant.weight_only.linear` turns linear layers into such codes;
 :mod:`embedl_dynamo.onnx.weight_only` writes them to the ONNX file.
 """
 
