@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from embedl_dynamo.deploy.onnx_opsets import holds_bfloat16
 from embedl_dynamo.errors import ExportError, OutputMismatchError, VerificationError, error_line
 from embedl_dynamo.precision import Precision
+from embedl_dynamo.runtimes.onnxruntime.opsets import holds_bfloat16
 from embedl_dynamo.tuning.judge import (
     FLOAT_RTOL,
     check_float,
@@ -58,7 +58,7 @@ class Verification:
 
 def run_onnx(path: Path, args: Sequence[torch.Tensor]) -> list[np.ndarray]:
     """The ONNX file's outputs on ``args``, run by ONNX Runtime on the CPU."""
-    from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
+    from embedl_dynamo.runtimes.onnxruntime.onnx_backend import EmbedlOnnxBackend
 
     rep = EmbedlOnnxBackend.prepare(str(path), device="CPU", log_severity_level=4)
     return list(rep.run([a.detach().cpu().numpy() for a in args]))

@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from embedl_dynamo import export, load
-from embedl_dynamo.deploy.onnx_backend import providers_for
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.onnx import external_data
 from embedl_dynamo.runtimes.onnxruntime import session as ort_session
+from embedl_dynamo.runtimes.onnxruntime.onnx_backend import providers_for
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 

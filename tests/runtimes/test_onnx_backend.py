@@ -1,4 +1,5 @@
-"""ONNX's own backend conformance tests, and unit tests, for :mod:`embedl_dynamo.deploy.onnx_backend`.
+"""ONNX's own backend conformance tests, and unit tests, for
+:mod:`embedl_dynamo.runtimes.onnxruntime.onnx_backend`.
 
 ``onnx.backend.test.BackendTest`` generates one unittest per ONNX node test case; we include the
 cases for the ops our patterns and exports emit (conv, gemm/matmul, activations, pooling,
@@ -13,8 +14,8 @@ import onnx.backend.test
 import pytest
 from onnx import helper
 
-from embedl_dynamo.deploy import onnx_backend, onnx_opsets
-from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend, EmbedlOnnxBackendRep
+from embedl_dynamo.runtimes.onnxruntime import onnx_backend, opsets
+from embedl_dynamo.runtimes.onnxruntime.onnx_backend import EmbedlOnnxBackend, EmbedlOnnxBackendRep
 
 # Node tests of the ops that our fusions, conversions and QDQ insertion produce in ONNX.
 _OPS = [
@@ -177,9 +178,9 @@ def _quantize_model(opset: int) -> onnx.ModelProto:
             onnx.numpy_helper.from_array(np.array(0, np.int8), "zero"),
         ],
     )
-    opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(graph, opset_imports=opsets)
-    model.ir_version = helper.find_min_ir_version_for(opsets)
+    opset_ids = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opset_ids)
+    model.ir_version = helper.find_min_ir_version_for(opset_ids)
     return model
 
 
@@ -187,8 +188,8 @@ def test_missing_kernel_for_a_new_op_version_lowers_the_model(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """ORT can run an opset yet lack one op's newest kernel there (1.32: QuantizeLinear-28)."""
-    onnx_opsets.ort_max_opset()  # probed with the real onnxruntime before the stand-in
-    real = onnx_opsets.create_session
+    opsets.ort_max_opset()  # probed with the real onnxruntime before the stand-in
+    real = opsets.create_session
     seen_opsets: list[int] = []
 
     def no_quantize_21_kernel(source: bytes, providers: list[str], options: object) -> object:
@@ -201,8 +202,8 @@ def test_missing_kernel_for_a_new_op_version_lowers_the_model(
             )
         return real(source, providers, options=options)
 
-    monkeypatch.setattr(onnx_opsets, "create_session", no_quantize_21_kernel)
-    with caplog.at_level("INFO", logger=onnx_opsets.__name__):
+    monkeypatch.setattr(opsets, "create_session", no_quantize_21_kernel)
+    with caplog.at_level("INFO", logger=opsets.__name__):
         rep = EmbedlOnnxBackend.prepare(_quantize_model(opset=21))
     assert seen_opsets == [21, 20]
     assert "no QuantizeLinear-21 kernel" in caplog.text
@@ -213,8 +214,8 @@ def test_missing_kernel_for_a_new_op_version_lowers_the_model(
 def test_a_file_whose_op_version_lacks_a_kernel_is_loaded_and_lowered(
     monkeypatch: pytest.MonkeyPatch, tmp_path
 ) -> None:
-    onnx_opsets.ort_max_opset()
-    real = onnx_opsets.create_session
+    opsets.ort_max_opset()
+    real = opsets.create_session
 
     def no_quantize_21_kernel(source: object, providers: list[str], options: object) -> object:
         model = onnx.load(source) if isinstance(source, str) else onnx.load_from_string(source)
@@ -222,7 +223,7 @@ def test_a_file_whose_op_version_lacks_a_kernel_is_loaded_and_lowered(
             raise RuntimeError("NOT_IMPLEMENTED : Failed to find kernel for QuantizeLinear(21)")
         return real(source, providers, options=options)
 
-    monkeypatch.setattr(onnx_opsets, "create_session", no_quantize_21_kernel)
+    monkeypatch.setattr(opsets, "create_session", no_quantize_21_kernel)
     monkeypatch.setattr(onnx_backend, "create_session", no_quantize_21_kernel)
     path = tmp_path / "quantize.onnx"
     onnx.save(_quantize_model(opset=21), str(path))
@@ -237,7 +238,7 @@ def test_an_error_naming_no_missing_kernel_is_raised_unchanged(
     def broken(source: bytes, providers: list[str], options: object) -> object:
         raise RuntimeError("INVALID_GRAPH : something else")
 
-    monkeypatch.setattr(onnx_opsets, "create_session", broken)
+    monkeypatch.setattr(opsets, "create_session", broken)
     with pytest.raises(RuntimeError, match="something else"):
         EmbedlOnnxBackend.prepare(_relu_model(opset=17))
 

@@ -4,13 +4,13 @@ Tools written against ONNX's backend API (ONNX's own conformance suite, model zo
 harnesses) can run models the way our ``onnxruntime`` runtime does: the same execution-provider
 preference (TensorRT EP > CUDA EP > CPU, whichever exist here) and the same session options::
 
-    from embedl_dynamo.deploy.onnx_backend import EmbedlOnnxBackend
+    from embedl_dynamo.runtimes.onnxruntime.onnx_backend import EmbedlOnnxBackend
     rep = EmbedlOnnxBackend.prepare(onnx.load("model.onnx"), device="CPU")
     outputs = rep.run([x])          # a namedtupledict: outputs[0] or outputs["logits"]
 
 ``prepare`` validates the model with ``onnx.checker`` first, so a malformed file fails with the
 checker's message rather than deep inside ONNX Runtime. A model written for a newer opset, or
-op version, than the installed onnxruntime runs is lowered first (see ``deploy.onnx_opsets``).
+op version, than the installed onnxruntime runs is lowered first (see :mod:`.opsets`).
 
 float8, bfloat16, float4 and int4/int2 arrays (``ml_dtypes`` numpy types, as onnx's reference
 uses) are fed as ``OrtValue``s built from their bytes with their ONNX element type, since
@@ -30,7 +30,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.backend.base import Backend, BackendRep, namedtupledict
 
-from embedl_dynamo.deploy.onnx_opsets import (
+from embedl_dynamo.runtimes.onnxruntime.opsets import (
     fit_to_onnxruntime,
     fitted_session,
     model_at_opset,
