@@ -1,8 +1,8 @@
 """The built-in targets' QDQ placement rules (phase ``quantized``): where each wants Q/DQ.
 
-A :class:`~embedl_dynamo.quant.int8.rules.PlacementRule` rewrites nothing: it *annotates*. Its ``qdq``
-says which match names are quantized on the way in (activations), which constant inputs are
-weights (per-channel), and whether the output is quantized; ``check`` says when an op stays in
+A :class:`~embedl_dynamo.quant.int8.rules.PlacementRule` rewrites nothing: it *annotates*. Its
+``qdq`` says which match names are quantized on the way in (activations), which constant inputs
+are weights (per-channel), and whether the output is quantized; ``check`` says when an op stays in
 float, and why (the reason lands in the quantization report). ``module_types`` extends a rule to
 fused modules (:class:`~embedl_dynamo.patterns.fused_modules.FusedConv`), whose own ``qdq`` names
 their inputs and weights; ``check_module`` applies the same policy to them. A variant (ONNX

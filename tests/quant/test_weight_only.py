@@ -1,5 +1,5 @@
-"""Weight-only int8/int4 (:mod:`embedl_dynamo.quant.weight_only.linear`): which linears are rewritten
-and why, the dequantised weights' numbers, the budget, and the options' validation."""
+"""Weight-only int8/int4 (:mod:`embedl_dynamo.quant.weight_only.linear`): which linears are
+rewritten and why, the dequantised weights' numbers, the budget, and the options' validation."""
 
 from __future__ import annotations
 

@@ -19,9 +19,10 @@ Engines are built for the shapes they see; a new input shape builds one more mod
 :data:`MAX_SHAPES`, then calls with other shapes raise and run in PyTorch with one warning).
 
 INT8: Torch-TensorRT converts no ``aten.fake_quantize_*`` op. A fake-quant graph is rewritten to
-``tensorrt::quantize_op`` (:func:`~embedl_dynamo.quant.int8.torch_tensorrt_qdq.to_torch_tensorrt_qdq`)
-when NVIDIA ModelOpt has registered that op; without it the build raises a clear error and the
-float artifact runs instead (see ``dynamo.compile``).
+``tensorrt::quantize_op``
+(:func:`~embedl_dynamo.quant.int8.torch_tensorrt_qdq.to_torch_tensorrt_qdq`) when NVIDIA
+ModelOpt has registered that op; without it the build raises a clear error and the float
+artifact runs instead (see ``dynamo.compile``).
 """
 
 from __future__ import annotations
