@@ -36,6 +36,7 @@ from embedl_dynamo.dynamo.graph_build import build_graph
 from embedl_dynamo.dynamo.partitioned import build_partitioned, partition_for
 from embedl_dynamo.dynamo.refit import RefitSource, refit_graph, refitting
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
+from embedl_dynamo.graph.analysis import GraphAnalysis, analyze
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze, inference_blocker
 from embedl_dynamo.graph.scalar_outputs import SplitOutputs, split_scalar_outputs
@@ -67,7 +68,8 @@ def compile_subgraph(
         A callable taking the same arguments as ``gm``.
     """
     job = route_subgraph(gm, example_inputs, backend, settings)
-    prepared = prepare_subgraph(job, gm, example_inputs)
+    analysis = analyze(gm)  # once: every decision below reads this record of Dynamo's graph
+    prepared = prepare_subgraph(job, gm, example_inputs, analysis)
     if isinstance(prepared, StaysEager):
         return job.stay_eager(prepared.status, prepared.reason, gm.forward)
     frozen, split, graph = prepared.frozen, prepared.split, prepared.split.tensors
@@ -97,6 +99,7 @@ def compile_subgraph(
         frozen.written,
         frozen.returned,
         frozen.views,
+        analysis,
     )
 
 
@@ -118,14 +121,19 @@ class Prepared:
 
 
 def prepare_subgraph(
-    job: SubgraphJob, gm: fx.GraphModule, example_inputs: Sequence[Any]
+    job: SubgraphJob,
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    analysis: GraphAnalysis | None = None,
 ) -> Prepared | StaysEager:
     """Freeze ``gm`` and split its number outputs off, filling ``job``'s inputs, reference
-    graph and axes; or why it runs as it is."""
-    reason = _eager_reason(job, gm, example_inputs)
+    graph and axes; or why it runs as it is. ``analysis`` is ``gm``'s
+    (:mod:`embedl_dynamo.graph.analysis`), where the caller has it."""
+    analysis = analysis if analysis is not None else analyze(gm)
+    reason = _eager_reason(job, gm, example_inputs, analysis)
     if reason is not None:
         return reason
-    frozen = freeze(gm, example_inputs, write_back=True)
+    frozen = freeze(gm, example_inputs, write_back=True, analysis=analysis)
     job.inputs = _user_inputs(frozen, example_inputs)
     if any(not isinstance(t, torch.Tensor) for t in job.inputs):
         return StaysEager("eager", "the graph takes non-tensor inputs that are not batch sizes")
@@ -138,7 +146,7 @@ def prepare_subgraph(
 
 
 def _eager_reason(
-    job: SubgraphJob, gm: fx.GraphModule, example_inputs: Sequence[Any]
+    job: SubgraphJob, gm: fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis
 ) -> StaysEager | None:
     """Why the Dynamo graph runs as it is, before anything is frozen (None: it is compiled);
     a training graph is warned once."""
@@ -147,7 +155,7 @@ def _eager_reason(
         # runs, so the outputs are eager's to the bit (TF32 on a GPU included)
         where = "runs on a CUDA device" if job.on_cuda else "is installed"
         return StaysEager("eager", f"no runtime of target {job.backend.name!r} {where}")
-    blocker = inference_blocker(gm, example_inputs)
+    blocker = inference_blocker(gm, example_inputs, analysis)
     if blocker is not None:
         warnings.warn(
             f"embedl_{job.backend.name}: this graph runs eagerly, not frozen for inference: "

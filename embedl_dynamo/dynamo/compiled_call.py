@@ -17,7 +17,7 @@ from embedl_dynamo.dynamo.frozen_weights import SAMPLED_BYTES, FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
 from embedl_dynamo.dynamo.write_back import planned_copies, write_back
 from embedl_dynamo.errors import CallRefused, error_line
-from embedl_dynamo.graph.functionalize import written_inputs
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
 from embedl_dynamo.graph.output_views import OutputView
 from embedl_dynamo.graph.scalar_outputs import ScalarOutputs
 from embedl_dynamo.quant.int8.stage import QUANTIZATION_META
@@ -62,6 +62,7 @@ def wrap_compiled(
     written: Sequence[int] = (),
     returned: dict[int, int] | None = None,
     views: dict[int, OutputView] | None = None,
+    analysis: GraphAnalysis | None = None,
 ) -> Callable[..., Any]:
     """The callable Dynamo gets: picks the user inputs out of Dynamo's arguments.
 
@@ -77,6 +78,7 @@ def wrap_compiled(
     in eager: that input is returned there; those at ``views`` are views of another output or
     of an input, regenerated as such after the run. A call in which a written input overlaps
     another input runs the original graph, with one warning (:func:`_overlap_guard`).
+    ``analysis`` is ``gm``'s (:mod:`embedl_dynamo.graph.analysis`), where the caller has it.
 
     Without a runtime (``infer`` None) the original Dynamo graph runs. A call the runtime
     cannot take (a shape outside the artifact, a runtime error, a guard's refusal) runs it
@@ -87,10 +89,9 @@ def wrap_compiled(
     if infer is None:
         return gm.forward
     if written and hasattr(infer, "writing_in_place"):  # Served, maybe behind guards
-        infer = infer.writing_in_place(in_place_writes(gm, user, written))
+        infer = infer.writing_in_place(in_place_writes(gm, user, written, analysis))
     warned = False
-    # the weights: Dynamo's tensor arguments that are neither inputs nor specialized floats
-    not_weights = [*user, *(specialized or {})]
+    not_weights = [*user, *(specialized or {})]  # the rest of Dynamo's: weights
 
     def run(*args: Any) -> Any:
         nonlocal warned
@@ -115,7 +116,6 @@ def wrap_compiled(
         report.index,
         lambda args: recompile(gm, args, backend, settings),
     )
-
     overlap = _overlap_guard(user, written, report.index)
 
     def compiled(*args: Any) -> Any:
@@ -278,7 +278,10 @@ def _op_name(node: fx.Node) -> str:
 
 
 def in_place_writes(
-    gm: fx.GraphModule, user: Sequence[int], written: Sequence[int]
+    gm: fx.GraphModule,
+    user: Sequence[int],
+    written: Sequence[int],
+    analysis: GraphAnalysis | None = None,
 ) -> dict[int, int]:
     """The written inputs a runtime may update in their own memory, by position among the
     user inputs, each with its output's position counted from the end (the written values
@@ -290,10 +293,11 @@ def in_place_writes(
     whose scatter kernel skips the input-to-output copy when both are one buffer (ONNX
     Runtime's CPU ScatterElements/ScatterND) computes the new value where it stands. A
     counter's ``add_(1)`` read before its write (the cache position) does not qualify.
+    ``analysis`` is ``gm``'s (:mod:`embedl_dynamo.graph.analysis`), where the caller has it.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    writers = written_inputs(gm)
+    analysis = analysis_of(gm, analysis)
+    order, writers = analysis.order, analysis.written_inputs
     found = {}
     for j, k in enumerate(written):
         source = placeholders[user[k]]

@@ -30,8 +30,8 @@ from torch.utils import _pytree as pytree
 from embedl_dynamo.cache.digests import blake3_digest
 from embedl_dynamo.cache.keys import fingerprint_graph, tensor_bytes
 from embedl_dynamo.cache.numerics import numerics_state
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
 from embedl_dynamo.graph.freeze import is_lifted_constant
-from embedl_dynamo.graph.functionalize import written_inputs
 
 __all__ = [
     "call_problem",
@@ -84,11 +84,14 @@ def _describe(numerics: dict[str, Any]) -> str:
     return (" and ".join(parts)) if autocast else f"no autocast, {parts[-1]}"
 
 
-def weight_positions(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> list[int]:
+def weight_positions(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis | None = None
+) -> list[int]:
     """The positions of Dynamo's arguments that are the model's parameters and buffers, less
-    those the graph writes in place (a static KV cache: state, not weights)."""
+    those the graph writes in place (a static KV cache: state, not weights); ``analysis`` is
+    ``gm``'s (:mod:`embedl_dynamo.graph.analysis`), where the caller has it."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    written = set(written_inputs(gm).values())
+    written = set(analysis_of(gm, analysis).written_inputs.values())
     return [
         i
         for i, (node, value) in enumerate(zip(placeholders, example_inputs))
@@ -112,11 +115,12 @@ def _each(tensor: torch.Tensor) -> str:
 
 
 def weights_record(
-    gm: fx.GraphModule, example_inputs: Sequence[Any]
+    gm: fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis | None = None
 ) -> tuple[dict[str, Any], list[weakref.ref]]:
     """What :func:`weights_problem` compares a later call's weights with, and weak references
-    to the weights (to name them by the model's state_dict when it is saved)."""
-    positions = weight_positions(gm, example_inputs)
+    to the weights (to name them by the model's state_dict when it is saved); ``analysis`` is
+    ``gm``'s, where the caller has it."""
+    positions = weight_positions(gm, example_inputs, analysis)
     names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     tensors = [example_inputs[i] for i in positions]
     record = {

@@ -57,6 +57,7 @@ from embedl_dynamo.dynamo.saved_artifacts import (
 from embedl_dynamo.dynamo.saved_checks import call_state, weights_problem, weights_record
 from embedl_dynamo.dynamo.warm_start import calibration_identity
 from embedl_dynamo.errors import CalibrationDataError, SavedFunctionError
+from embedl_dynamo.graph.analysis import analyze
 from embedl_dynamo.graph.freeze import inference_blocker
 from embedl_dynamo.report.record import last_report, next_index
 from embedl_dynamo.report.subgraph import SubgraphReport
@@ -181,7 +182,8 @@ class SavedFunction(SerializableCallable):
         compiled, report = _compiled_with_report(
             compile_graph, gm, example_inputs, backend, settings
         )
-        weights, refs = weights_record(gm, example_inputs)
+        analysis = analyze(gm)  # for the record: compile_graph analysed its own
+        weights, refs = weights_record(gm, example_inputs, analysis)
         options = {k: v for k, v in settings.to_dict().items() if k not in _UNSAVED}
         record = {
             "format": FORMAT,
@@ -192,7 +194,7 @@ class SavedFunction(SerializableCallable):
             "graph": graph,
             "weights": weights,
             "cache_dir": str(settings.cache_dir),
-            "blocker": inference_blocker(gm, example_inputs),
+            "blocker": inference_blocker(gm, example_inputs, analysis),
         }
         fn = cls(record, compiled, refs)
         fn.report = report

@@ -40,13 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
-from embedl_dynamo.graph.functionalize import (
-    functionalize,
-    mutation_blocker,
-    output_alias,
-    returned_inputs,
-    written_inputs,
-)
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
+from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, output_alias
 from embedl_dynamo.graph.input_free import fold_input_free
 from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
@@ -169,12 +164,15 @@ def _training_flag(node: fx.Node) -> bool:
     return _DEFAULT_TRAINING.get(node.target, False)
 
 
-def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+def inference_blocker(
+    gm: fx.GraphModule, example_inputs: Sequence[Any], analysis: GraphAnalysis | None = None
+) -> str | None:
     """Why this graph must not be frozen for inference, or None when it may.
 
-    Returns a reason when an op trains (``batch_norm``/``dropout`` with ``training=True``), or
-    when grad mode is on and a user input or a parameter requires grad (freezing would detach
-    the output, so ``backward()`` would fail).
+    Returns a reason when an op trains (``batch_norm``/``dropout`` with ``training=True``), when
+    an in-place op or an output's aliasing cannot be kept exactly (read from ``analysis``,
+    ``gm``'s, where the caller has it), or when grad mode is on and a user input or a parameter
+    requires grad (freezing would detach the output, so ``backward()`` would fail).
     """
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _TRAINING_FUNCTIONS:
@@ -184,8 +182,11 @@ def inference_blocker(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str 
                     f"{name} runs in training mode (node {node.name}); call model.eval() to "
                     "compile for inference"
                 )
-    mutation = mutation_blocker(gm, lambda node: _source_fqn(node) or node.name, write_back=True)
-    mutation = mutation or output_alias(gm)
+    analysis = analysis_of(gm, analysis)
+    mutation = mutation_blocker(
+        gm, lambda node: _source_fqn(node) or node.name, write_back=True, analysis=analysis
+    )
+    mutation = mutation or output_alias(gm, analysis)
     if mutation is not None:
         return (
             f"{mutation}; it runs in PyTorch so PyTorch's in-place semantics hold (buffers "
@@ -286,7 +287,7 @@ def _mapped(graph: fx.Graph, old: fx.Node) -> fx.Node:
 
 
 def _kept_inputs(
-    gm: fx.GraphModule, placeholders: list[fx.Node], write_back: bool
+    gm: fx.GraphModule, placeholders: list[fx.Node], write_back: bool, analysis: GraphAnalysis
 ) -> tuple[dict[int, fx.Node], dict[int, OutputView], set[fx.Node]]:
     """The outputs that are inputs themselves, the outputs regenerated as views, and the
     placeholders that stay inputs though they are parameters or buffers.
@@ -297,15 +298,29 @@ def _kept_inputs(
     output."""
     if not write_back:
         return {}, {}, set()
-    returned, views = returned_inputs(gm), output_views(gm)
-    kept = set(written_inputs(gm).values()) | set(returned.values())
-    kept |= inputs_written_through_views(gm)
+    returned, views = dict(analysis.returned_inputs), output_views(gm, analysis)
+    kept = set(analysis.written_inputs.values()) | set(returned.values())
+    kept |= inputs_written_through_views(gm, analysis)
     kept |= {placeholders[v.index] for v in views.values() if v.of_input}
     return returned, views, kept
 
 
+def _attributes(gm: fx.GraphModule) -> nn.Module:
+    """A module holding what ``gm``'s ``get_attr`` and ``call_module`` nodes read, by path."""
+    root = nn.Module()
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            target = str(node.target)
+            if not _has_attr(root, target):
+                _set_attr(root, target, _get_attr(gm, target))
+    return root
+
+
 def freeze(
-    gm: fx.GraphModule, example_inputs: Sequence[Any], write_back: bool = False
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    write_back: bool = False,
+    analysis: GraphAnalysis | None = None,
 ) -> FrozenGraph:
     """Replace lifted parameter/buffer placeholders by constants named by their original path.
 
@@ -315,6 +330,8 @@ def freeze(
         write_back: inputs (and buffers) the graph writes straight into stay inputs, and the
             graph returns their final values (``FrozenGraph.written``); without it such a
             write raises.
+        analysis: ``gm``'s (:mod:`embedl_dynamo.graph.analysis`), where the caller has it.
+            The frozen graph is another graph: it is analysed anew when made functional.
 
     Returns:
         A :class:`FrozenGraph` with a new GraphModule, its in-place ops made functional
@@ -334,18 +351,12 @@ def freeze(
     value_map: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, value_map))
 
-    root = nn.Module()
-    for node in gm.graph.nodes:
-        if node.op in ("get_attr", "call_module"):
-            target = str(node.target)
-            if not _has_attr(root, target):
-                _set_attr(root, target, _get_attr(gm, target))
-
+    root = _attributes(gm)
     constants: dict[str, str] = {}
     user_inputs: list[int] = []
     int_inputs: list[int] = []
     specialized: dict[int, float] = {}
-    returned, views, kept = _kept_inputs(gm, placeholders, write_back)
+    returned, views, kept = _kept_inputs(gm, placeholders, write_back, analysis_of(gm, analysis))
     for index, (old, value) in enumerate(zip(placeholders, example_inputs)):
         new = value_map[old]
         if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):

@@ -25,7 +25,9 @@ dead-code pass drops ``y.masked_fill_(m, 0)`` whose result is unused, and a rewr
   (:func:`output_alias`; :mod:`embedl_dynamo.graph.output_views` regenerates views of a
   returned tensor or of an input).
 
-Aliasing and what each op writes come from :mod:`embedl_dynamo.graph.aliasing`.
+Aliasing and what each op writes come from :mod:`embedl_dynamo.graph.aliasing`, computed once
+per graph state into the record of :mod:`embedl_dynamo.graph.analysis` that every decision
+here reads (written and returned inputs are its fields).
 """
 
 from __future__ import annotations
@@ -39,26 +41,18 @@ from torch import fx
 
 from embedl_dynamo.graph.aliasing import (
     INPLACE_OPERATORS,
-    alias_classes,
-    identity_root,
     inplace_flag,
     is_torch_op,
     mutated_tensor,
     out_argument,
     same_tensor_source,
 )
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of, analyze
 from embedl_dynamo.graph.meta import infer_meta
 from embedl_dynamo.graph.output_views import output_views
 from embedl_dynamo.graph.view_writes import functionalize_view_writes, view_write_plan
 
-__all__ = [
-    "functionalize",
-    "mutation_blocker",
-    "output_alias",
-    "returned_inputs",
-    "written_inputs",
-    "writes_into_input",
-]
+__all__ = ["functionalize", "mutation_blocker", "output_alias"]
 
 
 def _drop_same_tensor_nodes(gm: fx.GraphModule) -> bool:
@@ -73,99 +67,36 @@ def _drop_same_tensor_nodes(gm: fx.GraphModule) -> bool:
     return dropped
 
 
-def returned_inputs(gm: fx.GraphModule) -> dict[int, fx.Node]:
-    """The outputs of ``gm`` that are a placeholder's tensor itself (``return x``, or ``x``
-    after in-place writes), by output position: a caller returns its own input object there,
-    as eager does, instead of the runtime's copy."""
-    found: dict[int, fx.Node] = {}
-    for position, value in enumerate(_output_values(gm)):
-        if isinstance(value, fx.Node):
-            root = identity_root(value)
-            tensor = isinstance(root.meta.get("example_value"), torch.Tensor)
-            if root.op == "placeholder" and tensor:  # a number input is a number output
-                found[position] = root
-    return found
-
-
 def _output_values(gm: fx.GraphModule) -> tuple[Any, ...]:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = output.args[0]
     return tuple(returned) if isinstance(returned, (tuple, list)) else (returned,)
 
 
-def writes_into_input(gm: fx.GraphModule) -> bool:
-    """Whether an in-place op of ``gm`` may write into a graph input, parameter or buffer
-    (running the graph would then change the caller's tensors)."""
-    classes = alias_classes(gm)
-    inputs = {classes[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr")}
-    return any(
-        classes.get(target, target) in inputs
-        for target in (mutated_tensor(node) for node in gm.graph.nodes)
-        if isinstance(target, fx.Node)
-    )
-
-
-def written_inputs(gm: fx.GraphModule) -> dict[fx.Node, fx.Node]:
-    """The in-place ops of ``gm`` that can be written back, each with the placeholder it writes.
-
-    Such an op writes straight into a placeholder (or into the result of an earlier such op on
-    it), has an out-of-place form, and the placeholder shares its storage with no other graph
-    input. Writes through views, ``setitem`` and ``out=`` are not listed: the caller's tensor
-    would need a scatter into a view, not a copy of the whole value.
-    """
-    classes = alias_classes(gm)
-    sources = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in classes]
-    found: dict[fx.Node, fx.Node] = {}
-    for node in gm.graph.nodes:
-        target = mutated_tensor(node)
-        if not isinstance(target, fx.Node) or out_argument(node) is not None:
-            continue
-        root = identity_root(target)
-        if root.op != "placeholder" or not _has_out_of_place(node):
-            continue
-        if sum(classes.get(n) == classes.get(root) for n in sources) != 1:
-            continue  # another input shares its storage: a copy into one misses the other
-        found[node] = root
-    return found
-
-
-def _has_out_of_place(node: fx.Node) -> bool:
-    """Whether :func:`functionalize` turns ``node`` into an out-of-place op."""
-    if node.op == "call_method":
-        return node.target == "copy_" or hasattr(torch.Tensor, str(node.target)[:-1])
-    if node.op != "call_function" or node.target is operator.setitem:
-        return False
-    if node.target in INPLACE_OPERATORS or "inplace" in node.kwargs:
-        return True
-    if inplace_flag(node):
-        return False
-    name = getattr(node.target, "__name__", "")[:-1]
-    return is_torch_op(node.target) and getattr(torch, name, None) is not None
-
-
 def mutation_blocker(
     gm: fx.GraphModule,
     name_of: Callable[[fx.Node], str] | None = None,
     write_back: bool = False,
+    analysis: GraphAnalysis | None = None,
 ) -> str | None:
     """Why ``gm``'s in-place ops cannot be made functional exactly, or None (see the module).
 
     Args:
         gm: the graph, with Dynamo's example values or :func:`record_storages`' keys if known.
         name_of: names a graph input in the message (default: the node's name).
-        write_back: direct writes into placeholders are allowed (:func:`written_inputs`).
+        write_back: direct writes into placeholders are allowed
+            (:attr:`~embedl_dynamo.graph.analysis.GraphAnalysis.written_inputs`).
+        analysis: ``gm``'s, where the caller has it (else it is computed).
     """
-    through_views, reason = view_write_plan(gm, write_back)
+    analysis = analysis_of(gm, analysis)
+    through_views, reason = view_write_plan(gm, write_back, analysis)
     if reason is not None:
         return f"a write through a view cannot be made functional: {reason}"
-    writable = written_inputs(gm) if write_back else {}
-    classes = alias_classes(gm)
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    sources = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in classes]
+    writable = analysis.written_inputs if write_back else {}
+    classes, sources = analysis.classes, analysis.inputs
     inputs = {classes[n] for n in sources}
-    for node in gm.graph.nodes:
-        target = mutated_tensor(node)
-        if target is None or node in through_views:
+    for node, target in analysis.mutated.items():
+        if node in through_views:
             continue
         what = _describe(node)
         if out_argument(node) is not None:
@@ -176,45 +107,44 @@ def mutation_blocker(
             root = next(n for n in sources if classes[n] == classes[target])
             name = name_of(root) if name_of is not None else str(root.target)
             return f"the graph mutates {name} in place ({what}, directly or through a view)"
-        live = _live_alias(node, target, classes, order)
+        live = _live_alias(node, target, analysis)
         if live is not None:
             return f"{what} writes into {target.name}, whose alias {live.name} is read later"
     return None
 
 
-def _live_alias(
-    node: fx.Node, target: fx.Node, classes: dict[fx.Node, Any], order: dict[fx.Node, int]
-) -> fx.Node | None:
+def _live_alias(node: fx.Node, target: fx.Node, analysis: GraphAnalysis) -> fx.Node | None:
     """A node created before ``node`` that shares ``target``'s storage and is read after it
     (the in-place op on ``target`` would change what it reads)."""
+    classes, order = analysis.classes, analysis.order
     position = order[node]
-    same = identity_root(target)
+    same = analysis.roots[target]
     for other, key in classes.items():
         if key != classes[target] or order.get(other, position + 1) > position:
             continue
-        if other is node or identity_root(other) is same:
+        if other is node or analysis.roots[other] is same:
             continue  # the same tensor: functionalize() redirects its later readers
         if any(order.get(user, -1) > position for user in other.users):
             return other
     return None
 
 
-def output_alias(gm: fx.GraphModule) -> str | None:
+def output_alias(gm: fx.GraphModule, analysis: GraphAnalysis | None = None) -> str | None:
     """Why ``gm``'s outputs cannot be returned as independent tensors, or None.
 
     In eager, outputs that are views of one another or of an input share storage, so a write
     into one shows in the other; a runtime that returns fresh tensors would lose that. An
     output that is an input's tensor itself is fine: the caller returns that input
-    (:func:`returned_inputs`); so is a view the caller regenerates after the call
-    (:func:`~embedl_dynamo.graph.output_views.output_views`).
+    (:attr:`~embedl_dynamo.graph.analysis.GraphAnalysis.returned_inputs`); so is a view the
+    caller regenerates after the call (:func:`~embedl_dynamo.graph.output_views.output_views`).
+    ``analysis`` is ``gm``'s, where the caller has it.
     """
-    classes = alias_classes(gm)
-    inputs = {
-        classes[n] for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in classes
-    }
+    analysis = analysis_of(gm, analysis)
+    classes = analysis.classes
+    inputs = {classes[n] for n in analysis.inputs}
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    regenerated = output_views(gm)
-    values = _output_values(gm)
+    regenerated = output_views(gm, analysis)
+    values = analysis.outputs
     seen: dict[Any, fx.Node] = {}
     for value in _flat_nodes(output.args):
         key = classes.get(value)
@@ -222,7 +152,7 @@ def output_alias(gm: fx.GraphModule) -> str | None:
             continue
         if any(values[p] is value for p in regenerated):
             continue  # a view of another output or of an input: regenerated after the call
-        if identity_root(value).op == "placeholder":
+        if analysis.roots[value].op == "placeholder":
             continue  # the input itself: the caller returns it (returned_inputs)
         if value.op in ("placeholder", "get_attr") or key in inputs:
             return f"the graph returns {value.name}, which shares storage with an input"
@@ -243,11 +173,15 @@ def _describe(node: fx.Node) -> str:
     return f"the in-place op {name or node.target} ({node.name})"
 
 
-def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ...]:
+def functionalize(
+    gm: fx.GraphModule, write_back: bool = False, analysis: GraphAnalysis | None = None
+) -> tuple[int, ...]:
     """Make every in-place op of ``gm`` functional, in place.
 
-    With ``write_back``, each placeholder written in place (:func:`written_inputs`) gets its
-    final value appended to the graph's outputs, in placeholder order.
+    With ``write_back``, each placeholder written in place
+    (:attr:`~embedl_dynamo.graph.analysis.GraphAnalysis.written_inputs`) gets its final value
+    appended to the graph's outputs, in placeholder order. ``analysis`` is ``gm``'s, where the
+    caller has it; a step that changes the graph analyses it again for the next.
 
     Returns:
         The positions, among ``gm``'s placeholders, of the inputs whose final values were
@@ -256,13 +190,18 @@ def functionalize(gm: fx.GraphModule, write_back: bool = False) -> tuple[int, ..
     Raises:
         ValueError: :func:`mutation_blocker` names a reason (check it first).
     """
-    reason = mutation_blocker(gm, write_back=write_back)
+    analysis = analysis_of(gm, analysis)
+    reason = mutation_blocker(gm, write_back=write_back, analysis=analysis)
     if reason is not None:
         raise ValueError(reason)
     changed = _drop_same_tensor_nodes(gm)
+    if changed:  # nodes dropped: the graph they left is another state
+        analysis = analyze(gm)
     # writes through views first: each becomes a write into a copy of its own and a scatter
-    final = functionalize_view_writes(gm, write_back)  # a written placeholder -> its value
-    writes = written_inputs(gm) if write_back else {}
+    final = functionalize_view_writes(gm, write_back, analysis)  # a placeholder -> its value
+    if not analysis.describes(gm):  # writes through views rewritten: analyse the new graph
+        analysis = analyze(gm)
+    writes = analysis.written_inputs if write_back else {}
     # nodes ``_out_of_place`` adds are ordered just before the node they serve
     order: dict[fx.Node, float] = {n: i for i, n in enumerate(gm.graph.nodes)}
     for node in list(gm.graph.nodes):

@@ -22,13 +22,14 @@ What is folded, and what is not:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import fx
 
-from embedl_dynamo.graph.aliasing import alias_classes, keeps_side_effects
+from embedl_dynamo.graph.aliasing import keeps_side_effects
+from embedl_dynamo.graph.analysis import analyze
 from embedl_dynamo.graph.nodes import node_value_meta
 
 __all__ = ["FOLDED_PREFIX", "MAX_FOLDED_BYTES", "fold_input_free"]
@@ -104,12 +105,12 @@ def _foldable(node: fx.Node) -> bool:
     return not any(keeps_side_effects(user) for user in node.users)
 
 
-def _returned_classes(gm: fx.GraphModule) -> tuple[dict[fx.Node, Any], set[Any]]:
+def _returned_classes(gm: fx.GraphModule) -> tuple[Mapping[fx.Node, Any], set[Any]]:
     """Each node's alias key, and the keys of the tensors ``gm`` returns."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    analysis = analyze(gm)
     returned: list[fx.Node] = []
-    fx.node.map_arg(output.args, returned.append)
-    classes = alias_classes(gm)
+    fx.node.map_arg(analysis.outputs, returned.append)
+    classes = analysis.classes
     return classes, {classes.get(node, node) for node in returned}
 
 

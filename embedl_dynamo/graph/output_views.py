@@ -13,12 +13,11 @@ returned, a view through ``as_strided``) keeps the graph in PyTorch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import fx
 
-from embedl_dynamo.graph.aliasing import alias_classes, identity_root
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
 from embedl_dynamo.graph.view_writes import REPLAYABLE_VIEWS, view_position
 
 __all__ = ["REPLAYABLE_VIEWS", "OutputView", "output_views"]
@@ -35,12 +34,6 @@ class OutputView:
 
     def __call__(self, base: torch.Tensor) -> torch.Tensor:
         return self.replay(base)
-
-
-def _output_values(gm: fx.GraphModule) -> tuple[Any, ...]:
-    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    returned = output.args[0]
-    return tuple(returned) if isinstance(returned, (tuple, list)) else (returned,)
 
 
 def _standalone(ops: list[fx.Node]) -> bool:
@@ -63,23 +56,26 @@ def _replayer(ops: list[fx.Node]) -> fx.GraphModule:
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
-def output_views(gm: fx.GraphModule) -> dict[int, OutputView]:
+def output_views(
+    gm: fx.GraphModule, analysis: GraphAnalysis | None = None
+) -> dict[int, OutputView]:
     """The outputs of ``gm`` the caller regenerates as views, by output position (see the
     module): each shares storage with a returned tensor or an input, is that tensor's view
     through replayable ops reading no sizes from the graph, and that tensor is returned as
-    itself (not regenerated) or is a placeholder."""
-    keys = alias_classes(gm)
-    values = _output_values(gm)
+    itself (not regenerated) or is a placeholder. ``analysis`` is ``gm``'s, where the caller
+    has it."""
+    analysis = analysis_of(gm, analysis)
+    values = analysis.outputs
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     bases = {}  # a tensor returned as itself -> its first output position
     for position, value in enumerate(values):
-        if isinstance(value, fx.Node) and not view_position(value, keys)[1]:
-            bases.setdefault(identity_root(value), position)
+        if isinstance(value, fx.Node) and not view_position(value, analysis)[1]:
+            bases.setdefault(analysis.roots[value], position)
     found = {}
     for position, value in enumerate(values):
-        if not isinstance(value, fx.Node) or value not in keys:
+        if not isinstance(value, fx.Node) or value not in analysis.classes:
             continue
-        base, ops = view_position(value, keys)
+        base, ops = view_position(value, analysis)
         if not ops or not _standalone(ops):
             continue
         if base in bases:

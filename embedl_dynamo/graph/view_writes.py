@@ -26,18 +26,14 @@ from __future__ import annotations
 
 import builtins
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import fx
 
-from embedl_dynamo.graph.aliasing import (
-    alias_classes,
-    identity_root,
-    is_torch_op,
-    mutated_tensor,
-    out_argument,
-)
+from embedl_dynamo.graph.aliasing import is_torch_op, out_argument
+from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of, analyze
 from embedl_dynamo.graph.meta import infer_meta
 
 __all__ = [
@@ -98,7 +94,7 @@ def _dtype(node: Any) -> Any:
     return getattr(value, "dtype", None)
 
 
-def _link(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]] | None:
+def _link(node: fx.Node, keys: Mapping[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]] | None:
     """``(source, ops)`` when ``node`` is a replayable view of ``source``: ``ops`` replayed on
     ``source`` give ``node`` (a split and its ``getitem``); else None."""
     name = _name(node)
@@ -127,7 +123,7 @@ def _float_exact(node: fx.Node) -> bool:
     return isinstance(numel, int) and numel <= 2**24
 
 
-def _chain(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]]:
+def _chain(node: fx.Node, keys: Mapping[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]]:
     """The node ``node`` is a view of through replayable ops, and those ops, base first."""
     ops: list[fx.Node] = []
     while (link := _link(node, keys)) is not None:
@@ -135,45 +131,42 @@ def _chain(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.No
     return node, ops
 
 
-def view_position(node: fx.Node, keys: dict[fx.Node, Any]) -> tuple[fx.Node, list[fx.Node]]:
+def view_position(node: fx.Node, analysis: GraphAnalysis) -> tuple[fx.Node, list[fx.Node]]:
     """The base tensor ``node`` is an alias of and the view ops from it to ``node``, through
-    in-place ops (``y[0].zero_()`` is ``y[0]``) and replayable views."""
-    root = identity_root(node)
-    base, ops = _chain(root, keys)
+    in-place ops (``y[0].zero_()`` is ``y[0]``) and replayable views, as ``analysis`` (of
+    ``node``'s graph) has them."""
+    root = analysis.roots[node]
+    base, ops = _chain(root, analysis.classes)
     if base is root:
         return root, []
-    base, before = view_position(base, keys)
+    base, before = view_position(base, analysis)
     return base, before + ops
 
 
-def _writes(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
-    return [
-        (node, target)
-        for node in gm.graph.nodes
-        if isinstance(target := mutated_tensor(node), fx.Node)
-    ]
+def _writes(analysis: GraphAnalysis) -> list[tuple[fx.Node, fx.Node]]:
+    return [(node, t) for node, t in analysis.mutated.items() if isinstance(t, fx.Node)]
 
 
-def view_write_plan(gm: fx.GraphModule, write_back: bool) -> tuple[set[fx.Node], str | None]:
+def view_write_plan(
+    gm: fx.GraphModule, write_back: bool, analysis: GraphAnalysis | None = None
+) -> tuple[set[fx.Node], str | None]:
     """The in-place ops :func:`functionalize_view_writes` makes functional (those whose
     storage is written through a view, or read through another alias after a write), or the
-    reason one of them cannot be."""
-    keys = alias_classes(gm)
-    order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    classes: dict[Any, list[fx.Node]] = {}
-    for member, key in keys.items():
-        classes.setdefault(key, []).append(member)
+    reason one of them cannot be; ``analysis`` is ``gm``'s, where the caller has it."""
+    analysis = analysis_of(gm, analysis)
+    keys = analysis.classes
     marked = set()
-    for node, target in _writes(gm):
+    for node, target in _writes(analysis):
         if target in keys and (
-            _chain(target, keys)[1] or _read_alias(node, target, classes[keys[target]], order)
+            _chain(target, keys)[1]
+            or _read_alias(node, target, analysis.members[keys[target]], analysis)
         ):
             marked.add(keys[target])
-    handled = {node for node, target in _writes(gm) if keys.get(target) in marked}
-    sources = [n for n in gm.graph.nodes if n.op in ("placeholder", "get_attr") and n in keys]
+    handled = {node for node, target in _writes(analysis) if keys.get(target) in marked}
+    sources = analysis.inputs
     for key in marked:
-        members = [n for n in classes[key] if n.op != "output"]
-        roots = {view_position(n, keys)[0] for n in members}
+        members = [n for n in analysis.members[key] if n.op != "output"]
+        roots = {view_position(n, analysis)[0] for n in members}
         if len(roots) != 1:
             names = ", ".join(sorted(r.name for r in roots))
             return handled, f"{names} share storage through an op other than a view by position"
@@ -188,26 +181,30 @@ def view_write_plan(gm: fx.GraphModule, write_back: bool) -> tuple[set[fx.Node],
     return handled, None
 
 
-def inputs_written_through_views(gm: fx.GraphModule) -> set[fx.Node]:
-    """The placeholders :func:`functionalize_view_writes` returns a final value for."""
-    handled, reason = view_write_plan(gm, write_back=True)
+def inputs_written_through_views(
+    gm: fx.GraphModule, analysis: GraphAnalysis | None = None
+) -> set[fx.Node]:
+    """The placeholders :func:`functionalize_view_writes` returns a final value for
+    (``analysis``: ``gm``'s, where the caller has it)."""
+    analysis = analysis_of(gm, analysis)
+    handled, reason = view_write_plan(gm, True, analysis)
     if reason is not None:
         return set()
-    keys = alias_classes(gm)
-    bases = {view_position(node.args[0], keys)[0] for node in handled}
+    bases = {view_position(node.args[0], analysis)[0] for node in handled}
     return {node for node in bases if node.op == "placeholder"}
 
 
 def _read_alias(
-    node: fx.Node, target: fx.Node, storage_class: list[fx.Node], order: dict[fx.Node, int]
+    node: fx.Node, target: fx.Node, storage_class: tuple[fx.Node, ...], analysis: GraphAnalysis
 ) -> bool:
     """Whether another tensor sharing ``target``'s storage (the nodes of ``storage_class``)
     is read after ``node`` writes."""
-    same = identity_root(target)
+    order, roots = analysis.order, analysis.roots
+    same = roots[target]
     for other in storage_class:
         if other is node or order.get(other, order[node]) >= order[node]:
             continue
-        if identity_root(other) is not same and any(order[u] > order[node] for u in other.users):
+        if roots[other] is not same and any(order[u] > order[node] for u in other.users):
             return True
     return False
 
@@ -222,8 +219,13 @@ def _replay(graph: fx.Graph, ops: list[fx.Node], base: fx.Node) -> fx.Node:
     return value
 
 
-def functionalize_view_writes(gm: fx.GraphModule, write_back: bool) -> dict[fx.Node, fx.Node]:
+def functionalize_view_writes(
+    gm: fx.GraphModule, write_back: bool, analysis: GraphAnalysis | None = None
+) -> dict[fx.Node, fx.Node]:
     """Make the writes :func:`view_write_plan` lists functional (see the module), in place.
+
+    ``analysis`` is ``gm``'s, where the caller has it. Each write changes the graph, so the
+    next is planned from a new analysis of the graph as that write left it.
 
     Returns:
         Each placeholder written through a view (or read through a view after a write), with
@@ -232,19 +234,19 @@ def functionalize_view_writes(gm: fx.GraphModule, write_back: bool) -> dict[fx.N
     Raises:
         ValueError: the plan's reason.
     """
-    handled, reason = view_write_plan(gm, write_back)
+    analysis = analysis_of(gm, analysis)
+    handled, reason = view_write_plan(gm, write_back, analysis)
     if reason is not None:
         raise ValueError(reason)
     if not handled:
         return {}
-    keys = alias_classes(gm)
-    inputs = {view_position(n.args[0], keys)[0] for n in handled}
+    inputs = {view_position(n.args[0], analysis)[0] for n in handled}
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder" and n in inputs]
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     returned = output.args[0]
     output.args = ((returned, *inputs),)  # read last: redirected to each input's final value
     for node in [n for n in gm.graph.nodes if n in handled]:
-        _rewrite(gm, node, alias_classes(gm))
+        _rewrite(gm, node, analyze(gm))  # the graph as the last write (or output) left it
     final = dict(zip(inputs, output.args[0][1:]))
     output.args = (output.args[0][0],)
     gm.graph.lint()
@@ -252,11 +254,11 @@ def functionalize_view_writes(gm: fx.GraphModule, write_back: bool) -> dict[fx.N
     return final
 
 
-def _rewrite(gm: fx.GraphModule, node: fx.Node, keys: dict[fx.Node, Any]) -> None:
+def _rewrite(gm: fx.GraphModule, node: fx.Node, analysis: GraphAnalysis) -> None:
     """One write: the clone it writes, the base's new value, later aliases read from it."""
     graph, target = gm.graph, node.args[0]
-    base, ops = view_position(target, keys)
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    base, ops = view_position(target, analysis)
+    keys, order = analysis.classes, analysis.order
     # aliases made after the write: their recorded values still share the old storage
     stale = {n for n in keys if keys[n] == keys[target] and order.get(n, -1) > order[node]}
     later = [
@@ -274,7 +276,7 @@ def _rewrite(gm: fx.GraphModule, node: fx.Node, keys: dict[fx.Node, Any]) -> Non
         for alias, users in later:
             if not users:
                 continue
-            position = view_position(target if alias is node else alias, keys)[1]
+            position = view_position(target if alias is node else alias, analysis)[1]
             replacement = _replay(graph, position, new_base)
             for user in users:
                 user.replace_input_with(alias, replacement)

@@ -22,14 +22,10 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.graph.aliasing import (
-    alias_classes,
-    keeps_side_effects,
-    mutated_tensor,
-    record_storages,
-)
+from embedl_dynamo.graph.aliasing import keeps_side_effects, mutated_tensor, record_storages
+from embedl_dynamo.graph.analysis import analyze
 from embedl_dynamo.graph.canonicalize import canonicalize
-from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, writes_into_input
+from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker
 from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.rewrite.match import Match
 from embedl_dynamo.rewrite.matcher import find_matches, index_graph, match_at, verdict
@@ -245,13 +241,15 @@ def _functional_or_warned(gm: fx.GraphModule, args: Sequence[Any] | None) -> boo
     rewrite and runs its in-place ops as PyTorch does."""
     if not any(mutated_tensor(node) is not None for node in gm.graph.nodes):
         return True
-    reason = mutation_blocker(gm)
-    if reason is not None and args is not None and not writes_into_input(gm):
+    analysis = analyze(gm)
+    reason = mutation_blocker(gm, analysis=analysis)
+    if reason is not None and args is not None and not analysis.writes_into_input:
         record_storages(gm, args)  # exact aliasing instead of the ops' worst case
-        reason = mutation_blocker(gm)
+        analysis = analyze(gm)  # the storages recorded: another state to analyse
+        reason = mutation_blocker(gm, analysis=analysis)
     if reason is not None:
         return _warn_unrewritten(reason)
-    functionalize(gm)
+    functionalize(gm, analysis=analysis)
     return True
 
 
@@ -352,8 +350,9 @@ def _writable_tensors(gm: fx.GraphModule) -> set[int]:
     """``id`` of every tensor of ``gm`` that a module call or an in-place node may write."""
     written: set[int] = set()
     fused: set[int] = set()  # a fused module reads a frozen constant in place (frozen_parameter)
-    classes = alias_classes(gm)
-    mutated = {classes.get(t, t) for t in map(mutated_tensor, gm.graph.nodes) if t is not None}
+    analysis = analyze(gm)  # the rewritten graph: analysed once here
+    classes = analysis.classes
+    mutated = {classes.get(t, t) for t in analysis.mutated.values()}
     for node in gm.graph.nodes:
         if node.op == "call_module":
             module = gm.get_submodule(str(node.target))
