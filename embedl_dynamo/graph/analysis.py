@@ -80,8 +80,9 @@ class GraphAnalysis:
             input. Writes through views, ``setitem`` and ``out=`` are not listed: the caller's
             tensor would need a scatter into a view, not a copy of the whole value.
         returned_inputs: the outputs that are a placeholder's tensor itself (``return x``, or
-            ``x`` after in-place writes), by output position: a caller returns its own input
-            object there, as eager does, instead of the runtime's copy.
+            ``x`` after in-place writes) and a tensor by Dynamo's example values, by output
+            position: a caller returns its own input object there, as eager does, instead of
+            the runtime's copy.
         writes_into_input: whether an in-place op may write into a graph input, parameter or
             buffer (running the graph would then change the caller's tensors).
 
@@ -89,8 +90,10 @@ class GraphAnalysis:
         >>> from torch import fx
         >>> gm = fx.symbolic_trace(lambda x: x.add_(1))
         >>> record = analyze(gm)
-        >>> record.writes_into_input, list(record.returned_inputs)
-        (True, [0])
+        >>> [(op.target, written.op) for op, written in record.mutated.items()]
+        [('add_', 'placeholder')]
+        >>> record.roots[record.outputs[0]].op, record.writes_into_input  # add_ returns x
+        ('placeholder', True)
     """
 
     state: tuple[tuple[Any, ...], ...]
