@@ -68,6 +68,8 @@ def fold_input_free(gm: fx.GraphModule) -> int:
         ['placeholder', 'get_attr', 'call_function', 'output']
     """
     free = _input_free(gm)
+    if not free:
+        return 0  # most graphs: nothing to evaluate, and no need of their aliasing
     classes, returned = _returned_classes(gm)
     env: dict[fx.Node, Any] = {}
     stored = 0
