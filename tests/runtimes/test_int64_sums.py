@@ -193,3 +193,45 @@ def test_the_indices_torch_where_returns_have_no_range_from_its_condition():
     torch.fx.GraphModule(root, graph)  # the graph's owning module holds the constant
     assert value_range(mask) == (0, 1)
     assert value_range(positions) is None and value_range(chosen) == (0, 5)
+
+
+def _arithmetic(ids):
+    positions = torch.arange(ids.shape[1])
+    relative = positions[None, :] - positions[:, None]
+    nearer = -torch.min(relative, torch.zeros_like(relative))
+    return relative.abs(), torch.sign(relative), (relative > 0).long() * 16, nearer, ids * 3
+
+
+def test_int64_arithmetic_the_graph_bounds_within_int32_is_its_own_row():
+    """T5's relative-position buckets: ``abs``, ``sign``, ``neg`` and products of positions
+    the graph bounds, each within int32, so OpenVINO's int32 computes them exactly. An input
+    times 3 may leave int32 (the guard lets it reach 2**30): that product keeps its row."""
+    gm = _dynamo_graph(_arithmetic, torch.ones(2, 5, dtype=torch.int64))
+    names = [op_name(n) or "" for n in gm.graph.nodes]
+    rows = [n for n in names if n.startswith(("abs", "sign", "mul", "neg"))]
+    assert rows == [
+        "neg(int64 within int32)",
+        "abs(int64 within int32)",
+        "sign(int64 within int32)",
+        "mul(int64 within int32)",
+        "mul",
+    ]
+
+
+def test_max_with_a_dim_gives_indices_and_no_range_of_its_input():
+    """``torch.max(x, 1)`` takes a dim, not a second tensor: its indices are no values of x."""
+    gm = _dynamo_graph(lambda x: torch.max(x * 0 + 2**40, 1)[1] + 1, torch.ones(2, 3).long())
+    (node,) = [n for n in gm.graph.nodes if op_name(n) == "max"]
+    assert value_range(node) is None
+
+
+@needs_openvino
+def test_openvino_computes_bounded_int64_arithmetic_at_the_guards_edges():
+    def fn(ids):
+        return torch.stack([ids.abs(), ids.sign(), -ids, (ids.sign() > 0).long() * 16])
+
+    compiled = compile_on(fn, "openvino")
+    for ids in (torch.tensor([3, -4]), EDGE):
+        assert torch.equal(compiled(ids), fn(ids))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report

@@ -25,6 +25,7 @@ from embedl_dynamo.graph.nodes import constant_value, node_value_meta
 __all__ = [
     "GUARDED_RANGE",
     "INT32_RANGE",
+    "computed_within_int32",
     "exact_in_float32",
     "fits_int32",
     "inside",
@@ -81,6 +82,23 @@ def fits_int32(node: fx.Node) -> bool:
     return inside(value_range(node), INT32_RANGE)
 
 
+def computed_within_int32(node: fx.Node) -> bool:
+    """Whether ``node``'s values and those of every integer tensor it reads provably stay
+    within int32's range: OpenVINO, which computes int64 as int32, then computes it exactly."""
+    operands = [a for a in node.all_input_nodes if _integer_tensor(a)]
+    return fits_int32(node) and all(fits_int32(a) for a in operands)
+
+
+def _tensor_node(value: Any) -> bool:
+    """Whether ``value`` is a node holding a tensor (``torch.max(x, 1)`` takes a dim there)."""
+    return isinstance(value, fx.Node) and isinstance(node_value_meta(value), torch.Tensor)
+
+
+def _integer_tensor(node: fx.Node) -> bool:
+    dtype = getattr(node_value_meta(node), "dtype", None)
+    return dtype is not None and not dtype.is_floating_point and not dtype.is_complex
+
+
 def exact_in_float32(node: fx.Node) -> bool:
     """Whether every operand of ``node`` (its tensors and numbers) is an integer whose range
     lies within [-2**24, 2**24], where float32 holds each integer exactly: a comparison
@@ -126,8 +144,10 @@ def _op_range(node: fx.Node, name: str, depth: int) -> Range | None:
     args = node.args
     if name in _ADDS | _SUBS | _MULS | {"rsub", "__rsub__"}:
         return _arithmetic_range(node, name, depth)
-    if name in ("neg", "__neg__", "abs", "__abs__") and args:
+    if name in ("neg", "__neg__", "abs", "__abs__", "sign") and args:
         return _sign_range(value_range(args[0], depth), name)
+    if name in ("min", "max") and len(args) == 2 and _tensor_node(args[1]):
+        return _hull(value_range(a, depth) for a in args)  # torch.min(a, b): a or b, each place
     if name in ("cumsum", "sum") and args:
         return _sum_range(node, name, depth)
     if name == "arange":  # from start (0 by default) towards end
@@ -171,11 +191,17 @@ def _sign_range(found: Range | None, name: str) -> Range | None:
     if found is None:
         return None
     negated = (-found[1], -found[0])
+    if name == "sign":
+        return _signum(found[0]), _signum(found[1])
     if name in ("neg", "__neg__"):
         return negated
     if found[0] >= 0:
         return found
     return negated if found[1] <= 0 else (0, max(-found[0], found[1]))
+
+
+def _signum(value: int) -> int:
+    return (value > 0) - (value < 0)
 
 
 def _sum_range(node: fx.Node, name: str, depth: int) -> Range | None:

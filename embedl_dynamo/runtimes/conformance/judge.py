@@ -18,6 +18,7 @@ from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
 from embedl_dynamo.runtimes.conformance.int_bounds import (
     INT32_RANGE,
+    computed_within_int32,
     exact_in_float32,
     fits_int32,
     inside,
@@ -90,6 +91,9 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"{_COMPARES[name]}(integers within 2**24)"  # exact through float32 too
     if name in _SUMS and _result_dtype(node) == torch.int64 and not fits_int32(node):
         return f"{_SUMS[name]}(int64 past int32)"  # OpenVINO computes int64 as int32
+    if name in _INT32_ARITHMETIC and _result_dtype(node) == torch.int64:
+        if computed_within_int32(node):  # so OpenVINO's int32 computes it exactly
+            return f"{_INT32_ARITHMETIC[name]}(int64 within int32)"
     if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
         return f"{name}(unbatched)"  # the runtimes' pooling takes a batch axis only
     if name == "avg_pool2d" and _argument(node, 6, "divisor_override", None) is not None:
@@ -111,6 +115,11 @@ _CASTS = frozenset({"to", "type_as", "type", "long", "int", "short", "char", "by
 _INVERTS = frozenset({"bitwise_not", "invert", "__invert__"})
 #: sums, by their names in a graph, whose 8-bit integer form is another op
 _SUMS = {n: op for op in ("add", "sub") for n in (op, f"{op}_", f"i{op}", f"__{op}__")}
+#: int64 arithmetic OpenVINO keeps unless the graph bounds it within int32, by graph names
+_INT32_ARITHMETIC = {n: op for op in ("mul", "neg", "abs") for n in (op, f"{op}_", f"__{op}__")} | {
+    "sign": "sign",
+    "imul": "mul",
+}
 #: comparisons, by their names in a graph
 _COMPARES = {n: op for op in ("eq", "ne", "lt", "le", "gt", "ge") for n in (op, f"__{op}__")}
 #: ops whose input has this rank with a batch axis; without one, they are another op

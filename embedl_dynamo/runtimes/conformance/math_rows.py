@@ -198,6 +198,15 @@ MATH_ROWS: tuple[OpRow, ...] = (
         )
         for op in ("add", "sub")
     ),
+    *(
+        OpRow(
+            f"{op}(int64 within int32)",
+            (),  # judge.op_name: int64 arithmetic whose values the graph bounds within int32
+            both(EXACT),
+            checked_by="runtimes/test_int64_sums.py",
+        )
+        for op in ("mul", "neg", "abs", "sign")
+    ),
     OpRow("index_add", ("index_add",), both(_INDEX_ADD_BOOL, EXACT)),
     *(OpRow(f"{op}(0-d)", (), both(_ZERO_D), checked_by=_INDEX_TEST) for op in INDEX_OPS),
     *(
