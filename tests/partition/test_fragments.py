@@ -159,11 +159,11 @@ def test_tensors_computed_from_no_input_are_folded_and_leave_no_fragment():
 
 class _LastToken(nn.Module):
     """Last-token pooling: one indexing reads a float and two integer tensors, ``arange``
-    (OpenVINO takes it) and ``lengths * 1 - 1`` (an int64 product, which OpenVINO leaves to
-    ONNX Runtime)."""
+    (OpenVINO takes it) and ``(lengths * 3 - 1) // 3`` (an int64 product that may leave int32, which
+    OpenVINO leaves to ONNX Runtime)."""
 
     def forward(self, h: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        return h[torch.arange(h.shape[0]), lengths * 1 - 1] * 2.0
+        return h[torch.arange(h.shape[0]), (lengths * 3 - 1) // 3] * 2.0
 
 
 def test_an_indexing_read_by_fragments_of_two_runtimes_is_placed_once_and_not_pulled():
