@@ -36,12 +36,14 @@ NEW_TOKENS = 8
 # The static cache on ONNX Runtime: test_the_static_cache_stays_in_its_tensors_through_generate
 # here, test_decoders' mistral (left-padded batch) and test_generate_bounds (other lengths)
 # the dynamic cache on ONNX Runtime slow (about 15 s): by default test_decoders' phi3 generates
-# with it (a left-padded batch too, in at most 6 graphs), and qwen2 under dynamic=True
+# with it (a left-padded batch too, in at most 6 graphs), and qwen2 under dynamic=True; the
+# static cache on OpenVINO slow too (about 15 s, to keep the default run within five minutes):
+# CI's slow slice runs both, and by default the static cache generates on ONNX Runtime
 @pytest.mark.parametrize(
     ("name", "cache", "runtime"),
     [
         pytest.param("llama", "dynamic", "onnxruntime", marks=pytest.mark.slow),
-        ("llama", "static", "openvino"),
+        pytest.param("llama", "static", "openvino", marks=pytest.mark.slow),
     ],
 )
 def test_greedy_tokens_equal_eager_in_a_bounded_number_of_compiled_graphs(name, cache, runtime):
