@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from torch import fx, nn
+from torch import fx
 
 import embedl_dynamo
 from embedl_dynamo.graph import analysis as analysis_module
@@ -21,17 +21,8 @@ from embedl_dynamo.graph.analysis import analysis_of, analyze, graph_state
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.graph.functionalize import functionalize
 from embedl_dynamo.graph.output_views import output_views
+from tests.graph.test_inplace_idioms import Idiom as _Body
 from tests.helpers import dynamo_graph
-
-
-class _Body(nn.Module):
-    def __init__(self, body) -> None:
-        super().__init__()
-        self.body = body
-        self.register_buffer("b", torch.zeros(6))
-
-    def forward(self, x):
-        return self.body(self, x)
 
 
 def _y(x):
