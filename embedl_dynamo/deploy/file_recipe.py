@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.graph.input_free import FOLDED_PREFIX
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.graph.weight_recorder import WeightRecorder, record_weights
 from embedl_dynamo.graph.weight_tensors import graph_weights
@@ -40,8 +41,12 @@ _MODELS = ("model", "float_model")
 
 @contextlib.contextmanager
 def recording(graph: fx.GraphModule) -> Iterator[WeightRecorder]:
-    """Record the ops that derive constants from ``graph``'s weights while the block runs."""
-    with record_weights(graph_weights(graph)) as recorder:
+    """Record the ops that derive constants from ``graph``'s weights while the block runs.
+
+    The tensors freezing computed from no input (``embedl_folded_*``) are no weights: no
+    ``state_dict`` changes them, so what derives from them alone is an independent constant."""
+    weights = {k: v for k, v in graph_weights(graph).items() if not k.startswith(FOLDED_PREFIX)}
+    with record_weights(weights) as recorder:
         yield recorder
 
 

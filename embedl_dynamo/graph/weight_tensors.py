@@ -33,7 +33,12 @@ def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if not a.numel():
         return True
-    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    # a 0-d tensor has no last dim to reinterpret as bytes: compare its 1-element reshape
+    return torch.equal(_bytes(a), _bytes(b))
+
+
+def _bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
 
 
 def graph_weights(graph: nn.Module) -> dict[str, torch.Tensor]:

@@ -133,3 +133,23 @@ def test_a_file_changed_since_export_or_without_a_recipe_is_refused(tmp_path):
     path.write_bytes(path.read_bytes() + b"\0")
     with pytest.raises(ValueError, match="does not match the sha256"):
         refit(path, _model(1).state_dict())
+
+
+class _ScaledLinear(torch.nn.Module):
+    """A linear layer over a 0-d constant computed from no input (folded at freezing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) / torch.sqrt(torch.tensor(8, dtype=torch.float))
+
+
+def test_a_file_with_a_0d_constant_exports_and_refits(tmp_path):
+    """The recipe's replay check compares a 0-d folded constant (DeBERTa's attention scale)."""
+    torch.manual_seed(0)
+    model, other, x = _ScaledLinear().eval(), _ScaledLinear().eval(), torch.randn(2, 8)
+    path = embedl_dynamo.export(model, (x,), tmp_path / "s.onnx", backend="onnxruntime")
+    refit(path, other.state_dict())
+    torch.testing.assert_close(embedl_dynamo.load(path)(x), other(x), atol=1e-5, rtol=0)

@@ -114,3 +114,11 @@ def test_a_check_replay_that_differs_is_a_problem():
         module = nn.Module()
         module.register_buffer("noisy", old["w"] + torch.randn_like(old["w"]))  # random: no replay
     assert "replay gives another noisy" in recorder.finish({"m": module}).problem
+
+
+def test_same_bits_compares_0d_tensors_by_their_bytes():
+    """A 0-d weight (DeBERTa's scale, a learned temperature) has no last dim to view as bytes."""
+    assert same_bits(torch.tensor(1.5), torch.tensor(1.5))
+    assert not same_bits(torch.tensor(1.5), torch.tensor(-1.5))
+    assert same_bits(torch.tensor(float("nan")), torch.tensor(float("nan")))
+    assert not same_bits(torch.tensor(1.0), torch.tensor([1.0]))
