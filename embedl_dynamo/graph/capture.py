@@ -175,7 +175,10 @@ def _capture(
 
     compiled = torch.compile(_fresh_entry(model), backend=_record, fullgraph=True, dynamic=dynamic)
     try:
-        with torch.no_grad():
+        # Dynamo's automatic dynamic keeps, per code name and place, what earlier calls saw:
+        # every capture enters through the same code, so an earlier capture's sizes and float
+        # attributes would make this one's symbolic. Only the axes marked dynamic are.
+        with torch.no_grad(), torch._dynamo.config.patch(automatic_dynamic_shapes=False):
             result = compiled(*args)
     except Exception as exc:
         try:  # is it the inputs, not the capture? then say so, not "remove the graph break"
