@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 
 from embedl_dynamo.deploy.index_flag import INDEX_FLAG_OUTPUT
@@ -173,7 +174,18 @@ def refuse_kept_ops(gm: fx.GraphModule, runtime: str) -> None:
     more = f" (also: {', '.join(others)})" if others else ""
     raise ExportError(
         f"{_where(node)}: {reason}{more}; an exported file cannot keep an op in PyTorch. "
-        f"{_alternative(gm, node, runtime)}"
+        f"{_alternative(gm, node, runtime)}{_static_advice(blockers)}"
+    )
+
+
+def _static_advice(blockers: list[tuple[fx.Node, str]]) -> str:
+    """Where every refused op computes a size from a dynamic axis (``9 * batch``), a file of
+    static sizes holds each as a constant: say so."""
+    if not all(isinstance(node_value_meta(n), torch.SymInt) for n, _ in blockers):
+        return ""
+    return (
+        "; or export static sizes (dynamic_batch=False, --static-batch, and no dynamic_shapes): "
+        "these ops compute sizes from a dynamic axis, which such a file holds as constants"
     )
 
 

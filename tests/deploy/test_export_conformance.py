@@ -95,6 +95,33 @@ def test_the_same_op_exports_on_onnxruntime_and_answers_as_pytorch(tmp_path) -> 
     assert not module.index_flag
 
 
+class Windows(nn.Module):
+    """Swin's window split: a size computed from the batch (``9 * batch``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0] * 9, 4).relu()
+
+
+def test_a_size_computed_from_the_batch_suggests_a_file_of_static_sizes(tmp_path) -> None:
+    """OpenVINO computes the size arithmetic of a dynamic batch as int32, which the guard
+    cannot bound here; a static file holds the size as a constant and exports."""
+    model, x = Windows().eval(), torch.randn(2, 36)
+    with pytest.raises(ExportError, match="export static sizes .dynamic_batch=False") as refused:
+        export(model, x, tmp_path / "w.onnx", backend="openvino", progress=False)
+    assert "mul" in str(refused.value) and "backend='onnxruntime'" in str(refused.value)
+    path = export(
+        model, x, tmp_path / "w.onnx", backend="openvino", progress=False, dynamic_batch=False
+    )
+    torch.testing.assert_close(load(path)(x), model(x), rtol=0, atol=0)
+
+
+def test_a_refusal_of_tensor_ops_does_not_suggest_static_sizes(tmp_path) -> None:
+    mask = torch.ones(2, 3000, dtype=torch.int32)
+    with pytest.raises(ExportError) as refused:
+        export(MaskPositions().eval(), mask, tmp_path / "p.onnx", backend="openvino")
+    assert "static sizes" not in str(refused.value)
+
+
 def test_no_runtime_computing_the_op_says_so(monkeypatch) -> None:
     """A node both CPU runtimes keep: the message names none as exact."""
     gm = capture(nn.ReLU().eval(), (torch.randn(2, 3),))
