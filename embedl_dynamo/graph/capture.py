@@ -74,15 +74,28 @@ def capture(
                     a = torch.cat([a, a]) if batch == 1 else a.clone()
                     torch._dynamo.mark_dynamic(a, 0)
                 marked.append(a)
-            try:
-                gm = _capture(model, marked, dynamic=None)
+            gm = _capture_dynamic_batch(model, marked)
+            if gm is not None:
                 if batch == 1:  # the graph must take the example itself too
                     with torch.no_grad():
                         gm(*[a for a in args if isinstance(a, torch.Tensor)])
                 return gm
-            except (RuntimeError, ValueError) as exc:
-                logger.debug("dynamic-batch capture failed (%s); capturing statically", exc)
     return _capture(model, args, dynamic=False)
+
+
+def _capture_dynamic_batch(model: nn.Module, marked: list[Any]) -> fx.GraphModule | None:
+    """The capture with a symbolic batch, or None where Dynamo cannot trace it so.
+
+    A failed capture has run the model eagerly (to tell a bad input from a graph break), and
+    a model that sets itself up on its first call (transformers installs its output hooks
+    under a lock, a context manager Dynamo does not enter) traces on the second try."""
+    for attempt in range(2):
+        try:
+            return _capture(model, marked, dynamic=None)
+        except (RuntimeError, ValueError) as exc:
+            logger.debug("dynamic-batch capture %d failed (%s)", attempt + 1, exc)
+    logger.debug("capturing statically")
+    return None
 
 
 def _declared_axes(

@@ -10,6 +10,8 @@ input of the graph.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import fx, nn
 
@@ -49,3 +51,26 @@ def test_a_capture_after_another_eps_keeps_the_float_a_constant():
     gm = capture(model, (x,), dynamic_batch=True)
     assert len(_input_shapes(gm)) == 1  # x alone: no tensorified eps
     torch.testing.assert_close(gm(x)[0], model(x), atol=0, rtol=0)
+
+
+class _SetsUpOnFirstCall(nn.Module):
+    """As transformers' output hooks: installed on the first call, under a lock (a context
+    manager Dynamo does not enter)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.ready:
+            with self._lock:
+                self.ready = True
+        return x.reshape(x.shape[0], -1).relu()
+
+
+def test_a_model_that_sets_itself_up_on_its_first_call_keeps_a_symbolic_batch():
+    gm = capture(_SetsUpOnFirstCall().eval(), (torch.randn(2, 3, 4),), dynamic_batch=True)
+    assert [_symbolic(s) for s in _input_shapes(gm)] == [[0]]
+    torch.testing.assert_close(gm(torch.randn(5, 3, 4))[0].shape, torch.Size([5, 12]))
