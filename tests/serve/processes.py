@@ -1,14 +1,77 @@
 """Which processes a test started and what they listen on, read from /proc: a server's every
 Ray process, and its TCP listening sockets, so a test can check that all of them are on
-loopback and that all of them end."""
+loopback and that all of them end; and a scenario run as a process of its own under a time
+limit (:func:`run_scenario`), so that nothing of a Ray instance outlives its test."""
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["address_of", "alive", "descendants", "listening"]
+import pytest
+
+__all__ = ["address_of", "alive", "descendants", "free_port", "listening", "run_scenario"]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_scenario(
+    module: str,
+    args: list[str],
+    time_limit_s: float,
+    env: Mapping[str, str | None] | None = None,
+) -> dict:
+    """The JSON line ``python -m module *args`` prints last, run from the repository root in a
+    process group of its own, with ``env`` over this process's environment (None removes a
+    name). The test fails with the scenario's stderr where it exits non-zero or runs past
+    ``time_limit_s``; either way its group is killed when it ends, so no process it started
+    (a Ray instance's included) outlives it."""
+    full = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=full,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = child.communicate(timeout=time_limit_s)
+    except subprocess.TimeoutExpired:
+        out, err = "", ""
+    finally:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)  # whatever of the group is left
+        except ProcessLookupError:
+            pass
+    if child.returncode is None:
+        out, err = child.communicate()
+        pytest.fail(f"{module} ran over {time_limit_s} s:\n{err[-3000:]}")
+    assert child.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def descendants(pid: int) -> set[int]:

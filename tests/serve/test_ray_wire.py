@@ -12,52 +12,23 @@ its own process group: whatever happens, nothing of it outlives the test.
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
-import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+
+from tests.serve.processes import run_scenario
 
 pytest.importorskip("ray.serve")
 pytest.importorskip("tritonclient.http")
 pytest.importorskip("tritonclient.grpc")
 
-ROOT = Path(__file__).resolve().parents[2]
 TIME_LIMIT_S = 240
-
-
-def _run_scenario(workdir: Path) -> dict:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "RAY_ADDRESS": "127.0.0.1:1",  # a cluster the environment names: not to be joined
-    }
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # deploy() asks for loopback itself
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.serve.wire_scenario", str(workdir)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = child.communicate(timeout=TIME_LIMIT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # the scenario and every process it started
-        out, err = child.communicate()
-        pytest.fail(f"the scenario ran over {TIME_LIMIT_S} s:\n{err[-3000:]}")
-    assert child.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+# a cluster the environment names is not to be joined; deploy() asks for loopback itself
+ENV = {"RAY_ADDRESS": "127.0.0.1:1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": None}
 
 
 @pytest.mark.slow
 def test_tritonclient_over_binary_http_and_grpc_answers_like_load(tmp_path):
-    seen = _run_scenario(tmp_path)
+    seen = run_scenario("tests.serve.wire_scenario", [str(tmp_path)], TIME_LIMIT_S, ENV)
     http = seen["http"]
     assert http["live"] and http["ready"]
     assert http["metadata_outputs"] == ["logits", "extra.0", "extra.1"]

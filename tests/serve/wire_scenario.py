@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ from torch import nn  # noqa: E402
 
 from embedl_dynamo import export, load  # noqa: E402
 from embedl_dynamo.serve import decode_outputs, deploy, infer_request, post_infer, undeploy  # noqa: E402
-from tests.serve.processes import descendants, listening  # noqa: E402
+from tests.serve.processes import descendants, free_port, listening  # noqa: E402
 
 
 class Mixed(nn.Module):
@@ -42,12 +41,6 @@ class Mixed(nn.Module):
     def forward(self, x: torch.Tensor, ids: torch.Tensor):
         logits = self.proj(x) + self.embed(ids).sum(1)
         return {"logits": logits, "extra": (logits.relu(), ids * 2), "none": None}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict]:
@@ -161,7 +154,7 @@ def main(workdir: Path) -> None:
         "extra.0": want["extra"][0].numpy(),
         "extra.1": want["extra"][1].numpy(),
     }
-    port, grpc_port = _free_port(), _free_port()
+    port, grpc_port = free_port(), free_port()
     seen: dict = {}
     try:
         deploy(path, name="mixed", port=port, grpc_port=grpc_port, cpus_per_replica=0.5)
