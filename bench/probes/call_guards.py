@@ -1,5 +1,7 @@
-"""Per-call cost of the guards a compiled call runs (issue 39): the frozen-weight check
-(identity, version, address, sampled bytes) and the overlap check of written inputs.
+"""Per-call cost of the guards a compiled call runs (issues 39 and 50): the frozen-weight
+check (identity, version, address, sampled bytes), the non-finite input guard (a convolution
+or pooling window spreads or drops NaN on both CPU runtimes, so such a graph refuses calls
+with NaN or infinities) and the overlap check of written inputs.
 
 For a ResNet-50 layout (``resnet50_nn``: 25.6 M parameters, 320 weight tensors) and a tiny
 MLP, compiled for OpenVINO (``--runtime``) at batch 1, it times, alternating call by call
@@ -8,6 +10,8 @@ MLP, compiled for OpenVINO (``--runtime``) at batch 1, it times, alternating cal
 * ``full``: the compiled call as shipped;
 * ``id+version``: the same call with the check as it was before ``.data`` writes were seen
   (identity and version counter only);
+* ``no finite guard``: the call as shipped but for the non-finite input guard, which passes
+  every input unread;
 
 each median, the median paired difference, and the checks alone on the model's own weights
 (each the mean of 2,000 calls). The overlap check is timed on 2 inputs and on 50 (a decoder
@@ -29,6 +33,7 @@ from bench.harness.record import Record
 from bench.harness.table import by_metric
 from bench.harness.timer import interleaved
 from bench.models.resnet import resnet50
+from embedl_dynamo.dynamo import call_guards
 from embedl_dynamo.dynamo.frozen_weights import FrozenWeights
 from embedl_dynamo.dynamo.input_overlap import overlapping_input
 
@@ -36,6 +41,7 @@ __all__ = ["BASELINE", "arguments", "run", "smoke", "table"]
 
 BASELINE = None
 _FULL_CHANGED = FrozenWeights.changed
+_ALL_FINITE = call_guards.all_finite
 
 
 def _id_version_only(self: FrozenWeights, args) -> str | None:
@@ -75,22 +81,28 @@ def _bench(record: Record, name: str, model: nn.Module, x, pairs: int, runtime: 
         for _ in range(5):
             compiled(x)
 
-    def with_check(changed):
+    def with_checks(changed, finite):
         def call() -> object:
-            FrozenWeights.changed = changed
+            FrozenWeights.changed, call_guards.all_finite = changed, finite
             return compiled(x)
 
         return call
 
-    calls = {"full": with_check(_FULL_CHANGED), "id+version": with_check(_id_version_only)}
+    calls = {
+        "full": with_checks(_FULL_CHANGED, _ALL_FINITE),
+        "id+version": with_checks(_id_version_only, _ALL_FINITE),
+        "no finite guard": with_checks(_FULL_CHANGED, lambda tensor: True),
+    }
     try:
         timings = interleaved(calls, pairs, warmup=0, repeat=1, pause_s=0.0, mode=torch.no_grad)
     finally:
-        FrozenWeights.changed = _FULL_CHANGED
-    paired = [a - b for a, b in zip(timings.samples("full"), timings.samples("id+version"))]
+        FrozenWeights.changed, call_guards.all_finite = _FULL_CHANGED, _ALL_FINITE
     for variant in calls:
         record.add(name, variant, "call", timings.median(variant) * 1e3, "ms")
-    record.add(name, "full - id+version", "paired", statistics.median(paired) * 1e6, "us")
+    for other in ("id+version", "no finite guard"):
+        paired = [a - b for a, b in zip(timings.samples("full"), timings.samples(other))]
+        record.add(name, f"full - {other}", "paired", statistics.median(paired) * 1e6, "us")
+    record.add(name, "finite guard", "check", _per_call_us(lambda: _ALL_FINITE(x)), "us")
     weights = [*model.parameters(), *model.buffers()]
     frozen = FrozenWeights(weights, [])
     checks = {
