@@ -235,12 +235,14 @@ def differences(op: str, runtime: str) -> tuple[Difference, ...]:
 
 
 def _input_dtype(node: fx.Node) -> torch.dtype | None:
+    """The dtype of ``node``'s first tensor input, in a list of them too (``einsum``'s
+    operands, ``hstack``'s tensors); None: unknown."""
     for arg in (*node.args, *node.kwargs.values()):
-        if isinstance(arg, fx.Node):
-            value = node_value_meta(arg)
-            dtype = getattr(value, "dtype", None)
-            if isinstance(dtype, torch.dtype):
-                return dtype
+        for item in arg if isinstance(arg, (list, tuple)) else (arg,):
+            if isinstance(item, fx.Node):
+                dtype = getattr(node_value_meta(item), "dtype", None)
+                if isinstance(dtype, torch.dtype):
+                    return dtype
     return None
 
 
