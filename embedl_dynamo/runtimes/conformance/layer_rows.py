@@ -6,7 +6,7 @@ package's docstring for the verdicts."""
 
 from __future__ import annotations
 
-from embedl_dynamo.runtimes.conformance.rules import OpRow, Rule, Verdict
+from embedl_dynamo.runtimes.conformance.rules import Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.shorthands import (
     CONV_NON_FINITE,
     EXACT,
@@ -14,6 +14,7 @@ from embedl_dynamo.runtimes.conformance.shorthands import (
     FLOAT,
     NOT_EXPORTED,
     OV_CLAMP,
+    OV_SATURATES_INT,
     both,
     non_finite,
 )
@@ -58,6 +59,14 @@ _RMS_NORM = Rule(
 )
 _LAYERS_TEST = "runtimes/test_conformance_modules.py"
 _DEPTH_TO_SPACE = "ONNX Runtime has no integer DepthToSpace kernel (NOT_IMPLEMENTED at build)"
+_TANH_INT = Rule(
+    Verdict.KEPT,
+    "int",
+    "the export computes x - tanh(x) on the integer tensor without PyTorch's cast to float32: "
+    "ONNX Runtime refuses the type, OpenVINO gives integers (0.0 for tanhshrink(1), PyTorch "
+    "0.2384)",
+)
+_SHRINK_NAN = "a NaN input gives 0 (ONNX Runtime's Shrink), PyTorch NaN"
 
 LAYER_ROWS: tuple[OpRow, ...] = (
     # a listed difference is one the sweep showed: ONNX Runtime's conv1d and conv_transpose
@@ -112,6 +121,34 @@ LAYER_ROWS: tuple[OpRow, ...] = (
     OpRow("mish", ("nn.functional.mish",), both(FLOAT)),
     OpRow("prelu", ("nn.functional.prelu",), both(FLOAT)),
     OpRow("softplus", ("nn.functional.softplus",), both(FLOAT)),
+    *(OpRow(op, (f"nn.functional.{op}",), both(FLOAT)) for op in ("selu", "tanhshrink", "glu")),
+    OpRow(
+        "celu",
+        ("nn.functional.celu",),
+        both(FLOAT),
+        (),
+        (Difference("openvino", "nan", "a NaN input gives 0 (OpenVINO), PyTorch NaN"),),
+    ),
+    OpRow("log_sigmoid", ("nn.functional.logsigmoid",), both(FLOAT), ("logsigmoid",)),
+    OpRow(
+        "softsign",
+        ("nn.functional.softsign",),
+        {"onnxruntime": (EXACT,), "openvino": (FLOAT, Rule(Verdict.KEPT, "int", OV_SATURATES_INT))},
+    ),
+    OpRow(
+        "hardshrink",
+        ("nn.functional.hardshrink",),
+        {"onnxruntime": (FLOAT,), "openvino": (EXACT_FLOAT,)},
+        (),
+        (Difference("onnxruntime", "nan", _SHRINK_NAN),),
+    ),
+    OpRow(
+        "softshrink",
+        ("nn.functional.softshrink",),
+        both(FLOAT),
+        (),
+        (Difference("onnxruntime", "nan", _SHRINK_NAN),),
+    ),
     OpRow(
         "pixel_shuffle",
         ("nn.functional.pixel_shuffle",),

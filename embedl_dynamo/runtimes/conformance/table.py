@@ -4,6 +4,7 @@ docstring for what the verdicts mean and how each row is checked)."""
 
 from __future__ import annotations
 
+from embedl_dynamo.runtimes.conformance.function_rows import FUNCTION_ROWS
 from embedl_dynamo.runtimes.conformance.layer_rows import LAYER_ROWS
 from embedl_dynamo.runtimes.conformance.math_rows import MATH_ROWS
 from embedl_dynamo.runtimes.conformance.rules import (
@@ -14,6 +15,7 @@ from embedl_dynamo.runtimes.conformance.rules import (
     Rule,
     Verdict,
 )
+from embedl_dynamo.runtimes.conformance.shape_rows import SHAPE_ROWS
 from embedl_dynamo.runtimes.conformance.shorthands import (
     ACCUMULATE_ZERO,
     ARG,
@@ -409,4 +411,6 @@ ROWS: tuple[OpRow, ...] = (
     *_MORE_ROWS,
     *LAYER_ROWS,
     *MATH_ROWS,
+    *FUNCTION_ROWS,
+    *SHAPE_ROWS,
 )
