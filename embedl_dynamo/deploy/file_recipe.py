@@ -23,10 +23,9 @@ import numpy as np
 import torch
 from torch import fx, nn
 
-from embedl_dynamo.graph.input_free import FOLDED_PREFIX
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.graph.weight_recorder import WeightRecorder, record_weights
-from embedl_dynamo.graph.weight_tensors import graph_weights
+from embedl_dynamo.graph.weight_tensors import graph_weights, recipe_leaves
 from embedl_dynamo.onnx.refit_weights import refit_initializers
 from embedl_dynamo.pipeline import PipelineResult
 
@@ -45,8 +44,7 @@ def recording(graph: fx.GraphModule) -> Iterator[WeightRecorder]:
 
     The tensors freezing computed from no input (``embedl_folded_*``) are no weights: no
     ``state_dict`` changes them, so what derives from them alone is an independent constant."""
-    weights = {k: v for k, v in graph_weights(graph).items() if not k.startswith(FOLDED_PREFIX)}
-    with record_weights(weights) as recorder:
+    with record_weights(recipe_leaves(graph)) as recorder:
         yield recorder
 
 

@@ -16,7 +16,7 @@ from torch import fx
 
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.graph.weight_recorder import record_weights
-from embedl_dynamo.graph.weight_tensors import graph_weights
+from embedl_dynamo.graph.weight_tensors import recipe_leaves
 from embedl_dynamo.pipeline import PipelineResult
 
 __all__ = ["record_transform"]
@@ -33,7 +33,7 @@ def record_transform(
     ``job.weight_recipe`` where the runtime runs an ONNX artifact a refit can write into."""
     if job.runtime_cls.cpu_target is None:
         return transform(job, graph)
-    with record_weights(graph_weights(graph)) as recorder:
+    with record_weights(recipe_leaves(graph)) as recorder:
         result = transform(job, graph)
     if result is not None:
         models = {"model": result.model, "float_model": result.float_model or result.model}

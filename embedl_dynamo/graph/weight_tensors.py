@@ -11,11 +11,13 @@ import torch
 from torch import fx, nn
 from torch.utils._pytree import tree_leaves
 
+from embedl_dynamo.graph.input_free import FOLDED_PREFIX
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 
 __all__ = [
     "contiguous_strides",
     "graph_weights",
+    "recipe_leaves",
     "overwritten_destination",
     "plain_tensor",
     "replay_problem",
@@ -46,6 +48,23 @@ def graph_weights(graph: nn.Module) -> dict[str, torch.Tensor]:
     weights = dict(graph.named_buffers(remove_duplicate=False))
     weights.update(graph.named_parameters(remove_duplicate=False))
     return weights
+
+
+def recipe_leaves(graph: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights a recipe reads: a frozen graph's constants but those freezing computed from
+    no input (``embedl_folded_*``), which no ``state_dict`` changes and a freeze of the same
+    graph computes again, equal: what derives from them alone is an independent constant.
+
+    Example:
+        >>> class Scaled(nn.Module):
+        ...     def __init__(self) -> None:
+        ...         super().__init__()
+        ...         self.w = nn.Parameter(torch.ones(2))
+        ...         self.register_buffer(FOLDED_PREFIX + "0", torch.arange(2.0))
+        >>> sorted(recipe_leaves(Scaled()))
+        ['w']
+    """
+    return {k: v for k, v in graph_weights(graph).items() if not k.startswith(FOLDED_PREFIX)}
 
 
 def tensor_geometry(t: torch.Tensor) -> tuple[Any, ...]:
