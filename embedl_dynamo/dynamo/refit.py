@@ -23,8 +23,9 @@ only that:
 What cannot be refitted is built as before, with the reason in the report
 (``pipeline["refit"]``): a weight of another shape or dtype, ``mixed`` precision (its layers'
 precisions are timed), a constant the recipe cannot compute (SmoothQuant's, calibrated on
-activations) or an initializer the exporter computed from a weight (a linear layer's weight
-the exporter transposed). A partitioned graph, or one whose recipe cannot be replayed (the
+activations) or an initializer the exporter computed from a weight the new weights change
+(:mod:`~embedl_dynamo.onnx.initializer_sources`: a rotary table from an unchanged ``inv_freq``
+is kept). A partitioned graph, or one whose recipe cannot be replayed (the
 pipeline read a weight's value), is built anew as before.
 """
 

@@ -48,6 +48,10 @@ from embedl_dynamo.onnx.exporter_hooks import (
 )
 from embedl_dynamo.onnx.fp8_weights import fp8_opset
 from embedl_dynamo.onnx.graph_inputs import restore_dropped_inputs
+from embedl_dynamo.onnx.initializer_sources import (
+    mark_initializer_sources,
+    record_initializer_sources,
+)
 from embedl_dynamo.onnx.initializers import (
     UnwrittenOnnx,
     graph_weights,
@@ -186,12 +190,13 @@ def _export_torchscript(
     import onnx
 
     buffer = io.BytesIO()
-    with capture_initializers() as captured:
+    with capture_initializers() as captured, record_initializer_sources() as sources:
         _torchscript_export(module, args, buffer, opset, axes, n_out, export_params=False)
     model = onnx.load_from_string(buffer.getvalue())
     restore_dropped_inputs(model, input_names(len(args)), args, axes)
     weights = graph_weights(model, captured, set(input_names(len(args))))
     if weights is not None:
+        mark_initializer_sources(model, sources)  # what a refit keeps of the exporter's folds
         return model, weights
     logger.debug("weights not captured from the exporter; it writes them itself")
     _torchscript_export(module, args, str(path), opset, axes, n_out, export_params=True)

@@ -2,6 +2,8 @@
 
 * :func:`capture_initializers` records the exporter's final name -> tensor map of initializers
   (the return value of its de-duplication pass), for :mod:`~.initializers` to attach them;
+* :func:`replaced_passes` wraps any of its passes (:mod:`~.initializer_sources` records what
+  its folding computes each initializer from);
 * :func:`shape_inference_without_weights` gives its whole-graph shape inference only the
   parameters whose values can decide a shape.
 """
@@ -10,12 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["SHAPE_VALUE_MAX_ELEMENTS", "capture_initializers", "shape_inference_without_weights"]
+__all__ = [
+    "SHAPE_VALUE_MAX_ELEMENTS",
+    "capture_initializers",
+    "replaced_passes",
+    "shape_inference_without_weights",
+]
 
 _PASS = "_jit_pass_onnx_deduplicate_initializers"
 _SHAPE_PASS = "_jit_pass_onnx_graph_shape_type_inference"
@@ -82,3 +89,25 @@ def shape_inference_without_weights() -> Iterator[None]:
             yield
         finally:
             setattr(torch._C, _SHAPE_PASS, original)
+
+
+@contextlib.contextmanager
+def replaced_passes(wrappers: Mapping[str, Callable[[Any], Any]]) -> Iterator[None]:
+    """Within the block, each exporter pass named in ``wrappers`` (``torch._C``'s name) is
+    ``wrappers[name](the pass)``; a pass this torch lacks is left out.
+
+    Example:
+        >>> with replaced_passes({"_jit_pass_onnx_constant_fold": lambda original: original}):
+        ...     pass  # torch.onnx.export(..., dynamo=False)
+    """
+    with _LOCK:
+        originals = {name: getattr(torch._C, name, None) for name in wrappers}
+        try:
+            for name, wrap in wrappers.items():
+                if originals[name] is not None:
+                    setattr(torch._C, name, wrap(originals[name]))
+            yield
+        finally:
+            for name, original in originals.items():
+                if original is not None:
+                    setattr(torch._C, name, original)

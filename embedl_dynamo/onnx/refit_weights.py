@@ -17,11 +17,13 @@ the initializer of each, and computes its new value:
 It refuses (ValueError naming why) whatever it cannot prove is computed as a new export would
 compute it: a weight-derived constant that is no initializer of its own (the exporter merged it
 with an equal one, or folded it into another constant; a linear weight the exporter transposed
-is taken where the export recorded it, :mod:`.constant_views`), an
-initializer of floating type that no constant names and that holds more than one value (it may
-be a fold of a weight), a zero point two quantizers share that would now differ, a constant
-the recipe could not replay (tainted), or a constant no weight decides that the exporter may
-have merged into a weight-derived initializer (equal bytes). The caller then builds anew.
+is taken where the export recorded it, :mod:`.constant_views`), an initializer of floating
+type that no constant names and that holds more than one value, unless the export recorded
+the constants the exporter computed it from and none of them changes
+(:mod:`.initializer_sources`: a rotary table is kept as it is), a zero point two quantizers
+share that would now differ, a constant the recipe could not replay (tainted), or a constant
+no weight decides that the exporter may have merged into a weight-derived initializer (equal
+bytes). The caller then builds anew.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from embedl_dynamo.onnx.constant_views import (
     folded_constants,
     transposed_constants,
 )
+from embedl_dynamo.onnx.initializer_sources import initializer_sources
 from embedl_dynamo.onnx.int8_weights import fold_int8_weights
 
 __all__ = ["EXPORTED_PREFIX", "refit_initializers", "replace_initializers"]
@@ -155,7 +158,8 @@ def refit_initializers(
             )
     new.update(_zero_points(model, zero_points, constants))
     new.update(_folded(model, folded, constants, new))
-    _check_unmapped(constants, new, independent)
+    unchanged = _Unchanged(derived, independent)
+    _check_unmapped(constants, new, independent, initializer_sources(model), unchanged)
     new.update(_kept_apart(constants, new))
     _check_not_merged(constants, new, independent)
     return new
@@ -237,13 +241,48 @@ def _folded(
     return result
 
 
-def _check_unmapped(
-    constants: _Constants, new: dict[str, np.ndarray], independent: Mapping[str, str]
-) -> None:
-    """Every initializer the new weights do not set must be one no weight decides: a constant
-    of the graph no weight decides, an integer (a shape, an index), or a float scalar."""
+class _Unchanged:
+    """Whether a constant of the transformed graph is, with the new weights, what it was at
+    export: its digest then (:mod:`.initializer_sources`) equal to its digest now."""
+
+    def __init__(self, derived: Mapping[str, torch.Tensor], independent: Mapping[str, str]):
+        self.derived, self.independent = derived, independent
+        self.digests: dict[str, str | None] = {}
+
+    def changed(self, sources: Mapping[str, str | None] | None) -> str | None:
+        """The first of ``sources`` (constant -> digest at export) that is not unchanged
+        (all of them when unknown, None), or None."""
+        if sources is None:
+            return "constants the export did not record"
+        for fqn, digest in sources.items():
+            if fqn not in self.digests:
+                tensor = self.derived.get(fqn)
+                now = self.independent.get(fqn) if tensor is None else tensor_digest(tensor)
+                self.digests[fqn] = now
+            if digest is None or self.digests[fqn] != digest:
+                return fqn
+        return None
+
+
+def _floats(proto: Any) -> int:
+    """How many values an initializer of floating type holds (0 for another type)."""
     from onnx import helper
 
+    dtype = helper.tensor_dtype_to_np_dtype(proto.data_type)
+    count = int(np.prod(proto.dims)) if proto.dims else 1
+    return count if np.issubdtype(dtype, np.floating) else 0
+
+
+def _check_unmapped(
+    constants: _Constants,
+    new: dict[str, np.ndarray],
+    independent: Mapping[str, str],
+    sources: Mapping[str, Mapping[str, str | None] | None],
+    unchanged: _Unchanged,
+) -> None:
+    """Every initializer the new weights do not set must be one no weight decides: a constant
+    of the graph no weight decides, an integer (a shape, an index), a float scalar, or one the
+    exporter computed from constants all unchanged (a rotary embedding's table, kept)."""
     for name, proto in constants.inits.items():
         if name in new:
             continue
@@ -251,13 +290,33 @@ def _check_unmapped(
             if name[len(EXPORTED_PREFIX) :] in independent:
                 continue
             raise ValueError(f"initializer {name} names no constant of the transformed graph")
-        dtype = helper.tensor_dtype_to_np_dtype(proto.data_type)
-        count = int(np.prod(proto.dims)) if proto.dims else 1
-        if np.issubdtype(dtype, np.floating) and count > 1:
-            raise ValueError(
-                f"initializer {name} ({count} values) was computed by the ONNX exporter and may "
-                "depend on a weight"
-            )
+        _check_computed(name, _floats(proto), sources, unchanged)
+    for name, root in constants.root.items():  # one the exporter kept as equal to another
+        if name != root and name not in new and not name.startswith(EXPORTED_PREFIX):
+            _check_computed(name, _floats(constants.proto(name)), sources, unchanged)
+
+
+def _check_computed(
+    name: str,
+    count: int,
+    sources: Mapping[str, Mapping[str, str | None] | None],
+    unchanged: _Unchanged,
+) -> None:
+    """An initializer of ``count`` floats no constant names, kept: refused unless the export
+    recorded the constants it was computed from, all unchanged (or it holds at most one)."""
+    if count <= 1:
+        return
+    if name not in sources:
+        raise ValueError(
+            f"initializer {name} ({count} values) was computed by the ONNX exporter and may "
+            "depend on a weight"
+        )
+    changed = unchanged.changed(sources[name])
+    if changed is not None:
+        raise ValueError(
+            f"initializer {name} ({count} values) was computed by the ONNX exporter from "
+            f"{changed}, which the new weights change"
+        )
 
 
 def _check_not_merged(

@@ -153,3 +153,45 @@ def test_a_file_with_a_0d_constant_exports_and_refits(tmp_path):
     path = embedl_dynamo.export(model, (x,), tmp_path / "s.onnx", backend="onnxruntime")
     refit(path, other.state_dict())
     torch.testing.assert_close(embedl_dynamo.load(path)(x), other(x), atol=1e-5, rtol=0)
+
+
+class _OverATable(torch.nn.Module):
+    """A weight read as it is, and a table the ONNX exporter computes from a buffer (``2 *
+    table``: an initializer of its own, named after no constant) or, with ``from_weight``,
+    from the weight itself (twice its first row)."""
+
+    def __init__(self, from_weight: bool = False) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+        self.register_buffer("table", torch.arange(8.0), persistent=False)
+        self.from_weight = from_weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shift = (self.weight * 2)[0] if self.from_weight else self.table * 2
+        return x @ self.weight + shift
+
+
+def test_a_table_the_exporter_computed_from_unchanged_constants_is_kept(tmp_path):
+    """The export recorded which constants the exporter computed the table from (the buffer,
+    not a weight): new weights keep it, and the file is the one an export of them writes."""
+    torch.manual_seed(0)
+    model, other, x = _OverATable().eval(), _OverATable().eval(), torch.randn(2, 8)
+    path = embedl_dynamo.export(model, (x,), tmp_path / "a.onnx", backend="onnxruntime")
+    assert any(not n.startswith("gm.") and len(v) > 4 for n, v in _initializers(path).items())
+    refit(path, other)  # the module: its non-persistent buffer too
+    expected = embedl_dynamo.export(other, (x,), tmp_path / "b.onnx", backend="onnxruntime")
+    assert _initializers(path) == _initializers(expected)
+    with torch.no_grad():
+        assert torch.equal(embedl_dynamo.load(path)(x), embedl_dynamo.load(expected)(x))
+
+
+def test_a_table_the_exporter_computed_from_a_changed_weight_is_refused_by_name(tmp_path):
+    torch.manual_seed(0)
+    model, other = _OverATable(from_weight=True).eval(), _OverATable(from_weight=True).eval()
+    path = embedl_dynamo.export(model, (torch.randn(2, 8),), tmp_path / "a.onnx")
+    before = sha256_file(path)
+    with pytest.raises(
+        ExportError, match=r"computed by the ONNX exporter from \S*weight, which the new"
+    ):
+        refit(path, other)
+    assert sha256_file(path) == before

@@ -13,7 +13,13 @@ import torch
 
 import embedl_dynamo
 from embedl_dynamo.dynamo import refit as refit_module
-from tests.helpers import BUILD_COUNTS, random_batches, wait_until_stored
+from tests.helpers import (
+    BUILD_COUNTS,
+    DECODER_VOCAB,
+    random_batches,
+    tiny_decoder,
+    wait_until_stored,
+)
 from tests.models import ResNetLike, randomize_batchnorm
 
 X = torch.randn(2, 3, 32, 32)
@@ -185,3 +191,50 @@ def test_weights_a_file_holds_in_another_form_are_built_anew_with_the_reason():
     assert BUILD_COUNTS["refit"] == 0
     cosine = torch.nn.functional.cosine_similarity(out.flatten(), expected.flatten(), 0)
     assert cosine >= 0.9
+
+
+def _decoder(seed: int) -> torch.nn.Module:
+    """A tiny random-init Llama (rotary position embeddings); ``seed`` > 0 moves every weight."""
+    model = tiny_decoder("llama")
+    if seed:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+IDS = torch.randint(1, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_rotary_decoder_keeps_its_cos_sin_tables_and_refits_bit_for_bit(runtime, tmp_path):
+    """The exporter folds ``inv_freq`` times the positions into an initializer of its own; it
+    recorded that it came from those two alone, and neither changes with ``load_state_dict``
+    (``inv_freq`` is a non-persistent buffer): the table is kept, the weights refitted."""
+    model, other = _decoder(0), _decoder(1)
+    compiled = _compile(model, runtime)
+    with torch.no_grad():
+        compiled(IDS)
+        wait_until_stored()
+        model.load_state_dict(other.state_dict())
+        refitted = compiled(IDS).logits
+    refit = _last().pipeline["refit"]
+    assert refit["refitted"] and BUILD_COUNTS["onnx"] == 1 and BUILD_COUNTS["refit"] == 1
+    fresh = _fresh_outputs(other, runtime, IDS, cache_dir=str(tmp_path / "fresh")).logits
+    assert torch.equal(refitted, fresh)
+
+
+def test_a_rotary_decoder_whose_frequencies_change_is_built_anew_with_the_reason():
+    model = _decoder(0)
+    compiled = _compile(model, "onnxruntime")
+    with torch.no_grad():
+        compiled(IDS)
+        wait_until_stored()
+        model.model.rotary_emb.inv_freq.mul_(0.5)  # the table the exporter folded changes
+        out = compiled(IDS).logits
+        expected = model(IDS).logits
+    refit = _last().pipeline["refit"]
+    assert not refit["refitted"] and "inv_freq" in refit["reason"]
+    assert "folded by the exporter" in refit["reason"] and BUILD_COUNTS["onnx"] == 2
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
