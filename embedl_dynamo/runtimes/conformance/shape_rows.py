@@ -5,7 +5,7 @@ exact where the runtime builds it. See the package's docstring for the verdicts.
 from __future__ import annotations
 
 from embedl_dynamo.runtimes.conformance.rules import OpRow, Rule, Verdict
-from embedl_dynamo.runtimes.conformance.shorthands import EXACT, both
+from embedl_dynamo.runtimes.conformance.shorthands import EXACT, NOT_EXPORTED, both
 
 __all__ = ["SHAPE_ROWS"]
 
@@ -31,4 +31,32 @@ SHAPE_ROWS: tuple[OpRow, ...] = (
     OpRow("vstack", ("vstack",), both(EXACT)),
     OpRow("hstack", ("hstack",), {"onnxruntime": (EXACT,), "openvino": (_OV_HSTACK,)}),
     OpRow("movedim", ("movedim",), both(EXACT), ("moveaxis",)),
+)
+
+#: ops the export refuses (the sweep: "Exporting the operator 'aten::rot90' to ONNX opset
+#: version 18 is not supported"), kept by name on both runtimes so the rest of a graph runs
+_NOT_EXPORTED = both(Rule(Verdict.KEPT, reason=NOT_EXPORTED))
+
+_OV_INT_DOT = Rule(
+    Verdict.KEPT,
+    "int",
+    "OpenVINO computes an integer dot product through float32 and saturates: an int64 dot of "
+    "values near 32768 gave 1073709120, PyTorch 1073709149; a uint8 one 255, PyTorch 113 "
+    "(wraps)",
+)
+#: products of vectors: floats bounded, integers exact on ONNX Runtime
+_DOT = {
+    "onnxruntime": (Rule(Verdict.BOUNDED, "float"), Rule(Verdict.EXACT, "int")),
+    "openvino": (Rule(Verdict.BOUNDED, "float"), _OV_INT_DOT),
+}
+
+SHAPE_ROWS = (
+    *SHAPE_ROWS,
+    OpRow("select", ("select",), both(EXACT)),
+    OpRow("dot", ("dot",), _DOT),
+    OpRow("mv", ("mv",), _DOT),
+    *(
+        OpRow(op, (op,), _NOT_EXPORTED)
+        for op in ("fliplr", "flipud", "rot90", "dstack", "column_stack", "diag", "positive")
+    ),
 )
