@@ -4,13 +4,20 @@ graph's flat outputs, recorded at capture and written as JSON."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from embedl_dynamo import export
 from embedl_dynamo.graph.capture import capture
 from embedl_dynamo.graph.output_tree import OUTPUT_TREE_META, OutputTree
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Nested(nn.Module):
@@ -84,3 +91,56 @@ def test_a_leaf_that_is_no_output_input_or_constant_is_refused() -> None:
         from collections import namedtuple
 
         OutputTree.of(namedtuple("P", "a")(1), (), ())
+
+
+def _keyed_tree(type_name: str, context: str) -> dict:
+    leaf = {"type": None, "context": None, "children_spec": []}
+    spec = [1, {"type": type_name, "context": context, "children_spec": [leaf, leaf]}]
+    return {"spec": spec, "leaves": [{"output": 0}, {"output": 1}], "count": 2}
+
+
+def test_an_unregistered_keyed_type_comes_back_as_a_dict_with_one_warning(caplog) -> None:
+    """A type no process registered (not of a known package) keeps its keys."""
+    tree = OutputTree.from_dict(_keyed_tree("elsewhere.Output", '["logits", "hidden"]'))
+    assert tree.rebuild(("a", "b"), ()) == {"logits": "a", "hidden": "b"}
+    warned = [r for r in caplog.records if "elsewhere.Output" in r.getMessage()]
+    assert len(warned) == 1 and "dicts with the same keys" in warned[0].getMessage()
+
+
+def test_an_unregistered_type_without_keys_is_refused() -> None:
+    with pytest.raises(ValueError, match="elsewhere.Pair is not registered"):
+        OutputTree.from_dict(_keyed_tree("elsewhere.Pair", "null"))
+
+
+_FRESH_PROCESS = """
+import sys, torch, embedl_dynamo
+module = embedl_dynamo.load(sys.argv[1])
+out = module(torch.ones(2, 4))
+print(type(out).__module__, type(out).__name__, sorted(out.keys()))
+"""
+
+
+def test_a_transformers_output_rebuilds_in_a_process_that_never_imported_it(tmp_path) -> None:
+    """transformers registers a ``ModelOutput`` class when its module is imported: ``load()``
+    in a fresh process (a serving replica) imports it from transformers by its name."""
+    outputs = pytest.importorskip("transformers.modeling_outputs")
+
+    class Encoder(nn.Module):
+        def forward(self, x: torch.Tensor):
+            return outputs.BaseModelOutputWithPooling(last_hidden_state=x * 2, pooler_output=x)
+
+    path = export(Encoder().eval(), torch.ones(2, 4), tmp_path / "e.onnx", backend="onnxruntime")
+    found = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.split() == [
+        "transformers.modeling_outputs",
+        "BaseModelOutputWithPooling",
+        "['last_hidden_state',",
+        "'pooler_output']",
+    ]
