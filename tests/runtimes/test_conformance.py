@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -57,6 +58,13 @@ RUNTIMES = ("onnxruntime", "openvino")
 
 def _no_op() -> None:
     return None
+
+
+@pytest.fixture(autouse=True)
+def _loud_recompile_limit() -> Iterator[None]:
+    """A frame past Dynamo's recompile limit runs eagerly, which would pass any check: fail."""
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        yield
 
 
 @functools.cache
@@ -132,7 +140,13 @@ def _batched_fn(op: Callable[..., Any], specs: list[tuple[Any, tuple, dict]]) ->
             for i, args, kwargs in specs
         )
 
-    return fn
+    # a code object of its own: Dynamo keeps its compiled graphs per code object and runs a
+    # frame eagerly once that code was compiled ``recompile_limit`` times, so the halves of
+    # one entry's samples, each a closure of this code, would otherwise share one budget and
+    # later edge calls would run in PyTorch, checking nothing
+    return types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, None, fn.__closure__
+    )
 
 
 def _cloned(out: Any) -> Any:
