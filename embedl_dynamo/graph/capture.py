@@ -92,7 +92,10 @@ def _capture_dynamic_batch(model: nn.Module, marked: list[Any]) -> fx.GraphModul
     for attempt in range(2):
         try:
             return _capture(model, marked, dynamic=None)
-        except (RuntimeError, ValueError) as exc:
+        except ValueError as exc:  # the model fails in eager on these inputs: no retry helps
+            logger.debug("dynamic-batch capture failed (%s)", exc)
+            break
+        except RuntimeError as exc:
             logger.debug("dynamic-batch capture %d failed (%s)", attempt + 1, exc)
     logger.debug("capturing statically")
     return None

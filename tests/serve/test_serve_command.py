@@ -10,7 +10,6 @@ import json
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +30,7 @@ from embedl_dynamo.cli.main import main
 from embedl_dynamo.deploy.sidecar import sidecar_path
 from embedl_dynamo.serve.client import decode_outputs, infer_request, post_infer
 from embedl_dynamo.serve.kserve import KServeError
-from tests.serve.processes import alive, descendants, listening
+from tests.serve.processes import alive, descendants, free_port, listening
 
 ROOT = Path(__file__).resolve().parents[2]
 TIME_LIMIT_S = 150
@@ -127,12 +126,6 @@ def _post(url: str, text: str) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for_line(lines: queue.Queue, word: str, deadline: float) -> str:
     while time.monotonic() < deadline:
         try:
@@ -147,7 +140,7 @@ def _wait_for_line(lines: queue.Queue, word: str, deadline: float) -> str:
 @pytest.mark.slow
 def test_serve_runs_its_own_loopback_ray_and_stops_everything_it_started(structured):
     pytest.importorskip("ray.serve")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "RAY_ADDRESS": "127.0.0.1:1",  # a cluster the environment names: not to be joined
