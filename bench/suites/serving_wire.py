@@ -12,6 +12,14 @@ and BERT-base by default), exported for the ``onnxruntime`` target, and each cli
 * ``grpc``: ``tritonclient.grpc`` against the same replica through Serve's gRPC proxy;
 * ``http json`` (``--json``): the package's JSON client, the path before binary data.
 
+Where the served time goes (``--stages``, on by default), from the replica's statistics
+(the KServe v2 statistics extension, read with tritonclient before and after each run), as mean
+ms per request: ``server_ms`` (the request's stay in the replica), split into ``queue_ms``,
+``input_ms`` (reading the request), ``infer_ms`` (the batch's run of the file) and ``output_ms``
+(the answer), and ``transport_ms``, the client's mean latency (``mean_ms``) less
+``server_ms``: the client, the wire and Ray Serve's proxy. ``busy`` is the share of the run's
+wall time the replica spent running the file, ``mean_batch`` its rows per run.
+
 Clients and server share the machine's CPUs in every run, as they do for ``load()``. Rows
 (params: clients): requests/s, p50 and p99 (ratios to ``load()`` at the same client count, the
 baseline), lost and wrong answers (wrong: more than 1e-5 from ``load()``'s answer), and
@@ -46,6 +54,14 @@ BASELINE = "load()"
 METRICS = ("req_s", "req_s_vs_load", "p50", "p99", "p50_over_load", "lost", "wrong")
 UNITS = {"req_s": "req/s", "req_s_vs_load": "x", "p50": "ms", "p99": "ms"}
 UNITS["p50_over_load"] = "ms over"
+# a served request's time by stage (mean ms per request), from the replica's statistics
+STAGES = {
+    "queue": "queue_ms",
+    "compute_input": "input_ms",
+    "compute_infer": "infer_ms",
+    "compute_output": "output_ms",
+}
+STAGE_METRICS = ("mean_ms", "server_ms", *STAGES.values(), "transport_ms", "busy", "mean_batch")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -139,6 +155,7 @@ def _add(record: Record, model: str, variant: str, clients: int, result, base) -
     ordered = sorted(latencies)
     values = {
         "req_s": len(latencies) / wall,
+        "wall_s": wall,
         "p50": statistics.median(ordered) * 1e3 if ordered else None,
         "p99": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3 if ordered else None,
         **counts,
@@ -147,12 +164,51 @@ def _add(record: Record, model: str, variant: str, clients: int, result, base) -
         values["req_s_vs_load"] = values["req_s"] / base["req_s"]
         if clients == 1:
             values["p50_over_load"] = values["p50"] - base["p50"]
-    for metric in METRICS:
-        if metric in values:
+    values["mean_ms"] = statistics.fmean(ordered) * 1e3 if ordered else None
+    for metric in (*METRICS, "mean_ms"):
+        if metric in values and values[metric] is not None:
             unit = UNITS.get(metric, "count")
             record.add(model, variant, metric, values[metric], unit, params={"clients": clients})
     print(f"  {model} {variant}, {clients} clients: {values}", flush=True)
     return values
+
+
+def _served_statistics(http_port: int, name: str) -> dict:
+    """The replica's cumulative inference statistics, as tritonclient reads them."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    return client.get_inference_statistics(name)["model_stats"][0]
+
+
+def _add_stages(record: Record, model: str, variant: str, clients: int, values, before, after):
+    """Rows of where a served request's time went in one run: the replica's statistics after
+    the run less those before it, per request, beside the client's mean latency."""
+    stats, old = after["inference_stats"], before["inference_stats"]
+    served = stats["success"]["count"] - old["success"]["count"]
+    if not served or values.get("mean_ms") is None:
+        return
+    per_request = {
+        metric: (stats[stage]["ns"] - old[stage]["ns"]) / served / 1e6
+        for stage, metric in STAGES.items()
+    }
+    server = (stats["success"]["ns"] - old["success"]["ns"]) / served / 1e6
+    runs = after["execution_count"] - before["execution_count"]
+    ran_ns = sum(b["compute_infer"]["ns"] for b in after["batch_stats"]) - sum(
+        b["compute_infer"]["ns"] for b in before["batch_stats"]
+    )
+    staged = {
+        **per_request,
+        "server_ms": server,
+        "transport_ms": values["mean_ms"] - server,
+        "busy": ran_ns / 1e9 / values["wall_s"],
+        "mean_batch": (after["inference_count"] - before["inference_count"]) / max(runs, 1),
+    }
+    for metric, value in staged.items():
+        unit = "ms" if metric.endswith("_ms") else "x"
+        record.add(model, variant, metric, value, unit, params={"clients": clients})
+    shown = {k: round(v, 2) for k, v in staged.items()}
+    print(f"  {model} {variant}, {clients} clients, per request: {shown}", flush=True)
 
 
 def _senders(http_port: int, grpc_port: int, name: str, names, dtypes, outputs) -> dict:
@@ -242,9 +298,11 @@ def _one_model(args, record: Record, spec: str, clients: list[int]) -> None:
             send = senders[wire]
             send(requests[0])  # the connection and the replica's first call, untimed
             for count in clients:
-                _add(
-                    record, name, wire, count, _drive(send, requests, expected, count), base[count]
-                )
+                before = _served_statistics(http_port, name)
+                result = _drive(send, requests, expected, count)
+                values = _add(record, name, wire, count, result, base[count])
+                after = _served_statistics(http_port, name)
+                _add_stages(record, name, wire, count, values, before, after)
     finally:
         undeploy(name)
 
@@ -258,8 +316,9 @@ def run(args: argparse.Namespace, record: Record) -> None:
 
 
 def table(record: Record, view: str = "main") -> str:
-    """A line per model, wire and client count."""
-    return by_metric(record, METRICS)
+    """A line per model, wire and client count: throughput and latency (``main``), or where a
+    served request's time went (``stages``)."""
+    return by_metric(record, STAGE_METRICS if view == "stages" else METRICS)
 
 
 def plot(record: Record, path) -> None:

@@ -5,7 +5,8 @@ Ray Serve's proxy registers the servicer functions named in ``grpc_options`` whe
 routes each call to the deployment's method of the RPC's name, with the request already
 deserialized; with several applications the client names one in its ``application`` metadata.
 :class:`KServeGrpc` is those methods: ``ModelInfer``, ``ModelMetadata``, ``ModelReady``,
-``ServerLive`` and ``ServerReady``; other RPCs of the service are not served. ``ModelInfer``
+``ModelStatistics`` (:mod:`~embedl_dynamo.serve.statistics`), ``ServerLive`` and
+``ServerReady``; other RPCs of the service are not served. ``ModelInfer``
 reads ``raw_input_contents`` (what ``tritonclient.grpc`` sends) with
 :func:`~embedl_dynamo.serve.binary.tensor_from_bytes`, or the typed ``contents``, checks the
 request as the HTTP route does (:func:`~embedl_dynamo.serve.kserve.decode_inputs`) and answers in
@@ -31,6 +32,7 @@ import numpy as np
 from embedl_dynamo.errors import KServeError, error_line
 from embedl_dynamo.serve.binary import tensor_bytes, tensor_from_bytes
 from embedl_dynamo.serve.kserve import tensor_header
+from embedl_dynamo.serve.statistics import InferenceStatistics
 
 __all__ = ["GRPC_SERVICER", "KServeGrpc", "grpc_options", "grpc_setup_hook", "request_header"]
 
@@ -168,11 +170,18 @@ class KServeGrpc:
 
     name: str
     model: Any
+    statistics: InferenceStatistics
 
     def metadata(self) -> dict[str, Any]:  # the replica's
         raise NotImplementedError
 
-    async def respond(self, header: Any, binary: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
+    async def answered(self, decode: Callable[[], Any], encode: Callable[..., Any]) -> Any:
+        raise NotImplementedError
+
+    def kserve_arrays(self, header: Any, binary: Any) -> Any:
+        raise NotImplementedError
+
+    def kserve_parts(self, outputs: Any, arrays: Any, header: Any) -> Any:
         raise NotImplementedError
 
     async def ServerLive(self, request: Any, grpc_context: Any = None) -> Any:
@@ -200,6 +209,14 @@ class KServeGrpc:
                 )
         return response
 
+    async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:
+        service = _service()
+        if request.name not in ("", self.name) or request.version not in ("", "1"):
+            asked = f"{request.name!r} version {request.version!r}"
+            message = f"no model {asked}; this deployment serves {self.name!r} version '1'"
+            return _fail(grpc_context, "NOT_FOUND", message, service.ModelStatisticsResponse())
+        return self.statistics.to_grpc(service)
+
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:
         service = _service()
         empty = service.ModelInferResponse()
@@ -207,9 +224,12 @@ class KServeGrpc:
             asked = f"{request.model_name!r} version {request.model_version or '1'!r}"
             message = f"no model {asked}; this deployment serves {self.name!r} version '1'"
             return _fail(grpc_context, "NOT_FOUND", message, empty)
+
+        def decode() -> Any:
+            return self.kserve_arrays(*request_header(request))
+
         try:
-            header, binary = request_header(request)
-            answer, raw = await self.respond(header, binary)
+            answer, raw = await self.answered(decode, self.kserve_parts)
         except (KServeError, ValueError, TypeError, IndexError) as exc:  # a bad request
             return _fail(grpc_context, "INVALID_ARGUMENT", str(exc), empty)
         except Exception as exc:  # noqa: BLE001 - the model's own failure, as a status

@@ -5,7 +5,8 @@ Routes, the KServe v2 protocol Triton and OpenVINO Model Server speak (``tritonc
 included): ``POST /v2/models/<name>[/versions/1]/infer`` (JSON, or binary tensor data:
 :mod:`embedl_dynamo.serve.binary`; 400 naming the problem for a request the model cannot take,
 500 marked ``"retry": false`` for the model's own failure), ``GET /v2/models/<name>``,
-``GET /v2/models/<name>/ready``, ``GET /v2/health/ready`` and ``GET /v2/health/live``. The
+``GET /v2/models/<name>/ready``, ``GET /v2/models[/<name>[/versions/1]]/stats`` (the
+statistics extension: :mod:`embedl_dynamo.serve.statistics`), ``GET /v2/health/ready`` and ``GET /v2/health/live``. The
 replica's gRPC methods (:mod:`embedl_dynamo.serve.grpc_ingress`) are the class's own methods,
 which Ray Serve's gRPC proxy calls by the RPC's name.
 
@@ -129,6 +130,14 @@ def deployment_class() -> Any:
         @app.get("/v2/health/ready")
         async def health(self):  # a replica exists once it answered check_answers' request
             return reply({"live": True, "ready": True})
+
+        @app.get("/v2/models/stats")
+        @app.get("/v2/models/{model}/stats")
+        @app.get("/v2/models/{model}/versions/{version}/stats")
+        async def model_statistics(self, model: str = "", version: str = ""):
+            if model not in ("", self.name) or version not in ("", "1"):
+                return _error(404, f"no model {model!r} version {version!r}")
+            return reply(self.statistics.to_kserve())
 
         @app.get("/v2/models/{model}")
         @app.get("/v2/models/{model}/versions/{version}")

@@ -2,7 +2,8 @@
 ``tritonclient.http`` and gRPC with ``tritonclient.grpc`` give ``load()``'s outputs for float
 and int64 inputs and a dict output, a second application is reached over gRPC by its
 ``application`` metadata, JSON still works, bodies that do not add up and a datatype not served
-get a 400 naming the problem, a request that does not fit a gRPC ``INVALID_ARGUMENT``, and every
+get a 400 naming the problem, a request that does not fit a gRPC ``INVALID_ARGUMENT``, the
+replica's inference statistics count them over both protocols, and every
 socket the instance listens on, its gRPC proxy's included, is on loopback.
 
 The scenario runs in its own process (:mod:`tests.serve.wire_scenario`), under a time limit, in
@@ -46,6 +47,12 @@ def test_tritonclient_over_binary_http_and_grpc_answers_like_load(tmp_path):
     assert bad["short"][0] == 400 and "runs past the 12 bytes" in bad["short"][1]
     assert bad["extra"][0] == 400 and "add up to 16" in bad["extra"][1]
     assert bad["bf16"][0] == 400 and "datatype 'BF16' is not supported" in bad["bf16"][1]
+    # tritonclient reads the statistics extension over both: 2 binary HTTP, 1 gRPC and 1 JSON
+    # requests of 3 rows answered; the gRPC shape and the 3 bodies above failed
+    statistics = seen["statistics"]
+    assert statistics["http"] == statistics["grpc"] == [4, 4, 12]
+    assert statistics["http_all"] == ["mixed"]
+    assert all(ns > 0 for ns in statistics["stages_ns"])
     sockets = [tuple(s) for s in seen["sockets"]]
     http_port, grpc_port = seen["ports"]
     assert ("127.0.0.1", http_port) in sockets and ("127.0.0.1", grpc_port) in sockets

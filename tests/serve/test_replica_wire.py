@@ -209,3 +209,51 @@ def test_grpc_metadata_and_health(served):
     assert asyncio.run(replica.ModelReady(service_pb2.ModelReadyRequest(name="mixed"))).ready
     assert not asyncio.run(replica.ModelReady(service_pb2.ModelReadyRequest(name="x"))).ready
     assert asyncio.run(replica.ServerLive(service_pb2.ServerLiveRequest())).live
+
+
+def _stats(replica) -> dict:
+    return replica.statistics.to_kserve()["model_stats"][0]
+
+
+def test_statistics_count_each_request_by_stage_and_outcome(served):
+    replica, x, ids, _ = served
+    before = _stats(replica)
+    asyncio.run(replica.infer_bytes(*_http(_inputs(httpclient, x, ids))))
+    asyncio.run(replica.ModelInfer(_grpc(_inputs(grpcclient, x, ids)), _Context()))
+    asyncio.run(replica.ModelInfer(_grpc(_inputs(grpcclient, x[:, :3], ids)), _Context()))
+    after = _stats(replica)
+    stats, old = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] - old["success"]["count"] == 2
+    assert stats["fail"]["count"] - old["fail"]["count"] == 1  # the [3, 3] input
+    assert after["inference_count"] - before["inference_count"] == 2 * len(x)
+    assert after["execution_count"] - before["execution_count"] == 2
+    for stage in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert stats[stage]["count"] - old[stage]["count"] == 2, stage
+        assert stats[stage]["ns"] > old[stage]["ns"], stage
+    # a request's stages lie within its whole stay in the replica
+    spent = sum(stats[s]["ns"] - old[s]["ns"] for s in ("compute_input", "compute_infer"))
+    assert spent <= stats["success"]["ns"] - old["success"]["ns"]
+    assert [b["batch_size"] for b in after["batch_stats"]] == [len(x)]
+    assert after["last_inference"] > 0
+
+
+def test_statistics_are_answered_over_grpc_in_tritonclients_messages(served):
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    replica = served[0]
+    asyncio.run(replica.infer([np.zeros((2, 4), np.float32), np.zeros((2, 5), np.int64)]))
+    response = asyncio.run(
+        replica.ModelStatistics(service_pb2.ModelStatisticsRequest(name="mixed"))
+    )
+    (entry,) = response.model_stats
+    expected = _stats(replica)
+    assert (entry.name, entry.version) == ("mixed", "1")
+    assert entry.inference_count == expected["inference_count"] > 0
+    assert (
+        entry.inference_stats.compute_infer.ns == expected["inference_stats"]["compute_infer"]["ns"]
+    )
+    assert entry.inference_stats.success.count == expected["inference_stats"]["success"]["count"]
+    context = _Context()
+    asyncio.run(replica.ModelStatistics(service_pb2.ModelStatisticsRequest(name="x"), context))
+    assert context.code == grpc.StatusCode.NOT_FOUND and "'x'" in context.details

@@ -5,7 +5,8 @@ returns a dict, deploys it with :func:`embedl_dynamo.serve.deploy` on a local Ra
 its own with gRPC (``grpc_port``) and a second application beside it (``route_prefix="/second"``),
 then sends requests with ``tritonclient.http`` (binary data, and
 JSON), ``tritonclient.grpc`` (naming each application in its ``application`` metadata), the
-package's JSON client and malformed bodies; it compares every answer with
+package's JSON client and malformed bodies, and reads the replica's inference statistics with
+both clients; it compares every answer with
 :func:`embedl_dynamo.load` in this process, records the TCP sockets its Ray processes listen on,
 and prints one JSON line with what it saw. ``tests/serve/test_ray_wire.py`` runs it under a time
 limit and kills its process group if it overruns.
@@ -132,6 +133,29 @@ def _grpc(port: int, x: np.ndarray, ids: np.ndarray, expected: dict) -> dict:
     return seen
 
 
+def _statistics(port: int, grpc_port: int) -> dict:
+    """The "mixed" replica's request counts as tritonclient reads them over HTTP and gRPC."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
+    (entry,) = http.get_inference_statistics("mixed")["model_stats"]
+    everything = http.get_inference_statistics()["model_stats"]
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    reply = grpc.get_inference_statistics("mixed", headers={"application": "mixed"})
+    stats = entry["inference_stats"]
+    return {
+        "http": [stats["success"]["count"], stats["fail"]["count"], entry["inference_count"]],
+        "http_all": [e["name"] for e in everything],
+        "grpc": [
+            reply.model_stats[0].inference_stats.success.count,
+            reply.model_stats[0].inference_stats.fail.count,
+            reply.model_stats[0].inference_count,
+        ],
+        "stages_ns": [stats[s]["ns"] for s in ("queue", "compute_input", "compute_infer")],
+    }
+
+
 def main(workdir: Path) -> None:
     torch.manual_seed(0)
     example = (torch.randn(2, 4), torch.randint(0, 10, (2, 5)))
@@ -168,6 +192,7 @@ def main(workdir: Path) -> None:
         got = decode_outputs(response)
         seen["json_equal"] = all(np.array_equal(got[n], w) for n, w in expected.items())
         seen["bad"] = _bad_requests(url, x)
+        seen["statistics"] = _statistics(port, grpc_port)
         seen["sockets"] = listening(descendants(os.getpid()))
         seen["ports"] = [port, grpc_port]
     finally:
