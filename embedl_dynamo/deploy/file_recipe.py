@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import fx, nn
 
+from embedl_dynamo.graph.non_persistent import record_state_dict
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.graph.weight_recorder import WeightRecorder, record_weights
 from embedl_dynamo.graph.weight_tensors import graph_weights, recipe_leaves
@@ -68,7 +69,8 @@ def recipe_entries(
 ) -> dict[str, Any]:
     """The sidecar's ``weight_recipe`` and ``refit`` for the file written at ``path`` from
     ``result`` (the pipeline on ``graph``, captured from ``model``, recorded by ``recorder``);
-    the recipe's weights are named as ``model`` names them (its ``state_dict`` keys)."""
+    the recipe's weights are named as ``model`` names them (its ``state_dict`` keys), and it
+    records those keys and what it computes from the non-persistent buffers alone."""
     models = {"model": result.model, "float_model": result.float_model or result.model}
     recipe = recorder.finish(models)
     name, why = None, recipe.problem
@@ -76,6 +78,8 @@ def recipe_entries(
         name, why = _fitting_model(path, recipe, graph_weights(graph))
     if why is None:
         why = _name_by_model(recipe, graph_weights(graph), model)
+    if why is None:  # what a refit from a state_dict, which lacks its non-persistent buffers, keeps
+        record_state_dict(recipe, model)
     if why is not None:
         logger.info("%s: refit() will not take new weights: %s", path.name, why)
         return {RECIPE_FIELD: None, REFIT_FIELD: {"model": None, "reason": why}}

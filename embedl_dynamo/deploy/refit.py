@@ -41,6 +41,7 @@ from embedl_dynamo.deploy.integrity import verify_artifact
 from embedl_dynamo.deploy.refit_check import check_int8, runs
 from embedl_dynamo.deploy.sidecar import data_file_record, read_sidecar, sidecar_path
 from embedl_dynamo.errors import ExportArgumentError, ExportError
+from embedl_dynamo.graph.non_persistent import recipe_for, unexpected_keys
 from embedl_dynamo.graph.weight_recipe import WeightRecipe
 from embedl_dynamo.onnx.external_data import data_path, save_model_file
 from embedl_dynamo.onnx.refit_weights import replace_initializers
@@ -60,7 +61,10 @@ def refit(
     Args:
         path: the ``.onnx`` file [export][embedl_dynamo.export] wrote (its sidecar beside it).
         state_dict: the new weights, named as ``model.state_dict()`` names them; or the model
-            itself (its parameters and buffers, non-persistent buffers included).
+            itself (its parameters and buffers, non-persistent buffers included). A
+            ``state_dict`` lacks the non-persistent buffers by design (a rotary embedding's
+            ``inv_freq``): as ``load_state_dict`` does, what the file computed from them alone
+            is kept, checked against the digests its export recorded.
         calibration_data: batches of the model's inputs (tensors or tuples) to check an INT8
             file on; None keeps its scales unchecked (said in the sidecar and a warning).
 
@@ -68,8 +72,10 @@ def refit(
         ``path``.
 
     Raises:
-        ExportArgumentError: a weight is missing, or of another shape or dtype than at export
-            (a new architecture needs a new export).
+        ExportArgumentError: a weight is missing, of another shape or dtype than at export,
+            or a key the exported model did not have (a new architecture needs a new export);
+            or the file computed a constant from a non-persistent buffer the ``state_dict``
+            lacks together with a weight (pass the model).
         ExportError: the file cannot be refitted (exported without a recipe, a TensorRT engine
             beside it, a constant its recipe cannot compute); the message says why.
         VerificationError: the refitted INT8 file misses ``accuracy_budget`` with the kept
@@ -85,7 +91,7 @@ def refit(
     verify_artifact(path)  # the file is the one its sidecar describes
     sidecar, _ = read_sidecar(path)
     recipe, model_name = _recipe(path, sidecar)
-    weights = _weights(state_dict, recipe)
+    recipe, weights = _weights(path, state_dict, recipe)
     replayed = recipe.replay(weights)
     import onnx
 
@@ -139,26 +145,44 @@ def _recipe(path: Path, sidecar: Mapping[str, Any]) -> tuple[WeightRecipe, str]:
 
 
 def _weights(
-    state_dict: Mapping[str, torch.Tensor] | nn.Module, recipe: WeightRecipe
-) -> dict[str, torch.Tensor]:
-    """The recipe's weights from ``state_dict`` (or a module's parameters and buffers)."""
+    path: Path, state_dict: Mapping[str, torch.Tensor] | nn.Module, recipe: WeightRecipe
+) -> tuple[WeightRecipe, dict[str, torch.Tensor]]:
+    """The recipe to replay and its weights from ``state_dict`` (or a module's parameters and
+    buffers). A ``state_dict`` lacks the model's non-persistent buffers by design, as
+    ``load_state_dict`` takes it: what the file computed from them alone is kept
+    (:func:`~embedl_dynamo.graph.non_persistent.recipe_for`). A weight missing otherwise, one
+    of another shape or dtype, or a key the exported model did not have is refused by name."""
     if isinstance(state_dict, nn.Module):
+        keys = list(state_dict.state_dict(keep_vars=True))
         named = dict(state_dict.named_buffers(remove_duplicate=False))
         named.update(state_dict.named_parameters(remove_duplicate=False))
     elif isinstance(state_dict, Mapping):
-        named = dict(state_dict)
+        keys, named = list(state_dict), dict(state_dict)
     else:
         raise ExportArgumentError(
             f"state_dict is a {type(state_dict).__name__}; pass model.state_dict() or the model"
         )
     weights = {name: named[name] for name in recipe.leaves if name in named}
+    try:
+        recipe = recipe_for(recipe, weights)
+    except ValueError as exc:
+        raise ExportArgumentError(f"{path.name}: {exc}; pass the model itself") from exc
+    missing = recipe.missing(weights)
+    if missing:
+        raise ExportArgumentError(
+            f"weight {missing[0]} is missing ({len(missing)} in all); pass all of "
+            "model.state_dict(), or the model itself"
+        )
     why = recipe.leaf_problem(weights)
+    unexpected = unexpected_keys(recipe, keys)
+    if why is None and unexpected:
+        why = f"{unexpected[0]} ({len(unexpected)} in all) is no weight of the exported model"
     if why is not None:
         raise ExportArgumentError(
             f"{why}; refit takes the weights of the architecture that was exported "
             "(export the model again for another one)"
         )
-    return {name: t.detach().cpu() for name, t in weights.items()}
+    return recipe, {name: t.detach().cpu() for name, t in weights.items()}
 
 
 def _verify(

@@ -20,7 +20,10 @@ What a recipe holds is data only (JSON: op names, slot numbers, literals), never
   something a replay cannot repeat (activations: SmoothQuant's factors), and the digest of
   each constant that does not depend on them (``independent``: activation scales, shapes);
 * ``problem``: why the recipe cannot be replayed at all (the pipeline read a weight's value
-  into Python and may have decided on it), or None.
+  into Python and may have decided on it), or None;
+* ``state_dict`` and ``kept``: the keys of the exported model's ``state_dict`` (None: not
+  recorded), and the digest of each constant computed from its non-persistent buffers alone,
+  which a refit from a ``state_dict`` keeps (:mod:`.non_persistent`).
 """
 
 from __future__ import annotations
@@ -167,6 +170,9 @@ class WeightRecipe:
             (:func:`tensor_digest`).
         slots: how many slots the ops fill.
         problem: why the recipe cannot be replayed, or None.
+        state_dict: the keys of the exported model's ``state_dict``, or None (not recorded).
+        kept: model -> constant -> its digest at export, for the constants computed from
+            non-persistent buffers alone (:mod:`.non_persistent`).
     """
 
     leaves: dict[str, dict[str, Any]]
@@ -175,6 +181,8 @@ class WeightRecipe:
     independent: dict[str, dict[str, str]] = field(default_factory=dict)
     slots: int = 0
     problem: str | None = None
+    state_dict: list[str] | None = None
+    kept: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The recipe as JSON data (:meth:`from_dict` reads it back)."""
@@ -186,6 +194,8 @@ class WeightRecipe:
             "independent": self.independent,
             "slots": self.slots,
             "problem": self.problem,
+            "state_dict": self.state_dict,
+            "kept": self.kept,
         }
 
     @classmethod
@@ -200,19 +210,26 @@ class WeightRecipe:
             dict(data.get("independent") or {}),
             int(data["slots"]),
             data.get("problem"),
+            None if data.get("state_dict") is None else list(data["state_dict"]),
+            dict(data.get("kept") or {}),
         )
 
     def tainted(self, model: str) -> dict[str, str]:
         """The constants of ``model`` the weights decide but a replay cannot compute, and why."""
         return {n: o["tainted"] for n, o in self.outputs.get(model, {}).items() if "tainted" in o}
 
+    def missing(self, weights: Mapping[str, torch.Tensor]) -> list[str]:
+        """The leaves ``weights`` lack, in the recipe's order."""
+        return [name for name in self.leaves if weights.get(name) is None]
+
     def leaf_problem(self, weights: Mapping[str, torch.Tensor]) -> str | None:
         """Why ``weights`` cannot replace the recorded leaves (one missing, or another shape or
         dtype), or None."""
+        missing = self.missing(weights)
+        if missing:
+            return f"weight {missing[0]} is missing"
         for name, spec in self.leaves.items():
-            tensor = weights.get(name)
-            if tensor is None:
-                return f"weight {name} is missing"
+            tensor = weights[name]
             dtype = _dtype_name(tensor.dtype)
             if list(tensor.shape) != list(spec["shape"]) or dtype != spec["dtype"]:
                 return (

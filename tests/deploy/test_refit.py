@@ -19,7 +19,7 @@ from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.deploy.integrity import verify_artifact
 from embedl_dynamo.deploy.refit import refit
 from embedl_dynamo.errors import ExportArgumentError, ExportError, VerificationError
-from tests.helpers import random_batches
+from tests.helpers import DECODER_VOCAB, random_batches, tiny_decoder
 from tests.models import ResNetLike, randomize_batchnorm
 
 X = torch.randn(2, 3, 32, 32)
@@ -116,6 +116,18 @@ def test_a_weight_of_another_shape_is_refused_by_name(tmp_path):
     assert sha256_file(path) == before
 
 
+def test_a_key_the_exported_model_did_not_have_is_refused_by_name(tmp_path):
+    """As ``load_state_dict`` refuses an unexpected key: a weight of another architecture,
+    which the refit would otherwise leave out of the file."""
+    path = _export(_model(0), tmp_path / "a.onnx")
+    state = _model(1).state_dict()
+    state["fc2.weight"] = torch.zeros(10, 16)
+    before = sha256_file(path)
+    with pytest.raises(ExportArgumentError, match="fc2.weight .1 in all. is no weight of the"):
+        refit(path, state)
+    assert sha256_file(path) == before
+
+
 def test_the_callers_weights_are_left_as_they_were(tmp_path):
     path = _export(_model(0), tmp_path / "a.onnx")
     state = _model(1).state_dict()
@@ -195,3 +207,89 @@ def test_a_table_the_exporter_computed_from_a_changed_weight_is_refused_by_name(
     ):
         refit(path, other)
     assert sha256_file(path) == before
+
+
+def _decoder(seed: int) -> torch.nn.Module:
+    """A tiny random-init Llama (rotary position embeddings: ``inv_freq``, a non-persistent
+    buffer), without a cache; ``seed`` > 0 moves every weight."""
+    model = tiny_decoder("llama", use_cache=False)
+    if seed:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.02 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+# token ids and an attention mask (without one, transformers' mask code reads the positions
+# through aten::diff, which the TorchScript exporter refuses: a file of torch.export, no recipe)
+IDS = (
+    torch.randint(1, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(3)),
+    torch.ones(1, 8, dtype=torch.long),
+)
+
+
+def _export_decoder(model, path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return embedl_dynamo.export(model, IDS, path, backend="onnxruntime")
+
+
+def test_a_rotary_decoder_refits_from_a_state_dict_without_its_non_persistent_buffers(tmp_path):
+    """``inv_freq`` is in no ``state_dict`` (non-persistent, as ``load_state_dict`` treats it):
+    refit from one keeps the file's value for it, as from the model, bit for bit."""
+    other = _decoder(1)
+    assert not any(k.endswith("inv_freq") for k in other.state_dict())
+    path = _export_decoder(_decoder(0), tmp_path / "a.onnx")
+    refit(path, other.state_dict())
+    refitted = _initializers(path)
+    expected = _export_decoder(other, tmp_path / "b.onnx")
+    assert refitted == _initializers(expected)
+    refit(path, other)  # the module itself: its non-persistent buffers too
+    assert _initializers(path) == refitted
+    with torch.no_grad():
+        assert torch.equal(embedl_dynamo.load(path)(*IDS)[0], embedl_dynamo.load(expected)(*IDS)[0])
+
+
+def test_a_state_dict_without_a_persistent_weight_is_refused_naming_the_fix(tmp_path):
+    """Only the non-persistent buffers may be left out; and a file whose export recorded no
+    ``state_dict`` keys cannot tell them apart: both refused by name, with the fix."""
+    path = _export_decoder(_decoder(0), tmp_path / "a.onnx")
+    state = _decoder(1).state_dict()
+    without = {k: v for k, v in state.items() if k != "model.norm.weight"}
+    with pytest.raises(ExportArgumentError, match="model.norm.weight is missing .*model itself"):
+        refit(path, without)
+    sidecar = _sidecar(path)
+    del sidecar["weight_recipe"]["state_dict"]  # as a file exported before they were recorded
+    path.with_suffix(".json").write_text(json.dumps(sidecar))
+    with pytest.raises(ExportArgumentError, match="rotary_emb.inv_freq is missing .*model itself"):
+        refit(path, state)
+    refit(path, _decoder(1))
+
+
+class _ConvBN(torch.nn.Module):
+    """A convolution and a BatchNorm whose running variance is a non-persistent buffer: the
+    export folds it into the convolution's weight, with the weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.bn.register_buffer("running_var", torch.rand(4) + 0.5, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x))
+
+
+def test_a_constant_of_a_non_persistent_buffer_and_a_weight_needs_the_model(tmp_path):
+    torch.manual_seed(0)
+    model, other, x = _ConvBN().eval(), _ConvBN().eval(), torch.randn(2, 3, 8, 8)
+    path = embedl_dynamo.export(model, (x,), tmp_path / "a.onnx", backend="onnxruntime")
+    before = sha256_file(path)
+    with pytest.raises(
+        ExportArgumentError, match=r"buffer\(s\) bn.running_var together with weights.*the model"
+    ):
+        refit(path, other.state_dict())
+    assert sha256_file(path) == before
+    refit(path, other)
+    torch.testing.assert_close(embedl_dynamo.load(path)(x), other(x), atol=1e-5, rtol=0)
