@@ -26,7 +26,14 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
 from embedl_dynamo.partition.support import CALLS, RuntimeSupport, is_free, picks_output
 
-__all__ = ["Fragment", "KeptNode", "Partitioning", "compute_nodes", "partition_graph"]
+__all__ = [
+    "Fragment",
+    "KeptNode",
+    "Partitioning",
+    "compute_nodes",
+    "is_compute_node",
+    "partition_graph",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +67,9 @@ class Fragment:
 
     @property
     def ops(self) -> int:
-        """Its compute nodes."""
-        return sum(1 for n in self.nodes if not picks_output(n))
+        """Its compute nodes (:func:`is_compute_node`: the sizes it reads and the picks of one
+        output are no compute nodes, as in the graph's count)."""
+        return sum(1 for n in self.nodes if is_compute_node(n))
 
 
 @dataclasses.dataclass
@@ -93,13 +101,15 @@ class Partitioning:
         return sum(f.ops for f in self.fragments)
 
 
+def is_compute_node(node: fx.Node) -> bool:
+    """Whether ``node`` computes a tensor (not a size, not a pick of one output, not dead
+    code): what coverage counts, in a graph and in a fragment alike."""
+    return node.op in CALLS and not is_free(node) and not picks_output(node) and bool(node.users)
+
+
 def compute_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """The nodes that compute a tensor (not sizes, not picks of one output, not dead code)."""
-    return [
-        n
-        for n in gm.graph.nodes
-        if n.op in CALLS and not is_free(n) and not picks_output(n) and n.users
-    ]
+    """The nodes that compute a tensor (:func:`is_compute_node`), in graph order."""
+    return [n for n in gm.graph.nodes if is_compute_node(n)]
 
 
 def partition_graph(
@@ -117,12 +127,53 @@ def partition_graph(
         min_ops: a fragment with fewer compute nodes stays in PyTorch.
         forced_out: op names kept in PyTorch whatever the table says.
     """
+    held: dict[fx.Node, str] = {}
+    while True:
+        taken, reasons, small, chosen = _propose(gm, runtimes, min_ops, forced_out, held)
+        split = _split_writes(gm, chosen)
+        if not split:
+            break
+        held.update(dict.fromkeys(split - held.keys(), _WRITE_SPLIT))
+    fragments = []
+    for runtime, nodes in chosen:
+        fragment = _fragment(gm, runtime, nodes)
+        if fragment.inputs:
+            fragments.append(fragment)
+            continue
+        taken.difference_update(nodes)  # constants only: nothing a runtime would gain
+        small.update(nodes)
+        for node in nodes:
+            reasons[node] = "a fragment without inputs only computes constants"
+    computed = compute_nodes(gm)
+    kept = [
+        KeptNode(n.name, _op(n), reasons.get(n, "no runtime takes it"), n in small)
+        for n in computed
+        if n not in taken
+    ]
+    return Partitioning(fragments, kept, len(computed))
+
+
+_WRITE_SPLIT = (
+    "an in-place write (setitem) whose tensor is read in another part: the write and every "
+    "reader of the tensor run in PyTorch, in the graph's order"
+)
+
+
+def _propose(
+    gm: fx.GraphModule,
+    runtimes: Sequence[str],
+    min_ops: int,
+    forced_out: Iterable[str],
+    held: dict[fx.Node, str],
+) -> tuple[set[fx.Node], dict[fx.Node, str], set[fx.Node], list[tuple[str, list[fx.Node]]]]:
+    """Each runtime's fragments of what the ones before it left, but ``held``'s nodes:
+    ``(taken, reasons, small, chosen)``, chosen as ``(runtime, nodes)`` in graph order."""
     taken: set[fx.Node] = set()
     reasons: dict[fx.Node, str] = {}
     small: set[fx.Node] = set()
     chosen: list[tuple[str, list[fx.Node]]] = []
     for runtime in runtimes:
-        support = RuntimeSupport(runtime, taken, forced_out)
+        support = RuntimeSupport(runtime, taken, forced_out, held)
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         with _indexing_apart_from_picks(gm):
             proposed = partitioner.propose_partitions()
@@ -142,23 +193,39 @@ def partition_graph(
             reasons.setdefault(node, reason)
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
     chosen.sort(key=lambda item: order[item[1][0]])
-    fragments = []
-    for runtime, nodes in chosen:
-        fragment = _fragment(gm, runtime, nodes)
-        if fragment.inputs:
-            fragments.append(fragment)
+    return taken, reasons, small, chosen
+
+
+def _writes(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node | None, set[fx.Node]]]:
+    """Per ``setitem`` left in the graph (an in-place write into a tensor no other tensor
+    aliases: :mod:`embedl_dynamo.graph.functionalize` leaves it, as the graph's order says
+    which readers see it): the write, the written tensor's producer (None: a graph input or
+    constant) and the nodes that read the tensor."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not operator.setitem:
             continue
-        taken.difference_update(nodes)  # constants only: nothing a runtime would gain
-        small.update(nodes)
-        for node in nodes:
-            reasons[node] = "a fragment without inputs only computes constants"
-    computed = compute_nodes(gm)
-    kept = [
-        KeptNode(n.name, _op(n), reasons.get(n, "no runtime takes it"), n in small)
-        for n in computed
-        if n not in taken
-    ]
-    return Partitioning(fragments, kept, len(computed))
+        written = node.args[0]
+        if not isinstance(written, fx.Node):
+            continue
+        readers = {n for n in written.users if n is not node}
+        readers = {n for n in readers if not is_free(n) and not picks_output(n)}
+        yield node, written if written.op in CALLS else None, readers
+
+
+def _split_writes(gm: fx.GraphModule, chosen: list[tuple[str, list[fx.Node]]]) -> set[fx.Node]:
+    """The writes (:func:`_writes`) not placed in one part with every reader of their tensor,
+    with those readers: a part run elsewhere would read the tensor before or after the write,
+    against the graph's order (a fragment keeps no order but its data flow). They are to stay
+    in PyTorch, in the graph's order, on the tensor its producer gave. A write a fragment
+    holds also needs the tensor's producer there (a fragment writes into no input)."""
+    part = {node: k for k, (_, nodes) in enumerate(chosen) for node in nodes}
+    split: set[fx.Node] = set()
+    for write, producer, readers in _writes(gm):
+        where = part.get(write)
+        apart = len({part.get(n) for n in readers} | {where}) > 1
+        if apart or (where is not None and (producer is None or part.get(producer) != where)):
+            split |= readers | {write}
+    return split
 
 
 def indexing(tensor: torch.Tensor, index: object) -> torch.Tensor:

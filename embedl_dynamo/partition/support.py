@@ -57,16 +57,23 @@ class RuntimeSupport(OperatorSupportBase):
         runtime: the runtime's name (``onnxruntime``, ``openvino``...).
         taken: nodes an earlier runtime already took (not offered again).
         forced_out: op names the user keeps in PyTorch (``torch_executed_ops``).
+        held: nodes kept in PyTorch whatever their op, with the reason (the partitioner's
+            own: an in-place write and its readers split between parts).
 
     ``reasons`` records, per node refused, why (the report's words).
     """
 
     def __init__(
-        self, runtime: str, taken: Iterable[fx.Node] = (), forced_out: Iterable[str] = ()
+        self,
+        runtime: str,
+        taken: Iterable[fx.Node] = (),
+        forced_out: Iterable[str] = (),
+        held: Mapping[fx.Node, str] | None = None,
     ) -> None:
         self.runtime = runtime
         self.taken = set(taken)
         self.forced_out = frozenset(forced_out)
+        self.held = dict(held or {})
         self.reasons: dict[fx.Node, str] = {}
 
     def is_node_supported(self, submodules: Mapping[str, nn.Module], node: fx.Node) -> bool:
@@ -85,4 +92,4 @@ class RuntimeSupport(OperatorSupportBase):
         name = str(getattr(node.target, "__name__", node.target))
         if name in self.forced_out:
             return f"{name} is in torch_executed_ops; runs in PyTorch"
-        return node_blocker(node, self.runtime)
+        return node_blocker(node, self.runtime) or self.held.get(node)

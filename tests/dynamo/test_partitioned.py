@@ -155,3 +155,29 @@ def test_onnx_runtime_takes_the_integer_ops_openvino_keeps():
     (sub,) = embedl_dynamo.last_report()
     assert sorted(p.runtime for p in sub.partitions) == ["onnxruntime", "openvino"], sub
     assert sub.kept == [] and sub.runtime == "onnxruntime+openvino"
+
+
+class _WriteBesideCosh(nn.Module):
+    """A tensor read before and after an in-place write (``setitem``), with ``cosh`` (no row)
+    among its readers: the write orders the reads, which no data flow shows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x) * 2.0
+        before = y.sin()
+        y[:, 0] = 1.0
+        return torch.cosh(y).sum(1) + before.sum(1) + (y * 3.0).sum(1)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_an_in_place_write_stays_in_order_with_every_reader_of_its_tensor(runtime):
+    model = _WriteBesideCosh()
+    compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
+    for seed in range(3):  # the first call builds, the later ones run what was built
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "partitioned"
+    kept = {k["op"]: k["reason"] for k in sub.kept}
+    # the tensor's readers stay with the write, in PyTorch; its producer stays on the runtime
+    assert set(kept) == {"sin", "cosh", "mul"} and "in-place write (setitem)" in kept["sin"]
+    assert "no conformance row" in kept["cosh"]

@@ -119,6 +119,23 @@ def test_a_size_read_across_fragments_is_recomputed_not_passed():
     assert torch.equal(stitched(*inputs)[0], gm(*inputs)[0])
 
 
+def test_a_fragment_counts_the_compute_nodes_the_graph_counts():
+    """A write (``setitem``, no users) in a fragment is no compute node there either: every
+    compute node is on a runtime or kept, once, so a share on a runtime never passes 1."""
+
+    class Written(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.relu(x) * 2.0
+            y[:, 0] = 1.0
+            return torch.cosh(y * 3.0)
+
+    gm, _ = dynamo_frozen(Written(), torch.randn(3, 4))
+    partitioning = partition_graph(gm, ["onnxruntime"], min_ops=1)
+    (fragment,) = partitioning.fragments
+    assert "setitem" in [n.name for n in fragment.nodes]
+    assert partitioning.ops_on_runtimes + len(partitioning.kept) == partitioning.ops == 4
+
+
 def test_a_fragment_of_constants_alone_stays_in_pytorch():
     """Nodes that read no input, only a buffer (which a refit may change, so freezing does not
     fold it), beside a kept op would make a runtime fragment without inputs: they stay in
