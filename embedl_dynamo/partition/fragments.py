@@ -24,6 +24,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 
+from embedl_dynamo.graph.aliasing import mutated_tensor
 from embedl_dynamo.partition.support import CALLS, RuntimeSupport, is_free, picks_output
 
 __all__ = [
@@ -154,8 +155,8 @@ def partition_graph(
 
 
 _WRITE_SPLIT = (
-    "an in-place write (setitem) whose tensor is read in another part: the write and every "
-    "reader of the tensor run in PyTorch, in the graph's order"
+    "an in-place write whose tensor is read in another part: the write and every reader of "
+    "the tensor run in PyTorch, in the graph's order"
 )
 
 
@@ -197,14 +198,12 @@ def _propose(
 
 
 def _writes(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node | None, set[fx.Node]]]:
-    """Per ``setitem`` left in the graph (an in-place write into a tensor no other tensor
-    aliases: :mod:`embedl_dynamo.graph.functionalize` leaves it, as the graph's order says
-    which readers see it): the write, the written tensor's producer (None: a graph input or
-    constant) and the nodes that read the tensor."""
+    """Per in-place write left in the graph (a ``setitem``, or an op without an out-of-place
+    form, into a tensor no other tensor aliases: :mod:`embedl_dynamo.graph.functionalize`
+    leaves them, as the graph's order says which readers see them): the write, the written
+    tensor's producer (None: a graph input or constant) and the other nodes that read it."""
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not operator.setitem:
-            continue
-        written = node.args[0]
+        written = mutated_tensor(node)
         if not isinstance(written, fx.Node):
             continue
         readers = {n for n in written.users if n is not node}
@@ -213,7 +212,8 @@ def _writes(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node | None, set[f
 
 
 def _split_writes(gm: fx.GraphModule, chosen: list[tuple[str, list[fx.Node]]]) -> set[fx.Node]:
-    """The writes (:func:`_writes`) not placed in one part with every reader of their tensor,
+    """The writes (:func:`_writes`) not placed in one part with every other reader of their
+    tensor,
     with those readers: a part run elsewhere would read the tensor before or after the write,
     against the graph's order (a fragment keeps no order but its data flow). They are to stay
     in PyTorch, in the graph's order, on the tensor its producer gave. A write a fragment

@@ -179,5 +179,27 @@ def test_an_in_place_write_stays_in_order_with_every_reader_of_its_tensor(runtim
     assert sub.status == "partitioned"
     kept = {k["op"]: k["reason"] for k in sub.kept}
     # the tensor's readers stay with the write, in PyTorch; its producer stays on the runtime
-    assert set(kept) == {"sin", "cosh", "mul"} and "in-place write (setitem)" in kept["sin"]
+    assert set(kept) == {"sin", "cosh", "mul"} and "an in-place write" in kept["sin"]
     assert "no conformance row" in kept["cosh"]
+
+
+class _ZeroedBesideCosh(nn.Module):
+    """``zero_`` (no out-of-place form: it stays a write) on a tensor read before it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x) * 2.0
+        before = torch.cosh(y)
+        y.zero_()
+        return before.sum(1) + (y + 1.0).sum(1) + y.sin().sum(1)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_write_without_an_out_of_place_form_stays_in_order_too(runtime):
+    model = _ZeroedBesideCosh()
+    compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
+    for seed in range(2):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    (sub,) = embedl_dynamo.last_report()
+    kept = {k["op"]: k["reason"] for k in sub.kept}
+    assert "an in-place write" in kept["zero_"] and "no conformance row" in kept["cosh"]
