@@ -21,9 +21,11 @@ Consequences, as with inductor's freezing:
   written into (a KV cache; also through a view) stays an input and its final value is
   returned, for the caller to copy back.
 
-Then, as inductor's freezing folds constants, the tensors the graph computes from no input and
-no weight (masks from ``arange``, relative-position buckets) are computed once, in PyTorch, and
-become constants too (:mod:`embedl_dynamo.graph.input_free`).
+An autocast region that turns autocast off where it is off already changes nothing and is
+dropped (:mod:`embedl_dynamo.graph.idle_autocast`). Then, as inductor's freezing folds
+constants, the tensors the graph computes from no input and no weight (masks from ``arange``,
+relative-position buckets) are computed once, in PyTorch, and become constants too
+(:mod:`embedl_dynamo.graph.input_free`).
 
 The user's tensors are never modified: they are ``detach()``-ed views (no copy).
 """
@@ -42,6 +44,7 @@ from torch import fx, nn
 
 from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
 from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, output_alias
+from embedl_dynamo.graph.idle_autocast import drop_idle_autocast
 from embedl_dynamo.graph.input_free import fold_input_free
 from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
@@ -350,6 +353,7 @@ def freeze(
     graph = fx.Graph()
     value_map: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, value_map))
+    drop_idle_autocast(graph)
 
     root = _attributes(gm)
     constants: dict[str, str] = {}
