@@ -12,8 +12,10 @@ Consequences, as with inductor's freezing:
 
 * the weights are assumed not to change after compilation; changing them in place needs a
   recompile (``torch._dynamo.reset()``) to be seen by an ONNX / TensorRT artifact;
-* gradients do not flow to the parameters. So a graph that trains (``batch_norm`` or
-  ``dropout`` with ``training=True``) or receives inputs that require grad is not frozen:
+* gradients do not flow to the parameters. So a graph that trains (``batch_norm`` with
+  running statistics or ``dropout`` with ``training=True``; a ``batch_norm`` over its input's
+  own statistics updates nothing and is written as the ops it computes:
+  :mod:`embedl_dynamo.graph.batch_statistics`) or receives inputs that require grad is not frozen:
   :func:`inference_blocker` names the reason and the backend runs that graph eagerly, warning
   once. So does a graph whose in-place ops cannot be made functional exactly (a write through
   ``as_strided``; see :mod:`embedl_dynamo.graph.functionalize`); the others are made
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 
 from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of
+from embedl_dynamo.graph.batch_statistics import decompose_batch_statistics, uses_batch_statistics
 from embedl_dynamo.graph.functionalize import functionalize, mutation_blocker, output_alias
 from embedl_dynamo.graph.idle_autocast import drop_idle_autocast
 from embedl_dynamo.graph.input_free import fold_input_free
@@ -179,7 +182,7 @@ def inference_blocker(
     """
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _TRAINING_FUNCTIONS:
-            if _training_flag(node):
+            if _training_flag(node) and not uses_batch_statistics(node):
                 name = getattr(node.target, "__name__", str(node.target))
                 return (
                     f"{name} runs in training mode (node {node.name}); call model.eval() to "
@@ -391,6 +394,7 @@ def freeze(
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
     positions = functionalize(frozen, write_back)
+    decompose_batch_statistics(frozen)
     fold_input_free(frozen)
     users = {placeholders[index]: k for k, index in enumerate(user_inputs)}
     regenerated = {out: users[node] for out, node in returned.items() if node in users}
