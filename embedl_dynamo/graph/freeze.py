@@ -322,6 +322,17 @@ def _attributes(gm: fx.GraphModule) -> nn.Module:
     return root
 
 
+def _inference_form(frozen: fx.GraphModule, write_back: bool) -> tuple[int, ...]:
+    """The frozen graph made functional and written for inference, in place: idle autocast
+    regions dropped, in-place ops made functional, batch statistics written as ops, tensors
+    computed from no input folded. The positions of the inputs written back."""
+    drop_idle_autocast(frozen.graph)
+    positions = functionalize(frozen, write_back)
+    decompose_batch_statistics(frozen)
+    fold_input_free(frozen)
+    return positions
+
+
 def freeze(
     gm: fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -356,7 +367,6 @@ def freeze(
     graph = fx.Graph()
     value_map: dict[fx.Node, fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, value_map))
-    drop_idle_autocast(graph)
 
     root = _attributes(gm)
     constants: dict[str, str] = {}
@@ -393,9 +403,7 @@ def freeze(
 
     frozen = fx.GraphModule(root, graph, class_name=type(gm).__name__)
     frozen.meta.update(getattr(gm, "meta", {}))
-    positions = functionalize(frozen, write_back)
-    decompose_batch_statistics(frozen)
-    fold_input_free(frozen)
+    positions = _inference_form(frozen, write_back)
     users = {placeholders[index]: k for k, index in enumerate(user_inputs)}
     regenerated = {out: users[node] for out, node in returned.items() if node in users}
     views = {

@@ -87,6 +87,23 @@ def _error(status: int, message: str, **extra: Any) -> Any:
     return _http_reply(response_bytes({"error": message, **extra}), None, status)
 
 
+def _description(replica: Replica) -> dict[str, Any]:
+    """A replica in a Ray Serve deployment: runtime, threads, batch limit, largest batch, Ray
+    node and replica id."""
+    import ray
+    from ray import serve
+
+    return {
+        "model": replica.name,
+        "runtime": replica.model.runtime,
+        "threads": replica.model.threads,
+        "max_batch_rows": replica.model.max_rows,
+        "largest_batch": replica.model.largest_batch,
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "replica": serve.get_replica_context().replica_id.unique_id,
+    }
+
+
 @functools.cache
 def deployment_class() -> Any:
     """The ``@serve.deployment`` class (defined on first use: it needs Ray and FastAPI)."""
@@ -114,17 +131,7 @@ def deployment_class() -> Any:
 
         def describe(self) -> dict[str, Any]:
             """This replica: runtime, threads, batch limit, largest batch, Ray node, id."""
-            import ray
-
-            return {
-                "model": self.name,
-                "runtime": self.model.runtime,
-                "threads": self.model.threads,
-                "max_batch_rows": self.model.max_rows,
-                "largest_batch": self.model.largest_batch,
-                "node_id": ray.get_runtime_context().get_node_id(),
-                "replica": serve.get_replica_context().replica_id.unique_id,
-            }
+            return _description(self)
 
         @app.get("/v2/health/live")
         @app.get("/v2/health/ready")
