@@ -130,7 +130,7 @@ MATH_ROWS: tuple[OpRow, ...] = (
         ("linalg.vector_norm",),
         both(FLOAT),
         (),
-        (Difference("openvino", "inf", OV_SATURATES),),  # ord=2 of a 0-d inf: 3.4e38
+        non_finite(OV_SATURATES, ("openvino",), ("inf", "-inf")),  # ord=2 of a 0-d +-inf: 3.4e38
     ),
     OpRow(
         "addcmul",
