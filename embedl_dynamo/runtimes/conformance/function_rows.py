@@ -15,7 +15,9 @@ from embedl_dynamo.runtimes.conformance.shorthands import (
     OV_INT32,
     OV_INT_PRODUCT,
     OV_INT_VIA_FLOAT,
+    TIE_ORDER,
     both,
+    non_finite,
 )
 
 __all__ = ["FUNCTION_ROWS"]
@@ -187,4 +189,50 @@ FUNCTION_ROWS = (
             *("sgn", "signbit", "isneginf", "isposinf", "heaviside"),
         )
     ),
+)
+
+_AMINMAX_NAN = (
+    "a slice holding NaN gives a number (ReduceMin and ReduceMax skip NaN; amin and amax have "
+    "the NaN-propagating form of graph/exact_ops.py, aminmax not), PyTorch NaN"
+)
+_OV_AMINMAX_INF = (
+    "the min of a 0-d +inf, or the max of a 0-d -inf, gives float32's largest finite value "
+    "(3.4e38), PyTorch the infinity"
+)
+_MEAN_INF = (
+    "the mean of a slice holding an infinity is that infinity, where PyTorch's var_mean and "
+    "std_mean give NaN (Welford's running mean: inf + (x - inf) / n is NaN)"
+)
+
+#: rows from the slow OpInfo sweep on both CPU runtimes
+FUNCTION_ROWS = (
+    *FUNCTION_ROWS,
+    OpRow("argsort", ("argsort",), both(Rule(Verdict.KEPT, reason=TIE_ORDER))),
+    *(
+        OpRow(op, (name,), {"onnxruntime": (FLOAT, _EXACT_INT), "openvino": (FLOAT, _OV_PRODUCT)})
+        for op, name in (("cross", "cross"), ("linalg_cross", "linalg.cross"))
+    ),
+    OpRow(
+        "aminmax",
+        ("aminmax",),
+        both(FLOAT, _EXACT_INT),
+        (),
+        (
+            Difference("onnxruntime", "nan", _AMINMAX_NAN),
+            Difference("openvino", "nan", _AMINMAX_NAN),
+            *non_finite(_OV_AMINMAX_INF, ("openvino",), ("inf", "-inf")),
+        ),
+    ),
+    *(
+        OpRow(
+            op,
+            (op, f"{op}.unbiased"),
+            both(FLOAT),
+            (),
+            non_finite(_MEAN_INF, edges=("inf", "-inf")),
+        )
+        for op in ("var_mean", "std_mean")
+    ),
+    OpRow("addcdiv", ("addcdiv",), both(FLOAT)),
+    *(OpRow(op, (op,), _NOT_EXPORTED) for op in ("cummax", "cummin")),
 )

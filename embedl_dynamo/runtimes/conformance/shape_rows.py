@@ -53,6 +53,7 @@ _DOT = {
 SHAPE_ROWS = (
     *SHAPE_ROWS,
     OpRow("select", ("select",), both(EXACT)),
+    OpRow("index_fill", ("index_fill",), both(EXACT)),
     OpRow("dot", ("dot",), _DOT),
     OpRow("mv", ("mv",), _DOT),
     *(
