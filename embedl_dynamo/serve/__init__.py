@@ -19,12 +19,15 @@ from embedl_dynamo.serve.grpc_ingress import GRPC_SERVICER, grpc_options
 from embedl_dynamo.serve.kserve import KServeError
 from embedl_dynamo.serve.objective import ServingChoice, choose_serving, write_triton_for_objective
 from embedl_dynamo.serve.outputs import ServedOutputs
-from embedl_dynamo.serve.ray_serve import build_app, deploy, undeploy
+from embedl_dynamo.serve.ray_serve import SERVE_LATENCY_SETTINGS, build_app, deploy, undeploy
 from embedl_dynamo.serve.replica import Replica
+from embedl_dynamo.serve.statistics import InferenceStatistics
 
 __all__ = [
     "GRPC_SERVICER",
+    "InferenceStatistics",
     "KServeError",
+    "SERVE_LATENCY_SETTINGS",
     "Replica",
     "ServedArtifact",
     "ServedOutputs",

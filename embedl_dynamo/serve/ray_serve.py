@@ -43,10 +43,12 @@ from embedl_dynamo.serve.ray_ingress import deployment_class, is_loopback, ray_m
 
 __all__ = [
     "DEFAULT_BATCH_WAIT_S",
+    "SERVE_LATENCY_SETTINGS",
     "build_app",
     "deploy",
     "model_name",
     "replica_plan",
+    "serve_latency_env",
     "undeploy",
 ]
 
@@ -241,6 +243,32 @@ def _check_grpc(ray: Any, address: str | None, grpc_port: int | None) -> None:
         )
 
 
+#: Ray Serve's own settings for a request's path, in the local instance :func:`deploy` starts:
+#: the proxy reaches a replica over gRPC rather than Ray's actor calls, the replica runs the
+#: request's code and its router on its own event loop rather than a loop in another thread
+#: (every handler here is async and runs the model off the loop), and request logs are
+#: buffered. They are the parts of Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED`` mode that keep
+#: its proxy (that mode's direct ingress fixes ports 8000 and 9000 and one application).
+SERVE_LATENCY_SETTINGS = {
+    "RAY_SERVE_USE_GRPC_BY_DEFAULT": "1",
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+}
+
+
+def serve_latency_env() -> dict[str, str]:
+    """The environment of the local Ray instance :func:`deploy` starts:
+    :data:`SERVE_LATENCY_SETTINGS`, each unless this process's environment sets it already (the
+    caller's choice wins).
+
+    Example:
+        >>> serve_latency_env()["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"]  # doctest: +SKIP
+        '0'
+    """
+    return {k: v for k, v in SERVE_LATENCY_SETTINGS.items() if k not in os.environ}
+
+
 def _start_ray(ray: Any, address: str | None, host: str, grpc: bool = False) -> None:
     """Connect to ``address``, or start a fresh local Ray instance (never one found running:
     ``address="local"`` ignores ``RAY_ADDRESS`` and ``ray start``'s cluster), its own ports on
@@ -250,9 +278,11 @@ def _start_ray(ray: Any, address: str | None, host: str, grpc: bool = False) -> 
     if ray.is_initialized():  # the caller's own ray.init(): theirs to shut down
         return
     quiet: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if grpc and address is None:
-        hook = grpc_setup_hook(loopback=is_loopback(host))
-        quiet["runtime_env"] = {"worker_process_setup_hook": hook}
+    if address is None:
+        quiet["runtime_env"] = {"env_vars": serve_latency_env()}
+        if grpc:
+            hook = grpc_setup_hook(loopback=is_loopback(host))
+            quiet["runtime_env"]["worker_process_setup_hook"] = hook
     ray.init(address=address or "local", include_dashboard=False, **quiet)
     if address is None:
         _Started.ray = True

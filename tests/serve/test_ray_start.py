@@ -86,6 +86,22 @@ def test_deploy_starts_its_own_local_instance_on_loopback_and_stops_it(fake):
     assert ("shutdown", None) in serve.calls and ray.calls[-1] == ("shutdown", {})
 
 
+def test_the_instance_deploy_starts_gets_serves_request_path_settings(fake, monkeypatch):
+    ray, _, path = fake
+    monkeypatch.setenv("RAY_SERVE_USE_GRPC_BY_DEFAULT", "0")  # the caller's choice wins
+    ray_serve.deploy(path)
+    env = ray.calls[0][1]["runtime_env"]["env_vars"]
+    assert env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"
+    assert "RAY_SERVE_USE_GRPC_BY_DEFAULT" not in env
+    assert set(env) < set(ray_serve.SERVE_LATENCY_SETTINGS)
+
+
+def test_a_cluster_deploy_joins_keeps_its_own_settings(fake):
+    ray, _, path = fake
+    ray_serve.deploy(path, address="10.0.0.9:6379")
+    assert "runtime_env" not in ray.calls[0][1]
+
+
 def test_host_beyond_loopback_leaves_ray_its_own_addresses(fake):
     ray, _, path = fake
     ray_serve.deploy(path, host="0.0.0.0")
