@@ -54,6 +54,7 @@ BASELINE = "load()"
 METRICS = ("req_s", "req_s_vs_load", "p50", "p99", "p50_over_load", "lost", "wrong")
 UNITS = {"req_s": "req/s", "req_s_vs_load": "x", "p50": "ms", "p99": "ms"}
 UNITS["p50_over_load"] = "ms over"
+UNITS["mean_ms"] = "ms"
 # a served request's time by stage (mean ms per request), from the replica's statistics
 STAGES = {
     "queue": "queue_ms",
