@@ -108,6 +108,14 @@ VIEW_METHODS = {
     "requires_grad_",
     "align_as",
 }
+# ops of several outputs, each a new tensor (a pick of one aliases nothing; a pick of
+# ``split``'s, ``unbind``'s or ``broadcast_tensors``' shares its input's storage): always a
+# tuple, or a tuple where the recorded value says so (``max`` with a dim; without one a
+# tensor, which indexing views)
+_FRESH_TUPLE_OPS = frozenset(
+    ("topk", "sort", "var_mean", "std_mean", "aminmax", "cummax", "cummin", "frexp", "mode")
+) | {"kthvalue"}
+_FRESH_TUPLE_WITH_DIM = frozenset(("max", "min", "median", "nanmedian"))
 # modules whose output is a new tensor (nn.Identity, in linear.py, returns its input)
 _FRESH_MODULES = (
     nn.modules.conv._ConvNd,
@@ -282,7 +290,7 @@ def _alias_sources(node: fx.Node) -> list[Any]:
         return [mutated_tensor(node)]
     name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
     if node.op == "call_function" and node.target in (operator.getitem, builtins.getattr):
-        return [node.args[0]]
+        return [] if _picks_fresh_output(node) else [node.args[0]]
     if name in VIEW_METHODS or name in ("dropout", "alpha_dropout", "feature_dropout"):
         return [node.args[0]] if node.args else []
     if node.op == "call_module":
@@ -291,6 +299,20 @@ def _alias_sources(node: fx.Node) -> list[Any]:
             return []
         return list(node.all_input_nodes)  # unknown module: assume it may return an input
     return []
+
+
+def _picks_fresh_output(node: fx.Node) -> bool:
+    """Whether ``node`` picks one output of an op whose outputs are new tensors (``topk``'s
+    values or indices): it shares storage with nothing the graph holds."""
+    source = node.args[0] if node.target is operator.getitem and node.args else None
+    if not isinstance(source, fx.Node) or source.op not in ("call_function", "call_method"):
+        return False
+    name = str(source.target) if source.op == "call_method" else ""
+    name = name or getattr(source.target, "__name__", "")
+    if name in _FRESH_TUPLE_OPS:
+        return True
+    value = source.meta.get("example_value", source.meta.get("val"))
+    return name in _FRESH_TUPLE_WITH_DIM and isinstance(value, (tuple, list))
 
 
 def keeps_side_effects(node: fx.Node) -> bool:

@@ -50,7 +50,7 @@ __all__ = ["ROWS"]
 _MOVES = (
     ("view", ("view",), ()),
     ("reshape", ("reshape",), ()),
-    ("transpose", ("transpose",), ()),
+    ("transpose", ("transpose",), ("swapaxes", "swapdims")),  # OpInfo's aliases of it
     ("permute", ("permute",), ()),
     ("unsqueeze", ("unsqueeze",), ()),
     ("squeeze", ("squeeze",), ()),
