@@ -178,8 +178,9 @@ class _Unsupported(nn.Module):
 
 
 def test_an_op_without_a_conformance_row_stays_in_pytorch_alone():
-    """Partition, don't refuse: ``cummax`` (no row) stays in PyTorch, the conv, BatchNorm and
-    ReLU before it still run on the runtime, and the report says which op stayed and why."""
+    """Partition, don't refuse: ``cummax`` (its row keeps it: the export refuses it) stays in
+    PyTorch, the conv, BatchNorm and ReLU before it still run on the runtime, and the report
+    says which op stayed and why."""
     model = randomize_batchnorm(_Unsupported().eval())
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad(), warnings.catch_warnings():
@@ -188,15 +189,15 @@ def test_an_op_without_a_conformance_row_stays_in_pytorch_alone():
     (sub,) = embedl_dynamo.last_report()
     assert sub.status == "partitioned" and sub.runtime != "eager", sub
     assert [k["op"] for k in sub.kept] == ["cummax"]
-    assert "cummax on torch.float32 has no conformance row" in sub.kept[0]["reason"]
+    assert "the ONNX export refuses it" in sub.kept[0]["reason"]
     (fragment,) = sub.partitions
     assert fragment.runtime == sub.runtime and fragment.ops == 4  # conv, bn, relu, flatten
     assert sub.coverage["ops_on_runtime"] == 4 and sub.coverage["ops"] == 5
 
 
 def _allow_every_op(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Let the graph reach the export (the conformance table keeps cummax, which has no row,
-    in PyTorch): what follows an export failure."""
+    """Let the graph reach the export (the conformance table keeps cummax, which the export
+    refuses, in PyTorch): what follows an export failure."""
     import embedl_dynamo.dynamo.partitioned as partitioned
 
     monkeypatch.setattr(partitioned, "kept_in_pytorch", lambda gm, runtimes: None)
