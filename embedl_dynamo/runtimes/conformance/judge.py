@@ -102,6 +102,8 @@ def _specialised(node: fx.Node, name: str) -> str:
         return "instance_norm(running_stats)"  # not exported for a batch size a call may change
     if name in INDEX_OPS and _input_rank(node) == 0:
         return f"{name}(0-d)"  # ONNX's GatherElements and ScatterElements take no 0-d tensor
+    if name == "repeat_interleave" and isinstance(_argument(node, 1, "repeats", None), int):
+        return "repeat_interleave(int repeats)"  # a copy of each slice: tensor repeats are not
     if name == "scatter" and node.kwargs.get("reduce") is not None:
         return f"scatter(reduce={node.kwargs['reduce']!r})"  # not exported
     if name in _MODES:
