@@ -216,6 +216,25 @@ def tiny_decoder(name: str, kv_heads: int = 2, **config: Any) -> nn.Module:
     return getattr(transformers, model_name)(model_config).eval()
 
 
+def moved_weights(model: nn.Module, seed: int) -> nn.Module:
+    """``model`` with every parameter moved by ``0.02 * randn`` from a generator seeded with
+    ``seed`` (0: unchanged), in place: new weights of the same architecture."""
+    if seed:
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+    return model
+
+
+def runtime_compiled(model: Any, runtime: str, **options: Any) -> Any:
+    """``model`` compiled afresh (Dynamo reset) for the CPU ``runtime``, pinned to it, with
+    ``beat_eager=False`` so that a small graph is not timed back into PyTorch."""
+    torch._dynamo.reset()
+    options = {"runtime": runtime, "beat_eager": False, **options}
+    return torch.compile(model, backend=f"embedl_{runtime}", options=options)
+
+
 def greedy_generate(model: nn.Module, ids: torch.Tensor, new_tokens: int, **kw: Any) -> Any:
     """``model.generate`` of ``new_tokens`` greedy tokens, without grad or warnings."""
     with torch.no_grad(), warnings.catch_warnings():

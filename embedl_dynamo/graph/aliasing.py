@@ -113,8 +113,11 @@ VIEW_METHODS = {
 # tuple, or a tuple where the recorded value says so (``max`` with a dim; without one a
 # tensor, which indexing views)
 _FRESH_TUPLE_OPS = frozenset(
-    ("topk", "sort", "var_mean", "std_mean", "aminmax", "cummax", "cummin", "frexp", "mode")
-) | {"kthvalue"}
+    (
+        *("topk", "sort", "var_mean", "std_mean", "aminmax"),
+        *("cummax", "cummin", "frexp", "mode", "kthvalue"),
+    )
+)
 _FRESH_TUPLE_WITH_DIM = frozenset(("max", "min", "median", "nanmedian"))
 # modules whose output is a new tensor (nn.Identity, in linear.py, returns its input)
 _FRESH_MODULES = (

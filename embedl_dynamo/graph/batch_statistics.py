@@ -74,7 +74,10 @@ def uses_batch_statistics(node: fx.Node) -> bool:
         >>> [uses_batch_statistics(n) for n in gm.graph.nodes]
         [False, True, False]
     """
-    found = batch_norm_arguments(node)
+    return _over_own_statistics(batch_norm_arguments(node))
+
+
+def _over_own_statistics(found: dict[str, Any] | None) -> bool:
     return (
         found is not None
         and bool(found["training"])
@@ -87,10 +90,9 @@ def _channel_shape(rank: int) -> tuple[int, ...]:
     return (1, -1, *([1] * (rank - 2)))
 
 
-def _decompose(graph: fx.Graph, node: fx.Node, rank: int) -> list[fx.Node]:
-    """The ops ``node`` computes, inserted before it, its users moved to the last."""
-    found = batch_norm_arguments(node)
-    assert found is not None
+def _decompose(graph: fx.Graph, node: fx.Node, found: dict[str, Any], rank: int) -> list[fx.Node]:
+    """The ops ``node`` computes (its arguments ``found``), inserted before it, its users
+    moved to the last."""
     x, eps = found["input"], float(found["eps"])
     dims = [0, *range(2, rank)]
     call = graph.call_function
@@ -124,10 +126,11 @@ def decompose_batch_statistics(gm: fx.GraphModule) -> int:
     """
     rewritten = 0
     for node in list(gm.graph.nodes):
-        value = node_value_meta(node) if uses_batch_statistics(node) else None
+        found = batch_norm_arguments(node)
+        value = node_value_meta(node) if _over_own_statistics(found) else None
         if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dim() < 2:
             continue
-        infer_meta(gm, _decompose(gm.graph, node, value.dim()))
+        infer_meta(gm, _decompose(gm.graph, node, found, value.dim()))
         rewritten += 1
     if rewritten:
         gm.graph.lint()

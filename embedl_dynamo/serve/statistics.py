@@ -122,24 +122,8 @@ class InferenceStatistics:
         return {"model_stats": [self.model_stats()]}
 
     def to_grpc(self, service: Any) -> Any:
-        """The ``ModelStatisticsResponse`` of tritonclient's gRPC ``service`` module."""
-        fields = self.model_stats()
-        response = service.ModelStatisticsResponse()
-        entry = response.model_stats.add(
-            name=self.name,
-            version=self.version,
-            last_inference=fields["last_inference"],
-            inference_count=fields["inference_count"],
-            execution_count=fields["execution_count"],
-        )
-        for stage, duration in fields["inference_stats"].items():
-            getattr(entry.inference_stats, stage).MergeFrom(
-                service.StatisticDuration(count=duration["count"], ns=duration["ns"])
-            )
-        for batch in fields["batch_stats"]:
-            added = entry.batch_stats.add(batch_size=batch["batch_size"])
-            duration = batch["compute_infer"]
-            added.compute_infer.MergeFrom(
-                service.StatisticDuration(count=duration["count"], ns=duration["ns"])
-            )
-        return response
+        """The ``ModelStatisticsResponse`` of tritonclient's gRPC ``service`` module: the same
+        fields, which the extension names alike in JSON and protobuf."""
+        from google.protobuf import json_format
+
+        return json_format.ParseDict(self.to_kserve(), service.ModelStatisticsResponse())

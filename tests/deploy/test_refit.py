@@ -19,7 +19,7 @@ from embedl_dynamo.cache.digests import sha256_file
 from embedl_dynamo.deploy.integrity import verify_artifact
 from embedl_dynamo.deploy.refit import refit
 from embedl_dynamo.errors import ExportArgumentError, ExportError, VerificationError
-from tests.helpers import DECODER_VOCAB, random_batches, tiny_decoder
+from tests.helpers import DECODER_VOCAB, moved_weights, random_batches, tiny_decoder
 from tests.models import ResNetLike, randomize_batchnorm
 
 X = torch.randn(2, 3, 32, 32)
@@ -212,13 +212,7 @@ def test_a_table_the_exporter_computed_from_a_changed_weight_is_refused_by_name(
 def _decoder(seed: int) -> torch.nn.Module:
     """A tiny random-init Llama (rotary position embeddings: ``inv_freq``, a non-persistent
     buffer), without a cache; ``seed`` > 0 moves every weight."""
-    model = tiny_decoder("llama", use_cache=False)
-    if seed:
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=generator))
-    return model
+    return moved_weights(tiny_decoder("llama", use_cache=False), seed)
 
 
 # token ids and an attention mask (without one, transformers' mask code reads the positions

@@ -16,6 +16,7 @@ from embedl_dynamo.dynamo import refit as refit_module
 from tests.helpers import (
     BUILD_COUNTS,
     DECODER_VOCAB,
+    moved_weights,
     random_batches,
     tiny_decoder,
     wait_until_stored,
@@ -195,13 +196,7 @@ def test_weights_a_file_holds_in_another_form_are_built_anew_with_the_reason():
 
 def _decoder(seed: int) -> torch.nn.Module:
     """A tiny random-init Llama (rotary position embeddings); ``seed`` > 0 moves every weight."""
-    model = tiny_decoder("llama")
-    if seed:
-        generator = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.02 * torch.randn(p.shape, generator=generator))
-    return model
+    return moved_weights(tiny_decoder("llama"), seed)
 
 
 IDS = torch.randint(1, DECODER_VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))

@@ -14,7 +14,7 @@ from torch import nn
 import embedl_dynamo
 from embedl_dynamo.graph.batch_statistics import uses_batch_statistics
 from embedl_dynamo.graph.freeze import inference_blocker
-from tests.helpers import dynamo_frozen
+from tests.helpers import dynamo_frozen, dynamo_graph, runtime_compiled
 
 
 class _StdConv2d(nn.Conv2d):
@@ -58,17 +58,9 @@ def test_batch_statistics_are_written_as_the_ops_they_compute():
 
 def test_running_statistics_in_training_mode_still_train_and_are_refused():
     bn = nn.BatchNorm2d(3).train()  # updates its running mean and variance
-    graphs = []
-
-    def backend(gm, inputs):
-        graphs.append((gm, inputs))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(bn, backend=backend)(torch.randn(2, 3, 4, 4))
-    gm, inputs = graphs[0]
+    gm = dynamo_graph(bn, torch.randn(2, 3, 4, 4))
     assert not any(uses_batch_statistics(n) for n in gm.graph.nodes)
-    assert "runs in training mode" in inference_blocker(gm, inputs)
+    assert "runs in training mode" in inference_blocker(gm, [])  # read before any input
     eval_graph, _ = dynamo_frozen(nn.BatchNorm2d(3).eval(), torch.randn(2, 3, 4, 4))
     assert "batch_norm" in _ops(eval_graph)  # the eval form keeps its own row
 
@@ -76,8 +68,7 @@ def test_running_statistics_in_training_mode_still_train_and_are_refused():
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_a_weight_standardised_net_runs_whole_on_the_runtime(runtime):
     model = _StdNet().eval()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=f"embedl_{runtime}", options={"beat_eager": False})
+    compiled = runtime_compiled(model, runtime)
     with torch.no_grad():
         for seed in range(2):
             x = torch.randn(2, 3, 10, 10, generator=torch.Generator().manual_seed(seed))

@@ -13,6 +13,7 @@ from torch import nn
 import embedl_dynamo
 from embedl_dynamo.graph.aliasing import alias_classes
 from embedl_dynamo.graph.functionalize import mutation_blocker
+from tests.helpers import runtime_compiled
 
 
 class _Router(nn.Module):
@@ -53,8 +54,7 @@ def test_picks_of_views_still_alias_their_input():
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_the_router_runs_on_the_runtime_with_eagers_outputs(runtime):
     model = _Router().eval()
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=f"embedl_{runtime}", options={"beat_eager": False})
+    compiled = runtime_compiled(model, runtime)
     with torch.no_grad():
         for seed in range(2):
             x = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed))

@@ -11,7 +11,7 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.graph.idle_autocast import drop_idle_autocast
-from tests.helpers import dynamo_frozen
+from tests.helpers import dynamo_frozen, dynamo_graph, runtime_compiled
 
 
 class _Guarded(nn.Module):
@@ -28,25 +28,13 @@ class _Guarded(nn.Module):
         return torch.softmax(scores.float(), -1) @ q
 
 
-def _dynamo_graph(model: nn.Module, x: torch.Tensor) -> torch.fx.GraphModule:
-    graphs = []
-
-    def backend(gm, inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(x)
-    return graphs[0]
-
-
 def _autocast_nodes(gm: torch.fx.GraphModule) -> list[str]:
     return [n.name for n in gm.graph.nodes if "autocast" in str(n.target)]
 
 
 def test_a_region_turning_autocast_off_leaves_no_node_at_freezing():
     model, x = _Guarded().eval(), torch.randn(2, 4, 8)
-    assert len(_autocast_nodes(_dynamo_graph(model, x))) == 2  # Dynamo records the region
+    assert len(_autocast_nodes(dynamo_graph(model, x))) == 2  # Dynamo records the region
     gm, inputs = dynamo_frozen(model, x)
     assert _autocast_nodes(gm) == []
     torch.testing.assert_close(gm(*inputs)[0], model(x), rtol=0, atol=0)
@@ -54,10 +42,10 @@ def test_a_region_turning_autocast_off_leaves_no_node_at_freezing():
 
 def test_a_region_that_changes_the_numbers_keeps_its_nodes():
     model, x = _Guarded(enabled=True).eval(), torch.randn(2, 4, 8)
-    gm = _dynamo_graph(model, x)
+    gm = dynamo_graph(model, x)
     assert drop_idle_autocast(gm.graph) == 0  # autocast on inside: bfloat16 matmul
     assert len(_autocast_nodes(gm)) == 2
-    gm = _dynamo_graph(_Guarded().eval(), x)
+    gm = dynamo_graph(_Guarded().eval(), x)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # off inside, on around it
         assert drop_idle_autocast(gm.graph) == 0
     assert drop_idle_autocast(gm.graph) == 1 and _autocast_nodes(gm) == []
@@ -66,8 +54,7 @@ def test_a_region_that_changes_the_numbers_keeps_its_nodes():
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 def test_the_model_runs_whole_on_the_runtime_with_eagers_outputs(runtime):
     model, x = _Guarded().eval(), torch.randn(2, 4, 8)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend=f"embedl_{runtime}", options={"beat_eager": False})
+    compiled = runtime_compiled(model, runtime)
     for seed in range(2):
         x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(seed))
         with torch.no_grad():
