@@ -39,6 +39,9 @@ _POSITIONS = {
 }
 _NAMES = ("input", "running_mean", "running_var", "weight", "bias", "training", "eps")
 _DEFAULTS = {"weight": None, "bias": None, "training": False, "eps": 1e-5}
+# the dtypes whose own sums are within the float bound of PyTorch's (it accumulates half
+# precision in float32): a batch_norm of another dtype is left, and the table keeps it
+_ACCURATE = (torch.float32, torch.float64)
 
 
 def batch_norm_arguments(node: fx.Node) -> dict[str, Any] | None:
@@ -116,8 +119,9 @@ def _decompose(graph: fx.Graph, node: fx.Node, found: dict[str, Any], rank: int)
 
 def decompose_batch_statistics(gm: fx.GraphModule) -> int:
     """Write each ``batch_norm`` of ``gm`` over its input's own statistics
-    (:func:`uses_batch_statistics`) of a float input as the ops it computes; the number
-    rewritten.
+    (:func:`uses_batch_statistics`) of a float32 or float64 input of known rank as the ops
+    it computes; the number rewritten. One left (half precision, no recorded shape) is judged
+    as ``batch_norm(batch statistics)``, which no runtime takes.
 
     Example:
         >>> gm = torch.fx.symbolic_trace(lambda x: F.batch_norm(x, None, None, training=True))
@@ -128,7 +132,7 @@ def decompose_batch_statistics(gm: fx.GraphModule) -> int:
     for node in list(gm.graph.nodes):
         found = batch_norm_arguments(node)
         value = node_value_meta(node) if _over_own_statistics(found) else None
-        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.dim() < 2:
+        if not isinstance(value, torch.Tensor) or value.dtype not in _ACCURATE or value.dim() < 2:
             continue
         infer_meta(gm, _decompose(gm.graph, node, found, value.dim()))
         rewritten += 1

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import embedl_dynamo
-from embedl_dynamo.graph.batch_statistics import uses_batch_statistics
+from embedl_dynamo.graph.batch_statistics import decompose_batch_statistics, uses_batch_statistics
 from embedl_dynamo.graph.freeze import inference_blocker
+from embedl_dynamo.runtimes.conformance import node_blocker, op_name
 from tests.helpers import dynamo_frozen, dynamo_graph, runtime_compiled
 
 
@@ -75,3 +76,14 @@ def test_a_weight_standardised_net_runs_whole_on_the_runtime(runtime):
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     (sub,) = embedl_dynamo.last_report()
     assert (sub.status, sub.runtime, sub.kept) == ("compiled", runtime, [])
+
+
+def test_one_left_as_batch_norm_is_judged_apart_and_kept():
+    """Without a recorded float32 shape (here: none at all) the node is not written as its
+    ops, and the table does not judge it by the eval form's row: no runtime takes it."""
+    gm = torch.fx.symbolic_trace(lambda x: F.batch_norm(x, None, None, training=True))
+    assert decompose_batch_statistics(gm) == 0
+    (node,) = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert op_name(node) == "batch_norm(batch statistics)"
+    for runtime in ("onnxruntime", "openvino"):
+        assert "batch_norm(batch statistics)" in node_blocker(node, runtime)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.batch_statistics import uses_batch_statistics
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.graph.view_writes import POSITIONS_META
 from embedl_dynamo.runtimes.conformance.int_bounds import (
@@ -102,6 +103,8 @@ def _specialised(node: fx.Node, name: str) -> str:
         return "instance_norm(running_stats)"  # not exported for a batch size a call may change
     if name in INDEX_OPS and _input_rank(node) == 0:
         return f"{name}(0-d)"  # ONNX's GatherElements and ScatterElements take no 0-d tensor
+    if name == "batch_norm" and uses_batch_statistics(node):
+        return "batch_norm(batch statistics)"  # one freezing did not write as its ops: no row
     if name == "repeat_interleave" and isinstance(_argument(node, 1, "repeats", None), int):
         return "repeat_interleave(int repeats)"  # a copy of each slice: tensor repeats are not
     if name == "scatter" and node.kwargs.get("reduce") is not None:
