@@ -23,11 +23,11 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
 _RUNS = {
-    "quickstart": ["quickstart.py", "--small", "--repeats", "3", "--plan"],
     "third_party": ["third_party_backend/demo.py"],
     "save_and_load": ["save_and_load.py", "--small", "--int8"],
 }
 _SLOW_RUNS = {
+    "quickstart": ["quickstart.py", "--small", "--repeats", "3", "--plan"],
     "export_and_load": ["export_and_load.py", "--small"],
     "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
     "plan_inspection": ["plan_inspection.py", "--small"],
@@ -101,8 +101,9 @@ def _ok(run: subprocess.CompletedProcess) -> str:
     return run.stdout
 
 
-def test_quickstart_prints_plan_and_comparison(runs) -> None:
-    out = _ok(runs["quickstart"])
+@pytest.mark.slow
+def test_quickstart_prints_plan_and_comparison(slow_runs) -> None:
+    out = _ok(slow_runs["quickstart"])
     first_screen = out.split("id ", 1)[0]  # everything before the full plan table (--plan)
     assert "compiled on" in first_screen and "rewrites: conv_bn_relu x" in first_screen
     assert "conv_bn_relu@layer1.0.conv1" in out  # the plan table, asked for with --plan

@@ -39,6 +39,7 @@ from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.graph.analysis import GraphAnalysis, analyze
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze, inference_blocker
+from embedl_dynamo.graph.output_views import with_view_bases
 from embedl_dynamo.graph.scalar_outputs import SplitOutputs, split_scalar_outputs
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import AUTO
@@ -73,6 +74,7 @@ def compile_subgraph(
     if isinstance(prepared, StaysEager):
         return job.stay_eager(prepared.status, prepared.reason, gm.forward)
     frozen, split, graph = prepared.frozen, prepared.split, prepared.split.tensors
+    gm, analysis = prepared.gm, prepared.analysis  # Dynamo's, or it returning view bases too
     partitioning = partition_for(job, graph)
     if partitioning is None and refit_from is not None:  # new weights: refitted
         infer = refit_graph(refit_from, job, graph, example_inputs)
@@ -84,7 +86,7 @@ def compile_subgraph(
         return job.stay_eager("eager", kept.reason, gm.forward)
     else:
         infer = build_partitioned(job, graph, partitioning)
-    return wrap_compiled(
+    compiled = wrap_compiled(
         gm,
         infer,
         frozen.user_inputs,
@@ -101,6 +103,7 @@ def compile_subgraph(
         frozen.views,
         analysis,
     )
+    return prepared.visible(compiled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +117,32 @@ class StaysEager:
 
 @dataclasses.dataclass
 class Prepared:
-    """A Dynamo graph frozen and split for the runtimes (``job`` holds its inputs and axes)."""
+    """A Dynamo graph frozen and split for the runtimes (``job`` holds its inputs and axes).
+
+    ``gm`` is the graph compiled, with ``analysis`` its record: Dynamo's, or its copy that also
+    returns the tensors several outputs view (:func:`with_view_bases`), whose first ``outputs``
+    outputs are Dynamo's (None: all are)."""
 
     frozen: FrozenGraph
     split: SplitOutputs
+    gm: fx.GraphModule
+    analysis: GraphAnalysis
+    outputs: int | None = None
+
+    def visible(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
+        """``compiled`` (which runs :attr:`gm`) returning Dynamo's outputs only."""
+        if self.outputs is None:
+            return compiled
+        count = self.outputs
+
+        def dynamo_outputs(*args: Any) -> Any:
+            returned = compiled(*args)
+            return type(returned)(returned[:count])
+
+        report = getattr(compiled, "embedl_report", None)  # none where it runs in PyTorch
+        if report is not None:
+            dynamo_outputs.embedl_report = report  # type: ignore[attr-defined]
+        return dynamo_outputs
 
 
 def prepare_subgraph(
@@ -130,6 +155,10 @@ def prepare_subgraph(
     graph and axes; or why it runs as it is. ``analysis`` is ``gm``'s
     (:mod:`embedl_dynamo.graph.analysis`), where the caller has it."""
     analysis = analysis if analysis is not None else analyze(gm)
+    outputs = None
+    bases = with_view_bases(gm, analysis)  # outputs that view one tensor the graph keeps
+    if bases is not None:
+        gm, analysis, outputs = bases.gm, analyze(bases.gm), bases.outputs
     reason = _eager_reason(job, gm, example_inputs, analysis)
     if reason is not None:
         return reason
@@ -142,7 +171,7 @@ def prepare_subgraph(
         return StaysEager("eager", split.blocker)
     job.original = split.tensors
     job.axes = _axes(gm, frozen, split, job)
-    return Prepared(frozen, split)
+    return Prepared(frozen, split, gm, analysis, outputs)
 
 
 def _eager_reason(

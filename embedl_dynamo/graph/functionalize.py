@@ -49,7 +49,7 @@ from embedl_dynamo.graph.aliasing import (
 )
 from embedl_dynamo.graph.analysis import GraphAnalysis, analysis_of, analyze
 from embedl_dynamo.graph.meta import infer_meta
-from embedl_dynamo.graph.output_views import output_views
+from embedl_dynamo.graph.output_views import output_views, with_view_bases
 from embedl_dynamo.graph.view_writes import functionalize_view_writes, view_write_plan
 
 __all__ = ["functionalize", "mutation_blocker", "output_alias"]
@@ -136,10 +136,14 @@ def output_alias(gm: fx.GraphModule, analysis: GraphAnalysis | None = None) -> s
     into one shows in the other; a runtime that returns fresh tensors would lose that. An
     output that is an input's tensor itself is fine: the caller returns that input
     (:attr:`~embedl_dynamo.graph.analysis.GraphAnalysis.returned_inputs`); so is a view the
-    caller regenerates after the call (:func:`~embedl_dynamo.graph.output_views.output_views`).
+    caller regenerates after the call (:func:`~embedl_dynamo.graph.output_views.output_views`),
+    the tensor several outputs view included (returned too, hidden: :func:`with_view_bases`).
     ``analysis`` is ``gm``'s, where the caller has it.
     """
     analysis = analysis_of(gm, analysis)
+    bases = with_view_bases(gm, analysis)
+    if bases is not None:  # the graph is compiled returning the tensors its outputs view
+        return output_alias(bases.gm)
     classes = analysis.classes
     inputs = {classes[n] for n in analysis.inputs}
     output = next(n for n in gm.graph.nodes if n.op == "output")

@@ -136,11 +136,11 @@ def test_the_sliding_window_changes_mistral_logits():
 
 
 # each architecture with one cache, each cache once (test_generate.py: llama and qwen2 with both);
-# mistral slow (about 8 s): the static cache with a left-padded batch runs in test_generate.py
-# (llama on OpenVINO, in CI's slow slice), the masked repeat_kv form here with phi3
+# both slow (about 8-10 s each), in CI's slow slice: the static cache with a left-padded batch
+# also runs in test_generate.py (llama on OpenVINO), the masked repeat_kv form here with phi3
 GENERATE = [
     pytest.param("mistral", WINDOW, "static", marks=pytest.mark.slow),
-    ("phi3", {}, "dynamic"),
+    pytest.param("phi3", {}, "dynamic", marks=pytest.mark.slow),
 ]
 
 

@@ -20,7 +20,7 @@ from embedl_dynamo.graph import analysis as analysis_module
 from embedl_dynamo.graph.analysis import analysis_of, analyze, graph_state
 from embedl_dynamo.graph.freeze import freeze, inference_blocker
 from embedl_dynamo.graph.functionalize import functionalize
-from embedl_dynamo.graph.output_views import output_views
+from embedl_dynamo.graph.output_views import output_views, with_view_bases
 from tests.graph.test_inplace_idioms import Idiom as _Body
 from tests.helpers import dynamo_graph
 
@@ -112,15 +112,21 @@ def test_aliasing_is_computed_only_through_the_record():
 
 @pytest.mark.parametrize("name", sorted(IDIOMS))
 def test_front_of_pipeline_analyses_each_graph_state_once(name, analyses):
-    """The backend's first steps (the blocker, freezing, making the graph functional) on
-    Dynamo's graph: one analysis of it, one of the frozen graph and one per rewrite of it."""
-    gm, inputs = _graph(name)
+    """The backend's first steps (the view bases, the blocker, freezing, making the graph
+    functional) on Dynamo's graph: one analysis of it, one of its copy returning view bases
+    where it has them, one of the frozen graph and one per rewrite of it."""
+    dynamo_gm, inputs = _graph(name)
+    gm = dynamo_gm
     analysis = analyze(gm)  # where the backend receives the graph
+    bases = with_view_bases(gm, analysis)
+    if bases is not None:  # as prepare_subgraph does
+        gm, analysis = bases.gm, analyze(bases.gm)
     blocker = inference_blocker(gm, inputs, analysis)
     if blocker is None:
         freeze(gm, inputs, write_back=True, analysis=analysis)
-    assert sum(g is gm.graph for g, _ in analyses) == 1
-    assert len({id(g) for g, _ in analyses}) == (1 if blocker is not None else 2)
+    assert sum(g is dynamo_gm.graph for g, _ in analyses) == 1
+    states = 1 + (bases is not None) + (blocker is None)
+    assert len({id(g) for g, _ in analyses}) == states
 
 
 @pytest.mark.parametrize("name", ["all of them", "view write then read", "input add_"])
