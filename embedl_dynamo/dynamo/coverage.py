@@ -18,16 +18,20 @@ from typing import Any
 
 import torch
 from torch import fx, nn
+from torch._dynamo.utils import counters
 
 from embedl_dynamo.backend import backend_by_name
 from embedl_dynamo.dynamo.compile import StaysEager, prepare_subgraph
 from embedl_dynamo.dynamo.partitioned import partition_for
 from embedl_dynamo.dynamo.subgraph_job import route_subgraph
-from embedl_dynamo.partition import Partitioning, compute_nodes, node_flops
+from embedl_dynamo.partition import Partitioning, call_flops, compute_nodes, node_flops
 from embedl_dynamo.runtimes.registry import runtime_settings
 from embedl_dynamo.settings import Settings
 
-__all__ = ["CoverageReport", "GraphCoverage", "KeptOp", "coverage"]
+__all__ = ["GRAPH_BREAK", "CoverageReport", "GraphCoverage", "KeptOp", "coverage"]
+
+#: the op name :attr:`CoverageReport.kept` gives code Dynamo left out of its graphs
+GRAPH_BREAK = "graph break"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,29 +74,37 @@ class CoverageReport:
     """
 
     graphs: list[GraphCoverage]
+    #: where Dynamo left code out of its graphs (a graph break, a frame it skipped), which
+    #: runs in PyTorch: Dynamo's reason, as ``(GRAPH_BREAK, reason)`` per occurrence
+    breaks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    #: the model's FLOPs in one eager call (``FlopCounterMode``), in graphs or not
+    eager_flops: int = 0
 
     @property
     def op_share(self) -> float:
-        """The share of compute nodes placed on a runtime."""
+        """The share of the graphs' compute nodes placed on a runtime (code Dynamo left out of
+        its graphs has no nodes: see :attr:`breaks` and :attr:`flop_share`)."""
         total = sum(g.ops for g in self.graphs)
         return sum(g.ops_on_runtime for g in self.graphs) / total if total else 1.0
 
     @property
     def flop_share(self) -> float:
-        """The share of FLOPs placed on a runtime (1.0 for a model without any)."""
-        total = sum(g.flops for g in self.graphs)
+        """The share of the model's FLOPs placed on a runtime, those of code outside Dynamo's
+        graphs counted (1.0 for a model without any)."""
+        total = max(sum(g.flops for g in self.graphs), self.eager_flops)
         return sum(g.flops_on_runtime for g in self.graphs) / total if total else 1.0
 
     @property
     def kept(self) -> list[KeptOp]:
-        """The ops kept in PyTorch with their reasons, most frequent first."""
-        counts = collections.Counter(k for g in self.graphs for k in g.kept)
+        """The ops kept in PyTorch with their reasons, most frequent first; Dynamo's graph
+        breaks and skipped frames as op :data:`GRAPH_BREAK`."""
+        counts = collections.Counter([*(k for g in self.graphs for k in g.kept), *self.breaks])
         return [KeptOp(op, reason, n) for (op, reason), n in counts.most_common()]
 
     @property
     def fully_on_runtime(self) -> bool:
-        """Whether no compute node stays in PyTorch."""
-        return all(not g.kept for g in self.graphs)
+        """Whether no compute node stays in PyTorch and Dynamo left no code out of its graphs."""
+        return not self.breaks and all(not g.kept for g in self.graphs)
 
 
 def coverage(
@@ -128,12 +140,27 @@ def coverage(
         return gm.forward
 
     torch._dynamo.reset()
+    before = _dynamo_breaks()
     try:
         with torch.inference_mode():
             torch.compile(model, backend=decide)(*example_inputs)
+            breaks = _dynamo_breaks() - before
     finally:
         torch._dynamo.reset()
-    return CoverageReport(graphs)
+    kept = [(GRAPH_BREAK, reason) for reason in sorted(breaks.elements())]
+    return CoverageReport(graphs, kept, call_flops(model, example_inputs))
+
+
+def _dynamo_breaks() -> collections.Counter[str]:
+    """Dynamo's graph breaks and skipped frames so far in this process, by the first line of
+    its message and its first hint (its counters, which ``torch._dynamo.reset`` keeps)."""
+    found: collections.Counter[str] = collections.Counter()
+    for kind in ("graph_break", "unimplemented"):
+        for message, count in counters[kind].items():
+            lines = [line.strip() for line in str(message).strip().splitlines()]
+            hints = [line for line in lines if line.startswith("Hint:")]
+            found[f"{lines[0]} ({hints[0]})" if hints else lines[0]] += count
+    return found
 
 
 def _graph_coverage(

@@ -7,7 +7,7 @@ same graph (:mod:`.support`, :mod:`.fragments`). :mod:`.stitch` puts the built f
 into the graph.
 """
 
-from embedl_dynamo.partition.flops import node_flops
+from embedl_dynamo.partition.flops import call_flops, node_flops
 from embedl_dynamo.partition.fragments import (
     Fragment,
     KeptNode,
@@ -24,6 +24,7 @@ __all__ = [
     "KeptNode",
     "Partitioning",
     "RuntimeSupport",
+    "call_flops",
     "compute_nodes",
     "fragment_inputs",
     "is_free",

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
-__all__ = ["node_flops"]
+__all__ = ["call_flops", "node_flops"]
 
 
 class _FlopCounter(fx.Interpreter):
@@ -43,3 +44,34 @@ def node_flops(
     with torch.no_grad():
         counter.run(*inputs)
     return counter.flops
+
+
+class _DispatchFlops(TorchDispatchMode):
+    """Sums the FLOPs of every aten op that runs, by ``FlopCounterMode``'s formulas, without its
+    module tracker (whose autograd hooks fail on some models under ``inference_mode``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is None:  # a composite op (linear under inference_mode): its parts count
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        if formula is not None:
+            self.total += formula(*args, **kwargs, out_val=out)
+        return out
+
+
+def call_flops(fn: Any, inputs: Sequence[Any]) -> int:
+    """The FLOPs one call ``fn(*inputs)`` computes in PyTorch, every op counted as
+    :func:`node_flops` counts a node's, whatever Dynamo would trace of it."""
+    counter = _DispatchFlops()
+    with torch.inference_mode(), counter:
+        fn(*inputs)
+    return counter.total
