@@ -70,7 +70,7 @@ def op_name(node: fx.Node) -> str | None:
 
 def _specialised(node: fx.Node, name: str) -> str:
     """``name``, or the name of the other computation ``node``'s arguments make it."""
-    if _touches_empty(node) and not _empty_safe(node, name):
+    if _touches_empty(node, name) and not _empty_safe(node, name):
         return "empty_tensor"  # computes nothing; runtimes may end the process on one
     if name == "embedding" and _max_norm(node) is not None:
         return "embedding_renorm_"  # rescales the weight's rows in place first: another op
@@ -133,15 +133,26 @@ _BATCHED_RANK = {"avg_pool1d": 3, "avg_pool2d": 4}
 _MODES = {"pad": (2, "constant"), "interpolate": (3, "nearest")}
 
 
-def _touches_empty(node: fx.Node) -> bool:
+def _touches_empty(node: fx.Node, name: str) -> bool:
     """Whether ``node`` reads or makes a tensor with a size of 0 (Dynamo specialises a size
     of 0, so a call with one builds a graph of its own, where the 0 is static)."""
-    values = [node_value_meta(a) for a in node.all_input_nodes] + [node_value_meta(node)]
+    read = [a for a in node.all_input_nodes if a is not _ignored_input(node, name)]
+    values = [node_value_meta(a) for a in read] + [node_value_meta(node)]
     for value in values:
         shape = getattr(value, "shape", None)
         if shape is not None and any(isinstance(s, int) and s == 0 for s in shape):
             return True
     return False
+
+
+def _ignored_input(node: fx.Node, name: str) -> object:
+    """An argument ``node``'s op does not read, or None: ``multi_head_attention_forward``'s
+    ``in_proj_weight`` with separate projection weights (WavLM passes ``torch.empty([0])``)."""
+    if name == "multi_head_attention_forward" and _argument(
+        node, 17, "use_separate_proj_weight", False
+    ):
+        return _argument(node, 5, "in_proj_weight", None)
+    return None
 
 
 def _integer(dtype: torch.dtype | None) -> bool:
