@@ -51,6 +51,7 @@ from embedl_dynamo.graph.idle_autocast import drop_idle_autocast
 from embedl_dynamo.graph.input_free import fold_input_free
 from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
+from embedl_dynamo.graph.strided_reads import gather_strided_reads, strided_read_blocker
 from embedl_dynamo.graph.view_writes import inputs_written_through_views
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
@@ -198,6 +199,9 @@ def inference_blocker(
             f"{mutation}; it runs in PyTorch so PyTorch's in-place semantics hold (buffers "
             "updated in forward, inputs modified in place, writes through views)"
         )
+    strided = strided_read_blocker(gm)
+    if strided is not None:
+        return f"{strided}; it runs in PyTorch"
     if torch.is_grad_enabled():
         # frozen weights would silently detach the output and break backward()
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -324,10 +328,11 @@ def _attributes(gm: fx.GraphModule) -> nn.Module:
 
 def _inference_form(frozen: fx.GraphModule, write_back: bool) -> tuple[int, ...]:
     """The frozen graph made functional and written for inference, in place: idle autocast
-    regions dropped, in-place ops made functional, batch statistics written as ops, tensors
-    computed from no input folded. The positions of the inputs written back."""
+    regions dropped, in-place ops made functional, ``as_strided`` reads of storage written as
+    gathers, batch statistics written as ops, tensors computed from no input folded. The positions of the inputs written back."""
     drop_idle_autocast(frozen.graph)
     positions = functionalize(frozen, write_back)
+    gather_strided_reads(frozen)
     decompose_batch_statistics(frozen)
     fold_input_free(frozen)
     return positions

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.aliasing import mutated_tensor
 from embedl_dynamo.partition.fragments import Fragment
 
 __all__ = ["FragmentCall", "fragment_inputs", "stitch"]
@@ -34,6 +35,27 @@ class FragmentCall:
         return tuple(self.infer(*inputs))
 
 
+def _data_edges(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
+    """``(source, reader)`` for every value a node reads."""
+    return [(source, node) for node in gm.graph.nodes for source in node.all_input_nodes]
+
+
+def _write_edges(gm: fx.GraphModule, position: dict[fx.Node, int]) -> list[tuple[fx.Node, fx.Node]]:
+    """``(earlier, later)`` between each in-place write the graph still holds and the other
+    readers of its tensor, in the graph's order: a reader before the write must not see it, a
+    reader after it must (data flow alone does not order them)."""
+    edges = []
+    for node in gm.graph.nodes:
+        written = mutated_tensor(node)
+        if not isinstance(written, fx.Node):
+            continue
+        for reader in written.users:
+            if reader is not node:
+                pair = (reader, node) if position[reader] < position[node] else (node, reader)
+                edges.append(pair)
+    return edges
+
+
 def _condensed_order(gm: fx.GraphModule, fragments: Sequence[Fragment]) -> list[Any]:
     """Nodes outside fragments and fragment indices, topologically, graph order on ties."""
     owner = {node: k for k, fragment in enumerate(fragments) for node in fragment.nodes}
@@ -44,13 +66,12 @@ def _condensed_order(gm: fx.GraphModule, fragments: Sequence[Fragment]) -> list[
         units.setdefault(unit, position[node])
     waiting: dict[Any, set[Any]] = {unit: set() for unit in units}
     readers: dict[Any, set[Any]] = {unit: set() for unit in units}
-    for node in gm.graph.nodes:
+    for before_node, node in [*_data_edges(gm), *_write_edges(gm, position)]:
         unit = ("fragment", owner[node]) if node in owner else node
-        for source in node.all_input_nodes:
-            before = ("fragment", owner[source]) if source in owner else source
-            if before != unit:
-                waiting[unit].add(before)
-                readers[before].add(unit)
+        before = ("fragment", owner[before_node]) if before_node in owner else before_node
+        if before != unit:
+            waiting[unit].add(before)
+            readers[before].add(unit)
     ready = [(units[u], k, u) for k, u in enumerate(units) if not waiting[u]]
     index = {u: k for k, u in enumerate(units)}
     heapq.heapify(ready)

@@ -59,6 +59,9 @@ _DOT = {
 SHAPE_ROWS = (
     *SHAPE_ROWS,
     OpRow("select", ("select",), both(EXACT)),
+    # of a contiguous input's own elements (judge: else ``as_strided(storage)``, no row):
+    # Longformer's overlapping attention chunks
+    OpRow("as_strided", ("as_strided",), both(EXACT)),
     OpRow("index_fill", ("index_fill",), both(EXACT)),
     OpRow("dot", ("dot",), _DOT),
     OpRow("mv", ("mv",), _DOT),
