@@ -238,6 +238,8 @@ def _samples(name: str, dtype: torch.dtype) -> list[Any]:
     samples = [s for s in samples if not s.kwargs.get("training") and "max_norm" not in s.kwargs]
     if not samples[:MAX_SAMPLES]:
         pytest.skip(f"no sample of {name} for {dtype}")
+    if all(_holds_empty(s) for s in samples[:MAX_SAMPLES]):  # F.unfold's first 81 are empty
+        return samples[:MAX_SAMPLES] + [s for s in samples if not _holds_empty(s)][:MAX_SAMPLES]
     return samples[:MAX_SAMPLES]
 
 

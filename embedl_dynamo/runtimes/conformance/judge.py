@@ -54,7 +54,8 @@ def op_name(node: fx.Node) -> str | None:
     """The name the table knows ``node``'s op by (None: not a call, or picking one output of
     a multi-output op, which computes nothing). A Tensor method and a torch function share
     it; where an argument makes it another computation, so does the name (``float_to_int``,
-    ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``, ``gather(0-d)``)."""
+    ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``, ``gather(0-d)``), and
+    ``Tensor.unfold`` (a window over one dimension) is not ``F.unfold`` (patches)."""
     if node.op == "call_method":
         return _specialised(node, str(node.target))
     if node.op != "call_function":
@@ -95,8 +96,12 @@ def _specialised(node: fx.Node, name: str) -> str:
     if name in _INT32_ARITHMETIC and _result_dtype(node) == torch.int64:
         if computed_within_int32(node):  # so OpenVINO's int32 computes it exactly
             return f"{_INT32_ARITHMETIC[name]}(int64 within int32)"
+    if name == "unfold" and node.target is not torch.nn.functional.unfold:
+        return "Tensor.unfold"  # a sliding window of one dimension, not F.unfold's patches
     if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
-        return f"{name}(unbatched)"  # the runtimes' pooling takes a batch axis only
+        return f"{name}(unbatched)"  # the runtimes' forms take a batch axis only
+    if name == "fold" and len(set(_pair(_argument(node, 4, "padding", 0)))) > 1:
+        return "fold(unequal padding)"  # exported with another padding
     if name == "avg_pool2d" and _argument(node, 6, "divisor_override", None) is not None:
         return "avg_pool2d(divisor_override)"  # the ONNX export drops the divisor
     if name == "instance_norm" and _argument(node, 1, "running_mean", None) is not None:
@@ -130,7 +135,7 @@ _INT32_ARITHMETIC = {n: op for op in ("mul", "neg", "abs") for n in (op, f"{op}_
 #: comparisons, by their names in a graph
 _COMPARES = {n: op for op in ("eq", "ne", "lt", "le", "gt", "ge") for n in (op, f"__{op}__")}
 #: ops whose input has this rank with a batch axis; without one, they are another op
-_BATCHED_RANK = {"avg_pool1d": 3, "avg_pool2d": 4}
+_BATCHED_RANK = {"avg_pool1d": 3, "avg_pool2d": 4, "unfold": 4, "fold": 3}
 #: ops whose mode is another computation: name -> (position of ``mode``, its default)
 _MODES = {"pad": (2, "constant"), "interpolate": (3, "nearest")}
 
@@ -239,6 +244,11 @@ def _with_mode(node: fx.Node, name: str) -> str:
         return "pad" if mode == "constant" else f"pad(mode={mode!r})"
     antialias = _argument(node, 6, "antialias", False)
     return f"interpolate(mode={mode!r}" + (", antialias=True)" if antialias else ")")
+
+
+def _pair(value: object) -> tuple[object, ...]:
+    """An int-or-pair argument (``fold``'s padding) as a tuple."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
 def _plain_divisor(node: fx.Node) -> bool:

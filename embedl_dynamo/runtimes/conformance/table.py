@@ -4,6 +4,7 @@ docstring for what the verdicts mean and how each row is checked)."""
 
 from __future__ import annotations
 
+from embedl_dynamo.runtimes.conformance.fold_rows import FOLD_ROWS
 from embedl_dynamo.runtimes.conformance.function_rows import FUNCTION_ROWS
 from embedl_dynamo.runtimes.conformance.layer_rows import LAYER_ROWS
 from embedl_dynamo.runtimes.conformance.math_rows import MATH_ROWS
@@ -410,6 +411,7 @@ ROWS: tuple[OpRow, ...] = (
     ),
     *_MORE_ROWS,
     *LAYER_ROWS,
+    *FOLD_ROWS,
     *MATH_ROWS,
     *FUNCTION_ROWS,
     *SHAPE_ROWS,
