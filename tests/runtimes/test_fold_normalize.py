@@ -1,10 +1,13 @@
-"""``F.unfold``/``F.fold`` (MobileViTV2's patch embedding) on both CPU runtimes: the rows of
-:mod:`embedl_dynamo.runtimes.conformance.fold_rows`, checked here where OpInfo has no sample
-(``fold`` has no OpInfo entry; ``nn.functional.unfold``'s run in the slow sweep).
+"""``F.unfold``/``F.fold`` (MobileViTV2's patch embedding) and ``F.normalize`` on both CPU
+runtimes: the rows of :mod:`embedl_dynamo.runtimes.conformance.fold_rows` and the
+``normalize`` rows, checked here where OpInfo has no sample (``fold`` has no OpInfo entry;
+``nn.functional.unfold``'s and ``nn.functional.normalize``'s run in the slow sweep).
 
 ``unfold`` is moves alone (exact); ``fold`` is ONNX's Col2Im (bounded); with a padding that
 differs between height and width ``fold`` is exported wrongly and stays in PyTorch, as both
-stay without a batch axis where a runtime refuses that."""
+stay without a batch axis where a runtime refuses that. ``normalize`` of a 0-d tensor ends
+OpenVINO's process, so it is an op of its own there, kept in PyTorch; of any other rank it
+runs on OpenVINO, with non-finite inputs sent to PyTorch by the per-call guard."""
 
 from __future__ import annotations
 
@@ -38,6 +41,18 @@ class _PatchMixer(nn.Module):
         return F.fold(mixed.transpose(1, 2).reshape(n, 32, count), (8, 8), 2, stride=2)
 
 
+class _CosineAttention(nn.Module):
+    """Swin V2's scaled cosine attention: ``normalize`` on rank-3 queries and keys."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qk = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.qk(x).chunk(2, dim=-1)
+        return F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+
+
 def _within_bound_on(model: nn.Module, runtime: str, shape: tuple[int, ...]) -> None:
     """``model`` compiled for ``runtime`` runs there whole and matches eager within the
     bound over several calls."""
@@ -54,6 +69,20 @@ def _within_bound_on(model: nn.Module, runtime: str, shape: tuple[int, ...]) -> 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_unfold_and_fold_run_on_the_runtime(runtime):
     _within_bound_on(_PatchMixer(), runtime, (2, 3, 8, 8))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_normalize_runs_on_the_runtime(runtime):
+    """Within the bound; a call with a NaN or an infinity (listed differences on both
+    runtimes) gives eager's values, the guard sending it to PyTorch."""
+    model = _CosineAttention().eval()
+    _within_bound_on(model, runtime, (2, 5, 16))
+    compiled = runtime_compiled(model, runtime)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert_conforms(model(x), compiled(x), Verdict.BOUNDED, runtime)
+        edged = _with_edges(x)
+        assert_conforms(model(edged), compiled(edged), Verdict.BOUNDED, f"{runtime}, edges")
 
 
 def _with_edges(x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +137,20 @@ def _graph(fn, *args) -> torch.fx.GraphModule:
     return found[0]
 
 
+def test_a_0_d_normalize_stays_in_pytorch_on_openvino():
+    """Judged, not run: OpenVINO ends the process on it (SIGSEGV in read_model)."""
+    gm = _graph(
+        lambda s, x: (F.normalize(s, p=1.2, dim=0), F.normalize(x, dim=0)),
+        *(torch.tensor(0.5), torch.randn(5)),
+    )
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
+    assert [op_name(n) for n in nodes] == ["normalize(0-d)", "normalize"]
+    reason = node_blocker(nodes[0], "openvino")
+    assert reason is not None and "SIGSEGV" in reason and reason.startswith("normalize(0-d)")
+    assert node_blocker(nodes[1], "openvino") is None
+    assert node_blocker(nodes[0], "onnxruntime") is None
+
+
 def test_tensor_unfold_is_another_op_than_f_unfold():
     """``Tensor.unfold`` (a sliding window over one dimension) has no row: it stays in
     PyTorch, whatever ``F.unfold``'s row says."""
@@ -116,3 +159,17 @@ def test_tensor_unfold_is_another_op_than_f_unfold():
     assert [op_name(n) for n in calls] == ["Tensor.unfold", "unfold"]
     assert "no conformance row" in node_blocker(calls[0], "openvino")
     assert node_blocker(calls[1], "openvino") is None
+
+
+def test_a_0_d_normalize_on_onnx_runtime_matches_pytorch():
+    """``normalize(0-d)``'s row on ONNX Runtime: within the bound, and an infinity (a listed
+    difference) sent to PyTorch by the per-call guard."""
+
+    def fn(s: torch.Tensor) -> torch.Tensor:
+        return F.normalize(s, p=1.2, dim=0) * 3
+
+    torch._dynamo.reset()
+    compiled = compile_on(fn, "onnxruntime", fallback="eager")
+    for value in (0.7, -2.5, 0.0, -0.0, float("inf"), float("nan")):
+        s = torch.tensor(value)
+        assert_conforms(fn(s), compiled(s), Verdict.BOUNDED, f"normalize of {value}")

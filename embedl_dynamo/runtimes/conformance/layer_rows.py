@@ -164,10 +164,14 @@ _NORMALIZE_INF = (
     "PyTorch gives NaN at it and -0.0/0.0 elsewhere (inf / inf): the runtime's norm of it is "
     "float32's largest value"
 )
+_OV_NORMALIZE_NAN = (
+    "a NaN in a slice comes back as NaN at it alone and the rest of the slice divided by eps, "
+    "where PyTorch gives NaN for the whole slice: OpenVINO's norm of the slice is 0"
+)
 _OV_NORMALIZE = Rule(
     Verdict.KEPT,
-    reason="OpenVINO ends the process on the export of it (SIGSEGV in read_model, the slow "
-    "conformance sweep)",
+    reason="OpenVINO ends the process on the export of a 0-d one (SIGSEGV in read_model, the "
+    "slow conformance sweep: F.normalize(x of (), p=1.2, dim=0))",
 )
 _SOFTMIN_NON_FINITE = (
     "a NaN or an infinity in a slice gives other values than PyTorch's NaN for the whole "
@@ -192,9 +196,20 @@ LAYER_ROWS = (
     OpRow(
         "normalize",
         ("nn.functional.normalize",),
+        both(FLOAT),
+        (),
+        (
+            *non_finite(_NORMALIZE_INF, edges=("inf", "-inf")),
+            *non_finite(_OV_NORMALIZE_NAN, ("openvino",), ("nan",)),
+        ),
+    ),
+    OpRow(
+        "normalize(0-d)",
+        (),
         {"onnxruntime": (FLOAT,), "openvino": (_OV_NORMALIZE,)},
         (),
         non_finite(_NORMALIZE_INF, ("onnxruntime",), ("inf", "-inf")),
+        checked_by="runtimes/test_fold_normalize.py",
     ),
     OpRow("cosine_similarity", ("nn.functional.cosine_similarity",), both(FLOAT)),
     OpRow(
