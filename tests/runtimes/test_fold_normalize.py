@@ -18,7 +18,7 @@ from torch import nn
 
 import embedl_dynamo
 from embedl_dynamo.runtimes.conformance import Verdict, node_blocker, op_name
-from tests.helpers import runtime_compiled
+from tests.helpers import dynamo_graph, runtime_compiled
 from tests.runtimes.conformance_check import assert_conforms, compile_on, placement
 
 RUNTIMES = ("onnxruntime", "openvino")
@@ -125,21 +125,9 @@ def test_fold_and_unfold_match_pytorch_with_edge_values(runtime):
         assert any("(h, h, w, w)" in r for r in reasons)
 
 
-def _graph(fn, *args) -> torch.fx.GraphModule:
-    found = []
-
-    def backend(gm, inputs):
-        found.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend)(*args)
-    return found[0]
-
-
 def test_a_0_d_normalize_stays_in_pytorch_on_openvino():
     """Judged, not run: OpenVINO ends the process on it (SIGSEGV in read_model)."""
-    gm = _graph(
+    gm = dynamo_graph(
         lambda s, x: (F.normalize(s, p=1.2, dim=0), F.normalize(x, dim=0)),
         *(torch.tensor(0.5), torch.randn(5)),
     )
@@ -154,7 +142,9 @@ def test_a_0_d_normalize_stays_in_pytorch_on_openvino():
 def test_tensor_unfold_is_another_op_than_f_unfold():
     """``Tensor.unfold`` (a sliding window over one dimension) has no row: it stays in
     PyTorch, whatever ``F.unfold``'s row says."""
-    gm = _graph(lambda x: (x.unfold(1, 2, 1) + 1, F.unfold(x, 2) + 1), torch.randn(1, 3, 4, 4))
+    gm = dynamo_graph(
+        lambda x: (x.unfold(1, 2, 1) + 1, F.unfold(x, 2) + 1), torch.randn(1, 3, 4, 4)
+    )
     calls = [n for n in gm.graph.nodes if op_name(n) in ("Tensor.unfold", "unfold")]
     assert [op_name(n) for n in calls] == ["Tensor.unfold", "unfold"]
     assert "no conformance row" in node_blocker(calls[0], "openvino")
