@@ -83,7 +83,7 @@ class CoverageReport:
     @property
     def op_share(self) -> float:
         """The share of the graphs' compute nodes placed on a runtime (code Dynamo left out of
-        its graphs has no nodes: see :attr:`breaks` and :attr:`flop_share`)."""
+        its graphs has no nodes: see `breaks` and `flop_share`)."""
         total = sum(g.ops for g in self.graphs)
         return sum(g.ops_on_runtime for g in self.graphs) / total if total else 1.0
 
@@ -97,7 +97,7 @@ class CoverageReport:
     @property
     def kept(self) -> list[KeptOp]:
         """The ops kept in PyTorch with their reasons, most frequent first; Dynamo's graph
-        breaks and skipped frames as op :data:`GRAPH_BREAK`."""
+        breaks and skipped frames as op `"graph break"`."""
         counts = collections.Counter([*(k for g in self.graphs for k in g.kept), *self.breaks])
         return [KeptOp(op, reason, n) for (op, reason), n in counts.most_common()]
 
