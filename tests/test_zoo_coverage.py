@@ -46,15 +46,24 @@ HANG_S = 180  # one model's coverage (about a second): past it, the run ends wit
 # ops OpenVINO computes otherwise now run once, in PyTorch, at the build. An op a model adds
 # here needs its reason, as the ones this list held did. GraphBreakNet's data-dependent branch
 # (``float(y.mean())``) is a graph break by design: the code between its graphs runs in PyTorch.
+# Longformer's ``is_index_global_attn.flatten().any().item()`` breaks its graph the same way.
+_ITEM_BREAK = (GRAPH_BREAK, "Tensor.item()")
+_WRITE_SPLIT = ("*", "an in-place write whose tensor is read in another part")
 EXPECTED_KEPT: dict[tuple[str, str], tuple[tuple[str, str], ...]] = {
-    ("graph_break", backend): ((GRAPH_BREAK, "Tensor.item()"),)
-    for backend in ("onnxruntime", "openvino")
+    **{(name, b): (_ITEM_BREAK,) for name in ("graph_break", "hf_longformer") for b in BACKENDS},
+    ("hf_longformer", "openvino"): (_ITEM_BREAK, _WRITE_SPLIT),
 }
 
 # (model, target) -> why it is below MIN_SHARE today: an expected failure, until the op it
 # names reaches a runtime (an entry the model has outgrown fails, so it is removed). None
 # since rms_norm is exported in PyTorch's formula (rmsnorm_mlp was at 0.706)
-BELOW_SHARE: dict[tuple[str, str], str] = {}
+BELOW_SHARE: dict[tuple[str, str], str] = {
+    ("hf_longformer", "openvino"): (
+        "the in-place writes that mask its diagonals are read by fragments on OpenVINO and on "
+        "ONNX Runtime (which takes the integer ops OpenVINO keeps): each write stays in "
+        "PyTorch with every reader of its tensor"
+    ),
+}
 
 # layer types issue 50 (section 1) names as kept in PyTorch on unseen models: the zoo holds each
 LAYER_TYPES = (
@@ -116,9 +125,9 @@ def test_zoo_is_large_and_holds_the_layer_types_of_issue_50() -> None:
 def test_zoo_model_runs_in_eager_to_finite_reproducible_outputs(name: str) -> None:
     model, inputs = _built(name)
     assert not any(m.training for m in model.modules()), "factories return eval-mode models"
+    again_model, again_inputs = ZOO[name]()  # built as the first was: outside inference mode
     with torch.inference_mode():
         out = _float_leaves(model(*inputs))
-        again_model, again_inputs = ZOO[name]()
         again = _float_leaves(again_model(*again_inputs))
     assert out, "the model returns no float tensor"
     assert all(torch.isfinite(t).all() for t in out)

@@ -32,13 +32,27 @@ from embedl_dynamo.graph.aliasing import keeps_side_effects
 from embedl_dynamo.graph.analysis import analyze
 from embedl_dynamo.graph.nodes import node_value_meta
 
-__all__ = ["FOLDED_PREFIX", "MAX_FOLDED_BYTES", "fold_input_free"]
+__all__ = ["FOLDED_PREFIX", "MAX_FOLDED_BYTES", "fold_input_free", "input_free_value"]
 
 #: the attribute name prefix of a folded tensor (``embedl_folded_0``...)
 FOLDED_PREFIX = "embedl_folded_"
 #: the largest tensor stored as a folded constant, in bytes
 MAX_FOLDED_BYTES = 16 * 2**20
 
+#: ops whose arguments after the tensor are sizes, which take a folded integer as a Python int
+_SIZE_READERS = frozenset(
+    {
+        "view",
+        "reshape",
+        "expand",
+        "as_strided",
+        "repeat",
+        "narrow",
+        "new_zeros",
+        "new_ones",
+        "new_empty",
+    }
+)
 #: ops whose value is not a function of their arguments: never folded
 _NOT_FOLDED = frozenset(
     """
@@ -72,7 +86,7 @@ def fold_input_free(gm: fx.GraphModule) -> int:
         return 0  # most graphs: nothing to evaluate, and no need of their aliasing
     classes, returned = _returned_classes(gm)
     env: dict[fx.Node, Any] = {}
-    stored = 0
+    stored, changed = 0, False
     for node in gm.graph.nodes:
         if node not in free:
             continue
@@ -81,12 +95,65 @@ def fold_input_free(gm: fx.GraphModule) -> int:
         value = env[node]
         if not outside or not _storable(value) or classes.get(node, node) in returned:
             continue
-        _store(gm, node, value, outside, f"{FOLDED_PREFIX}{stored}")
-        stored += 1
-    if stored:
+        outside = _as_sizes(node, value, outside)
+        changed |= not outside
+        if outside:
+            _store(gm, node, value, outside, f"{FOLDED_PREFIX}{stored}")
+            stored += 1
+    if stored or changed:
         _erase_unused(gm, free)
         gm.recompile()
     return stored
+
+
+def _as_sizes(node: fx.Node, value: Any, readers: list[fx.Node]) -> list[fx.Node]:
+    """Give ``value``, a one-element integer tensor, as a Python int to the readers that take
+    it as a size (Longformer's chunk count in ``view`` and ``as_strided``: exporters and shape
+    passes take ints there, not tensors); the readers left to read it as a tensor."""
+    if value.numel() != 1 or value.is_floating_point() or value.dtype == torch.bool:
+        return readers
+    number = int(value)
+
+    def as_int(argument: fx.Node) -> Any:
+        return number if argument is node else argument
+
+    left = []
+    for reader in readers:
+        name = str(reader.target) if reader.op == "call_method" else ""
+        name = name or getattr(reader.target, "__name__", "")
+        if name not in _SIZE_READERS or reader.args[:1] == (node,):
+            left.append(reader)
+            continue
+        reader.args = (reader.args[0], *fx.node.map_arg(reader.args[1:], as_int))
+        reader.kwargs = fx.node.map_arg(reader.kwargs, as_int)
+    return left
+
+
+def input_free_value(node: fx.Node) -> Any:
+    """What ``node`` computes from constants alone, evaluated now, or None where it reads a
+    graph input or a weight (Longformer's ``torch.div(32, 4, rounding_mode="trunc") - 1``,
+    a size Dynamo records as a tensor op).
+
+    Example:
+        >>> import operator
+        >>> graph = fx.Graph()
+        >>> four = graph.call_function(torch.div, (32, 8), {"rounding_mode": "trunc"})
+        >>> input_free_value(graph.call_function(operator.add, (four, 1)))
+        tensor(5)
+    """
+    env: dict[fx.Node, Any] = {}
+    pending = [node]
+    while pending:
+        current = pending[-1]
+        if current.op not in ("call_function", "call_method") or not _foldable(current):
+            return None
+        missing = [source for source in current.all_input_nodes if source not in env]
+        if missing:
+            pending.extend(missing)
+            continue
+        env[current] = _evaluate(current, env)
+        pending.pop()
+    return env[node]
 
 
 def _input_free(gm: fx.GraphModule) -> set[fx.Node]:

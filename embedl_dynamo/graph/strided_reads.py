@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 from torch import fx
 
-from embedl_dynamo.graph.input_free import FOLDED_PREFIX
+from embedl_dynamo.graph.input_free import FOLDED_PREFIX, input_free_value
 from embedl_dynamo.graph.meta import infer_meta
 from embedl_dynamo.graph.nodes import node_value_meta
 
@@ -43,15 +43,27 @@ def _call(node: fx.Node) -> tuple[torch.Tensor, list[int], list[int], int] | Non
     def argument(position: int, keyword: str) -> object:
         return node.args[position] if len(node.args) > position else node.kwargs.get(keyword)
 
-    size, stride, offset = argument(1, "size"), argument(2, "stride"), argument(3, "storage_offset")
+    size, stride = argument(1, "size"), argument(2, "stride")
+    offset = argument(3, "storage_offset")
     if not isinstance(value, torch.Tensor) or size is None or stride is None:
         return None
-    numbers = [*size, *stride, *value.shape, *value.stride(), value.storage_offset()]
-    if offset is not None:
-        numbers.append(offset)
+    size, stride = [_number(n) for n in size], [_number(n) for n in stride]
+    offset = value.storage_offset() if offset is None else _number(offset)
+    numbers = [*size, *stride, *value.shape, *value.stride(), value.storage_offset(), offset]
     if not all(type(n) is int for n in numbers) or len(size) != len(stride):
         return None
-    return value, list(size), list(stride), value.storage_offset() if offset is None else offset
+    return value, size, stride, offset
+
+
+def _number(argument: object) -> object:
+    """``argument`` as an int where it is one or a node computing one from constants alone
+    (Longformer's chunk count), else as it is."""
+    if isinstance(argument, fx.Node):
+        value = input_free_value(argument)
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+            return int(value)
+        return value if type(value) is int else argument
+    return argument
 
 
 def strided_index(
@@ -126,15 +138,16 @@ def strided_read_blocker(gm: fx.GraphModule) -> str | None:
 
 def gather_strided_reads(gm: fx.GraphModule) -> int:
     """Write each ``as_strided`` call of ``gm`` whose input's storage order is not its logical
-    order as the gather of the elements it reads (see the module), in place.
+    order as the gather of the elements it reads (see the module), in place; the others get
+    their sizes, strides and offset as ints where constants compute them.
 
     Returns:
-        How many calls were written so.
+        How many calls were written as gathers.
 
     Raises:
         ValueError: a call cannot be written so (check :func:`strided_read_blocker` first).
     """
-    written = 0
+    written, changed = 0, False
     for node in list(gm.graph.nodes):
         if not _is_as_strided(node):
             continue
@@ -144,21 +157,43 @@ def gather_strided_reads(gm: fx.GraphModule) -> int:
         index = strided_index(*call) if call is not None else None
         if index is None:
             raise ValueError(strided_read_blocker(gm) or f"{node.name} cannot be gathered")
-        if _storage_in_logical_order(call[0]):
-            continue  # the conformance table's as_strided row
-        name = f"{FOLDED_PREFIX}strided_index_{written}"
-        while hasattr(gm, name):
-            name += "_"
-        gm.register_buffer(name, index)
-        with gm.graph.inserting_before(node):
-            constant = gm.graph.get_attr(name)
-            flat = gm.graph.call_method("reshape", (node.args[0], -1))
-            gathered = gm.graph.call_function(operator.getitem, (flat, constant))
-        constant.meta["val"] = index
-        infer_meta(gm, [flat, gathered])
-        node.replace_all_uses_with(gathered)
-        gm.graph.erase_node(node)
-        written += 1
-    if written:
+        numbers = [n for n in node.all_input_nodes if n is not node.args[0]]
+        if _storage_in_logical_order(call[0]):  # the conformance table's as_strided row
+            node.args, node.kwargs = (node.args[0], *call[1:]), {}
+        else:
+            _gather(gm, node, index, f"{FOLDED_PREFIX}strided_index_{written}")
+            written += 1
+        _erase_unread(gm, numbers)
+        changed = True
+    if changed:
         gm.recompile()
     return written
+
+
+def _gather(gm: fx.GraphModule, node: fx.Node, index: torch.Tensor, name: str) -> None:
+    """Replace ``node`` by ``input.reshape(-1)[index]``, ``index`` stored as buffer ``name``."""
+    while hasattr(gm, name):
+        name += "_"
+    gm.register_buffer(name, index)
+    with gm.graph.inserting_before(node):
+        constant = gm.graph.get_attr(name)
+        flat = gm.graph.call_method("reshape", (node.args[0], -1))
+        gathered = gm.graph.call_function(operator.getitem, (flat, constant))
+    constant.meta["val"] = index
+    infer_meta(gm, [flat, gathered])
+    node.replace_all_uses_with(gathered)
+    gm.graph.erase_node(node)
+
+
+def _erase_unread(gm: fx.GraphModule, nodes: list[fx.Node]) -> None:
+    """Erase the nodes that computed a call's numbers and that nothing reads any more, and
+    then what only they read."""
+    while nodes:
+        node = nodes.pop()
+        if node.users or node.op not in ("call_function", "call_method"):
+            continue
+        if input_free_value(node) is None:
+            continue  # reads an input: not only a number's arithmetic
+        sources = list(node.all_input_nodes)
+        gm.graph.erase_node(node)
+        nodes.extend(sources)

@@ -87,3 +87,32 @@ def test_with_a_dynamic_length_nothing_is_constant():
 def test_folding_twice_finds_nothing_more():
     gm, _ = dynamo_frozen(RelativeBuckets().eval(), torch.randn(2, 6, 6))
     assert fold_input_free(gm) == 0
+
+
+class _ChunkCount(nn.Module):
+    """Longformer's chunk count: ``torch.div`` of two ints, a 0-d tensor read as a size by
+    ``view`` and ``new_zeros``, and as a tensor by ``add``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = torch.div(x.shape[1], 4, rounding_mode="trunc")
+        blocks = x.view(x.shape[0], chunks, 4)
+        return blocks + blocks.new_zeros((x.shape[0], chunks, 4)) + chunks
+
+
+def test_a_folded_integer_read_as_a_size_is_a_python_int_there():
+    x = torch.randn(2, 8)
+    gm, inputs = dynamo_frozen(_ChunkCount(), x)
+    sizes = [n for n in gm.graph.nodes if n.target in ("view", "new_zeros")]
+    assert [n.args[1:] for n in sizes] == [(2, 2, 4), ((2, 2, 4),)]
+    (folded,) = _folded(gm)  # the add reads it as a tensor: it stays a constant there
+    assert torch.equal(folded, torch.tensor(2))
+    (out,) = gm(*inputs)
+    assert torch.equal(out, _ChunkCount()(x))
+
+
+def test_input_free_value_evaluates_constants_alone_and_nothing_that_reads_an_input():
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    chunks = graph.call_function(torch.div, (32, 8), {"rounding_mode": "trunc"})
+    assert torch.equal(input_free.input_free_value(chunks), torch.tensor(4))
+    assert input_free.input_free_value(graph.call_function(torch.add, (x, chunks))) is None

@@ -195,7 +195,62 @@ def segformer():
     return transformers.SegformerForSemanticSegmentation(config), _pixels()
 
 
+def longformer():
+    """Sliding-window attention over overlapping chunks (``as_strided``), masked in place."""
+    config = transformers.LongformerConfig(**TEXT, attention_window=4, pad_token_id=1)
+    return transformers.LongformerModel(config), _text(length=16, pad=1)
+
+
+def cvt():
+    """Convolutional attention; its last stage splits a class token off the hidden state."""
+    stages = dict(
+        patch_sizes=[7, 3],
+        patch_stride=[4, 2],
+        patch_padding=[2, 1],
+        embed_dim=[16, 32],
+        num_heads=[1, 2],
+        depth=[1, 2],  # CvtStage reads a drop-path rate per stage index: depth > stage
+        mlp_ratio=[2.0, 2.0],
+        attention_drop_rate=[0.0, 0.0],
+        drop_rate=[0.0, 0.0],
+        drop_path_rate=[0.0, 0.0],
+        qkv_bias=[True, True],
+        cls_token=[False, True],
+        qkv_projection_method=["dw_bn", "dw_bn"],
+        kernel_qkv=[3, 3],
+        padding_kv=[1, 1],
+        stride_kv=[2, 2],
+        padding_q=[1, 1],
+        stride_q=[1, 1],
+    )
+    return transformers.CvtModel(transformers.CvtConfig(**stages)), _pixels()
+
+
+def wavlm():
+    """wav2vec2's feature encoder with gated relative-position attention, called through
+    ``F.multi_head_attention_forward`` with separate projection weights."""
+    config = transformers.WavLMConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_kernel=(10, 3),
+        conv_stride=(5, 2),
+        conv_bias=False,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+        feat_extract_norm="group",
+        num_buckets=32,
+        max_bucket_distance=100,
+    )
+    return transformers.WavLMModel(config), (torch.randn(2, 400),)
+
+
 MODELS = {
+    "hf_longformer": longformer,
+    "hf_cvt": cvt,
+    "hf_wavlm": wavlm,
     "hf_bert": _encoder("BertModel", "BertConfig"),
     "hf_roberta": _encoder("RobertaModel", "RobertaConfig", pad=1),
     "hf_distilbert": distilbert,
