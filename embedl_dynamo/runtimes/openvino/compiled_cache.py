@@ -18,6 +18,12 @@ cache's budget has room for it without evicting an entry used since this process
 derived entry is evicted first: :mod:`~embedl_dynamo.cache.budget`). The
 ``build_info`` entries :func:`~.compile.compile_openvino` fills (the precision hint and what
 was lowered) are stored beside the export and restored with it.
+
+A compiled model holding a recurrent layer (the CPU plugin's ``RNNSeq``/``RNNCell``, from
+ONNX's ``LSTM``, ``GRU`` and ``RNN``) is not stored: OpenVINO's import of one
+exported for static sizes computes other values than the model it was exported from (a
+one-directional LSTM, GRU or RNN; the compile from the ONNX file is right), so such a model is
+compiled from its file on every start.
 """
 
 from __future__ import annotations
@@ -45,6 +51,17 @@ _NAMESPACE = "openvino_compiled"
 _FORMAT = 1
 _SUFFIX = ".blob"
 _INFO_KEYS = ("inference_precision", "half_precision_note", "openvino_lowering", "static_shapes")
+#: the CPU plugin's layers whose imported form is not the compiled one (see the module)
+_NOT_IMPORTED = frozenset({"RNNSeq", "RNNCell"})
+
+
+def _holds_recurrent(compiled: Any) -> bool:
+    """Whether ``compiled``'s runtime model holds a layer of :data:`_NOT_IMPORTED`."""
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) in _NOT_IMPORTED:
+            return True
+    return False
 
 
 def _entry(cache_dir: Path, artifact_digest: str, settings: dict[str, Any]) -> tuple[Any, str]:
@@ -129,7 +146,7 @@ def compile_or_import(
             info["openvino_compiled_model"] = "imported from the cache"
             return compiled
     compiled = compile_openvino(path, info=info, **options)
-    if cache is not None and not cache.read_only:
+    if cache is not None and not cache.read_only and not _holds_recurrent(compiled):
         stored = {k: info[k] for k in _INFO_KEYS if k in info}
         confirm_artifact()
         try:
