@@ -208,7 +208,7 @@ def _capture(
             ) from eager_exc
         raise RuntimeError(
             f"Dynamo could not capture {type(model).__name__} as one graph: "
-            f"{error_line(exc, with_type=False)}"
+            f"{error_line(exc, with_type=False)}{_hint(exc)}"
         ) from exc
     if refused:
         raise RuntimeError(
@@ -224,6 +224,20 @@ def _capture(
     _follow_argument_order(frozen.gm, user, args)
     frozen.gm.meta[OUTPUT_TREE_META] = _output_tree(result, returned, args)
     return frozen.gm
+
+
+#: Dynamo's words where it leaves a recurrent layer out of its graph (``allow_rnn`` unset)
+_RNN_REFUSED = "Attempted to wrap RNN, GRU, or LSTM"
+
+
+def _hint(exc: Exception) -> str:
+    """What to do about a graph break Dynamo's message alone does not say how to avoid."""
+    if _RNN_REFUSED in str(exc):
+        return (
+            " (set torch._dynamo.config.allow_rnn = True first: by default Dynamo leaves "
+            "nn.LSTM, nn.GRU and nn.RNN out of its graph)"
+        )
+    return ""
 
 
 def _follow_argument_order(gm: fx.GraphModule, user: list[Any], args: Sequence[Any]) -> None:

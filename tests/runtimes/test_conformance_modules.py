@@ -7,13 +7,16 @@ this checks that the form Dynamo records for each layer (``hardtanh`` for ``nn.R
 CI compiles a batched sample of every layer below as one graph per runtime, all of it on the
 runtime; ``-m slow`` compiles each layer's samples (up to :data:`SLOW_SAMPLES`) one graph per
 layer, where the table may keep an op of an odd sample in PyTorch (its reason says so) but no
-part may fail to build.
+part may fail to build. ``nn.LSTM``, ``nn.GRU`` and ``nn.RNN`` are traced with Dynamo's
+``allow_rnn`` set (their samples are unbatched; an LSTM with ``proj_size`` is kept by its row).
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -59,6 +62,9 @@ LAYERS = (
     "nn.ConstantPad1d",
     "nn.ConstantPad2d",
     "nn.RMSNorm",
+    "nn.LSTM",
+    "nn.GRU",
+    "nn.RNN",
 )
 RUNTIMES = ("onnxruntime", "openvino")
 SLOW_SAMPLES = 8
@@ -117,6 +123,18 @@ class _Layers(torch.nn.Module):
         return tuple(outs)
 
 
+@contextmanager
+def _recurrent_traced() -> Iterator[None]:
+    """Dynamo records ``nn.LSTM``/``nn.GRU``/``nn.RNN`` only with ``allow_rnn`` set (by
+    default it leaves them out of its graph); the old value is restored."""
+    old = torch._dynamo.config.allow_rnn
+    torch._dynamo.config.allow_rnn = True
+    try:
+        yield
+    finally:
+        torch._dynamo.config.allow_rnn = old
+
+
 #: the words of a reason the table gives (a kept row, no row): anything else is a build failure
 TABLE_REASONS = ("stays in PyTorch on", "has no conformance row for")
 
@@ -134,7 +152,7 @@ def _check(
     module = _Layers(samples).eval()
     inputs = tuple(a for _, args, _ in samples for a in args)
     torch._dynamo.reset()
-    with torch.inference_mode(), warnings.catch_warnings():
+    with torch.inference_mode(), warnings.catch_warnings(), _recurrent_traced():
         warnings.simplefilter("ignore")
         expected = module(*inputs)
         actual = compile_on(module, runtime, fallback="eager")(*inputs)

@@ -25,6 +25,7 @@ from embedl_dynamo.runtimes.conformance.int_bounds import (
     inside,
     value_range,
 )
+from embedl_dynamo.runtimes.conformance.recurrent_rows import RECURRENT_OPS
 from embedl_dynamo.runtimes.conformance.rules import CPU_RUNTIMES, Difference, OpRow, Rule, Verdict
 from embedl_dynamo.runtimes.conformance.shorthands import INDEX_OPS
 from embedl_dynamo.runtimes.conformance.table import ROWS
@@ -120,6 +121,8 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"scatter(reduce={node.kwargs['reduce']!r})"  # not exported
     if name in _MODES:
         return _with_mode(node, name)
+    if name in RECURRENT_OPS:
+        return _recurrent(node, name)
     return name
 
 
@@ -253,6 +256,42 @@ def _pair(value: object) -> tuple[object, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
+def _recurrent(node: fx.Node, name: str) -> str:
+    """``lstm``, ``gru``, ``rnn_tanh`` or ``rnn_relu``, or the other op its arguments make it:
+    a packed sequence (``torch.lstm(data, batch_sizes, hx, params, ...)``), an LSTM with
+    ``proj_size`` (each layer and direction holds a fifth weight, or a third without biases),
+    an input of another dtype than float32, an input another recurrent op reads too."""
+    if len(node.args) < 9 or not isinstance(node.args[3], bool):
+        return f"{name}(packed)"  # no row: Dynamo records none today
+    params, layers, bidirectional = node.args[2], node.args[4], node.args[7]
+    per_layer = len(params) // max(1, layers * (2 if bidirectional else 1))
+    if name == "lstm" and per_layer in (3, 5):
+        return "lstm(proj_size)"
+    if _input_dtype(node) not in (torch.float32, None):
+        return f"{name}(not float32)"
+    if _shares_its_input(node):
+        return f"{name}(input shared)"
+    return name
+
+
+def _shares_its_input(node: fx.Node) -> bool:
+    """Whether another recurrent op reads ``node``'s input tensor, and one of the two runs in
+    one direction only (OpenVINO computes one of them wrong; both bidirectional it does not)."""
+    source = node.args[0]
+    if not isinstance(source, fx.Node):
+        return False
+    others = [
+        user
+        for user in source.users
+        if user is not node
+        and user.op == "call_function"
+        and getattr(user.target, "__name__", None) in RECURRENT_OPS
+        and user.args[0] is source
+    ]
+    one_way = any(len(n.args) < 9 or n.args[7] is not True for n in (node, *others))
+    return bool(others) and one_way
+
+
 def _plain_divisor(node: fx.Node) -> bool:
     """Whether the divisor is a Python number other than 0, -1 and the infinities."""
     divisor = node.args[1] if len(node.args) > 1 else node.kwargs.get("other")
@@ -319,8 +358,10 @@ def node_blocker(node: fx.Node, runtime: str) -> str | None:
     op = op_name(node)
     if op is None or node.meta.get(POSITIONS_META):
         return None  # a scatter's element positions are exact below 2**31 elements
-    if not node.users:
-        return None  # nothing reads its value: no runtime computes it (dead code)
+    if all(not user.users and user.op != "output" for user in node.users):
+        # nothing reads its value, or only a node nothing reads (Dynamo's ``not (s0 == s0)``
+        # of a size check): no runtime computes it (dead code)
+        return None
     dtype = _input_dtype(node)
     return (
         _judge(op, runtime, dtype)

@@ -8,6 +8,7 @@ from embedl_dynamo.runtimes.conformance.fold_rows import FOLD_ROWS
 from embedl_dynamo.runtimes.conformance.function_rows import FUNCTION_ROWS
 from embedl_dynamo.runtimes.conformance.layer_rows import LAYER_ROWS
 from embedl_dynamo.runtimes.conformance.math_rows import MATH_ROWS
+from embedl_dynamo.runtimes.conformance.recurrent_rows import RECURRENT_ROWS
 from embedl_dynamo.runtimes.conformance.rules import (
     CPU_RUNTIMES,
     STRUCTURAL,
@@ -412,6 +413,7 @@ ROWS: tuple[OpRow, ...] = (
     *_MORE_ROWS,
     *LAYER_ROWS,
     *FOLD_ROWS,
+    *RECURRENT_ROWS,
     *MATH_ROWS,
     *FUNCTION_ROWS,
     *SHAPE_ROWS,
