@@ -45,7 +45,8 @@ class _Tagger(nn.Module):
 
 
 class _Layers(nn.Module):
-    """The other forms, one after another: two layers time-first with the initial states given,
+    """The other forms, each reading the one before (two independent ones, one of them one
+    way, stay in PyTorch on OpenVINO): two layers time-first with the initial states given,
     relu batch first, one direction without biases."""
 
     def __init__(self) -> None:
@@ -53,16 +54,18 @@ class _Layers(nn.Module):
         self.lstm = nn.LSTM(6, 10, num_layers=2)
         self.gru = nn.GRU(10, 10, num_layers=2, bidirectional=True)
         self.relu = nn.RNN(20, 10, nonlinearity="relu", batch_first=True, bidirectional=True)
-        self.tanh = nn.RNN(6, 10, bias=False)
+        self.tanh = nn.RNN(20, 10, bias=False)
 
     def forward(self, x, h, c):
         y, (h1, c1) = self.lstm(x, (h[:2], c[:2]))
         z, h2 = self.gru(y, h)
-        return h1, c1, h2, self.relu(z.transpose(0, 1)), self.tanh(x + 1, h[:1])
+        r, h3 = self.relu(z.transpose(0, 1))
+        return h1, c1, h2, h3, self.tanh(r.transpose(0, 1), h[:1])
 
 
-class _Shared(nn.Module):
-    """Two layers reading one input, one of them in one direction only."""
+class _Beside(nn.Module):
+    """Two layers side by side, neither reading the other, one of them one way only: OpenVINO
+    merges the two ``relu(x)`` and computes one layer wrong."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -70,7 +73,7 @@ class _Shared(nn.Module):
         self.gru = nn.GRU(6, 10, bidirectional=True)
 
     def forward(self, x):
-        return self.lstm(x)[0], self.gru(x)[0]
+        return self.lstm(torch.relu(x))[0], self.gru(torch.relu(x))[0]
 
 
 def _inputs(seed: int) -> tuple[torch.Tensor, ...]:
@@ -108,9 +111,9 @@ def test_gru_rnn_and_states_match_eager(allow_rnn, runtime):
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_two_layers_reading_one_input_stay_in_pytorch_on_openvino(allow_rnn, runtime):
+def test_two_layers_side_by_side_stay_in_pytorch_on_openvino(allow_rnn, runtime):
     torch.manual_seed(0)
-    model, x = _Shared().eval(), torch.randn(5, 3, 6)
+    model, x = _Beside().eval(), torch.randn(5, 3, 6)
     compiled = compile_on(model, runtime, fallback="eager")
     with torch.inference_mode():
         assert_conforms(model(x), compiled(x), Verdict.BOUNDED, runtime)
@@ -118,8 +121,7 @@ def test_two_layers_reading_one_input_stay_in_pytorch_on_openvino(allow_rnn, run
     if runtime == "onnxruntime":
         assert ran and not kept, kept
     else:
-        assert not ran and kept, kept  # both kept: nothing is left for the runtime
-        assert "(input shared) on torch.float32 stays in PyTorch on openvino" in kept[0], kept
+        assert "(beside another) on torch.float32 stays in PyTorch on openvino" in kept[0], kept
 
 
 def test_a_nan_input_runs_in_pytorch_where_the_runtime_differs(allow_rnn):

@@ -260,7 +260,7 @@ def _recurrent(node: fx.Node, name: str) -> str:
     """``lstm``, ``gru``, ``rnn_tanh`` or ``rnn_relu``, or the other op its arguments make it:
     a packed sequence (``torch.lstm(data, batch_sizes, hx, params, ...)``), an LSTM with
     ``proj_size`` (each layer and direction holds a fifth weight, or a third without biases),
-    an input of another dtype than float32, an input another recurrent op reads too."""
+    an input of another dtype than float32, another recurrent op beside it."""
     if len(node.args) < 9 or not isinstance(node.args[3], bool):
         return f"{name}(packed)"  # no row: Dynamo records none today
     params, layers, bidirectional = node.args[2], node.args[4], node.args[7]
@@ -269,27 +269,53 @@ def _recurrent(node: fx.Node, name: str) -> str:
         return "lstm(proj_size)"
     if _input_dtype(node) not in (torch.float32, None):
         return f"{name}(not float32)"
-    if _shares_its_input(node):
-        return f"{name}(input shared)"
+    if _beside_another(node):
+        return f"{name}(beside another)"
     return name
 
 
-def _shares_its_input(node: fx.Node) -> bool:
-    """Whether another recurrent op reads ``node``'s input tensor, and one of the two runs in
-    one direction only (OpenVINO computes one of them wrong; both bidirectional it does not)."""
-    source = node.args[0]
-    if not isinstance(source, fx.Node):
+def _beside_another(node: fx.Node) -> bool:
+    """Whether the graph holds another recurrent op that neither feeds ``node`` nor is fed by
+    it, whose input is computed from one of the graph inputs ``node``'s input is computed
+    from, and one of the two runs in one direction only. OpenVINO computes one of two such ops
+    wrong where they read one input tensor, or two it merges into one (``relu(x)`` twice, ``x``
+    and ``x + 0``); both bidirectional, one after the other, or on inputs of their own, it
+    computes right."""
+    others = [n for n in node.graph.nodes if n is not node and _is_recurrent(n)]
+    if not others:
         return False
-    others = [
-        user
-        for user in source.users
-        if user is not node
-        and user.op == "call_function"
-        and getattr(user.target, "__name__", None) in RECURRENT_OPS
-        and user.args[0] is source
+    before, roots = _ancestors(node), _graph_inputs(node.args[0])
+    beside = [
+        n
+        for n in others
+        if n not in before
+        and node not in _ancestors(n)
+        and (not roots or not _graph_inputs(n.args[0]) or roots & _graph_inputs(n.args[0]))
     ]
-    one_way = any(len(n.args) < 9 or n.args[7] is not True for n in (node, *others))
-    return bool(others) and one_way
+    return any(len(n.args) < 9 or n.args[7] is not True for n in (node, *beside)) and bool(beside)
+
+
+def _graph_inputs(value: object) -> set[fx.Node]:
+    """The graph inputs ``value`` is computed from (itself, if it is one)."""
+    if not isinstance(value, fx.Node):
+        return set()
+    return {n for n in (value, *_ancestors(value)) if n.op == "placeholder"}
+
+
+def _is_recurrent(node: fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", None) in RECURRENT_OPS
+
+
+def _ancestors(node: fx.Node) -> set[fx.Node]:
+    """The nodes ``node``'s value is computed from."""
+    found: set[fx.Node] = set()
+    stack = list(node.all_input_nodes)
+    while stack:
+        current = stack.pop()
+        if current not in found:
+            found.add(current)
+            stack.extend(current.all_input_nodes)
+    return found
 
 
 def _plain_divisor(node: fx.Node) -> bool:

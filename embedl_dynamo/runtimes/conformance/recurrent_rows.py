@@ -3,8 +3,9 @@
 ``torch.rnn_tanh`` or ``torch.rnn_relu`` on the input, the initial state and the flat list of
 weights, once ``torch._dynamo.config.allow_rnn`` is set (by default Dynamo leaves these
 modules out of its graph). The export lowers each to ONNX's ``LSTM``/``GRU``/``RNN`` node, one
-per layer, both directions in one node. An LSTM with ``proj_size``, and an input of another
-dtype than float32, are other ops (:func:`~.judge.op_name`). See the package's docstring for
+per layer, both directions in one node. An LSTM with ``proj_size``, an input of another
+dtype than float32, and a layer beside another one (neither feeding the other, both computed
+from one graph input) are other ops (:func:`~.judge.op_name`). See the package's docstring for
 the verdicts."""
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ _OTHER_DTYPE = Rule(
     "by OpenVINO",
 )
 
-_SHARED = Rule(
+_BESIDE = Rule(
     Verdict.KEPT,
-    reason="OpenVINO computes one of two recurrent layers wrong where both read one input tensor "
-    "and one of them runs in one direction only (the CPU plugin's RNNSeq; each alone, or both "
-    "bidirectional, is right)",
+    reason="OpenVINO computes one of two recurrent layers wrong where both read one input tensor, "
+    "or two it merges into one (relu(x) twice), and one of them runs in one direction only: "
+    "kept where neither feeds the other and both inputs come from one graph input (each alone, "
+    "both bidirectional, one after the other, or on inputs of their own, it computes right)",
 )
 
 RECURRENT_ROWS: tuple[OpRow, ...] = (
@@ -65,14 +67,14 @@ RECURRENT_ROWS: tuple[OpRow, ...] = (
         for op in RECURRENT_OPS
     ),
 )
-#: where two read one input: as each op's row on ONNX Runtime, kept on OpenVINO
+#: beside another one: as each op's row on ONNX Runtime, kept on OpenVINO
 RECURRENT_ROWS = (
     *RECURRENT_ROWS,
     *(
         OpRow(
-            f"{row.op}(input shared)",
+            f"{row.op}(beside another)",
             (),
-            {"onnxruntime": row.rules["onnxruntime"], "openvino": (_SHARED,)},
+            {"onnxruntime": row.rules["onnxruntime"], "openvino": (_BESIDE,)},
             differs=tuple(d for d in row.differs if d.runtime == "onnxruntime"),
             checked_by=_TEST,
         )
