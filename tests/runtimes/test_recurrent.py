@@ -206,3 +206,67 @@ def test_the_export_writes_an_lstm(allow_rnn, tmp_path):
         _Tagger().eval(), (torch.randn(2, 5, 8),), tmp_path / "m.onnx", backend="openvino"
     )
     assert path.is_file()
+
+
+def _runtime_outputs(runtime: str, model: nn.Module, *args: torch.Tensor) -> list[torch.Tensor]:
+    """``model``'s outputs computed by ``runtime`` itself from its ONNX export, no guard."""
+    import io
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, buffer, dynamo=False)
+    feeds = [a.numpy() for a in args]
+    if runtime == "onnxruntime":
+        import onnxruntime
+
+        session = onnxruntime.InferenceSession(buffer.getvalue())
+        names = [i.name for i in session.get_inputs()]
+        return [torch.from_numpy(o) for o in session.run(None, dict(zip(names, feeds)))]
+    import openvino
+
+    core = openvino.Core()
+    hint = {"INFERENCE_PRECISION_HINT": "f32"}
+    compiled = core.compile_model(core.read_model(buffer.getvalue(), b""), "CPU", hint)
+    results = compiled(feeds)
+    return [torch.from_numpy(results[port]) for port in compiled.outputs]
+
+
+@pytest.mark.parametrize(
+    ("runtime", "layer", "where", "edge"),
+    [
+        ("onnxruntime", nn.LSTM(6, 10), "input", float("nan")),
+        ("onnxruntime", nn.GRU(6, 10), "state", float("inf")),
+        ("onnxruntime", nn.RNN(6, 10, nonlinearity="relu"), "input", float("nan")),
+        pytest.param(
+            "openvino", nn.RNN(6, 10, nonlinearity="relu"), "input", float("inf"), marks=NO_OPENVINO
+        ),
+    ],
+    ids=["ort-lstm-nan", "ort-gru-state-inf", "ort-relu-nan", "ov-relu-inf"],
+)
+def test_the_listed_non_finite_differences_show(runtime, layer, where, edge):
+    """What the rows list: the runtime's own outputs hold numbers where PyTorch's hold NaN."""
+    torch.manual_seed(0)
+    model = _WithState(layer).eval()
+    x, h = torch.randn(5, 3, 6), torch.zeros(1, 3, 10)
+    if where == "input":
+        x[1, 1, 2] = edge
+    else:
+        h[0, 1, 2] = edge
+    with torch.no_grad():
+        expected = model(x, h)
+    actual = _runtime_outputs(runtime, model, x, h)[0]
+    assert torch.isnan(expected).any()
+    assert not torch.equal(torch.isnan(actual), torch.isnan(expected))
+
+
+class _WithState(nn.Module):
+    """A layer's output sequence from an initial state (both of an LSTM's from one)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        state = (h, h) if isinstance(self.layer, nn.LSTM) else h
+        return self.layer(x, state)[0]
