@@ -24,7 +24,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
 from embedl_dynamo.dynamo.graph_build import build_graph
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
-from embedl_dynamo.errors import RuntimeUnavailableError
+from embedl_dynamo.errors import OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.partition import (
@@ -42,6 +42,7 @@ from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.base import Runtime
 from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, kept_in_pytorch
 from embedl_dynamo.runtimes.registry import AUTO, runtime_candidates
+from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_float, flat_outputs
 
 __all__ = ["build_partitioned", "partition_for"]
 
@@ -109,14 +110,45 @@ def build_partitioned(
             infer = build_graph(child, fragment.graph)
         calls.append(infer if infer is not None else fragment.graph)
         job.report.partitions.append(child.report)
-    _finish_partitioned(job, graph, partitioning)
     stitched = stitch(graph, fragments, calls)
+    mismatch = _stitched_mismatch(job, graph, stitched)
+    if mismatch is not None:
+        if job.settings.fallback == "raise":
+            raise OutputMismatchError(mismatch)
+        warnings.warn(f"embedl_{job.backend.name}: {mismatch}", RuntimeWarning, stacklevel=3)
+        job.stay_eager("eager", mismatch, graph)
+        return None
+    _finish_partitioned(job, graph, partitioning)
 
     def run(*inputs: Any) -> tuple[Any, ...]:
         out = stitched(*inputs)
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     return run
+
+
+#: the partitioned graph's bound against PyTorch's on its first inputs, relative to each
+#: output's scale: each fragment holds FLOAT_RTOL; this checks how they are put together
+STITCHED_RTOL = 10 * FLOAT_RTOL
+
+
+def _stitched_mismatch(
+    job: SubgraphJob, graph: fx.GraphModule, stitched: fx.GraphModule
+) -> str | None:
+    """Why the partitioned float graph does not give PyTorch's outputs on the job's inputs, or
+    None. Each fragment is judged against its own part of the graph; this catches what only
+    the whole shows, such as PyTorch's parts run in another order than the graph's. A lower
+    precision is judged by its own budget instead."""
+    if job.settings.precision.lower:
+        return None
+    with torch.no_grad():
+        expected = flat_outputs(graph(*job.inputs))
+        actual = flat_outputs(stitched(*job.inputs))
+    try:
+        check_float(expected, actual, f"subgraph {job.report.index} partitioned", STITCHED_RTOL)
+    except OutputMismatchError as error:
+        return f"{error}; it runs in PyTorch"
+    return None
 
 
 # _build_outside_dynamo: a fragment is built outside Dynamo's tracing context. Its inputs are

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.dynamo import partitioned
 from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from tests.helpers import assert_close_to_scale
 
@@ -229,3 +230,35 @@ def test_a_write_runs_before_the_readers_after_it_whatever_it_waits_for(runtime)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     (sub,) = embedl_dynamo.last_report()
     assert sub.status == "partitioned" and len(sub.partitions) >= 2
+
+
+def _stitched_off_by(amount: float):
+    """``stitch`` whose graph answers ``amount`` off: a fault in putting the parts together,
+    which no fragment's own check sees."""
+    real = partitioned.stitch
+
+    def stitch(graph, fragments, calls):
+        stitched = real(graph, fragments, calls)
+        return lambda *inputs: tuple(o + amount for o in stitched(*inputs))
+
+    return stitch
+
+
+def test_a_partitioned_graph_that_differs_from_pytorch_as_a_whole_runs_in_pytorch(monkeypatch):
+    monkeypatch.setattr(partitioned, "stitch", _stitched_off_by(0.5))
+    model, x = _CoshNet().eval(), torch.randn(2, 3, 12, 12)
+    with pytest.warns(RuntimeWarning, match="partitioned: output 0 differs from PyTorch"):
+        with torch.inference_mode():
+            y = _compile(model, "onnxruntime")(x)
+    assert torch.equal(y, model(x))
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "eager" and "differs from PyTorch" in sub.reason
+
+
+def test_within_the_bound_the_partitioned_graph_runs(monkeypatch):
+    monkeypatch.setattr(partitioned, "stitch", _stitched_off_by(1e-6))
+    model, x = _CoshNet().eval(), torch.randn(2, 3, 12, 12)
+    with torch.inference_mode():
+        _compile(model, "onnxruntime")(x)
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "partitioned"
