@@ -15,6 +15,7 @@ it reads from outside, its constants are copied in, and the sizes it reads
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import operator
@@ -131,6 +132,7 @@ def partition_graph(
     held: dict[fx.Node, str] = {}
     while True:
         taken, reasons, small, chosen = _propose(gm, runtimes, min_ops, forced_out, held)
+        chosen = _cut_at_writes(gm, chosen, min_ops, (taken, reasons, small))
         split = _split_writes(gm, chosen)
         if not split:
             break
@@ -209,6 +211,41 @@ def _writes(gm: fx.GraphModule) -> Iterator[tuple[fx.Node, fx.Node | None, set[f
         readers = {n for n in written.users if n is not node}
         readers = {n for n in readers if not is_free(n) and not picks_output(n)}
         yield node, written if written.op in CALLS else None, readers
+
+
+def _cut_at_writes(
+    gm: fx.GraphModule,
+    chosen: list[tuple[str, list[fx.Node]]],
+    min_ops: int,
+    state: tuple[set[fx.Node], dict[fx.Node, str], set[fx.Node]],
+) -> list[tuple[str, list[fx.Node]]]:
+    """Each part cut where an in-place write that runs in PyTorch stands among its nodes, so
+    that a part runs wholly before or wholly after each such write: the stitched graph runs
+    the write after the readers before it and before those after it, and a part on both sides
+    of it would wait on itself (Longformer's masked diagonals). A piece below ``min_ops``
+    stays in PyTorch (``state``: the nodes taken, the reasons and the small ones, updated)."""
+    taken, reasons, small = state
+    placed = {node for _, nodes in chosen for node in nodes}
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    cuts = sorted(position[write] for write, _, _ in _writes(gm) if write not in placed)
+    if not cuts:
+        return chosen
+    pieces = []
+    for runtime, nodes in chosen:
+        groups: dict[int, list[fx.Node]] = {}
+        for node in nodes:
+            anchor = node.args[0] if picks_output(node) else node  # a pick goes with its op
+            groups.setdefault(bisect.bisect(cuts, position[anchor]), []).append(node)
+        for _, piece in sorted(groups.items()):
+            count = sum(1 for n in piece if not picks_output(n))
+            if count >= min_ops:
+                pieces.append((runtime, piece))
+                continue
+            taken.difference_update(piece)
+            small.update(piece)
+            for node in piece:
+                reasons[node] = f"a fragment of {count} ops < min_subgraph_size={min_ops}"
+    return pieces
 
 
 def _split_writes(gm: fx.GraphModule, chosen: list[tuple[str, list[fx.Node]]]) -> set[fx.Node]:

@@ -19,6 +19,7 @@ from torch import fx
 
 from embedl_dynamo.graph.aliasing import mutated_tensor
 from embedl_dynamo.partition.fragments import Fragment
+from embedl_dynamo.partition.support import is_free, picks_output
 
 __all__ = ["FragmentCall", "fragment_inputs", "stitch"]
 
@@ -42,15 +43,16 @@ def _data_edges(gm: fx.GraphModule) -> list[tuple[fx.Node, fx.Node]]:
 
 def _write_edges(gm: fx.GraphModule, position: dict[fx.Node, int]) -> list[tuple[fx.Node, fx.Node]]:
     """``(earlier, later)`` between each in-place write the graph still holds and the other
-    readers of its tensor, in the graph's order: a reader before the write must not see it, a
-    reader after it must (data flow alone does not order them)."""
+    readers of its tensor's values, in the graph's order: a reader before the write must not
+    see it, a reader after it must (data flow alone does not order them). A size read from it,
+    recomputed wherever it is read, and a pick of an op's output are no such readers."""
     edges = []
     for node in gm.graph.nodes:
         written = mutated_tensor(node)
         if not isinstance(written, fx.Node):
             continue
         for reader in written.users:
-            if reader is not node:
+            if reader is not node and not is_free(reader) and not picks_output(reader):
                 pair = (reader, node) if position[reader] < position[node] else (node, reader)
                 edges.append(pair)
     return edges

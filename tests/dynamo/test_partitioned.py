@@ -262,3 +262,31 @@ def test_within_the_bound_the_partitioned_graph_runs(monkeypatch):
         _compile(model, "onnxruntime")(x)
     (sub,) = embedl_dynamo.last_report()
     assert sub.status == "partitioned"
+
+
+class _FragmentAcrossAWrite(nn.Module):
+    """One fragment would compute both the value a write takes (before the write) and what
+    reads a PyTorch op after it: the stitched graph orders the write between them, so the
+    fragment is cut at the write."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = torch.relu(x * 2.0) * 3.0
+        before = torch.cosh(y * 0.1)
+        value = torch.sigmoid(x) * 2.0 + 1.0
+        y[:, 0] = value[:, 0]
+        after = torch.cosh(y * 0.1)
+        return before, torch.sigmoid(after) * value + 1.0
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_fragment_is_cut_where_a_write_in_pytorch_stands_among_its_nodes(runtime):
+    model = _FragmentAcrossAWrite()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
+        for seed in range(2):
+            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert not [w for w in caught if "failed inside embedl_dynamo" in str(w.message)]
+    (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "partitioned" and len(sub.partitions) >= 3
