@@ -24,6 +24,7 @@ weights' types already state. The exported graph is the same (tested).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,21 @@ SHARED_MIN_BYTES = 1 << 20  # smaller weights (shapes, norms) are copied: they c
 # convolution weights are copied, never shared: ONNX Runtime's NCHWc layout pass reorders them
 # from the initializer's file before a shared one replaces it, and fails on the empty stand-in
 _REORDERED_WEIGHTS = frozenset({"Conv", "ConvTranspose", "ConvInteger", "QLinearConv"})
+
+
+def _folded_weights(model: Any, weights: Iterable[str]) -> set[str]:
+    """The ``weights`` read by a node whose every input is constant (a weight, an initializer,
+    a ``Constant`` or such a node's output): ONNX Runtime's constant folding computes it from
+    the initializer's file before a shared one replaces it, and fails on the empty stand-in
+    (BERT's position-embedding ``Gather`` of constant ids)."""
+    constant = set(weights) | {t.name for t in model.graph.initializer}
+    folded: set[str] = set()
+    for node in model.graph.node:  # in topological order
+        inputs = [i for i in node.input if i]
+        if all(i in constant for i in inputs):
+            constant.update(node.output)
+            folded.update(inputs)
+    return folded
 
 
 def _onnx_types() -> dict[torch.dtype, int]:
@@ -231,6 +247,7 @@ class UnwrittenOnnx:
         arrays = OrtInitializers()
         read_transposed(model, self.transposed)
         convolved = {n.input[1] for n in model.graph.node if n.op_type in _REORDERED_WEIGHTS}
+        convolved |= _folded_weights(model, self.weights)
         for name, tensor in self.weights.items():
             if not tensor.numel() or _may_be_a_shape(tensor):
                 model.graph.initializer.append(tensor_proto(name, tensor))

@@ -477,3 +477,36 @@ def test_a_large_convolution_weight_is_copied_and_its_session_builds(tmp_path):
     got = torch.from_numpy(session.run(None, {"input_0": x.numpy()})[0])
     torch.testing.assert_close(got, model(x).detach(), rtol=1e-4, atol=1e-4)
     assert not arrays.shared
+
+
+def test_a_weight_a_constant_node_reads_is_copied_and_its_session_builds():
+    """ONNX Runtime's constant folding computes a node whose inputs are all constant (BERT's
+    position-embedding Gather of constant ids) from the initializer's own file before a weight
+    given by reference replaces it: the session failed on the empty stand-in (and BERT ran in
+    PyTorch on its first compile on embedl_onnxruntime). Such weights are copied."""
+    from onnx import TensorProto, helper
+
+    from embedl_dynamo.onnx.initializers import SHARED_MIN_BYTES, UnwrittenOnnx
+    from embedl_dynamo.runtimes.onnxruntime.session import create_session
+
+    torch.manual_seed(0)
+    table, ids, x = torch.randn(512, 768), torch.arange(16), torch.randn(16, 768)
+    assert table.nbytes >= SHARED_MIN_BYTES
+    graph = helper.make_graph(
+        [
+            helper.make_node("Gather", ["table", "ids"], ["rows"]),
+            helper.make_node("Add", ["x", "rows"], ["y"]),
+        ],
+        "constant_gather",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [16, 768])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 768])],
+        [numpy_helper.from_array(ids.numpy(), "ids")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    unwritten = UnwrittenOnnx(model, {"table": table})
+    unwritten.make_contiguous()
+    model_bytes, arrays = unwritten.ort_source()
+    session = create_session(model_bytes, ["CPUExecutionProvider"], initializers=arrays)
+    got = torch.from_numpy(session.run(None, {"x": x.numpy()})[0])
+    torch.testing.assert_close(got, x + table[ids], rtol=1e-6, atol=1e-6)
+    assert not arrays.shared
