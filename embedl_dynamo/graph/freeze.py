@@ -52,6 +52,7 @@ from embedl_dynamo.graph.input_free import fold_input_free
 from embedl_dynamo.graph.output_views import OutputView, output_views
 from embedl_dynamo.graph.scalar_inputs import bake_scalar, int_as_tensor, scalar_as_tensor
 from embedl_dynamo.graph.strided_reads import gather_strided_reads, strided_read_blocker
+from embedl_dynamo.graph.transpose_dims import nonnegative_transpose_dims
 from embedl_dynamo.graph.view_writes import inputs_written_through_views
 
 __all__ = ["FrozenGraph", "freeze", "inference_blocker", "is_lifted_constant"]
@@ -329,10 +330,11 @@ def _attributes(gm: fx.GraphModule) -> nn.Module:
 def _inference_form(frozen: fx.GraphModule, write_back: bool) -> tuple[int, ...]:
     """The frozen graph made functional and written for inference, in place: idle autocast
     regions dropped, in-place ops made functional, ``as_strided`` reads of storage written as
-    gathers, batch statistics written as ops, tensors computed from no input folded. The positions of the inputs written back."""
+    gathers, ``transpose`` dims made non-negative, batch statistics written as ops, tensors computed from no input folded. The positions of the inputs written back."""
     drop_idle_autocast(frozen.graph)
     positions = functionalize(frozen, write_back)
     gather_strided_reads(frozen)
+    nonnegative_transpose_dims(frozen)
     decompose_batch_statistics(frozen)
     fold_input_free(frozen)
     return positions
