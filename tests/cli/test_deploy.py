@@ -17,7 +17,11 @@ def build():
 """
 
 
-@pytest.mark.parametrize("seeded", [True, False], ids=["same weights", "new weights each time"])
+@pytest.mark.parametrize(
+    "seeded",
+    [True, pytest.param(False, marks=pytest.mark.slow)],
+    ids=["same weights", "new weights each time"],
+)
 def test_deploy_builds_a_cache_a_replica_starts_from(tmp_path, capfd, seeded):
     net = tmp_path / "net.py"
     net.write_text(NET.format(seeded=seeded))

@@ -175,6 +175,7 @@ def test_greedy_tokens_equal_eager(name, config, cache):
     ]
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_dynamic_true_compiles_grouped_query_attention_too():
     """``torch.compile(..., dynamic=True)``: sizes are symbolic from the first trace, and the
     rewrites run inside a Dynamo tracing context whose fake mode is not that of the graph's

@@ -100,6 +100,7 @@ def test_an_inductor_mode_is_ignored_not_refused():
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_the_static_cache_stays_in_its_tensors_through_generate():
     """The cache's tensors keep their memory across the decode steps, and hold what eager's
     cache holds after the same generation."""

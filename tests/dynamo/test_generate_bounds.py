@@ -80,6 +80,7 @@ def _bart() -> nn.Module:
     return transformers.BartForConditionalGeneration(config).eval()
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_a_static_cache_decoder_builds_per_shape_class():
     """Llama (one layer) with grouped-query attention and the static cache: the first ``generate()``
     builds the prefill and decode graphs, the second none; another ``max_new_tokens`` (a cache
@@ -104,10 +105,9 @@ def test_a_static_cache_decoder_builds_per_shape_class():
     assert built[3] == 0, built  # after the dynamic recompile of built[2]
 
 
-# BART slow (about 8 s): T5 shows the encoder-decoder bound by default
-@pytest.mark.parametrize(
-    "make", [_t5, pytest.param(_bart, marks=pytest.mark.slow)], ids=["t5", "bart"]
-)
+# both slow (about 5-8 s each), in CI's slow slice
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [_t5, _bart], ids=["t5", "bart"])
 def test_an_encoder_decoder_builds_nothing_in_its_second_generate(make):
     """T5 and BART: the first greedy ``generate()`` builds the graphs of the first decoding
     step (which fills the cross-attention cache), the second and the later steps; a second

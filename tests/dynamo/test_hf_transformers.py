@@ -46,6 +46,7 @@ def _masked_attention_fused() -> bool:
     return bool(attention) and all(e.apply for e in attention)
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_padded_bert_matches_eager_and_new_lengths_build_nothing(tmp_path):
     config = transformers.BertConfig(
         hidden_size=64,

@@ -84,6 +84,7 @@ def _compiled_perplexity(model, ids, precision: str, cache_dir) -> tuple[float, 
     return result, subgraph.pipeline
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_weight_only_perplexity_stays_near_float(trained, tmp_path):
     model, ids = trained
     with torch.no_grad():

@@ -120,6 +120,7 @@ print(type(out).__module__, type(out).__name__, sorted(out.keys()))
 """
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_a_transformers_output_rebuilds_in_a_process_that_never_imported_it(tmp_path) -> None:
     """transformers registers a ``ModelOutput`` class when its module is imported: ``load()``
     in a fresh process (a serving replica) imports it from transformers by its name."""

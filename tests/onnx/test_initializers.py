@@ -218,7 +218,9 @@ class _ShapeValues(nn.Module):
         return z.expand(x.shape[0], 8, 80).softmax(-1)
 
 
-@pytest.mark.parametrize("case", ["mixed", "shape_values", "vit"])
+@pytest.mark.parametrize(
+    "case", ["mixed", "shape_values", pytest.param("vit", marks=pytest.mark.slow)]
+)
 def test_shape_inference_without_weights_infers_the_same_graph(tmp_path, monkeypatch, case):
     """Every node (whose form the exporter picks from inferred shapes), input and output type
     is the same as when the exporter's shape inference is handed all the weights."""

@@ -63,7 +63,9 @@ def _classifier_free(counts: Counter) -> Counter:
     )
 
 
-@pytest.mark.parametrize("model_class", [MobileNetLike, ResNetLike])
+@pytest.mark.parametrize(
+    "model_class", [pytest.param(MobileNetLike, marks=pytest.mark.slow), ResNetLike]
+)
 def test_lowered_file_runs_the_layers_of_openvinos_own_conversion(
     model_class, tmp_path, monkeypatch
 ):
@@ -81,6 +83,7 @@ def test_lowered_file_runs_the_layers_of_openvinos_own_conversion(
     )
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_without_the_lowering_the_squeeze_excite_gate_runs_unfused(tmp_path):
     # the regression the lowering closes: HardSigmoid as a reference-kernel Math layer, with
     # layout reorders around it, where OpenVINO's own conversion fuses it into the conv

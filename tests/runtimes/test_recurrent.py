@@ -94,7 +94,9 @@ def test_an_lstm_runs_on_the_runtime(allow_rnn, runtime):
     assert sub.status == "compiled" and sub.runtime == runtime, sub
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(
+    "runtime", ["onnxruntime", pytest.param("openvino", marks=(NO_OPENVINO, pytest.mark.slow))]
+)
 def test_gru_rnn_and_states_match_eager(allow_rnn, runtime):
     """Two layers, initial states given, batch first and not, relu and tanh, with and without
     biases: one graph, all of it on the runtime, within the bound over calls."""

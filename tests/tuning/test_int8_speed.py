@@ -38,6 +38,7 @@ def _int8_compile(runtime="onnxruntime"):
     return embedl_dynamo.last_report()
 
 
+@pytest.mark.slow  # in CI's slow slice: the default run keeps to 5 minutes
 def test_a_slower_int8_runs_and_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(runtime_choice, "measure_runtimes", _timings(13.4, 10.0))
     with caplog.at_level(logging.WARNING, logger="embedl_dynamo"):
