@@ -137,7 +137,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``-m slow``: the default run, CI's, stays within its time."""
     if "slow" in (config.getoption("markexpr") or ""):
         return
-    skip = pytest.mark.skip(reason="slow: run with -m slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow:  # deselected, not skipped: thousands of skip reports cost the parallel run time
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if "slow" not in item.keywords]
