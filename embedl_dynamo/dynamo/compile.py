@@ -39,7 +39,7 @@ from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.graph.analysis import GraphAnalysis, analyze
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes, dynamic_axes
 from embedl_dynamo.graph.freeze import FrozenGraph, freeze, inference_blocker
-from embedl_dynamo.graph.output_views import with_view_bases
+from embedl_dynamo.graph.output_views import ViewBases, with_view_bases
 from embedl_dynamo.graph.scalar_outputs import SplitOutputs, split_scalar_outputs
 from embedl_dynamo.runtimes.eager.runtime import EagerRuntime
 from embedl_dynamo.runtimes.registry import AUTO
@@ -120,24 +120,23 @@ class Prepared:
     """A Dynamo graph frozen and split for the runtimes (``job`` holds its inputs and axes).
 
     ``gm`` is the graph compiled, with ``analysis`` its record: Dynamo's, or its copy that also
-    returns the tensors several outputs view (:func:`with_view_bases`), whose first ``outputs``
-    outputs are Dynamo's (None: all are)."""
+    returns the tensors several outputs view (:func:`with_view_bases`: ``bases``, None where
+    it is Dynamo's own)."""
 
     frozen: FrozenGraph
     split: SplitOutputs
     gm: fx.GraphModule
     analysis: GraphAnalysis
-    outputs: int | None = None
+    bases: ViewBases | None = None
 
     def visible(self, compiled: Callable[..., Any]) -> Callable[..., Any]:
         """``compiled`` (which runs :attr:`gm`) returning Dynamo's outputs only."""
-        if self.outputs is None:
+        bases = self.bases
+        if bases is None:
             return compiled
-        count = self.outputs
 
         def dynamo_outputs(*args: Any) -> Any:
-            returned = compiled(*args)
-            return type(returned)(returned[:count])
+            return bases.visible(compiled(*args))
 
         report = getattr(compiled, "embedl_report", None)  # none where it runs in PyTorch
         if report is not None:
@@ -155,10 +154,9 @@ def prepare_subgraph(
     graph and axes; or why it runs as it is. ``analysis`` is ``gm``'s
     (:mod:`embedl_dynamo.graph.analysis`), where the caller has it."""
     analysis = analysis if analysis is not None else analyze(gm)
-    outputs = None
     bases = with_view_bases(gm, analysis)  # outputs that view one tensor the graph keeps
     if bases is not None:
-        gm, analysis, outputs = bases.gm, analyze(bases.gm), bases.outputs
+        gm, analysis = bases.gm, analyze(bases.gm)
     reason = _eager_reason(job, gm, example_inputs, analysis)
     if reason is not None:
         return reason
@@ -171,7 +169,7 @@ def prepare_subgraph(
         return StaysEager("eager", split.blocker)
     job.original = split.tensors
     job.axes = _axes(gm, frozen, split, job)
-    return Prepared(frozen, split, gm, analysis, outputs)
+    return Prepared(frozen, split, gm, analysis, bases)
 
 
 def _eager_reason(

@@ -25,7 +25,12 @@ from embedl_dynamo.graph.input_free import FOLDED_PREFIX, input_free_value
 from embedl_dynamo.graph.meta import infer_meta
 from embedl_dynamo.graph.nodes import node_value_meta
 
-__all__ = ["gather_strided_reads", "strided_index", "strided_read_blocker"]
+__all__ = [
+    "gather_strided_reads",
+    "strided_index",
+    "strided_read_blocker",
+    "strides_own_elements",
+]
 
 
 def _is_as_strided(node: fx.Node) -> bool:
@@ -99,6 +104,16 @@ def _storage_in_logical_order(value: torch.Tensor) -> bool:
     storage does, where it reads only ``value``'s own: ``value`` is contiguous from its
     storage's start."""
     return value.is_contiguous() and value.storage_offset() == 0
+
+
+def strides_own_elements(node: fx.Node) -> bool:
+    """Whether the ``as_strided`` call ``node`` reads only its input's own elements in their
+    logical order, with static numbers: a runtime's contiguous copy of the input gives it
+    eager's elements (the conformance table's ``as_strided`` row)."""
+    call = _call(node)
+    return (
+        call is not None and _storage_in_logical_order(call[0]) and strided_index(*call) is not None
+    )
 
 
 def _owns_its_storage(node: fx.Node) -> bool:

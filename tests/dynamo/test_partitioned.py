@@ -194,14 +194,20 @@ class _ZeroedBesideCosh(nn.Module):
         return before.sum(1) + (y + 1.0).sum(1) + y.sin().sum(1)
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
-def test_a_write_without_an_out_of_place_form_stays_in_order_too(runtime):
-    model = _ZeroedBesideCosh()
+def _partitioned_as_eager(model: nn.Module, runtime: str, calls: int = 2):
+    """The subgraph's report after ``calls`` calls of ``model`` compiled with every fragment
+    kept (``min_subgraph_size=1``), each equal to eager (the first call builds)."""
     compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
-    for seed in range(2):
+    for seed in range(calls):
         x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     (sub,) = embedl_dynamo.last_report()
+    return sub
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_write_without_an_out_of_place_form_stays_in_order_too(runtime):
+    sub = _partitioned_as_eager(_ZeroedBesideCosh(), runtime)
     kept = {k["op"]: k["reason"] for k in sub.kept}
     assert "an in-place write" in kept["zero_"] and "no conformance row" in kept["cosh"]
 
@@ -223,12 +229,7 @@ class _WriteWaitingForALaterFragment(nn.Module):
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_write_runs_before_the_readers_after_it_whatever_it_waits_for(runtime):
-    model = _WriteWaitingForALaterFragment()
-    compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
-    for seed in range(2):
-        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
-    (sub,) = embedl_dynamo.last_report()
+    sub = _partitioned_as_eager(_WriteWaitingForALaterFragment(), runtime)
     assert sub.status == "partitioned" and len(sub.partitions) >= 2
 
 
@@ -280,13 +281,8 @@ class _FragmentAcrossAWrite(nn.Module):
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_a_fragment_is_cut_where_a_write_in_pytorch_stands_among_its_nodes(runtime):
-    model = _FragmentAcrossAWrite()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        compiled = _compile(model, runtime, min_subgraph_size=1, beat_eager=False)
-        for seed in range(2):
-            x = torch.randn(3, 4, generator=torch.Generator().manual_seed(seed))
-            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        sub = _partitioned_as_eager(_FragmentAcrossAWrite(), runtime)
     assert not [w for w in caught if "failed inside embedl_dynamo" in str(w.message)]
-    (sub,) = embedl_dynamo.last_report()
     assert sub.status == "partitioned" and len(sub.partitions) >= 3

@@ -32,23 +32,17 @@ def _past_its_elements(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
-def test_strides_over_a_contiguous_inputs_own_elements_run_on_the_runtime(runtime):
-    compiled = runtime_compiled(_overlapping_chunks, runtime)
+@pytest.mark.parametrize(
+    ("function", "shape"),
+    [(_overlapping_chunks, (8, 6)), (_transposed, (4, 3))],
+    ids=["a contiguous input's own elements: the row", "a transposed view: a gather"],
+)
+def test_strided_reads_run_on_the_runtime_as_in_eager(function, shape, runtime):
+    compiled = runtime_compiled(function, runtime)
     with torch.no_grad():
         for _ in range(3):
-            x = torch.randn(8, 6)
-            assert torch.equal(compiled(x), _overlapping_chunks(x))
-    (sub,) = embedl_dynamo.last_report().subgraphs
-    assert sub.runtime == runtime and not sub.kept
-
-
-@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
-def test_strides_over_a_transposed_view_run_on_the_runtime_as_a_gather(runtime):
-    compiled = runtime_compiled(_transposed, runtime)
-    with torch.no_grad():
-        for _ in range(3):
-            x = torch.randn(4, 3)
-            assert torch.equal(compiled(x), _transposed(x))
+            x = torch.randn(*shape)
+            assert torch.equal(compiled(x), function(x))
     (sub,) = embedl_dynamo.last_report().subgraphs
     assert sub.runtime == runtime and not sub.kept
 

@@ -122,20 +122,24 @@ def whisper_encoder():
     return WhisperEncoder(config), (torch.randn(2, 16, 32),)  # 2 * max_source_positions frames
 
 
+#: wav2vec2's feature encoder and transformer at tiny sizes (WavLM's config takes them too)
+SPEECH = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=64,
+    conv_dim=(16, 16),
+    conv_kernel=(10, 3),
+    conv_stride=(5, 2),
+    conv_bias=False,
+    num_conv_pos_embeddings=16,
+    num_conv_pos_embedding_groups=4,
+    feat_extract_norm="group",
+)
+
+
 def wav2vec2():
-    config = transformers.Wav2Vec2Config(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        conv_dim=(16, 16),
-        conv_kernel=(10, 3),
-        conv_stride=(5, 2),
-        conv_bias=False,
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-        feat_extract_norm="group",
-    )
+    config = transformers.Wav2Vec2Config(**SPEECH)
     return transformers.Wav2Vec2Model(config), (torch.randn(2, 400),)
 
 
@@ -229,21 +233,7 @@ def cvt():
 def wavlm():
     """wav2vec2's feature encoder with gated relative-position attention, called through
     ``F.multi_head_attention_forward`` with separate projection weights."""
-    config = transformers.WavLMConfig(
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        conv_dim=(16, 16),
-        conv_kernel=(10, 3),
-        conv_stride=(5, 2),
-        conv_bias=False,
-        num_conv_pos_embeddings=16,
-        num_conv_pos_embedding_groups=4,
-        feat_extract_norm="group",
-        num_buckets=32,
-        max_bucket_distance=100,
-    )
+    config = transformers.WavLMConfig(**SPEECH, num_buckets=32, max_bucket_distance=100)
     return transformers.WavLMModel(config), (torch.randn(2, 400),)
 
 

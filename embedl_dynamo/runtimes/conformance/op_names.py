@@ -15,6 +15,7 @@ from torch import fx
 
 from embedl_dynamo.graph.batch_statistics import uses_batch_statistics
 from embedl_dynamo.graph.nodes import node_value_meta
+from embedl_dynamo.graph.strided_reads import strides_own_elements
 from embedl_dynamo.runtimes.conformance.int_bounds import (
     computed_within_int32,
     exact_in_float32,
@@ -90,7 +91,7 @@ def _specialised(node: fx.Node, name: str) -> str:
         return "batch_norm(batch statistics)"  # one freezing did not write as its ops: no row
     if name == "repeat_interleave" and isinstance(_argument(node, 1, "repeats", None), int):
         return "repeat_interleave(int repeats)"  # a copy of each slice: tensor repeats are not
-    if name == "as_strided" and not _strides_its_own_elements(node):
+    if name == "as_strided" and not strides_own_elements(node):
         return "as_strided(storage)"  # reads memory the runtime's contiguous copy lacks
     if name == "scatter" and node.kwargs.get("reduce") is not None:
         return f"scatter(reduce={node.kwargs['reduce']!r})"  # not exported
@@ -140,26 +141,6 @@ def _ignored_input(node: fx.Node, name: str) -> object:
     ):
         return _argument(node, 5, "in_proj_weight", None)
     return None
-
-
-def _strides_its_own_elements(node: fx.Node) -> bool:
-    """Whether ``as_strided`` reads only its input's own elements, in their logical order: the
-    input is contiguous from the start of its storage and every position the static sizes,
-    strides and offset reach lies within its element count. A runtime holds the input as a
-    contiguous tensor of its own, so past that the two read different memory."""
-    source = node.args[0] if node.args else None
-    value = node_value_meta(source) if isinstance(source, fx.Node) else None
-    size, stride = _argument(node, 1, "size", None), _argument(node, 2, "stride", None)
-    offset = _argument(node, 3, "storage_offset", None) or 0
-    numbers = [*(size or ()), *(stride or ()), offset]
-    if not isinstance(value, torch.Tensor) or not all(type(n) is int for n in numbers):
-        return False
-    if not value.is_contiguous() or value.storage_offset() != 0 or len(size) != len(stride):
-        return False
-    if any(n == 0 for n in size):
-        return True  # reads nothing
-    last = offset + sum((n - 1) * step for n, step in zip(size, stride))
-    return min(stride, default=0) >= 0 and last < value.numel()
 
 
 def _integer(dtype: torch.dtype | None) -> bool:
