@@ -7,7 +7,9 @@ write in place and into what, which inputs are written and which are returned as
 As AOTAutograd computes one ``ViewAndMutationMeta`` per graph and every later stage reads it,
 :func:`analyze` computes these facts once into a :class:`GraphAnalysis`, and the decisions
 (``mutation_blocker``, ``output_alias``, ``view_write_plan``, ``output_views``, ``freeze``)
-read that record, passed down as an argument.
+read that record, passed down as an argument. A stage that has no record at hand (the folding
+of input-free tensors after the graph is made functional) gets the one last computed for the
+graph, where the graph has not changed since.
 
 A record describes one state of one graph: a pass that changes the graph (writes through
 views made functional, in-place ops made out-of-place, a recorded run's storages noted) calls
@@ -36,7 +38,11 @@ from embedl_dynamo.graph.aliasing import (
     out_argument,
 )
 
-__all__ = ["GraphAnalysis", "analysis_of", "analyze", "graph_state"]
+__all__ = ["LATEST_ANALYSIS", "GraphAnalysis", "analysis_of", "analyze", "graph_state"]
+
+#: the attribute of an ``fx.Graph`` holding its latest record, read again while the graph is in
+#: the state it describes (it lives and dies with the graph; a copy of the graph has none)
+LATEST_ANALYSIS = "embedl_latest_analysis"
 
 
 def graph_state(gm: fx.GraphModule) -> tuple[tuple[Any, ...], ...]:
@@ -134,6 +140,15 @@ def analyze(gm: fx.GraphModule) -> GraphAnalysis:
         >>> [node.op for node in analyze(gm).written_inputs.values()]
         ['placeholder']
     """
+    latest = getattr(gm.graph, LATEST_ANALYSIS, None)
+    if latest is not None and latest.describes(gm):
+        return latest
+    record = _computed(gm)
+    setattr(gm.graph, LATEST_ANALYSIS, record)
+    return record
+
+
+def _computed(gm: fx.GraphModule) -> GraphAnalysis:
     nodes = list(gm.graph.nodes)
     classes = alias_classes(gm)
     members: dict[Any, list[fx.Node]] = {}

@@ -11,7 +11,12 @@ PyTorch, so they are exactly PyTorch's values, and stores each as a constant of 
 What is folded, and what is not:
 
 * a node is *input-free* when every node it reads is input-free; placeholders and ``get_attr``
-  (weights and buffers, which may change and are refitted) are not. Random ops, ops without a
+  (weights and buffers, which may change and are refitted) are not. A *fill* (``new_ones``,
+  ``zeros_like``, ``full_like``... of a static shape) reads only its tensor argument's shape and
+  dtype, so it is input-free whatever that tensor is: Longformer's masks of its diagonals,
+  ``x.new_ones(n, n).tril().flip(0)``, fold, and the casts they take (a float mask's ``bool``,
+  which OpenVINO computes differently on NaN) with them. A fill read by the rest of the graph
+  is not stored: it costs a runtime no more to make than to read. Random ops, ops without a
   defined result (``empty``), ops with an effect (an in-place write, an assertion) and calls of
   modules are never folded, nor is anything they read or that reads them;
 * only the tensors where input-free values meet the rest of the graph are stored, each at most
@@ -62,6 +67,15 @@ _NOT_FOLDED = frozenset(
     empty empty_like new_empty empty_strided
     """.split()
 )
+#: fills, by op: the position of their fill value in ``args`` and its keyword, or the value
+_FILLS: dict[str, tuple[int, str] | int] = {
+    "new_zeros": 0,
+    "new_ones": 1,
+    "zeros_like": 0,
+    "ones_like": 1,
+    "new_full": (2, "fill_value"),
+    "full_like": (1, "fill_value"),
+}
 
 
 def fold_input_free(gm: fx.GraphModule) -> int:
@@ -82,18 +96,13 @@ def fold_input_free(gm: fx.GraphModule) -> int:
         ['placeholder', 'get_attr', 'call_function', 'output']
     """
     free = _input_free(gm)
-    if not free:
-        return 0  # most graphs: nothing to evaluate, and no need of their aliasing
+    found = _meeting_the_graph(gm, free)
+    if not found:
+        return 0  # most graphs: nothing to store, and no need of their aliasing
     classes, returned = _returned_classes(gm)
-    env: dict[fx.Node, Any] = {}
     stored, changed = 0, False
-    for node in gm.graph.nodes:
-        if node not in free:
-            continue
-        env[node] = _evaluate(node, env)
-        outside = [user for user in node.users if user not in free]
-        value = env[node]
-        if not outside or not _storable(value) or classes.get(node, node) in returned:
+    for node, value, outside in found:
+        if classes.get(node, node) in returned:
             continue
         outside = _as_sizes(node, value, outside)
         changed |= not outside
@@ -104,6 +113,25 @@ def fold_input_free(gm: fx.GraphModule) -> int:
         _erase_unused(gm, free)
         gm.recompile()
     return stored
+
+
+def _meeting_the_graph(
+    gm: fx.GraphModule, free: set[fx.Node]
+) -> list[tuple[fx.Node, torch.Tensor, list[fx.Node]]]:
+    """The input-free tensors the rest of the graph reads, evaluated, with those readers
+    (``free``'s other nodes are evaluated on the way); a fill read there stays made, but the
+    sizes it reads are given to it as numbers."""
+    made = {n for n in free if _fill_value(n) is not None and any(u not in free for u in n.users)}
+    env: dict[fx.Node, Any] = {}
+    found = []
+    for node in gm.graph.nodes:
+        if node not in free:
+            continue
+        env[node] = value = _evaluate(node, env)
+        outside = [user for user in node.users if user not in free or user in made]
+        if outside and node not in made and _storable(value):
+            found.append((node, value, outside))
+    return found
 
 
 def _as_sizes(node: fx.Node, value: Any, readers: list[fx.Node]) -> list[fx.Node]:
@@ -157,14 +185,42 @@ def input_free_value(node: fx.Node) -> Any:
 
 
 def _input_free(gm: fx.GraphModule) -> set[fx.Node]:
-    """The calls that read only input-free nodes and constants, and may be folded."""
+    """The calls that read only input-free nodes and constants, and may be folded (a fill's
+    tensor argument, of which it reads only the shape and dtype, is not read)."""
     free: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op not in ("call_function", "call_method") or not _foldable(node):
             continue
-        if all(source in free for source in node.all_input_nodes):
+        sources = node.all_input_nodes
+        if _fill_value(node) is not None:
+            sources = [s for s in sources if s is not node.args[0]]
+        if all(source in free for source in sources):
             free.add(node)
     return free
+
+
+def _fill_value(node: fx.Node) -> bool | int | float | None:
+    """The number a fill of a static shape writes everywhere (None: ``node`` is not one)."""
+    name = str(node.target) if node.op == "call_method" else getattr(node.target, "__name__", "")
+    where = _FILLS.get(name)
+    value = node_value_meta(node)
+    if where is None or not isinstance(value, torch.Tensor) or not node.args:
+        return None
+    if not all(isinstance(n, int) for n in (*value.shape, *value.stride())):
+        return None  # a dynamic shape: the fill is made on each call
+    if isinstance(where, tuple):
+        position, keyword = where
+        args = node.args
+        where = args[position] if len(args) > position else node.kwargs.get(keyword)
+    return where if isinstance(where, (bool, int, float)) else None
+
+
+def _made_fill(node: fx.Node) -> torch.Tensor:
+    """What the fill ``node`` computes, made from its recorded shape, strides and dtype."""
+    value = node_value_meta(node)
+    shape, stride = tuple(value.shape), value.stride()
+    made = torch.empty_strided(shape, stride, dtype=value.dtype, device=value.device)
+    return made.fill_(_fill_value(node))
 
 
 def _foldable(node: fx.Node) -> bool:
@@ -184,6 +240,8 @@ def _returned_classes(gm: fx.GraphModule) -> tuple[Mapping[fx.Node, Any], set[An
 
 
 def _evaluate(node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    if _fill_value(node) is not None and node.args[0] not in env:
+        return _made_fill(node)
     args = fx.node.map_arg(node.args, env.__getitem__)
     kwargs = fx.node.map_arg(node.kwargs, env.__getitem__)
     if node.op == "call_method":

@@ -116,3 +116,65 @@ def test_input_free_value_evaluates_constants_alone_and_nothing_that_reads_an_in
     chunks = graph.call_function(torch.div, (32, 8), {"rounding_mode": "trunc"})
     assert torch.equal(input_free.input_free_value(chunks), torch.tensor(4))
     assert input_free.input_free_value(graph.call_function(torch.add, (x, chunks))) is None
+
+
+class _DiagonalMasks(nn.Module):
+    """Longformer's masks of its diagonals: fills of the scores' static shape, a triangle and
+    its flip, cast to ``bool`` (which OpenVINO computes otherwise on a NaN), then written into
+    the scores."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        mask = scores.new_ones(3, 4).tril().flip(dims=[0])[None, :, :].expand(2, 3, 4)
+        start = scores[:, :3, :4]
+        scores[:, :3, :4] = torch.full_like(start, -float("inf")).where(mask.bool(), start)
+        return scores.softmax(-1)
+
+
+def test_a_fill_of_a_static_shape_reads_no_input_and_folds_with_what_it_feeds():
+    scores = torch.randn(2, 5, 6)
+    gm, inputs = dynamo_frozen(_DiagonalMasks().eval(), scores)
+    assert not {"tril", "flip", "bool"} & _ops(gm)
+    assert any(t.dtype == torch.bool and t.shape == (2, 3, 4) for t in _folded(gm))
+    assert torch.equal(gm(*inputs)[0], _DiagonalMasks()(scores))
+
+
+class _Fills(nn.Module):
+    """Fills read directly by the graph, with their value given by position and by keyword."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        made = (x + torch.full_like(x, fill_value=2.0)) * x.new_full((4, 4), 3)
+        ordered = torch.ones_like(x.t()).cumsum(0)  # the fill keeps the transposed strides
+        return made, x * ordered
+
+
+def test_a_fill_the_graph_reads_directly_stays_made_and_one_read_through_ops_folds():
+    x = torch.randn(4, 4)
+    gm, inputs = dynamo_frozen(_Fills().eval(), x)
+    assert {"full_like", "new_full"} <= _ops(gm)  # stored, they would cost a read
+    assert "cumsum" not in _ops(gm)
+    made, ordered = gm(*inputs)
+    expected = _Fills()(x)
+    assert torch.equal(made, expected[0]) and torch.equal(ordered, expected[1])
+
+
+def test_a_fill_whose_value_is_computed_or_whose_shape_is_dynamic_is_not_folded():
+    class ComputedValue(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.full_like(x, x.shape[0]).cumsum(0) + torch.ones_like(x).cumsum(0) * x
+
+    x = torch.randn(3, 4)
+    gm, _ = dynamo_frozen(ComputedValue().eval(), x, dynamic=True)
+    assert not _folded(gm) and {"full_like", "ones_like", "cumsum"} <= _ops(gm)
+
+
+def test_a_fill_written_in_place_is_not_folded():
+    class Written(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            made = x.new_zeros(4, 4)
+            made[1:3] += 1
+            return x + made.cumsum(0)
+
+    x = torch.randn(4, 4)
+    gm, inputs = dynamo_frozen(Written().eval(), x)
+    assert torch.equal(gm(*inputs)[0], Written()(x))
