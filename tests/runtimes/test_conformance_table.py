@@ -12,6 +12,7 @@ from torch import fx
 
 from embedl_dynamo import last_report
 from embedl_dynamo.runtimes.conformance import (
+    OPINFO_ALIASES,
     ROWS,
     STRUCTURAL,
     Rule,
@@ -195,6 +196,54 @@ def test_an_op_is_named_by_the_computation_its_arguments_make():
         "div(rounding_mode='floor')",
         "hardtanh",
     ]
+
+
+def test_an_alias_is_judged_as_its_op_with_the_ops_specialisations():
+    """``torch.multiply`` (ConvBERT's) had no row and kept its graph's part in PyTorch; an
+    alias is its op, and an 8-bit ``subtract`` is ``sub(8-bit)`` as ``sub`` is."""
+    x = torch.randn(2, 3)
+    small = torch.tensor([250, 3], dtype=torch.uint8)
+    names = _recorded_names(
+        lambda t, u: (
+            torch.multiply(t, 2),
+            t.clip(0, 1),
+            torch.special.expit(t),
+            torch.greater(t, 0),
+            torch.subtract(u, u),
+        ),
+        x,
+        small,
+    )
+    assert names == ["mul", "clamp", "sigmoid", "gt", "sub(8-bit)"]
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_aliases_run_on_the_runtime_as_their_ops(runtime: str):
+    def aliases(t: torch.Tensor) -> torch.Tensor:
+        return torch.special.expit(torch.multiply(t, 3).clip(-1, 2)) + torch.subtract(t, 1)
+
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    got = compile_on(aliases, runtime)(x)
+    torch.testing.assert_close(got, aliases(x), rtol=1e-6, atol=1e-6)
+    assert last_report().subgraphs[0].runtime == runtime
+
+
+@pytest.mark.slow
+def test_the_aliases_are_opinfos_for_every_op_with_a_row():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    row_ops = {name: row.op for row in ROWS for name in row.opinfo}
+    listed = {
+        function.__name__: row_ops[info.name]
+        for info in op_db
+        if info.name in row_ops
+        for alias in info.aliases
+        for function in (alias.op, alias.method_variant)
+        if function is not None
+    }
+    named = {n for row in ROWS for n in (row.op, *row.aliases)}
+    assert {a: op for a, op in listed.items() if a not in named} == OPINFO_ALIASES
 
 
 def test_an_index_op_on_a_0_d_tensor_and_a_scatter_with_reduce_are_other_ops():

@@ -58,6 +58,7 @@ from embedl_dynamo.runtimes.conformance.judge import (
     op_name,
     rule_for,
 )
+from embedl_dynamo.runtimes.conformance.op_names import OPINFO_ALIASES
 from embedl_dynamo.runtimes.conformance.rules import (
     CPU_RUNTIMES,
     FLOAT_ATOL,
@@ -76,6 +77,7 @@ __all__ = [
     "Difference",
     "FLOAT_ATOL",
     "FLOAT_RTOL",
+    "OPINFO_ALIASES",
     "OpRow",
     "ROWS",
     "Rule",

@@ -24,7 +24,42 @@ from embedl_dynamo.runtimes.conformance.int_bounds import (
 from embedl_dynamo.runtimes.conformance.recurrent_rows import RECURRENT_OPS
 from embedl_dynamo.runtimes.conformance.shorthands import INDEX_OPS
 
-__all__ = ["input_dtype", "op_name"]
+__all__ = ["OPINFO_ALIASES", "input_dtype", "op_name"]
+
+#: other names of ops the table has rows for, as PyTorch's OpInfo lists them (``torch.multiply``
+#: is ``mul``): a node calling one is judged as the op, its specialisations included (an 8-bit
+#: ``subtract`` is ``sub(8-bit)``); ``tests/runtimes/test_conformance_table.py`` checks the list
+#: against OpInfo's
+OPINFO_ALIASES = {
+    "absolute": "abs",
+    "arccosh": "acosh",
+    "arcsinh": "asinh",
+    "arctanh": "atanh",
+    "clip": "clamp",
+    "fix": "trunc",
+    "ger": "outer",
+    "greater": "gt",
+    "greater_equal": "ge",
+    "less": "lt",
+    "less_equal": "le",
+    "linalg_matmul": "matmul",
+    "multiply": "mul",
+    "negative": "neg",
+    "not_equal": "ne",
+    "row_stack": "vstack",
+    "special_erf": "erf",
+    "special_exp2": "exp2",
+    "special_expit": "sigmoid",
+    "special_expm1": "expm1",
+    "special_log1p": "log1p",
+    "special_log_softmax": "log_softmax",
+    "special_logit": "logit",
+    "special_logsumexp": "logsumexp",
+    "special_round": "round",
+    "special_softmax": "softmax",
+    "special_xlogy": "xlogy",
+    "subtract": "sub",
+}
 
 
 def op_name(node: fx.Node) -> str | None:
@@ -34,7 +69,7 @@ def op_name(node: fx.Node) -> str | None:
     ``pad(mode='reflect')``, ``floordiv_by_number``, ``empty_tensor``, ``gather(0-d)``), and
     ``Tensor.unfold`` (a window over one dimension) is not ``F.unfold`` (patches)."""
     if node.op == "call_method":
-        return _specialised(node, str(node.target))
+        return _specialised(node, _unaliased(str(node.target)))
     if node.op != "call_function":
         return None
     if node.target is operator.getitem:
@@ -43,7 +78,15 @@ def op_name(node: fx.Node) -> str | None:
         if isinstance(picked, (tuple, list)):
             return None
         return _specialised(node, "getitem")  # a tensor: indexing
-    return _specialised(node, getattr(node.target, "__name__", None) or str(node.target))
+    name = getattr(node.target, "__name__", None) or str(node.target)
+    return _specialised(node, _unaliased(name))
+
+
+def _unaliased(name: str) -> str:
+    """The op's own name for an alias of it, in place (``multiply_``) or not."""
+    if name.endswith("_") and name[:-1] in OPINFO_ALIASES:
+        return f"{OPINFO_ALIASES[name[:-1]]}_"
+    return OPINFO_ALIASES.get(name, name)
 
 
 def _specialised(node: fx.Node, name: str) -> str:
