@@ -163,6 +163,22 @@ def test_a_comparison_of_integers_within_2_24_is_its_own_row():
 
 
 @needs_openvino
+def test_openvino_takes_a_comparison_of_bools():
+    """LongT5's ``mask_a > mask_b`` of two bool masks: 0 and 1, exact through float32 (it was
+    kept by the integer rule)."""
+
+    def fn(x, ids):
+        return (x > 0) > (ids == 1), (x > 0) <= (ids > 1)
+
+    compiled = compile_on(fn, "openvino")
+    x, ids = torch.randn(4, 6), torch.randint(0, 3, (4, 6), dtype=torch.int8)
+    for got, expected in zip(compiled(x, ids), fn(x, ids), strict=True):
+        assert torch.equal(got, expected)
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report
+
+
+@needs_openvino
 def test_openvino_takes_a_bounded_comparison_and_keeps_an_unbounded_one():
     def fn(x, ids):
         positions = torch.arange(x.shape[1])

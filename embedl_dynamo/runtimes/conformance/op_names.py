@@ -109,7 +109,7 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"softplus(threshold={_argument(node, 2, 'threshold', 20.0)!r})"  # not exported
     if name in _SUMS and input_dtype(node) in (torch.int8, torch.uint8):
         return f"{_SUMS[name]}(8-bit)"  # OpenVINO saturates where PyTorch wraps
-    if name in _COMPARES and _integer(input_dtype(node)) and exact_in_float32(node):
+    if name in _COMPARES and _integer_or_bool(input_dtype(node)) and exact_in_float32(node):
         return f"{_COMPARES[name]}(integers within 2**24)"  # exact through float32 too
     if name in _SUMS and _result_dtype(node) == torch.int64 and not fits_int32(node):
         return f"{_SUMS[name]}(int64 past int32)"  # OpenVINO computes int64 as int32
@@ -184,6 +184,10 @@ def _ignored_input(node: fx.Node, name: str) -> object:
     ):
         return _argument(node, 5, "in_proj_weight", None)
     return None
+
+
+def _integer_or_bool(dtype: torch.dtype | None) -> bool:
+    return dtype == torch.bool or _integer(dtype)
 
 
 def _integer(dtype: torch.dtype | None) -> bool:
