@@ -19,8 +19,10 @@ Metrics, seconds: ``construct`` (building the model), ``eager`` (its first eager
 call), ``cold``/``warm``/``read_only`` (the first compiled output, construction excluded:
 an empty cache, the cache the cold process wrote, that cache copied elsewhere and read with
 ``EMBEDL_DYNAMO_CACHE_READ_ONLY=1``), ``load`` (``load()`` of the exported file plus its first
-call; not for the decoder). Each compiled phase's row says whether every subgraph was
-``loaded`` and where it ran.
+call; not for the decoder), ``saved`` (``load_compiled`` of the function the cold process saved
+with ``save_compiled(..., bundle=True)`` plus its first call: no Dynamo trace; not for the
+decoder, whose ``generate()`` loop cannot be saved). Each compiled phase's row says whether
+every subgraph was ``loaded`` and where it ran.
 """
 
 from __future__ import annotations
@@ -55,8 +57,10 @@ CASES = {
     "qwen-int4-dynamic": ("qwen2_0_5b", "ours-int4_weight_only@onnxruntime+dynamic"),
     "tiny-fp32": ("tiny_cnn", "ours-fp32@openvino"),
 }
-PHASES = ("eager", "cold", "warm", "read_only", "load")
-METRICS = ("construct", "eager", "trace", "cold", "warm", "read_only", "load")
+PHASES = ("eager", "cold", "warm", "read_only", "load", "saved")
+METRICS = ("construct", "eager", "trace", "cold", "warm", "read_only", "load", "saved")
+#: the phases a file or a saved function serves, which the decoder's generate() loop has not
+_FILE_PHASES = ("load", "saved")
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -144,6 +148,8 @@ def child(case: str, phase: str, layers: int, new_tokens: int, export_path: str)
 
         loaded, result["load"] = timed_call(load_and_call)
         result["runtime"] = loaded.runtime
+    elif phase == "saved":
+        result.update(_saved_first_output(_saved_path(export_path), model, inputs))
     else:
         options = _options(case, inputs)
         backend = parse(CASES[case][1])[1]
@@ -153,6 +159,9 @@ def child(case: str, phase: str, layers: int, new_tokens: int, export_path: str)
         result["runtime"] = sorted({r.runtime for r in reports})
         embedl_dynamo.wait_for_cache_writes()
         if phase == "cold" and not case.startswith("qwen"):
+            embedl_dynamo.save_compiled(
+                model, inputs, _saved_path(export_path), backend=backend, bundle=True, **options
+            )
             embedl_dynamo.export(
                 model,
                 inputs,
@@ -163,6 +172,25 @@ def child(case: str, phase: str, layers: int, new_tokens: int, export_path: str)
                 calibration_data=options.get("calibration_data"),
             )
     return result
+
+
+def _saved_path(export_path: str) -> str:
+    return str(Path(export_path).with_suffix(".compiled"))
+
+
+def _saved_first_output(path: str, model: torch.nn.Module, inputs: tuple) -> dict[str, Any]:
+    """``load_compiled`` of ``path`` and its first call (under ``no_grad``, as it asks)."""
+    import embedl_dynamo
+
+    def load_and_call():
+        loaded = embedl_dynamo.load_compiled(path, model)
+        with torch.no_grad():
+            loaded(*inputs)
+        return loaded
+
+    loaded, seconds = timed_call(load_and_call)
+    report = loaded.report
+    return {"saved": seconds, "loaded": [report.loaded or "built"], "runtime": [report.runtime]}
 
 
 def _run_phase(case: str, phase: str, cache: Path, args: argparse.Namespace, path: str) -> dict:
@@ -196,7 +224,7 @@ def _case(record: Record, case: str, args: argparse.Namespace) -> None:
     try:
         cache, path, seen = work / "cache", str(work / "model.onnx"), set()
         for phase in PHASES:
-            if phase == "load" and case.startswith("qwen"):
+            if phase in _FILE_PHASES and case.startswith("qwen"):
                 continue
             where = cache
             if phase == "read_only":

@@ -246,6 +246,31 @@ def test_the_aliases_are_opinfos_for_every_op_with_a_row():
     assert {a: op for a, op in listed.items() if a not in named} == OPINFO_ALIASES
 
 
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+def test_tensor_split_runs_where_its_form_converts(runtime: str):
+    """EVA-02 splits into sections (exact on both runtimes); a split at a list of indices is
+    another row, which OpenVINO's frontend cannot convert (kept there, with the reason)."""
+
+    def split(t: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        parts = (*t[:, :10].tensor_split(3, dim=-1), *torch.tensor_split(t, (1, 5), dim=1))
+        return tuple(p * 2 for p in parts)
+
+    x = torch.randn(4, 12)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = compile_on(split, runtime, fallback="eager")(x)
+    assert all(torch.equal(g, e) for g, e in zip(got, split(x), strict=True))
+    names = _recorded_names(split, x)
+    assert [n for n in names if n.startswith("tensor_split")] == [
+        "tensor_split",
+        "tensor_split(indices)",
+    ]
+    (report,) = last_report().subgraphs
+    kept = [(k["op"], k["reason"].split(" on ")[0]) for k in report.kept]
+    assert kept == ([] if runtime == "onnxruntime" else [("tensor_split", "tensor_split(indices)")])
+
+
 def test_an_index_op_on_a_0_d_tensor_and_a_scatter_with_reduce_are_other_ops():
     """The export has no form of either (the runtimes refuse a 0-d GatherElements, neither
     exporter takes ``reduce``): each is its own row, kept in PyTorch with the reason, where the

@@ -140,9 +140,25 @@ def _specialised(node: fx.Node, name: str) -> str:
         return f"scatter(reduce={node.kwargs['reduce']!r})"  # not exported
     if name in _MODES:
         return _with_mode(node, name)
+    if name == "tensor_split":
+        return _tensor_split(node)
     if name in RECURRENT_OPS:
         return _recurrent(node, name)
     return name
+
+
+def _tensor_split(node: fx.Node) -> str:
+    """``tensor_split`` into a number of sections; at a list of indices, another row (OpenVINO
+    cannot convert its export); at a tensor of them, another op (sizes read from data)."""
+    kwargs = node.kwargs
+    where = node.args[1] if len(node.args) > 1 else None
+    for keyword in ("sections", "indices", "tensor_indices_or_sections"):
+        where = kwargs.get(keyword, where)
+    if isinstance(where, int):
+        return "tensor_split"
+    if isinstance(where, (list, tuple)) and all(isinstance(i, int) for i in where):
+        return "tensor_split(indices)"
+    return "tensor_split(tensor)"
 
 
 #: casts, which from a float to an integer type are another op (``float_to_int``)
