@@ -20,8 +20,8 @@ class Role(str, enum.Enum):
 
     Example:
         >>> from embedl_dynamo import Role
-        >>> [role.name for role in Role]
-        ['ACTIVATION', 'WEIGHT', 'BIAS', 'OUTPUT']
+        >>> ", ".join(role.name for role in Role)
+        'ACTIVATION, WEIGHT, BIAS, OUTPUT'
     """
 
     ACTIVATION = "activation"
