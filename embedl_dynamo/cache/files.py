@@ -193,6 +193,8 @@ def claim_cache_root(root: Path) -> None:
         return
     root.mkdir(parents=True, exist_ok=True)
     others = sorted(name for name in os.listdir(root) if name != CACHE_MARKER)
+    if others and is_cache_root(root):
+        return  # another process or thread claimed it since the first look, and wrote in it
     if others:
         raise NotACacheError(
             f"cache directory {root} already holds files ({', '.join(others[:3])}"

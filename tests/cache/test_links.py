@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 
+import embedl_dynamo.cache.files as files
 from embedl_dynamo.cache.budget import ENV_CACHE_MAX_SIZE, cache_entries, clear_cache
 from embedl_dynamo.cache.files import CACHE_MARKER, ENV_CACHE_READ_ONLY, env_flag
 from embedl_dynamo.cache.keys import content_key
@@ -99,6 +100,26 @@ def test_a_folder_holding_files_is_not_adopted_as_a_cache(tmp_path):
     with pytest.raises(NotACacheError, match="nothing was deleted"):
         clear_cache(root)
     assert user_file.exists()
+
+
+def test_a_folder_another_process_claims_meanwhile_is_a_cache(tmp_path, monkeypatch):
+    """Two first users of a new cache directory: the other one marks it and writes its first
+    entry between this one's look for the marker and its listing (a thread of the same
+    process lost its build to NotACacheError this way)."""
+    root = tmp_path / "new"
+    looks = []
+
+    def other_claims_between(path):
+        looks.append(path)
+        if len(looks) == 1:  # the first look: not marked yet; then the other writes
+            (root / "onnx").mkdir(parents=True)
+            (root / CACHE_MARKER).write_text("marked")
+            return False
+        return (path / CACHE_MARKER).is_file()
+
+    monkeypatch.setattr(files, "is_cache_root", other_claims_between)
+    files.claim_cache_root(root)
+    assert len(looks) == 2 and (root / CACHE_MARKER).read_text() == "marked"
 
 
 def test_a_new_or_empty_folder_becomes_a_cache(tmp_path):
