@@ -229,6 +229,7 @@ def _export_decoder(model, path):
         return embedl_dynamo.export(model, IDS, path, backend="onnxruntime")
 
 
+@pytest.mark.slow  # a second member: tests/dynamo/test_refit.py refits a rotary decoder too
 def test_a_rotary_decoder_refits_from_a_state_dict_without_its_non_persistent_buffers(tmp_path):
     """``inv_freq`` is in no ``state_dict`` (non-persistent, as ``load_state_dict`` treats it):
     refit from one keeps the file's value for it, as from the model, bit for bit."""

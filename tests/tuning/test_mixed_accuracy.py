@@ -21,7 +21,7 @@ def _trained(make, epochs):
     return train_digits_cnn(epochs=epochs, make=make)
 
 
-@pytest.mark.parametrize("precision", ["mixed", "int8"])
+@pytest.mark.parametrize("precision", [pytest.param("mixed", marks=pytest.mark.slow), "int8"])
 @pytest.mark.parametrize(
     ("make", "epochs"), [(DigitsMobileCNN, 6), pytest.param(DigitsViT, 12, marks=pytest.mark.slow)]
 )
