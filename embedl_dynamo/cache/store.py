@@ -72,7 +72,12 @@ from embedl_dynamo.errors import CacheLockTimeoutError, CorruptEntryError, ReadO
 
 T = TypeVar("T")
 
-__all__ = ["ArtifactCache"]
+__all__ = ["DERIVED_FROM", "ArtifactCache"]
+
+#: the key, in a derived entry's metadata, of the BLAKE3 digest of the artifact it was made
+#: from (OpenVINO's compiled model, ONNX Runtime's optimised graph): a bundle ships it beside
+#: that artifact
+DERIVED_FROM = "derived_from"
 
 logger = logging.getLogger(__name__)
 

@@ -10,9 +10,11 @@ reads them. After the load, each graph must have loaded the very artifact it was
 (:func:`restore_problems`).
 
 A bundle (:func:`write_bundle`) is a cache directory holding only these entries: the
-artifacts, their sidecars and companions, and the warm-start aliases that name them (found
-by the artifact each names, or for PyTorch's decision by its measured times). Loading with it
-reads nothing else, so the file and its bundle can be shipped where no cache was built.
+artifacts, their sidecars and companions, the warm-start aliases that name them (found by the
+artifact each names, or for PyTorch's decision by its measured times), and what the cache
+derived from them (OpenVINO's compiled model, ONNX Runtime's optimised graph: keyed by the
+runtime's version and the CPU, so a start elsewhere makes its own). Loading with it reads
+nothing else, so the file and its bundle can be shipped where no cache was built.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from embedl_dynamo.cache.checksums import sidecar_path
 from embedl_dynamo.cache.companion import companion_path
 from embedl_dynamo.cache.files import claim_cache_root
-from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.cache.store import DERIVED_FROM, ArtifactCache
 from embedl_dynamo.report.subgraph import SubgraphReport
 from embedl_dynamo.runtimes.registry import runtime_classes
 
@@ -136,8 +138,24 @@ def write_bundle(records: list[dict[str, Any]], cache_dir: Path, bundle: Path) -
         if not path.is_file():
             raise FileNotFoundError(f"artifact {key[:16]} is not in the cache at {cache_dir}")
         _copy_entry(path, cache_dir, bundle)
-    for path in _aliases(cache_dir, keys, speeds):
+    digests = {source.recorded_digest(key, _ONNX[1]) for key in keys} - {None}
+    for path in [*_aliases(cache_dir, keys, speeds), *_derived(cache_dir, digests)]:
         _copy_entry(path, cache_dir, bundle)
+
+
+def _derived(cache_dir: Path, digests: set[str]) -> Iterator[Path]:
+    """The entries in ``cache_dir`` derived from an artifact of one of ``digests`` (none read
+    through a link)."""
+    for sidecar in sorted(cache_dir.glob("*/*/*.meta.json")):
+        if sidecar.parent.is_symlink() or sidecar.parent.parent.is_symlink():
+            continue
+        try:
+            meta = json.loads(sidecar.read_text()).get("meta") or {}
+        except (OSError, ValueError, AttributeError):
+            continue
+        entry = sidecar.with_name(sidecar.name.removesuffix(".meta.json"))
+        if meta.get(DERIVED_FROM) in digests and entry.is_file() and not entry.is_symlink():
+            yield entry
 
 
 def _aliases(cache_dir: Path, keys: set[str], speeds: list[Any]) -> Iterator[Path]:

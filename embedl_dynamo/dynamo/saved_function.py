@@ -258,6 +258,7 @@ class SavedFunction(SerializableCallable):
             record["weights"] = dict(record["weights"], state_names=self._state_names(context))
             record["model_class"] = type(context["model"]).__qualname__
             if context["bundle"] is not None:
+                wait_for_cache_writes()  # what the runtimes derive is written in the background
                 write_bundle(record["artifacts"], cache_dir, context["bundle"])
         return record
 

@@ -238,3 +238,29 @@ def test_a_buffer_the_graph_writes_is_not_a_weight(tmp_path):
         want = model(x * 2, torch.tensor([2]))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert loaded.report.runtime == "onnxruntime"
+
+
+@pytest.mark.slow  # two OpenVINO compiles, a save and a load: CI's slow slice
+def test_a_bundle_ships_what_the_runtime_derived_from_its_artifacts(tmp_path):
+    """OpenVINO's compiled model of the artifact goes into the bundle beside it, so the first
+    start from the bundle imports it instead of compiling the file (it was the most of a
+    saved ResNet-50's first call); what another artifact derived stays out."""
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    other, y = model_and_input("fp32", seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.compile(other, backend="embedl_openvino")(y)  # derives an entry of its own
+        model, x = model_and_input("fp32")
+        path = folder / "fp32.pt"
+        embedl_dynamo.save_compiled(model, x, path, backend="embedl_openvino", bundle=True)
+    derived = [
+        json.loads(p.read_text())["meta"]
+        for p in (bundle_path(path) / "openvino_compiled").rglob("*.meta.json")
+    ]
+    (artifact,) = (bundle_path(path) / "onnx").rglob("*.onnx.meta.json")
+    assert [d["derived_from"] for d in derived] == [json.loads(artifact.read_text())["blake3"]]
+    loaded = embedl_dynamo.load_compiled(path, model)
+    with torch.no_grad():
+        loaded(x)
+    assert loaded.report.runtime_info["openvino_compiled_model"] == "imported from the cache"

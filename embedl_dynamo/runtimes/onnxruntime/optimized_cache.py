@@ -37,7 +37,7 @@ from typing import Any
 from embedl_dynamo.cache.companion import COMPANION_SUFFIX
 from embedl_dynamo.cache.files import tell_unstored, write_in_background
 from embedl_dynamo.cache.keys import content_key, cpu_identity, package_version
-from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.cache.store import DERIVED_FROM, ArtifactCache
 from embedl_dynamo.errors import CorruptEntryError
 from embedl_dynamo.onnx.external_data import file_bytes
 from embedl_dynamo.runtimes.onnxruntime.session import (
@@ -126,13 +126,15 @@ def _loaded(cache: ArtifactCache, key: str, num_threads: int | None) -> Any:
 def _written(
     cache: ArtifactCache,
     key: str,
-    artifact: Path,
+    artifact_and_digest: tuple[Path, str],
     artifact_problem: Callable[[], str | None] | None,
     num_threads: int | None,
 ) -> None:
-    """Store the optimised graph of ``artifact`` under ``key``: written by a session created
-    for it (then let go), stored once ``artifact_problem()`` finds the artifact's checksum
-    right (a corrupt artifact raises :class:`CorruptEntryError`: nothing is stored)."""
+    """Store the optimised graph of an artifact (its path and the digest it is recorded with)
+    under ``key``: written by a session created for it (then let go), stored once
+    ``artifact_problem()`` finds the artifact's checksum right (a corrupt artifact raises
+    :class:`CorruptEntryError`: nothing is stored)."""
+    artifact, digest = artifact_and_digest
 
     def build(tmp: Path) -> None:
         options = _options(optimized=False)
@@ -150,7 +152,7 @@ def _written(
         if problem is not None:
             raise CorruptEntryError(f"ONNX artifact {artifact} is corrupt ({problem})")
 
-    meta = {"kind": "onnxruntime optimized graph", "derived": True}
+    meta = {"kind": "onnxruntime optimized graph", "derived": True, DERIVED_FROM: digest}
     cache.get_or_build(key, build, _SUFFIX, meta=meta)
 
 
@@ -193,7 +195,7 @@ def store_in_background(
             if cache is None or cache.read_only or not _kept(cache, path):
                 return path
             if cache.get(key, _SUFFIX) is None:
-                _written(cache, key, path, artifact_problem, num_threads)
+                _written(cache, key, (path, digest), artifact_problem, num_threads)
             return path
 
     def logged() -> Path:

@@ -35,7 +35,7 @@ from typing import Any
 
 from embedl_dynamo.cache.files import tell_unstored
 from embedl_dynamo.cache.keys import content_key, cpu_identity
-from embedl_dynamo.cache.store import ArtifactCache
+from embedl_dynamo.cache.store import DERIVED_FROM, ArtifactCache
 from embedl_dynamo.onnx.external_data import file_bytes
 from embedl_dynamo.runtimes.openvino.compile import compile_openvino
 
@@ -153,7 +153,12 @@ def compile_or_import(
             blob = compiled.export_model()
             data = blob.getvalue()
             if cache.room_for_derived(len(data)):
-                meta = {"kind": "openvino compiled model", "build_info": stored, "derived": True}
+                meta = {
+                    "kind": "openvino compiled model",
+                    "build_info": stored,
+                    "derived": True,
+                    DERIVED_FROM: artifact_digest,
+                }
                 cache.put(key, data, _SUFFIX, meta=meta)
         except (OSError, RuntimeError) as exc:
             tell_unstored("OpenVINO's compiled model", cache_dir, exc)
