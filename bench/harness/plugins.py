@@ -47,6 +47,7 @@ PROBES = {
         "transform",
         "weight_only_kernels",
         "weight_only_shapes",
+        "zoo_speed",
     )
 }
 
