@@ -6,6 +6,7 @@ Both paths must give the same plan ids (module paths, not node names) and output
 from __future__ import annotations
 
 import expecttest
+import pytest
 import torch
 from torch import nn
 
@@ -149,6 +150,7 @@ layer_norm@encoder.layers.1.norm2                        layer_norm             
         assert _ids(traced, False) == _ids(plan, False)
 
 
+@pytest.mark.slow  # in CI's slow slice: the static transformers compile by default
 def test_dynamic_batch_graphs_decompose_attention_or_say_why() -> None:
     """With ``dynamic=True`` the batch is symbolic; new nodes get fake-tensor shapes."""
     torch.manual_seed(0)

@@ -2,11 +2,12 @@
 
 The examples are started together (one module fixture) and each test checks one example's exit
 code and output; the third-party Backend is pip-installed into a temporary directory and put on
-``PYTHONPATH``, the way a user would install a vendor's package. Three examples whose features
+``PYTHONPATH``, the way a user would install a vendor's package. Examples whose features
 other tests cover are ``slow`` (their own fixture, started only when they run): INT8 on the
 digits (tests/quant/test_accuracy.py, tests/tuning/test_mixed_accuracy.py), the plan's globs
-(tests/rewrite/test_engine.py, tests/cli/test_cli.py's plan) and an export loaded at two batch
-sizes (the README's export block in tests/docs/test_code_blocks.py, tests/deploy).
+(tests/rewrite/test_engine.py, tests/cli/test_cli.py's plan), an export loaded at two batch
+sizes (the README's export block in tests/docs/test_code_blocks.py, tests/deploy) and a saved
+INT8 function started in a fresh process (tests/dynamo/test_saved_process.py).
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ EXAMPLES = REPO / "examples"
 
 _RUNS = {
     "third_party": ["third_party_backend/demo.py"],
-    "save_and_load": ["save_and_load.py", "--small", "--int8"],
 }
 _SLOW_RUNS = {
     "quickstart": ["quickstart.py", "--small", "--repeats", "3", "--plan"],
     "export_and_load": ["export_and_load.py", "--small"],
     "int8_digits": ["int8_digits.py", "--epochs", "3", "--calibration-batches", "4"],
     "plan_inspection": ["plan_inspection.py", "--small"],
+    "save_and_load": ["save_and_load.py", "--small", "--int8"],
 }
 
 
@@ -153,8 +154,9 @@ def test_third_party_backend_plugs_in_through_entry_points(runs) -> None:
     assert diff < 1e-4
 
 
-def test_save_and_load_starts_a_fresh_process_from_the_saved_function(runs) -> None:
-    out = _ok(runs["save_and_load"])
+@pytest.mark.slow
+def test_save_and_load_starts_a_fresh_process_from_the_saved_function(slow_runs) -> None:
+    out = _ok(slow_runs["save_and_load"])
     assert "saved " in out and "model.pt.artifacts" in out
     assert "first output" in out and out.split("load_compiled, ")[1].startswith("loaded")
     diff = float(out.split("max abs diff to the saving process: ")[1].split()[0])

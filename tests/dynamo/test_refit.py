@@ -220,6 +220,7 @@ def test_a_rotary_decoder_keeps_its_cos_sin_tables_and_refits_bit_for_bit(runtim
     assert torch.equal(refitted, fresh)
 
 
+@pytest.mark.slow  # in CI's slow slice, beside the other rotary decoder's refit
 def test_a_rotary_decoder_whose_frequencies_change_is_built_anew_with_the_reason():
     model = _decoder(0)
     compiled = _compile(model, "onnxruntime")

@@ -209,6 +209,7 @@ class _TinyDecoder(nn.Module):
         return self.head(x)
 
 
+@pytest.mark.slow  # in CI's slow slice; FP8's export and lint run by default
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_fp8_keeps_a_small_decoder_within_budget(tmp_path):
     torch.manual_seed(0)
