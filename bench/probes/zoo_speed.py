@@ -20,18 +20,12 @@ from bench.harness.measure import one_line
 from bench.harness.record import Record
 from bench.harness.table import by_variant
 from bench.harness.timer import interleaved
-from bench.suites.common import split_names
+from bench.suites.common import split_names, zoo_names
 from bench.variants.ours import compile_ours
 
 __all__ = ["BASELINE", "arguments", "run", "smoke", "table"]
 
 BASELINE = "eager"
-
-
-def _zoo_names() -> list[str]:
-    from tests.zoo import ZOO
-
-    return [f"zoo:{name}" for name in ZOO]
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +42,7 @@ def smoke(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, record: Record) -> None:
     """Per model: eager and each target's compiled call, interleaved."""
-    for name in split_names(args.models) or _zoo_names():
+    for name in split_names(args.models) or zoo_names():
         try:
             model, inputs = models.build(name)
         except Exception as error:  # a model that does not build is a row, not the end

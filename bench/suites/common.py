@@ -24,7 +24,17 @@ from bench.harness.record import Record
 from bench.harness.timer import interleaved, stopwatch
 from bench.variants import Built, Case, builder
 
-__all__ = ["measure", "split_names"]
+__all__ = ["measure", "split_names", "zoo_names"]
+
+
+def zoo_names() -> list[str]:
+    """The test suite's zoo (``tests/zoo``) as registry names (``zoo:<name>``); a checkout
+    without the test zoo: the registry's small models."""
+    try:
+        from tests.zoo import ZOO
+    except ImportError:
+        return ["tiny_cnn", "mlp", "resnet50_nn"]
+    return [f"zoo:{name}" for name in ZOO]
 
 
 def split_names(text: str) -> list[str]:

@@ -20,19 +20,11 @@ from bench import models
 from bench.harness.measure import one_line
 from bench.harness.record import Record
 from bench.harness.table import by_metric
-from bench.suites.common import split_names
+from bench.suites.common import split_names, zoo_names
 
 __all__ = ["BASELINE", "arguments", "run", "smoke", "table"]
 
 BASELINE = None
-
-
-def _zoo_names() -> list[str]:
-    try:
-        from tests.zoo import ZOO
-    except ImportError:  # a checkout without the test zoo: the registry's small models
-        return ["tiny_cnn", "mlp", "resnet50_nn"]
-    return [f"zoo:{name}" for name in ZOO]
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,7 +42,7 @@ def run(args: argparse.Namespace, record: Record) -> None:
     """One row set per model and target."""
     import embedl_dynamo
 
-    for name in split_names(args.models) or _zoo_names():
+    for name in split_names(args.models) or zoo_names():
         try:
             model, inputs = models.build(name)
         except Exception as error:  # a model that does not build is a row, not the end
