@@ -21,6 +21,9 @@ in place of the originals in the graph that is exported (the table of which op n
 * ``x[i, j]`` and ``x[i, j] = v`` with two or more index tensors: the exporter reads a negative
   index as a flat one; here each that can be negative is made non-negative first
   (:mod:`embedl_dynamo.graph.exact_index`).
+* a binary op with a Python ``bool`` operand (``mask & True``, ``m <= True``): the exporter
+  takes none; here the bool is the operand PyTorch computes the same result with
+  (:mod:`embedl_dynamo.graph.bool_operands`).
 * ``rms_norm`` (``nn.RMSNorm``): no exporter takes it at the opset used; here it is PyTorch's
   own formula, ``x * rsqrt(mean(x**2) + eps) * weight`` (in float32 for a half input): its
   values bit for bit, in PyTorch.
@@ -36,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
+from embedl_dynamo.graph.bool_operands import bool_operand_form
 from embedl_dynamo.graph.exact_index import index_form
 
 __all__ = [
@@ -371,6 +375,9 @@ def _exact(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable[..., Any], dict]
         return index_form(gm, node)
     if node.op not in ("call_function", "call_method"):
         return None
+    form = bool_operand_form(node)
+    if form is not None:
+        return form
     try:
         target = EXACT_FUNCTIONS.get(node.target)
     except TypeError:  # an unhashable target

@@ -159,6 +159,12 @@ FUNCTION_ROWS: tuple[OpRow, ...] = (
         both(_EXACT_BOOL, Rule(Verdict.KEPT, "int", NOT_EXPORTED)),
         ("bitwise_or", "__or__"),
     ),
+    OpRow(
+        "xor",
+        ("bitwise_xor",),
+        both(_EXACT_BOOL, Rule(Verdict.KEPT, "int", NOT_EXPORTED)),
+        ("bitwise_xor", "__xor__"),
+    ),
     *(OpRow(op, (op,), both(EXACT_FLOAT, _NO_INT_TEST)) for op in ("isnan", "isfinite")),
     OpRow("isinf", ("isinf",), both(EXACT)),
     OpRow(
