@@ -330,6 +330,27 @@ def test_timing_of_close_options_goes_on_until_the_budget_is_spent():
     assert 2 * rounds * (0.010 + 0.0101) >= timer.BUDGET_S  # the budget, not the round cap
 
 
+def test_long_calls_settle_with_a_pause_instead_of_an_untimed_call():
+    """A large graph's calls: the pause lets the other option's threads settle at a fraction
+    of an untimed call's cost; short calls keep theirs."""
+    clock = _FakeClock()
+    pauses = []
+
+    def sleep(seconds):
+        pauses.append(seconds)
+        clock.now += seconds
+
+    (fast, fast_calls), (slow, slow_calls) = clock.option(0.15), clock.option(0.3)
+    (short, short_calls) = clock.option(0.001)
+    timings = timer.time_options({"fast": fast, "slow": slow, "short": short}, clock, sleep)
+    assert timings == pytest.approx({"fast": 150.0, "slow": 300.0, "short": 1.0})
+    rounds = timer.MIN_ROUNDS  # a 2x gap settles it in the least rounds
+    assert len(fast_calls) == len(slow_calls) == timer.WARMUP + rounds
+    assert len(short_calls) == timer.WARMUP + 2 * rounds
+    assert pauses == [timer.SETTLE_S] * (2 * rounds)
+    assert timer.SETTLE_S < timer.LONG_CALL_S  # a pause costs less than the call it replaces
+
+
 def test_one_option_is_timed_for_the_least_rounds():
     clock = _FakeClock()
     only, calls = clock.option(0.001)
