@@ -32,8 +32,8 @@ from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 from embedl_dynamo.backend import Backend
 from embedl_dynamo.dynamo.compiled_call import wrap_compiled
-from embedl_dynamo.dynamo.graph_build import build_graph
-from embedl_dynamo.dynamo.partitioned import build_partitioned, partition_for
+from embedl_dynamo.dynamo.graph_build import build_graph, warn_failed
+from embedl_dynamo.dynamo.partitioned import build_narrowed, build_partitioned, partition_for
 from embedl_dynamo.dynamo.refit import RefitSource, refit_graph, refitting
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob, route_subgraph
 from embedl_dynamo.graph.analysis import GraphAnalysis, analyze
@@ -80,6 +80,10 @@ def compile_subgraph(
         infer = refit_graph(refit_from, job, graph, example_inputs)
     elif partitioning is None:  # one runtime takes the whole graph
         infer = build_graph(job, graph)
+        if infer is None and job.failure is not None:  # unless it fails: narrowed to the ops
+            infer = build_narrowed(job, graph)
+            if infer is None:
+                warn_failed(job)
     elif not partitioning.fragments:
         kept = partitioning.blocker or partitioning.kept[0]
         warnings.warn(f"embedl_{job.backend.name}: {kept.reason}", RuntimeWarning, stacklevel=2)

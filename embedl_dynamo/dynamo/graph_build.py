@@ -58,7 +58,7 @@ from embedl_dynamo.tuning.judge import (
 from embedl_dynamo.tuning.precision_form import transform_for
 from embedl_dynamo.tuning.runtime_choice import fastest, run_options
 
-__all__ = ["build_graph"]
+__all__ = ["build_graph", "warn_failed"]
 
 logger = logging.getLogger(__name__)
 
@@ -334,15 +334,20 @@ def _runtime_failed(job: SubgraphJob, label: str, exc: Exception) -> None:
             f"embedl_{job.backend.name}: the {label} runtime cannot take this "
             f"subgraph: {error_line(exc)}"
         ) from exc
-    logger.warning(
-        "subgraph %d: %s runtime failed (%s); running it in PyTorch",
-        report.index,
-        label,
-        error_line(exc),
-    )
     logger.debug("subgraph %d: runtime failure", report.index, exc_info=True)
     report.status, report.runtime = "eager", "eager"
     report.reason = f"{label} failed: {error_line(exc)}"
+    job.failure = exc  # the caller narrows it to the ops that fail, or warns: warn_failed
+
+
+def warn_failed(job: SubgraphJob) -> None:
+    """Say, once, that the job's runtime failed (``job.failure``) and its graph runs in PyTorch:
+    what the caller does when narrowing the failure to the ops that cause it found none."""
+    report = job.report
+    where = f"subgraph {report.index}" + (
+        f" fragment {report.partition}" if report.partition is not None else ""
+    )
+    logger.warning("%s: %s; running it in PyTorch", where, report.reason)
 
 
 def _finish(job: SubgraphJob, alias_key: str | None) -> None:

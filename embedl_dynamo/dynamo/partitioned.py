@@ -22,7 +22,8 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 
-from embedl_dynamo.dynamo.graph_build import build_graph
+from embedl_dynamo.dynamo.graph_build import build_graph, warn_failed
+from embedl_dynamo.dynamo.narrowing import failing_nodes
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import CallRefused, OutputMismatchError, RuntimeUnavailableError
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
@@ -32,6 +33,7 @@ from embedl_dynamo.partition import (
     Partitioning,
     compute_nodes,
     fragment_inputs,
+    is_compute_node,
     node_flops,
     partition_graph,
     stitch,
@@ -44,7 +46,7 @@ from embedl_dynamo.runtimes.conformance import CPU_RUNTIMES, kept_in_pytorch
 from embedl_dynamo.runtimes.registry import AUTO, runtime_candidates
 from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_float, flat_outputs
 
-__all__ = ["build_partitioned", "partition_for"]
+__all__ = ["NARROWINGS", "build_narrowed", "build_partitioned", "partition_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +73,29 @@ def partition_for(job: SubgraphJob, graph: fx.GraphModule) -> Partitioning | Non
         if job.runtime_cls not in fits:
             job.runtime_cls = fits[0]
         return None
-    classes = [job.runtime_cls] if lower else _float_runtimes(job)
-    names = [c.name for c in classes if c.name in CPU_RUNTIMES]
-    return partition_graph(graph, names, job.settings.min_subgraph_size)
+    return partition_graph(graph, _partition_runtimes(job), job.settings.min_subgraph_size)
+
+
+def _partition_runtimes(job: SubgraphJob) -> list[str]:
+    """The runtimes the job's fragments may use, the target's first (see
+    :func:`_float_runtimes`)."""
+    classes = [job.runtime_cls] if job.settings.precision.lower else _float_runtimes(job)
+    return [c.name for c in classes if c.name in CPU_RUNTIMES]
+
+
+def build_narrowed(job: SubgraphJob, graph: fx.GraphModule) -> Callable[..., Any] | None:
+    """After the job's runtime failed on the whole ``graph`` (``job.failure``): the graph
+    partitioned around the ops that fail on that runtime alone, built; None where narrowing
+    finds none (:mod:`~.narrowing`), and the graph runs in PyTorch."""
+    held = failing_nodes(graph, compute_nodes(graph), job.runtime_cls, job.settings, job.inputs)
+    if held is None:
+        return None
+    min_ops = job.settings.min_subgraph_size
+    partitioning = partition_graph(graph, _partition_runtimes(job), min_ops, held=held)
+    if not partitioning.fragments:
+        return None
+    job.failure = None
+    return build_partitioned(job, graph, partitioning, held, rounds=1)
 
 
 def _float_runtimes(job: SubgraphJob) -> list[type[Runtime]]:
@@ -92,15 +114,23 @@ def _float_runtimes(job: SubgraphJob) -> list[type[Runtime]]:
 
 
 def build_partitioned(
-    job: SubgraphJob, graph: fx.GraphModule, partitioning: Partitioning
+    job: SubgraphJob,
+    graph: fx.GraphModule,
+    partitioning: Partitioning,
+    held: dict[fx.Node, str] | None = None,
+    rounds: int = 0,
 ) -> Callable[..., Any]:
     """The partitioned graph, each fragment built on its runtime (or left in PyTorch where its
-    build says so), recorded in ``job.report`` with what stays in PyTorch and why."""
+    build says so), recorded in ``job.report`` with what stays in PyTorch and why. A fragment
+    whose runtime fails on it is narrowed to the ops that fail (:mod:`~.narrowing`), and the
+    graph is partitioned again around them and ``held``'s nodes (``rounds``: how many times
+    it was already), up to :data:`NARROWINGS` times."""
     fragments = partitioning.fragments
     classes = {c.name: c for c in _float_runtimes(job)}
     examples = fragment_inputs(graph, fragments, [job.inputs])
     calibration = _fragment_calibration(job, graph, fragments)
     calls: list[Callable[..., Any]] = []
+    failed: list[tuple[Fragment, SubgraphJob]] = []
     for k, fragment in enumerate(fragments):
         child = _child_job(job, graph, fragment, k, classes)
         child.inputs = list(examples[k][0])
@@ -110,6 +140,14 @@ def build_partitioned(
             infer = build_graph(child, fragment.graph)
         calls.append(infer if infer is not None else fragment.graph)
         job.report.partitions.append(child.report)
+        if child.failure is not None:
+            failed.append((fragment, child))
+    narrowed = _narrowed(job, graph, failed, dict(held or {})) if rounds < NARROWINGS else None
+    if narrowed is not None:
+        job.report.partitions = []
+        return build_partitioned(job, graph, *narrowed, rounds=rounds + 1)
+    for _, child in failed:
+        warn_failed(child)
     stitched = stitch(graph, fragments, calls)
     mismatch = _stitched_mismatch(job, graph, stitched)
     if mismatch is not None:
@@ -125,6 +163,33 @@ def build_partitioned(
         return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
     return run
+
+
+#: how many times one graph is partitioned again around the ops its runtimes failed on
+NARROWINGS = 2
+
+
+def _narrowed(
+    job: SubgraphJob,
+    graph: fx.GraphModule,
+    failed: list[tuple[Fragment, SubgraphJob]],
+    held: dict[fx.Node, str],
+) -> tuple[Partitioning, dict[fx.Node, str]] | None:
+    """The graph partitioned again around ``held`` and the ops each failed fragment's runtime
+    fails on alone, with the nodes held; None where none is found."""
+    if not failed:
+        return None
+    found: dict[fx.Node, str] = {}
+    for fragment, child in failed:
+        nodes = [n for n in fragment.nodes if is_compute_node(n)]
+        found.update(failing_nodes(graph, nodes, child.runtime_cls, job.settings, job.inputs) or {})
+    if not found:
+        return None
+    held = {**held, **found}
+    partitioning = partition_graph(
+        graph, _partition_runtimes(job), job.settings.min_subgraph_size, held=held
+    )
+    return (partitioning, held) if partitioning.fragments else None
 
 
 #: the partitioned graph's bound against PyTorch's on its first inputs, relative to each

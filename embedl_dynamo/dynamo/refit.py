@@ -46,7 +46,7 @@ from embedl_dynamo.cache.keys import content_key
 from embedl_dynamo.cache.store import ArtifactCache
 from embedl_dynamo.dynamo.call_guards import guard_call, runs_int8
 from embedl_dynamo.dynamo.compiled_call import watch_calibrated_ranges
-from embedl_dynamo.dynamo.graph_build import build_graph
+from embedl_dynamo.dynamo.graph_build import build_graph, warn_failed
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
 from embedl_dynamo.errors import OutputMismatchError, error_line
 from embedl_dynamo.graph.index_guards import guard_indices
@@ -161,6 +161,8 @@ def refit_graph(
     if recalibrate:  # INT8 with the kept scales misses the budget: on the same runtime
         job.runtime_cls, job.timed = source.runtime_cls, []
     infer = build_graph(job, graph)
+    if job.failure is not None:
+        warn_failed(job)
     job.report.pipeline = dict(job.report.pipeline, refit={"refitted": False, "reason": why})
     return infer
 

@@ -70,6 +70,9 @@ class SubgraphJob:
     input_bounds: dict[int, float] = dataclasses.field(default_factory=dict)
     # how the pipeline derived its constants from the weights, for a refit (dynamo.refit)
     weight_recipe: WeightRecipe | None = None
+    # what the runtime raised when it failed on the graph (its build, export or first-call
+    # check), for narrowing the failure to the ops that cause it (dynamo.narrowing)
+    failure: Exception | None = None
 
     def stay_eager(self, status: str, reason: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         """Record that the subgraph runs in PyTorch (``fn``) and why."""

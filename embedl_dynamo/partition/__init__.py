@@ -13,6 +13,8 @@ from embedl_dynamo.partition.fragments import (
     KeptNode,
     Partitioning,
     compute_nodes,
+    fragment_of,
+    is_compute_node,
     partition_graph,
 )
 from embedl_dynamo.partition.stitch import FragmentCall, fragment_inputs, stitch
@@ -27,6 +29,8 @@ __all__ = [
     "call_flops",
     "compute_nodes",
     "fragment_inputs",
+    "fragment_of",
+    "is_compute_node",
     "is_free",
     "node_flops",
     "partition_graph",

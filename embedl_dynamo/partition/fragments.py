@@ -19,7 +19,7 @@ import bisect
 import contextlib
 import dataclasses
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import torch
 from torch import fx, nn
@@ -33,6 +33,7 @@ __all__ = [
     "KeptNode",
     "Partitioning",
     "compute_nodes",
+    "fragment_of",
     "is_compute_node",
     "partition_graph",
 ]
@@ -119,6 +120,7 @@ def partition_graph(
     runtimes: Sequence[str],
     min_ops: int = 1,
     forced_out: Iterable[str] = (),
+    held: Mapping[fx.Node, str] | None = None,
 ) -> Partitioning:
     """Partition ``gm`` (frozen, functional; not modified) over ``runtimes``, in order.
 
@@ -128,8 +130,10 @@ def partition_graph(
             what the ones before it left.
         min_ops: a fragment with fewer compute nodes stays in PyTorch.
         forced_out: op names kept in PyTorch whatever the table says.
+        held: nodes kept in PyTorch whatever their op, each with why (a runtime failed on
+            it: :mod:`embedl_dynamo.dynamo.narrowing`).
     """
-    held: dict[fx.Node, str] = {}
+    held = dict(held or {})
     while True:
         taken, reasons, small, chosen = _propose(gm, runtimes, min_ops, forced_out, held)
         chosen = _cut_at_writes(gm, chosen, min_ops, (taken, reasons, small))
@@ -139,7 +143,7 @@ def partition_graph(
         held.update(dict.fromkeys(split - held.keys(), _WRITE_SPLIT))
     fragments = []
     for runtime, nodes in chosen:
-        fragment = _fragment(gm, runtime, nodes)
+        fragment = fragment_of(gm, runtime, nodes)
         if fragment.inputs:
             fragments.append(fragment)
             continue
@@ -300,8 +304,9 @@ def _op(node: fx.Node) -> str:
     return str(getattr(node.target, "__name__", node.target))
 
 
-def _fragment(gm: fx.GraphModule, runtime: str, nodes: list[fx.Node]) -> Fragment:
-    """``nodes`` of ``gm`` as a GraphModule of their own (see the module docstring)."""
+def fragment_of(gm: fx.GraphModule, runtime: str, nodes: list[fx.Node]) -> Fragment:
+    """``nodes`` of ``gm`` (a convex set, in graph order) as a GraphModule of their own (see
+    the module docstring)."""
     members = set(nodes)
     inputs = _inputs(nodes, members)
     graph = fx.Graph()

@@ -87,6 +87,8 @@ def record(report: SubgraphReport) -> None:
         if key is not None and not _is_current(key):
             _record.clear()
             _compile = _held(key)
+        if any(r is report for r in _record):
+            return  # recorded already: a subgraph whose failed build is narrowed, built again
         _record.append(report)
         del _record[:-_MAX_KEPT]
 

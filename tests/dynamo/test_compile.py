@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
+from embedl_dynamo.runtimes.openvino.runtime import OpenVINORuntime
 from tests.helpers import BUILD_COUNTS, assert_close_to_scale
 from tests.models import (
     GraphBreakNet,
@@ -203,17 +205,38 @@ def _allow_every_op(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partitioned, "kept_in_pytorch", lambda gm, runtimes: None)
 
 
-def test_unsupported_op_falls_back_to_eager_and_is_reported(caplog, monkeypatch):
+def test_an_op_the_export_fails_on_stays_in_pytorch_alone_and_is_reported(caplog, monkeypatch):
+    """The export of the whole graph fails on cummax: narrowed to it, cummax alone stays in
+    PyTorch (the table's row says why) and the rest still runs on a runtime."""
     _allow_every_op(monkeypatch)
     model = randomize_batchnorm(_Unsupported().eval())
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
     (sub,) = embedl_dynamo.last_report()
+    assert sub.status == "partitioned" and sub.runtime != "eager", sub.reason
+    assert [k["op"] for k in sub.kept] == ["cummax"]
+    assert "running it in PyTorch" not in caplog.text  # the graph did not go to PyTorch
+
+
+def test_a_failure_narrowing_cannot_place_runs_the_graph_in_pytorch(caplog, monkeypatch):
+    """Every part fails alone too (the runtime refuses everything): the whole graph runs in
+    PyTorch, the reason names every runtime auto tried, and one warning says it."""
+    _allow_every_op(monkeypatch)
+
+    def refused(self, gm, inputs, judge=None):
+        raise RuntimeError("this runtime refuses every graph")
+
+    monkeypatch.setattr(OnnxRuntime, "build", refused)
+    monkeypatch.setattr(OpenVINORuntime, "build", refused)
+    model = randomize_batchnorm(_Unsupported().eval())
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        assert_close_to_scale(torch.compile(model, backend="embedl_tensorrt")(x), model(x))
+    (sub,) = embedl_dynamo.last_report()
     assert sub.status == "eager" and sub.runtime == "eager"
-    # the export fails before any runtime: the reason names every runtime auto tried
     assert "aten::cummax" in sub.reason and "openvino/onnxruntime failed" in sub.reason
-    assert "running it in PyTorch" in caplog.text
+    assert caplog.text.count("running it in PyTorch") == 1
 
 
 def test_unsupported_op_with_fallback_raise(monkeypatch):
