@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx, nn
 
+from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.patterns.attention import FusedLayerNorm
 from embedl_dynamo.patterns.fused_modules import FusedConv, FusedLinear
 from embedl_dynamo.quant.int8.rules import PlacementRule
@@ -232,6 +233,9 @@ class QuantResidualAdd(PlacementRule):
     def check(self, m: Match) -> MatchResult:
         if m.kwarg("add", "alpha") != 1:
             return m.fail("add with alpha != 1")
+        value = node_value_meta(m["add"])
+        if isinstance(value, torch.Tensor) and not value.is_floating_point():
+            return m.fail(f"an add of {value.dtype}: integers have no 8-bit form")
         reason = _is_residual(m, "a", "b")
         if not reason and self.float_stream and _feeds_layer_norm(m["add"]):
             reason = "a transformer's residual stream (read by a LayerNorm) stays float"

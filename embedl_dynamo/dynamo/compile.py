@@ -79,8 +79,10 @@ def compile_subgraph(
     if partitioning is None and refit_from is not None:  # new weights: refitted
         infer = refit_graph(refit_from, job, graph, example_inputs)
     elif partitioning is None:  # one runtime takes the whole graph
+        reference, axes = job.original, job.axes  # build_graph's index guard extends them
         infer = build_graph(job, graph)
         if infer is None and job.failure is not None:  # unless it fails: narrowed to the ops
+            job.original, job.axes = reference, axes
             infer = build_narrowed(job, graph)
             if infer is None:
                 warn_failed(job)

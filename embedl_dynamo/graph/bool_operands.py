@@ -66,15 +66,22 @@ _METHODS: dict[str, str] = {
 }
 
 
-def exact_bool_operand(input: Any, other: Any, *, call: str, kind: str, alpha: int = 1) -> Any:  # noqa: A002
-    """``call(a, b)`` as PyTorch computes it, with a Python bool operand written as an operand
-    the exporter takes (see the module docstring).
+def exact_bool_operand(
+    input: Any,  # noqa: A002
+    other: Any,
+    *,
+    call: str,
+    kind: str,
+    alpha: int = 1,
+) -> Any:
+    """``call(input, other)`` as PyTorch computes it, with a Python bool operand written as an
+    operand the exporter takes (see the module docstring).
 
     Args:
         input: the first operand (a tensor, or a bool whose other operand is one).
         other: the second operand.
         call: ``"operator.le"``, ``"torch.bitwise_and"``... or ``"method.__rtruediv__"``: a
-            Tensor method called on ``a``.
+            Tensor method called on ``input``.
         kind: the op (``"le"``, ``"add"``, ``"and_"``...).
         alpha: ``torch.add``'s: only 1, which changes nothing, is written.
     """

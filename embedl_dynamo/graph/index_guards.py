@@ -9,12 +9,12 @@ dynamic shapes keep working)::
 
     low = (i + n if negatives are taken else i) < 0      # below the range
     high = i >= n                                        # past its end
-    count = (low.float() + high.float()).sum()           # 0 when neither (both: i + n
+    count = (low.int() + high.int()).sum()               # 0 when neither (both: i + n
     flag = (count_1 + count_2 + ...) != 0                # wrapped, when i >= n)
 
 one pass over each index tensor, in ops every CPU runtime computes exactly on the integers
-and counts involved, each with a row in the conformance table (a float sum of 0s and 1s is 0
-only when all are 0). An index the graph
+and counts involved, each with a row in the conformance table (an int32 sum of 0s and 1s is
+0 only when all are 0, and no quantizer places Q/DQ on integer ops). An index the graph
 proves in range (a constant, an ``arange`` over the indexed size) is not guarded, with the
 reason (:func:`index_checks`). The caller runs the guarded graph, hands its outputs to
 :meth:`IndexGuard.split` and, when that raises, runs the call in PyTorch, which raises
@@ -189,7 +189,7 @@ class _Builder:
         return self.sizes[key]
 
     def count(self, use: IndexUse) -> fx.Node:
-        """A 0-d float: how many of ``use``'s index values are out of range."""
+        """A 0-d int: how many of ``use``'s index values are out of range."""
         with self.graph.inserting_before(use.node):
             index = use.index
             if isinstance(index, list):  # a constant list the graph does not prove in range
@@ -200,10 +200,10 @@ class _Builder:
             )
             low = self.call("call_function", operator.lt, shifted, 0)
             high = self.call("call_function", operator.ge, index, size)
-            low, high = (self.call("call_method", "float", bound) for bound in (low, high))
-            both = self.call(
-                "call_function", operator.add, low, high
-            )  # "or": ORT has no bool Where
+            # "or" as an int32 sum: ORT has no bool Where, and an INT8 quantizer would place
+            # Q/DQ on a float add (OpenVINO then failed to compile the file)
+            low, high = (self.call("call_method", "int", bound) for bound in (low, high))
+            both = self.call("call_function", operator.add, low, high)
             return self.call("call_method", "sum", both)
 
 

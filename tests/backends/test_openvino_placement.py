@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import embedl_dynamo
 from embedl_dynamo import quantize
 from embedl_dynamo.patterns.attention import FusedAttention
 from embedl_dynamo.quant.int8.insert import FakeQuantize, WeightFakeQuantize
@@ -221,3 +222,36 @@ def test_max_pooling_commutes_with_a_per_tensor_quantization():
 
     pool = lambda t: F.max_pool2d(t, 3, 2, 1)  # noqa: E731
     assert torch.equal(pool(fake_quant(y)), fake_quant(pool(y)))
+
+
+class _IntegerAdd(nn.Module):
+    """A float residual add and an add of int32 counts (an index guard's form)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv1(x))
+        y = y + torch.relu(self.conv2(y))
+        counts = (y > 1).int() + (y < -1).int()
+        return y * counts
+
+
+def test_an_add_of_integers_gets_no_qdq_and_int8_runs():
+    """Regression: an add of int32 counts (the index guard's form) was given Q/DQ, which fake
+    quantization refuses (and OpenVINO failed to compile EfficientNet-B0's INT8 file): INT8
+    was rejected and fp32 ran."""
+    torch.manual_seed(0)
+    model = _IntegerAdd().eval()
+    x = torch.randn(2, 3, 8, 8)
+    batches = random_batches((2, 3, 8, 8))
+    options = {"precision": "int8", "calibration_data": batches, "accuracy_budget": 0.95}
+    with torch.inference_mode():
+        y = torch.compile(model, backend="embedl_openvino", options=options)(x)
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert (sub.status, sub.runtime) == ("compiled", "openvino"), sub.reason
+    assert sub.pipeline["quantized"] and not sub.pipeline.get("lower_rejected"), sub.reason
+    cosine = torch.nn.functional.cosine_similarity(y.flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.95

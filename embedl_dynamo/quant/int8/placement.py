@@ -18,9 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 
-from embedl_dynamo.graph.nodes import module_path
+from embedl_dynamo.graph.nodes import module_path, node_value_meta
 from embedl_dynamo.patterns.fused_modules import ACTIVATIONS
 from embedl_dynamo.quant.int8.rules import PlacementRule, PreparationRewrite
 from embedl_dynamo.rewrite.match import Match
@@ -119,9 +120,16 @@ def _past_activation(node: fx.Node) -> fx.Node:
 
 
 def _add_activation(placement: Placement, layer: LayerPoints, value: Any, role: Role) -> None:
-    if isinstance(value, fx.Node) and value.op != "get_attr":
+    if isinstance(value, fx.Node) and value.op != "get_attr" and _floating(value):
         placement.activations.setdefault(value.name, role)
         layer.activations.append(value.name)
+
+
+def _floating(node: fx.Node) -> bool:
+    """Whether ``node``'s value is floating point (or unknown): an integer or bool tensor has
+    no 8-bit form, and a Q/DQ on it fails (PyTorch's fake quantization refuses it)."""
+    value = node_value_meta(node)
+    return not isinstance(value, torch.Tensor) or value.is_floating_point()
 
 
 def _add_weight(placement: Placement, layer: LayerPoints, point: WeightPoint) -> None:
