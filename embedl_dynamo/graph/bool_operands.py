@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from embedl_dynamo.graph.nodes import looked_up
+
 __all__ = ["bool_operand_form", "exact_bool_operand"]
 
 _COMPARISONS = {"lt", "le", "gt", "ge", "eq", "ne"}
@@ -133,12 +135,7 @@ def _operands(node: fx.Node) -> tuple[Any, Any] | None:
 def _call_and_kind(node: fx.Node) -> tuple[str, str] | None:
     if node.op == "call_method" and str(node.target) in _METHODS:
         return f"method.{node.target}", _METHODS[str(node.target)]
-    if node.op != "call_function":
-        return None
-    try:
-        return _FUNCTIONS.get(node.target)
-    except TypeError:  # an unhashable target
-        return None
+    return looked_up(_FUNCTIONS, node.target) if node.op == "call_function" else None
 
 
 def _call(call: str) -> Callable[[Any, Any], Any]:

@@ -41,6 +41,7 @@ from torch import fx
 
 from embedl_dynamo.graph.bool_operands import bool_operand_form
 from embedl_dynamo.graph.exact_index import index_form
+from embedl_dynamo.graph.nodes import looked_up
 
 __all__ = [
     "EXACT_FUNCTIONS",
@@ -378,8 +379,5 @@ def _exact(gm: fx.GraphModule, node: fx.Node) -> tuple[Callable[..., Any], dict]
     form = bool_operand_form(node)
     if form is not None:
         return form
-    try:
-        target = EXACT_FUNCTIONS.get(node.target)
-    except TypeError:  # an unhashable target
-        return None
+    target = looked_up(EXACT_FUNCTIONS, node.target)
     return (target, {}) if target is not None else None

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from embedl_dynamo.graph.nodes import constant_value, node_value_meta
+from embedl_dynamo.graph.nodes import constant_value, looked_up, node_value_meta
 
 __all__ = [
     "IndexUse",
@@ -177,12 +177,7 @@ def _op_name(node: fx.Node) -> str | None:
     if node.op == "call_method":
         name = str(node.target).removesuffix("_")  # an in-place form reads the same indices
         return name if name in _METHODS else None
-    if node.op != "call_function":
-        return None
-    try:
-        return _FUNCTIONS.get(node.target)
-    except TypeError:  # an unhashable target
-        return None
+    return looked_up(_FUNCTIONS, node.target) if node.op == "call_function" else None
 
 
 def _item_uses(node: fx.Node, op: str) -> list[IndexUse]:

@@ -8,7 +8,7 @@ They read shape metadata whichever pass wrote it (Dynamo's ``example_value``, Fa
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ __all__ = [
     "copy_meta",
     "get_attr_path",
     "is_tensor_node",
+    "looked_up",
     "module_path",
     "node_shape",
     "node_value_meta",
@@ -141,3 +142,12 @@ def canonical_call(
     node = graph.call_function(target, (), bound)
     node.meta[PATH_KEY] = path
     return node
+
+
+def looked_up(table: Mapping[Any, Any], target: Any) -> Any:
+    """``table``'s entry for a node's ``target``, or None: also for a target that cannot be a
+    key (an unhashable callable object)."""
+    try:
+        return table.get(target)
+    except TypeError:
+        return None
