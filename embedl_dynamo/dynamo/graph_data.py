@@ -14,11 +14,13 @@ metadata our passes read), never code or a pickle.
 * **Arguments** are JSON with tags for what JSON lacks: ``{"node": name}``, tuples, slices,
   dtypes, devices, non-finite floats. Anything else refuses the graph, naming the node.
 * **Metadata**: each placeholder's static-input mark, each node's module path
-  (``nn_module_stack``, the type kept as its name) and the spec (shape, dtype) of Dynamo's
-  example value. The example values themselves (fake tensors) are made again at load by running
-  the graph on fake copies of the call's arguments (:func:`add_example_values`): views share
-  storage and in-place ops return their input as Dynamo recorded them, and each spec is checked
-  against the one saved. Only static shapes are saved: a symbolic size refuses the graph.
+  (``nn_module_stack``, the type kept as its name) and the spec of Dynamo's example value: shape,
+  dtype and layout (strides, storage offset, the earlier value it shares a storage with or is),
+  from :class:`~embedl_dynamo.dynamo.example_values.ValueLayouts`. The example values themselves
+  (fake tensors) are made again at load from those specs
+  (:func:`~embedl_dynamo.dynamo.example_values.add_example_values`), so views share storage and
+  in-place ops return their input as Dynamo recorded them. Only static shapes are saved: a
+  symbolic size refuses the graph.
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
+from embedl_dynamo.dynamo.example_values import SPEC_KEY, ValueLayouts
 from embedl_dynamo.errors import SavedFunctionError
 
-__all__ = ["MODULES", "add_example_values", "graph_from_data", "graph_to_data"]
+__all__ = ["MODULES", "graph_from_data", "graph_to_data"]
 
 #: the modules a saved graph's functions are looked up in, by the name a record gives
 MODULES: dict[str, Any] = {
@@ -62,7 +64,6 @@ _DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)
 _FORMATS = {str(v): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
 _LAYOUTS = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _STATIC = "_dynamo_static_input_type"
-_SPEC = "embedl_saved_spec"  # a node's saved example-value spec, until add_example_values
 _NAMED_KINDS = (
     ("dtype", torch.dtype),
     ("memory_format", torch.memory_format),
@@ -78,10 +79,11 @@ def graph_to_data(gm: fx.GraphModule) -> list[dict[str, Any]]:
         SavedFunctionError: a node holds a submodule, a constant attribute, a target outside
             :data:`MODULES`, an argument JSON cannot hold, or a symbolic size.
     """
-    return [_node_to_data(node) for node in gm.graph.nodes]
+    layouts = ValueLayouts()
+    return [_node_to_data(node, layouts) for node in gm.graph.nodes]
 
 
-def _node_to_data(node: fx.Node) -> dict[str, Any]:
+def _node_to_data(node: fx.Node, layouts: ValueLayouts) -> dict[str, Any]:
     if node.op not in _OPS:
         raise SavedFunctionError(
             f"node {node.name} is a {node.op} (a submodule or a constant attribute); a saved "
@@ -102,7 +104,7 @@ def _node_to_data(node: fx.Node) -> dict[str, Any]:
     if isinstance(static, str):
         data["static"] = static
     if node.op != "output":
-        data["value"] = _spec(node.meta.get("example_value"), node)
+        data["value"] = layouts.spec(node)
     return data
 
 
@@ -234,28 +236,10 @@ def _bad(value: Any) -> Any:
     raise SavedFunctionError(f"saved graph: malformed argument {value!r}")
 
 
-def _spec(value: Any, node: fx.Node) -> Any:
-    """The shape and dtype of an example value, as data; raises for a symbolic size."""
-    if isinstance(value, torch.Tensor):
-        if not all(isinstance(size, int) for size in value.shape):
-            raise SavedFunctionError(
-                f"node {node.name} has a dynamic size {tuple(value.shape)}; a saved compiled "
-                "function holds static shapes: aot_compile without dynamic=True and without "
-                "torch._dynamo.mark_dynamic"
-            )
-        return {"shape": list(value.shape), "dtype": str(value.dtype)}
-    if isinstance(value, (tuple, list)):
-        return [_spec(v, node) for v in value]
-    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise SavedFunctionError(
-            f"node {node.name} is a symbolic size; a saved compiled function holds static shapes"
-        )
-    return None
-
-
 def graph_from_data(records: Sequence[dict[str, Any]]) -> fx.GraphModule:
     """The GraphModule :func:`graph_to_data` described: same nodes, names and metadata, no
-    example values yet (:func:`add_example_values`).
+    example values yet
+    (:func:`~embedl_dynamo.dynamo.example_values.add_example_values`).
 
     Raises:
         SavedFunctionError: a record is malformed or names a target outside :data:`MODULES`.
@@ -278,66 +262,7 @@ def graph_from_data(records: Sequence[dict[str, Any]]) -> fx.GraphModule:
         if isinstance(data.get("static"), str):
             node.meta["tensor_dict"] = {_STATIC: data["static"]}
         if op != "output":
-            node.meta[_SPEC] = data.get("value")
+            node.meta[SPEC_KEY] = data.get("value")
         nodes[str(name)] = node
     graph.lint()
     return fx.GraphModule(torch.nn.Module(), graph)
-
-
-def add_example_values(gm: fx.GraphModule, args: Sequence[Any]) -> None:
-    """Give each node of ``gm`` the ``example_value`` Dynamo gave it: the graph run on fake
-    copies of ``args``, under ``no_grad`` (a ``_set_grad_enabled`` node changes nothing
-    outside). Each value is checked against the spec saved with the node.
-
-    Raises:
-        SavedFunctionError: a node cannot run on fake tensors, or gives another shape or dtype
-            than it did when it was saved.
-    """
-    mode = FakeTensorMode()
-    values: dict[fx.Node, Any] = {}
-    placeholders = iter(args)
-    with torch.no_grad():
-        for node in gm.graph.nodes:
-            if node.op == "output":
-                break
-            if node.op == "placeholder":
-                real = next(placeholders)
-                value = (
-                    mode.from_tensor(real, static_shapes=True)
-                    if isinstance(real, torch.Tensor)
-                    else real
-                )
-            else:
-                value = _run_fake(node, values, mode)
-            _check_spec(node, value, node.meta.pop(_SPEC, None))
-            node.meta["example_value"] = values[node] = value
-
-
-def _run_fake(node: fx.Node, values: dict[fx.Node, Any], mode: FakeTensorMode) -> Any:
-    args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-    try:
-        with mode:
-            if node.op == "call_method":
-                return getattr(args[0], str(node.target))(*args[1:], **kwargs)
-            return node.target(*args, **kwargs)
-    except Exception as exc:
-        raise SavedFunctionError(
-            f"saved graph: node {node.name} does not run on this PyTorch ({exc}); save the "
-            "compiled function again with this version"
-        ) from exc
-
-
-def _check_spec(node: fx.Node, value: Any, spec: Any) -> None:
-    if isinstance(spec, dict):
-        ok = isinstance(value, torch.Tensor) and list(value.shape) == spec.get("shape")
-        if not ok or str(value.dtype) != spec.get("dtype"):
-            got = (
-                f"{tuple(value.shape)} {value.dtype}" if isinstance(value, torch.Tensor) else value
-            )
-            raise SavedFunctionError(
-                f"saved graph: node {node.name} gives {got}, saved as {tuple(spec.get('shape', ()))} "
-                f"{spec.get('dtype')}: the call's arguments are not the ones it was saved for"
-            )
-    elif isinstance(spec, list) and isinstance(value, (tuple, list)) and len(spec) == len(value):
-        for inner, inner_spec in zip(value, spec):
-            _check_spec(node, inner, inner_spec)

@@ -47,7 +47,8 @@ from embedl_dynamo.backend import Backend, backend_by_name
 from embedl_dynamo.cache.files import default_cache_dir, wait_for_cache_writes
 from embedl_dynamo.cache.keys import digests_reused
 from embedl_dynamo.dynamo.compile import compile_subgraph
-from embedl_dynamo.dynamo.graph_data import add_example_values, graph_from_data, graph_to_data
+from embedl_dynamo.dynamo.example_values import add_example_values
+from embedl_dynamo.dynamo.graph_data import graph_from_data, graph_to_data
 from embedl_dynamo.dynamo.saved_artifacts import (
     artifact_records,
     artifacts_problem,

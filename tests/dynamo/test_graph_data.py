@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 import operator
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import fx, nn
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from embedl_dynamo import SavedFunctionError
-from embedl_dynamo.dynamo.graph_data import add_example_values, graph_from_data, graph_to_data
+from embedl_dynamo.dynamo.example_values import add_example_values
+from embedl_dynamo.dynamo.graph_data import graph_from_data, graph_to_data
 from embedl_dynamo.graph.printer import format_graph
 
 
@@ -116,3 +119,95 @@ def test_a_record_names_only_what_this_package_looks_up():
 
 def _not_in_torch(x: torch.Tensor) -> torch.Tensor:
     return x
+
+
+def _layouts(gm: fx.GraphModule) -> list[tuple[str, Any]]:
+    """Each node's example value as (shape, dtype, strides, offset), the first earlier node
+    whose value shares its storage, and the first whose value it is."""
+    seen_storage: dict[Any, str] = {}
+    seen_value: dict[int, str] = {}
+    rows = []
+    for node in gm.graph.nodes:
+        values = node.meta.get("example_value")
+        values = values if isinstance(values, (tuple, list)) else (values,)
+        for index, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                continue
+            storage = StorageWeakRef(value.untyped_storage())
+            layout = (tuple(value.shape), value.dtype, value.stride(), value.storage_offset())
+            shares = seen_storage.setdefault(storage, f"{node.name}[{index}]")
+            same = seen_value.setdefault(id(value), f"{node.name}[{index}]")
+            rows.append((f"{node.name}[{index}]", (layout, shares, same)))
+    return rows
+
+
+def _counting_targets(gm: fx.GraphModule) -> list[str]:
+    """Wrap each call_function target of ``gm`` so that a run of it is noted in the list."""
+    ran: list[str] = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+
+            def counted(*args, _target=node.target, _name=node.name, **kwargs):
+                ran.append(_name)
+                return _target(*args, **kwargs)
+
+            node.target = counted
+    return ran
+
+
+class ViewsAndWrites(nn.Module):
+    """Batch norms (whose meta function is a decomposition), views of one storage, a split's
+    tuple, in-place writes returning their input, and a transposed (non-contiguous) result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(self.conv(x))
+        a, b = y.split(4, dim=1)
+        a.relu_()
+        flat = b.flatten(2).transpose(1, 2)
+        flat.mul_(2.0)
+        return a.sum() + flat.contiguous().view(-1)[:5]
+
+
+def test_example_values_are_made_from_the_saved_layouts_without_running_an_op():
+    model = ViewsAndWrites().eval()
+    gm, inputs = _dynamo_graph(model, torch.randn(2, 3, 6, 6))
+    loaded = graph_from_data(json.loads(json.dumps(graph_to_data(gm))))
+    ran = _counting_targets(loaded)
+    add_example_values(loaded, inputs)
+    assert ran == []
+    assert _layouts(loaded) == _layouts(gm)  # strides, shared storages and identities
+
+
+def test_a_record_without_layouts_runs_the_graph_on_fake_tensors():
+    model = ViewsAndWrites().eval()
+    gm, inputs = _dynamo_graph(model, torch.randn(2, 3, 6, 6))
+    records = graph_to_data(gm)
+    for record in records:  # as a file saved before layouts were recorded
+        specs = record.get("value")
+        for spec in specs if isinstance(specs, list) else [specs]:
+            for key in ("stride", "offset", "device", "storage", "same"):
+                if isinstance(spec, dict):
+                    spec.pop(key, None)
+    loaded = graph_from_data(records)
+    ran = _counting_targets(loaded)
+    add_example_values(loaded, inputs)
+    assert "conv2d" in ran and len(ran) == sum(n.op == "call_function" for n in loaded.graph.nodes)
+    assert _layouts(loaded) == _layouts(gm)
+
+
+def test_arguments_laid_out_otherwise_run_the_graph_and_keep_their_own_layouts():
+    model = ViewsAndWrites().eval()
+    gm, inputs = _dynamo_graph(model, torch.randn(2, 3, 6, 6))
+    loaded = graph_from_data(graph_to_data(gm))
+    ran = _counting_targets(loaded)
+    position = next(i for i, t in enumerate(inputs) if t.shape == (2, 3, 6, 6))
+    inputs[position] = torch.randn(2, 6, 6, 3).permute(0, 3, 1, 2)  # same shape, other strides
+    add_example_values(loaded, inputs)
+    assert "conv2d" in ran
+    placeholder = [n for n in loaded.graph.nodes if n.op == "placeholder"][position]
+    assert placeholder.meta["example_value"].stride() == inputs[position].stride()

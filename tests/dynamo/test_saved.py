@@ -87,7 +87,13 @@ def test_the_saved_bytes_are_json_data(saved):
     assert record["format"] == FORMAT and record["target"] == "onnxruntime"
     conv = next(n for n in record["graph"] if n["op"] == "call_function")
     assert conv["target"] == {"fn": ["torch", "conv2d"]}
-    assert conv["value"] == {"shape": [2, 8, 8, 8], "dtype": "torch.float32"}
+    assert conv["value"] == {
+        "shape": [2, 8, 8, 8],
+        "dtype": "torch.float32",
+        "stride": [512, 64, 8, 1],
+        "offset": 0,
+        "device": "cpu",
+    }
     assert [set(a) for a in conv["args"]["tuple"][:3]] == [{"node"}] * 3  # input, weight, bias
     assert conv["args"]["tuple"][3:] == [{"tuple": [1, 1]}, {"tuple": [0, 0]}, {"tuple": [1, 1]}, 1]
     (artifact,) = record["artifacts"]
