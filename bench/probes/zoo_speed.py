@@ -15,12 +15,11 @@ import math
 
 import torch
 
-from bench import models
 from bench.harness.measure import one_line
 from bench.harness.record import Record
 from bench.harness.table import by_variant
 from bench.harness.timer import interleaved
-from bench.suites.common import split_names, zoo_names
+from bench.suites.common import built_models, split_names
 from bench.variants.ours import compile_ours
 
 __all__ = ["BASELINE", "arguments", "run", "smoke", "table"]
@@ -42,12 +41,7 @@ def smoke(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace, record: Record) -> None:
     """Per model: eager and each target's compiled call, interleaved."""
-    for name in split_names(args.models) or zoo_names():
-        try:
-            model, inputs = models.build(name)
-        except Exception as error:  # a model that does not build is a row, not the end
-            record.fail(name, "model", one_line(error))
-            continue
+    for name, model, inputs in built_models(args.models, record):
         calls = {"eager": lambda m=model, i=inputs: m(*i)}
         for backend in split_names(args.backends):
             try:

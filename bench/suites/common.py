@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -24,7 +24,7 @@ from bench.harness.record import Record
 from bench.harness.timer import interleaved, stopwatch
 from bench.variants import Built, Case, builder
 
-__all__ = ["measure", "split_names", "zoo_names"]
+__all__ = ["built_models", "measure", "split_names", "zoo_names"]
 
 
 def zoo_names() -> list[str]:
@@ -40,6 +40,20 @@ def zoo_names() -> list[str]:
 def split_names(text: str) -> list[str]:
     """A comma-separated option as a list (empty items dropped)."""
     return [item for item in text.split(",") if item]
+
+
+def built_models(names: str, record: Record) -> Iterator[tuple[str, Any, tuple[Any, ...]]]:
+    """``(name, model, inputs)`` for each comma-separated name (none: :func:`zoo_names`); a
+    model that does not build is a failed row of ``record``, not the end of the run."""
+    from bench import models
+
+    for name in split_names(names) or zoo_names():
+        try:
+            model, inputs = models.build(name)
+        except Exception as error:  # a model that does not build is a row, not the end
+            record.fail(name, "model", one_line(error))
+            continue
+        yield name, model, inputs
 
 
 def _delta(after: float | None, before: float | None) -> float | None:

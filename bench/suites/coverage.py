@@ -16,11 +16,10 @@ import argparse
 
 import torch
 
-from bench import models
 from bench.harness.measure import one_line
 from bench.harness.record import Record
 from bench.harness.table import by_metric
-from bench.suites.common import split_names, zoo_names
+from bench.suites.common import built_models, split_names
 
 __all__ = ["BASELINE", "arguments", "run", "smoke", "table"]
 
@@ -42,12 +41,7 @@ def run(args: argparse.Namespace, record: Record) -> None:
     """One row set per model and target."""
     import embedl_dynamo
 
-    for name in split_names(args.models) or zoo_names():
-        try:
-            model, inputs = models.build(name)
-        except Exception as error:  # a model that does not build is a row, not the end
-            record.fail(name, "model", one_line(error))
-            continue
+    for name, model, inputs in built_models(args.models, record):
         for backend in split_names(args.backends):
             try:
                 found = embedl_dynamo.coverage(model, inputs, backend=backend)
