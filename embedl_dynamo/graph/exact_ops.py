@@ -24,6 +24,8 @@ in place of the originals in the graph that is exported (the table of which op n
 * a binary op with a Python ``bool`` operand (``mask & True``, ``m <= True``): the exporter
   takes none; here the bool is the operand PyTorch computes the same result with
   (:mod:`embedl_dynamo.graph.bool_operands`).
+* ``normalize`` of a 0-d tensor: the exporter reduces over axis 0 of a rank-0 tensor, which ONNX
+  Runtime refuses; here the one element is normalized as a rank-1 tensor and reshaped back.
 * ``rms_norm`` (``nn.RMSNorm``): no exporter takes it at the opset used; here it is PyTorch's
   own formula, ``x * rsqrt(mean(x**2) + eps) * weight`` (in float32 for a half input): its
   values bit for bit, in PyTorch.
@@ -307,6 +309,17 @@ def _expand_as_method(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return x if other.dim() == 0 and x.dim() == 0 else x.expand_as(other)
 
 
+def _normalize(
+    input: torch.Tensor, p: float = 2.0, dim: Any = 1, eps: float = 1e-12, out: Any = None
+) -> torch.Tensor:
+    """``F.normalize``; a 0-d ``input`` is normalized as the one element of a rank-1 tensor and
+    given back 0-d (the same arithmetic on the same element): the exporter's norm of a 0-d
+    tensor reduces over its axis 0, which ONNX Runtime refuses (a rank-0 tensor has no axis)."""
+    if input.dim() == 0 and out is None:
+        return F.normalize(input.reshape(1), p, 0, eps).reshape(())
+    return F.normalize(input, p, dim, eps, out)
+
+
 #: the torch function or Tensor method -> its exact form
 EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     torch.argmax: exact_argmax,
@@ -326,6 +339,7 @@ EXACT_FUNCTIONS: dict[Any, Callable[..., Any]] = {
     F.max_pool2d: exact_max_pool2d,
     torch.max_pool2d: exact_max_pool2d,
     F.rms_norm: exact_rms_norm,
+    F.normalize: _normalize,
     torch.rms_norm: exact_rms_norm,
     "softmax": _softmax_method,
     "log_softmax": _log_softmax_method,

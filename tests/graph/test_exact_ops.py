@@ -51,6 +51,11 @@ CALLS = [
     ("expand", (torch.tensor([3.0]), 2, 1), {}),
     ("expand_as", (torch.tensor(3.0), torch.tensor(2.0)), {}),
     ("expand_as", (torch.tensor(3.0), X), {}),
+    (F.normalize, (torch.tensor(-2.5),), {"p": 1.2, "dim": 0}),
+    (F.normalize, (torch.tensor(-0.0), 2.0, -1), {}),
+    (F.normalize, (torch.tensor(INF), 1.0, 0), {}),
+    (F.normalize, (torch.tensor(NAN),), {"dim": 0}),
+    (F.normalize, (X,), {}),  # not 0-d: F.normalize itself
 ]
 
 

@@ -5,11 +5,15 @@ runtimes: the rows of :mod:`embedl_dynamo.runtimes.conformance.fold_rows` and th
 
 ``unfold`` is moves alone (exact); ``fold`` is ONNX's Col2Im (bounded); with a padding that
 differs between height and width ``fold`` is exported wrongly and stays in PyTorch, as both
-stay without a batch axis where a runtime refuses that. ``normalize`` of a 0-d tensor ends
-OpenVINO's process, so it is an op of its own there, kept in PyTorch; of any other rank it
-runs on OpenVINO, with non-finite inputs sent to PyTorch by the per-call guard."""
+stay without a batch axis where a runtime refuses that. For ``normalize`` of a 0-d tensor
+PyTorch's exporter reduces over axis 0 of a rank-0 tensor (ONNX Runtime refuses it, OpenVINO
+ended the process on it), so it is an op of its own, exported in a rank-1 form
+(:mod:`embedl_dynamo.graph.exact_ops`); of any rank, non-finite inputs go to PyTorch by the
+per-call guard where a runtime computes them otherwise."""
 
 from __future__ import annotations
+
+from unittest import mock
 
 import pytest
 import torch
@@ -17,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.dynamo import call_guards
 from embedl_dynamo.runtimes.conformance import Verdict, node_blocker, op_name
 from tests.helpers import dynamo_graph, runtime_compiled
 from tests.runtimes.conformance_check import assert_conforms, compile_on, placement
@@ -125,18 +130,18 @@ def test_fold_and_unfold_match_pytorch_with_edge_values(runtime):
         assert any("(h, h, w, w)" in r for r in reasons)
 
 
-def test_a_0_d_normalize_stays_in_pytorch_on_openvino():
-    """Judged, not run: OpenVINO ends the process on it (SIGSEGV in read_model)."""
+def test_a_0_d_normalize_is_an_op_of_its_own():
+    """Judged by its own row: the export of a 0-d one is the rank-1 form of
+    :mod:`embedl_dynamo.graph.exact_ops` (the exporter's own form reduces over axis 0 of a
+    rank-0 tensor: ONNX Runtime refuses it, OpenVINO ended the process on it)."""
     gm = dynamo_graph(
         lambda s, x: (F.normalize(s, p=1.2, dim=0), F.normalize(x, dim=0)),
         *(torch.tensor(0.5), torch.randn(5)),
     )
     nodes = [n for n in gm.graph.nodes if n.op == "call_function"]
     assert [op_name(n) for n in nodes] == ["normalize(0-d)", "normalize"]
-    reason = node_blocker(nodes[0], "openvino")
-    assert reason is not None and "SIGSEGV" in reason and reason.startswith("normalize(0-d)")
-    assert node_blocker(nodes[1], "openvino") is None
-    assert node_blocker(nodes[0], "onnxruntime") is None
+    for runtime in RUNTIMES:
+        assert [node_blocker(n, runtime) for n in nodes] == [None, None]
 
 
 def test_tensor_unfold_is_another_op_than_f_unfold():
@@ -151,15 +156,25 @@ def test_tensor_unfold_is_another_op_than_f_unfold():
     assert node_blocker(calls[1], "openvino") is None
 
 
-def test_a_0_d_normalize_on_onnx_runtime_matches_pytorch():
-    """``normalize(0-d)``'s row on ONNX Runtime: within the bound, and an infinity (a listed
-    difference) sent to PyTorch by the per-call guard."""
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_0_d_normalize_runs_on_the_runtime_and_matches_pytorch(runtime):
+    """``normalize(0-d)``'s row: it runs on the runtime, within the bound; an infinity (the
+    listed difference: the runtime's norm of it is float32's largest value) shows without the
+    per-call guard and goes to PyTorch with it."""
 
     def fn(s: torch.Tensor) -> torch.Tensor:
         return F.normalize(s, p=1.2, dim=0) * 3
 
     torch._dynamo.reset()
-    compiled = compile_on(fn, "onnxruntime", fallback="eager")
-    for value in (0.7, -2.5, 0.0, -0.0, float("inf"), float("nan")):
+    compiled = compile_on(fn, runtime)
+    for value in (0.7, -2.5, 0.0, -0.0, 1e-30, float("inf"), float("nan")):
         s = torch.tensor(value)
         assert_conforms(fn(s), compiled(s), Verdict.BOUNDED, f"normalize of {value}")
+    ran, reasons = placement(embedl_dynamo.last_report().subgraphs, runtime)
+    assert ran and not reasons
+    torch._dynamo.reset()
+    with mock.patch.object(call_guards, "needs_finite_inputs", lambda node, runtime: False):
+        unguarded = compile_on(fn, runtime)
+        assert unguarded(torch.tensor(0.7)) == fn(torch.tensor(0.7))  # the first call, checked
+        infinite = torch.tensor(float("inf"))
+        assert fn(infinite).isnan() and unguarded(infinite) == float("inf")

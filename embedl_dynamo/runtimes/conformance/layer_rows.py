@@ -168,11 +168,6 @@ _OV_NORMALIZE_NAN = (
     "a NaN in a slice comes back as NaN at it alone and the rest of the slice divided by eps, "
     "where PyTorch gives NaN for the whole slice: OpenVINO's norm of the slice is 0"
 )
-_OV_NORMALIZE = Rule(
-    Verdict.KEPT,
-    reason="OpenVINO ends the process on the export of a 0-d one (SIGSEGV in read_model, the "
-    "slow conformance sweep: F.normalize(x of (), p=1.2, dim=0))",
-)
 _SOFTMIN_NON_FINITE = (
     "a NaN or an infinity in a slice gives other values than PyTorch's NaN for the whole "
     "slice (OpenVINO's SoftMax: NaN at a NaN or a -inf, +inf of -x, and 0 elsewhere; 1.0 for "
@@ -206,9 +201,9 @@ LAYER_ROWS = (
     OpRow(
         "normalize(0-d)",
         (),
-        {"onnxruntime": (FLOAT,), "openvino": (_OV_NORMALIZE,)},
+        both(FLOAT),
         (),
-        non_finite(_NORMALIZE_INF, ("onnxruntime",), ("inf", "-inf")),
+        non_finite(_NORMALIZE_INF, edges=("inf", "-inf")),
         checked_by="runtimes/test_fold_normalize.py",
     ),
     OpRow("cosine_similarity", ("nn.functional.cosine_similarity",), both(FLOAT)),

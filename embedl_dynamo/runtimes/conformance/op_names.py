@@ -123,7 +123,7 @@ def _specialised(node: fx.Node, name: str) -> str:
     if name == "fold" and len(set(_pair(_argument(node, 4, "padding", 0)))) > 1:
         return "fold(unequal padding)"  # exported with another padding
     if name == "normalize" and _input_rank(node) == 0:
-        return "normalize(0-d)"  # OpenVINO ends the process on it
+        return "normalize(0-d)"  # exported in graph/exact_ops' rank-1 form: a row of its own
     if name == "avg_pool2d" and _argument(node, 6, "divisor_override", None) is not None:
         return "avg_pool2d(divisor_override)"  # the ONNX export drops the divisor
     if name == "instance_norm" and _argument(node, 1, "running_mean", None) is not None:
