@@ -246,7 +246,7 @@ def _samples(name: str, dtype: torch.dtype) -> list[Any]:
 def _check_kept(info: Any, samples: list[Any], op: str, runtime: str, rule: Any) -> None:
     """Every node of ``op`` stays in PyTorch, with the rule's reason, and the outputs are
     PyTorch's (the rest of the graph may run on the runtime). A node the judge names by a
-    specialised row of ``op`` (``gt(integers within 2**24)``, ``abs(int64 within int32)``:
+    specialised row of ``op`` (``gt(one side within 2**24)``, ``abs(within int32)``:
     :func:`~embedl_dynamo.runtimes.conformance.op_name`) is that row's: it stays in PyTorch
     with that row's reason where that row keeps it, and may run on the runtime otherwise."""
     tensors, specs = _batch(samples)

@@ -146,20 +146,37 @@ def test_openvino_keeps_any_op_that_makes_int64_values_past_int32():
     assert any("past the int32" in reason for reason in reasons), reasons
 
 
-def test_a_comparison_of_integers_within_2_24_is_its_own_row():
-    """A decoder's causal mask compares positions the graph bounds (an arange, a size):
-    exact through float32, so OpenVINO takes it. An input's integers are bounded only by the
-    guard, past 2**24: that comparison keeps its row (no match, the reason OV_COMPARE says)."""
+def test_a_comparison_with_one_side_within_2_24_is_its_own_row():
+    """A decoder's causal mask compares positions the graph bounds (an arange, a size), and a
+    padding mask compares token ids with a small constant: exact through float32, where the
+    small side is held exactly and every other integer rounds onto itself or past 2**24 on
+    its side, so OpenVINO takes them. Two inputs' integers, bounded only by the guard past
+    2**24, and a constant of 2**24 itself keep their rows (no match, the reason OV_COMPARE
+    says); so does a float operand."""
     ids = torch.ones(2, 5, dtype=torch.int64)
 
     def mask(ids):
         positions = torch.arange(ids.shape[1])
-        return positions[None, :] <= positions[:, None], ids >= 3
+        return (
+            positions[None, :] <= positions[:, None],
+            ids >= 3,
+            ids.ne(2**24 - 1),
+            ids > ids.flip(0),
+            ids == 2**24,
+            ids < 2.5,
+        )
 
     gm = _dynamo_graph(mask, ids)
-    names = [op_name(n) for n in gm.graph.nodes]
-    names = [n for n in names if n == "ge" or (n or "").startswith("le(")]
-    assert names == ["le(integers within 2**24)", "ge"]
+    names = [op_name(n) or "" for n in gm.graph.nodes]
+    names = [n for n in names if n.split("(")[0] in ("le", "ge", "ne", "gt", "eq", "lt")]
+    assert names == [
+        "le(one side within 2**24)",
+        "ge(one side within 2**24)",
+        "ne(one side within 2**24)",
+        "gt",
+        "eq",
+        "lt",
+    ]
 
 
 @needs_openvino
@@ -226,10 +243,10 @@ def test_int64_arithmetic_the_graph_bounds_within_int32_is_its_own_row():
     names = [op_name(n) or "" for n in gm.graph.nodes]
     rows = [n for n in names if n.startswith(("abs", "sign", "mul", "neg"))]
     assert rows == [
-        "neg(int64 within int32)",
-        "abs(int64 within int32)",
-        "sign(int64 within int32)",
-        "mul(int64 within int32)",
+        "neg(within int32)",
+        "abs(within int32)",
+        "sign(within int32)",
+        "mul(within int32)",
         "mul",
     ]
 
@@ -249,5 +266,86 @@ def test_openvino_computes_bounded_int64_arithmetic_at_the_guards_edges():
     compiled = compile_on(fn, "openvino")
     for ids in (torch.tensor([3, -4]), EDGE):
         assert torch.equal(compiled(ids), fn(ids))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report
+
+
+def _clamped_mask(mask: torch.Tensor) -> torch.Tensor:
+    """Longformer's ``torch.clamp(attention_mask, min=0, max=1)`` of an int64 mask of 0, 1, 2."""
+    return torch.clamp(mask, min=0, max=1) * 5
+
+
+def test_a_clamp_the_graph_bounds_within_int32_is_its_own_row():
+    """An int64 input clamped to [0, 1] stays within int32 (the guard keeps the input there
+    too); a bound past int32 keeps the clamp's row."""
+    gm = _dynamo_graph(
+        lambda m: (_clamped_mask(m), torch.clamp(m, max=2**40)), torch.ones(2, 4).long()
+    )
+    names = [op_name(n) or "" for n in gm.graph.nodes]
+    assert [n for n in names if n.startswith("clamp")] == ["clamp(within int32)", "clamp"]
+
+
+@needs_openvino
+def test_openvino_clamps_an_int64_mask_at_the_guards_edges():
+    compiled = compile_on(_clamped_mask, "openvino")
+    for mask in (torch.tensor([[0, 1, 2, 1]]), torch.tensor([[2**30 - 1, -(2**30), 7, 0]])):
+        assert torch.equal(compiled(mask), _clamped_mask(mask))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report
+
+
+def _position_ids(ids: torch.Tensor) -> torch.Tensor:
+    """M2M100's and RoBERTa's position ids from token ids: a padding mask, its running sum
+    (int64 from int32), a product of int32s."""
+    mask = ids.ne(1).int()
+    return (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask + 1
+
+
+def test_a_running_sum_and_an_int32_product_the_graph_bounds_are_their_own_rows():
+    """The running sum of a 0/1 mask is bounded by its axis' size and the product by that
+    times 1: within int32, so OpenVINO's int32 computes them exactly. A running sum of the
+    ids themselves may pass int32 (16 terms up to 2**30): it keeps its row."""
+    gm = _dynamo_graph(
+        lambda ids: (_position_ids(ids), torch.cumsum(ids, 1)), torch.ones(2, 16).long()
+    )
+    names = [op_name(n) or "" for n in gm.graph.nodes]
+    rows = [n for n in names if n.startswith(("ne", "cumsum", "mul"))]
+    assert rows == [
+        "ne(one side within 2**24)",
+        "cumsum(within int32)",
+        "mul(within int32)",
+        "cumsum",
+    ]
+
+
+@needs_openvino
+def test_openvino_computes_position_ids_from_token_ids_at_the_guards_edges():
+    compiled = compile_on(_position_ids, "openvino")
+    ids = torch.tensor([[5, 1, 2**24 + 1, 1, 2**30 - 1, -(2**30), 1, 2**24 - 1]])
+    for call in (ids, ids.flip(1), torch.ones_like(ids)):
+        assert torch.equal(compiled(call), _position_ids(call))
+    (report,) = last_report().subgraphs
+    assert report.runtime == "openvino" and not report.kept, report
+
+
+def _last_tokens(ids: torch.Tensor) -> torch.Tensor:
+    """mBART's ``shift_tokens_right``: the count of non-padding tokens (a bool sum), the last
+    one's position, its token gathered."""
+    last = (ids.ne(1).sum(dim=1) - 1).unsqueeze(-1)
+    return ids.gather(1, last.clamp(min=0)).squeeze(-1)
+
+
+def test_a_sum_of_a_mask_is_its_own_row_and_a_sum_of_ids_keeps_its_row():
+    gm = _dynamo_graph(lambda ids: (_last_tokens(ids), ids.sum(1)), torch.ones(2, 16).long())
+    names = [op_name(n) or "" for n in gm.graph.nodes]
+    assert [n for n in names if n.startswith("sum")] == ["sum(within int32)", "sum"]
+
+
+@needs_openvino
+def test_openvino_finds_the_last_tokens_at_the_guards_edges():
+    compiled = compile_on(_last_tokens, "openvino")
+    ids = torch.tensor([[5, 2**30 - 1, -(2**30), 1, 1], [2**24 + 1, 1, 1, 1, 1]])
+    for call in (ids, ids.flip(0), torch.ones_like(ids)):
+        assert torch.equal(compiled(call), _last_tokens(call))
     (report,) = last_report().subgraphs
     assert report.runtime == "openvino" and not report.kept, report

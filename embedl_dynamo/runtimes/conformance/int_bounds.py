@@ -60,10 +60,12 @@ _PASSTHROUGH = frozenset(
 #: ops whose values are some of their arguments' values (a mask's or a condition's are 0 or 1)
 _CHOOSERS = frozenset(
     """
-    cat stack where maximum minimum clamp clamp_min clamp_max masked_fill masked_fill_ tril
-    triu
+    cat stack where maximum minimum masked_fill masked_fill_ tril triu
     """.split()
 )
+#: clamps: name -> the keywords of its positional bounds
+_CLAMPS = {"clamp": ("min", "max"), "clip": ("min", "max"), "clamp_min": ("min",)}
+_CLAMPS["clamp_max"] = ("max",)
 _ADDS = frozenset("add add_ iadd __add__ __radd__".split())
 _SUBS = frozenset("sub sub_ isub __sub__".split())
 _MULS = frozenset("mul mul_ imul __mul__ __rmul__".split())
@@ -83,10 +85,13 @@ def fits_int32(node: fx.Node) -> bool:
 
 
 def computed_within_int32(node: fx.Node) -> bool:
-    """Whether ``node``'s values and those of every integer tensor it reads provably stay
-    within int32's range: OpenVINO, which computes int64 as int32, then computes it exactly."""
+    """Whether ``node``'s values, those of every integer tensor it reads and every integer it
+    is given (a clamp's bound) provably stay within int32's range: OpenVINO, which computes
+    int64 as int32, then computes it exactly."""
+    given = [a for a in (*node.args, *node.kwargs.values()) if type(a) is int]
     operands = [a for a in node.all_input_nodes if _integer_tensor(a)]
-    return fits_int32(node) and all(fits_int32(a) for a in operands)
+    within = all(inside(value_range(a), INT32_RANGE) for a in given)
+    return within and fits_int32(node) and all(fits_int32(a) for a in operands)
 
 
 def _tensor_node(value: Any) -> bool:
@@ -100,12 +105,24 @@ def _integer_tensor(node: fx.Node) -> bool:
 
 
 def exact_in_float32(node: fx.Node) -> bool:
-    """Whether every operand of ``node`` (its tensors and numbers) is an integer whose range
-    lies within [-2**24, 2**24], where float32 holds each integer exactly: a comparison
-    OpenVINO computes through float32 is then exact."""
+    """Whether every operand of ``node`` is an integer (a number, or a tensor of an integer or
+    bool dtype) and one of them provably lies strictly within (-2**24, 2**24): a comparison
+    OpenVINO computes through float32 is then exact. Float32 holds that operand exactly, and
+    rounds every other integer monotonically onto a value that is itself, or lies at or past
+    2**24 on its side: never onto the small one, never across it."""
     operands = [a for a in (*node.args, *node.kwargs.values()) if a is not None]
-    exact = (-FLOAT32_EXACT, FLOAT32_EXACT)
-    return bool(operands) and all(inside(value_range(a), exact) for a in operands)
+    small = (-FLOAT32_EXACT + 1, FLOAT32_EXACT - 1)
+    return (
+        bool(operands)
+        and all(_integer_operand(a) for a in operands)
+        and any(inside(value_range(a), small) for a in operands)
+    )
+
+
+def _integer_operand(value: Any) -> bool:
+    if isinstance(value, (bool, int)):
+        return True
+    return isinstance(value, fx.Node) and _integer_tensor(value)
 
 
 def value_range(value: Any, depth: int = 0) -> Range | None:
@@ -146,6 +163,8 @@ def _op_range(node: fx.Node, name: str, depth: int) -> Range | None:
         return _arithmetic_range(node, name, depth)
     if name in ("neg", "__neg__", "abs", "__abs__", "sign") and args:
         return _sign_range(value_range(args[0], depth), name)
+    if name in _CLAMPS and args:
+        return _clamp_range(node, name, depth)
     if name in ("min", "max") and len(args) == 2 and _tensor_node(args[1]):
         return _hull(value_range(a, depth) for a in args)  # torch.min(a, b): a or b, each place
     if name in ("cumsum", "sum") and args:
@@ -180,6 +199,20 @@ def _arithmetic_range(node: fx.Node, name: str, depth: int) -> Range | None:
     if name in _SUBS or name in ("rsub", "__rsub__"):
         second = (-second[1], -second[0])
     return first[0] + second[0], first[1] + second[1]
+
+
+def _clamp_range(node: fx.Node, name: str, depth: int) -> Range | None:
+    """``min(max(x, low), high)``'s range, each bound optional (``clamp_min`` has a low one,
+    ``clamp_max`` a high one); monotone in each argument, so its ends are the ends' images."""
+    found = value_range(node.args[0], depth)
+    bounds = dict(zip(_CLAMPS[name], node.args[1:]))
+    bounds.update((k, v) for k, v in node.kwargs.items() if k in ("min", "max"))
+    for key, pick in (("min", max), ("max", min)):
+        if found is None or bounds.get(key) is None:
+            continue
+        bound = value_range(bounds[key], depth)
+        found = None if bound is None else (pick(found[0], bound[0]), pick(found[1], bound[1]))
+    return found
 
 
 def _product(first: Range, second: Range) -> Range:

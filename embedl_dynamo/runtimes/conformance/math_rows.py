@@ -182,8 +182,8 @@ MATH_ROWS: tuple[OpRow, ...] = (
     OpRow("scatter_add", ("scatter_add",), _INT64),
     *(
         OpRow(
-            f"{op}(integers within 2**24)",
-            (),  # judge.op_name: a comparison of integers the graph bounds within 2**24
+            f"{op}(one side within 2**24)",
+            (),  # judge.op_name: a comparison of integers, one the graph bounds within 2**24
             both(EXACT),
             checked_by="runtimes/test_int64_sums.py",
         )
@@ -200,12 +200,12 @@ MATH_ROWS: tuple[OpRow, ...] = (
     ),
     *(
         OpRow(
-            f"{op}(int64 within int32)",
-            (),  # judge.op_name: int64 arithmetic whose values the graph bounds within int32
+            f"{op}(within int32)",
+            (),  # judge.op_name: integer arithmetic whose values the graph bounds within int32
             both(EXACT),
             checked_by="runtimes/test_int64_sums.py",
         )
-        for op in ("mul", "neg", "abs", "sign")
+        for op in ("mul", "neg", "abs", "sign", "cumsum", "clamp", "sum")
     ),
     OpRow("index_add", ("index_add",), both(_INDEX_ADD_BOOL, EXACT)),
     *(OpRow(f"{op}(0-d)", (), both(_ZERO_D), checked_by=_INDEX_TEST) for op in INDEX_OPS),

@@ -110,12 +110,12 @@ def _specialised(node: fx.Node, name: str) -> str:
     if name in _SUMS and input_dtype(node) in (torch.int8, torch.uint8):
         return f"{_SUMS[name]}(8-bit)"  # OpenVINO saturates where PyTorch wraps
     if name in _COMPARES and _integer_or_bool(input_dtype(node)) and exact_in_float32(node):
-        return f"{_COMPARES[name]}(integers within 2**24)"  # exact through float32 too
+        return f"{_COMPARES[name]}(one side within 2**24)"  # exact through float32 too
     if name in _SUMS and _result_dtype(node) == torch.int64 and not fits_int32(node):
         return f"{_SUMS[name]}(int64 past int32)"  # OpenVINO computes int64 as int32
-    if name in _INT32_ARITHMETIC and _result_dtype(node) == torch.int64:
+    if name in _INT32_ARITHMETIC and _result_dtype(node) in (torch.int64, torch.int32):
         if computed_within_int32(node):  # so OpenVINO's int32 computes it exactly
-            return f"{_INT32_ARITHMETIC[name]}(int64 within int32)"
+            return f"{_INT32_ARITHMETIC[name]}(within int32)"
     if name == "unfold" and node.target is not torch.nn.functional.unfold:
         return "Tensor.unfold"  # a sliding window of one dimension, not F.unfold's patches
     if name in _BATCHED_RANK and _input_rank(node) != _BATCHED_RANK[name]:
@@ -167,10 +167,13 @@ _CASTS = frozenset({"to", "type_as", "type", "long", "int", "short", "char", "by
 _INVERTS = frozenset({"bitwise_not", "invert", "__invert__"})
 #: sums, by their names in a graph, whose 8-bit integer form is another op
 _SUMS = {n: op for op in ("add", "sub") for n in (op, f"{op}_", f"i{op}", f"__{op}__")}
-#: int64 arithmetic OpenVINO keeps unless the graph bounds it within int32, by graph names
+#: integer arithmetic OpenVINO keeps unless the graph bounds it within int32, by graph names
 _INT32_ARITHMETIC = {n: op for op in ("mul", "neg", "abs") for n in (op, f"{op}_", f"__{op}__")} | {
     "sign": "sign",
     "imul": "mul",
+    "cumsum": "cumsum",
+    "clamp": "clamp",
+    "sum": "sum",
 }
 #: comparisons, by their names in a graph
 _COMPARES = {n: op for op in ("eq", "ne", "lt", "le", "gt", "ge") for n in (op, f"__{op}__")}
