@@ -84,7 +84,7 @@ def compile_subgraph(
         if infer is None and job.failure is not None:  # unless it fails: narrowed to the ops
             job.original, job.axes = reference, axes
             infer = build_narrowed(job, graph)
-            if infer is None:
+            if infer is None and job.failure is not None:  # else the partition said why
                 warn_failed(job)
     elif not partitioning.fragments:
         kept = partitioning.blocker or partitioning.kept[0]

@@ -25,12 +25,18 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from embedl_dynamo.dynamo.graph_build import build_graph, warn_failed
 from embedl_dynamo.dynamo.narrowing import failing_nodes
 from embedl_dynamo.dynamo.subgraph_job import SubgraphJob
-from embedl_dynamo.errors import CallRefused, OutputMismatchError, RuntimeUnavailableError
+from embedl_dynamo.errors import (
+    CallRefused,
+    OutputMismatchError,
+    RuntimeUnavailableError,
+    error_line,
+)
 from embedl_dynamo.graph.dynamic_axes import DynamicAxes
 from embedl_dynamo.graph.nodes import node_value_meta
 from embedl_dynamo.partition import (
     Fragment,
     Partitioning,
+    can_stitch,
     compute_nodes,
     fragment_inputs,
     is_compute_node,
@@ -49,6 +55,10 @@ from embedl_dynamo.tuning.judge import FLOAT_RTOL, check_float, flat_outputs
 __all__ = ["NARROWINGS", "build_narrowed", "build_partitioned", "partition_for"]
 
 logger = logging.getLogger(__name__)
+
+
+#: per runtime name, the nodes it failed on (held from it; another runtime may take them)
+Held = dict[str, dict[fx.Node, str]]
 
 
 def _conforming(job: SubgraphJob, graph: fx.GraphModule) -> list[type[Runtime]]:
@@ -87,11 +97,11 @@ def build_narrowed(job: SubgraphJob, graph: fx.GraphModule) -> Callable[..., Any
     """After the job's runtime failed on the whole ``graph`` (``job.failure``): the graph
     partitioned around the ops that fail on that runtime alone, built; None where narrowing
     finds none (:mod:`~.narrowing`), and the graph runs in PyTorch."""
-    held = failing_nodes(graph, compute_nodes(graph), job.runtime_cls, job.settings, job.inputs)
-    if held is None:
+    found = failing_nodes(graph, compute_nodes(graph), job.runtime_cls, job.settings, job.inputs)
+    if found is None:
         return None
-    min_ops = job.settings.min_subgraph_size
-    partitioning = partition_graph(graph, _partition_runtimes(job), min_ops, held=held)
+    held = {job.runtime_cls.name: found}
+    partitioning = _partition_around(job, graph, held)
     if not partitioning.fragments:
         return None
     job.failure = None
@@ -117,14 +127,15 @@ def build_partitioned(
     job: SubgraphJob,
     graph: fx.GraphModule,
     partitioning: Partitioning,
-    held: dict[fx.Node, str] | None = None,
+    held: Held | None = None,
     rounds: int = 0,
 ) -> Callable[..., Any]:
     """The partitioned graph, each fragment built on its runtime (or left in PyTorch where its
     build says so), recorded in ``job.report`` with what stays in PyTorch and why. A fragment
     whose runtime fails on it is narrowed to the ops that fail (:mod:`~.narrowing`), and the
     graph is partitioned again around them and ``held``'s nodes (``rounds``: how many times
-    it was already), up to :data:`NARROWINGS` times."""
+    it was already), up to :data:`NARROWINGS` times. ``held``: per runtime, the nodes it
+    failed on, which another runtime may take."""
     fragments = partitioning.fragments
     classes = {c.name: c for c in _float_runtimes(job)}
     examples = fragment_inputs(graph, fragments, [job.inputs])
@@ -142,9 +153,11 @@ def build_partitioned(
         job.report.partitions.append(child.report)
         if child.failure is not None:
             failed.append((fragment, child))
-    narrowed = _narrowed(job, graph, failed, dict(held or {})) if rounds < NARROWINGS else None
+    narrowed = _narrowed(job, graph, failed, held or {}) if rounds < NARROWINGS else None
     if narrowed is not None:
         job.report.partitions = []
+        if not narrowed[0].fragments:  # every op held or kept: the graph runs in PyTorch
+            return _all_kept(job, graph, narrowed[0])
         return build_partitioned(job, graph, *narrowed, rounds=rounds + 1)
     for _, child in failed:
         warn_failed(child)
@@ -173,23 +186,42 @@ def _narrowed(
     job: SubgraphJob,
     graph: fx.GraphModule,
     failed: list[tuple[Fragment, SubgraphJob]],
-    held: dict[fx.Node, str],
-) -> tuple[Partitioning, dict[fx.Node, str]] | None:
+    held: Held,
+) -> tuple[Partitioning, Held] | None:
     """The graph partitioned again around ``held`` and the ops each failed fragment's runtime
-    fails on alone, with the nodes held; None where none is found."""
+    fails on alone, or the whole fragment where none fails alone (held from that runtime
+    only: another may take them), with the nodes held; None where no fragment failed."""
     if not failed:
         return None
-    found: dict[fx.Node, str] = {}
+    held = {runtime: dict(nodes) for runtime, nodes in held.items()}
     for fragment, child in failed:
         nodes = [n for n in fragment.nodes if is_compute_node(n)]
-        found.update(failing_nodes(graph, nodes, child.runtime_cls, job.settings, job.inputs) or {})
-    if not found:
-        return None
-    held = {**held, **found}
-    partitioning = partition_graph(
-        graph, _partition_runtimes(job), job.settings.min_subgraph_size, held=held
-    )
-    return (partitioning, held) if partitioning.fragments else None
+        failing = failing_nodes(graph, nodes, child.runtime_cls, job.settings, job.inputs)
+        if failing is None:  # nothing narrower fails: the fragment, held from its runtime
+            why = f"{child.runtime_cls.name} failed on it: {error_line(child.failure)}"
+            failing = dict.fromkeys(nodes, why)
+        held.setdefault(child.runtime_cls.name, {}).update(failing)
+    return _partition_around(job, graph, held), held
+
+
+def _all_kept(job: SubgraphJob, graph: fx.GraphModule, partitioning: Partitioning) -> None:
+    """The graph in PyTorch, as a partition without fragments leaves it, said once with the
+    first reason (as a failure that narrowing found no narrower part of is)."""
+    kept = partitioning.blocker or partitioning.kept[0]
+    job.stay_eager("eager", kept.reason, graph)
+    warn_failed(job)
+
+
+def _partition_around(job: SubgraphJob, graph: fx.GraphModule, held: Held) -> Partitioning:
+    """The graph partitioned with each runtime's failures held from it, so that another
+    runtime may take them; where that cannot be stitched (in-place writes order two fragments
+    both ways), with every failure held from every runtime, so that they run in PyTorch."""
+    runtimes, min_ops = _partition_runtimes(job), job.settings.min_subgraph_size
+    partitioning = partition_graph(graph, runtimes, min_ops, held=held)
+    if can_stitch(graph, partitioning.fragments):
+        return partitioning
+    everywhere = {node: why for nodes in held.values() for node, why in nodes.items()}
+    return partition_graph(graph, runtimes, min_ops, held=dict.fromkeys(runtimes, everywhere))
 
 
 #: the partitioned graph's bound against PyTorch's on its first inputs, relative to each

@@ -17,10 +17,11 @@ from embedl_dynamo.partition.fragments import (
     is_compute_node,
     partition_graph,
 )
-from embedl_dynamo.partition.stitch import FragmentCall, fragment_inputs, stitch
+from embedl_dynamo.partition.stitch import FragmentCall, can_stitch, fragment_inputs, stitch
 from embedl_dynamo.partition.support import RuntimeSupport, is_free, picks_output
 
 __all__ = [
+    "can_stitch",
     "Fragment",
     "FragmentCall",
     "KeptNode",

@@ -120,7 +120,7 @@ def partition_graph(
     runtimes: Sequence[str],
     min_ops: int = 1,
     forced_out: Iterable[str] = (),
-    held: Mapping[fx.Node, str] | None = None,
+    held: Mapping[str, Mapping[fx.Node, str]] | None = None,
 ) -> Partitioning:
     """Partition ``gm`` (frozen, functional; not modified) over ``runtimes``, in order.
 
@@ -130,17 +130,19 @@ def partition_graph(
             what the ones before it left.
         min_ops: a fragment with fewer compute nodes stays in PyTorch.
         forced_out: op names kept in PyTorch whatever the table says.
-        held: nodes kept in PyTorch whatever their op, each with why (a runtime failed on
-            it: :mod:`embedl_dynamo.dynamo.narrowing`).
+        held: per runtime name, the nodes that runtime may not take whatever their op, each
+            with why (it failed on them: :mod:`embedl_dynamo.dynamo.narrowing`); a later
+            runtime of ``runtimes`` may take them.
     """
-    held = dict(held or {})
+    apart: dict[fx.Node, str] = {}  # split at in-place writes: no runtime takes them
     while True:
-        taken, reasons, small, chosen = _propose(gm, runtimes, min_ops, forced_out, held)
+        held_from = {r: {**apart, **(held or {}).get(r, {})} for r in runtimes}
+        taken, reasons, small, chosen = _propose(gm, runtimes, min_ops, forced_out, held_from)
         chosen = _cut_at_writes(gm, chosen, min_ops, (taken, reasons, small))
         split = _split_writes(gm, chosen)
         if not split:
             break
-        held.update(dict.fromkeys(split - held.keys(), _WRITE_SPLIT))
+        apart.update(dict.fromkeys(split - apart.keys(), _WRITE_SPLIT))
     fragments = []
     for runtime, nodes in chosen:
         fragment = fragment_of(gm, runtime, nodes)
@@ -171,16 +173,17 @@ def _propose(
     runtimes: Sequence[str],
     min_ops: int,
     forced_out: Iterable[str],
-    held: dict[fx.Node, str],
+    held: Mapping[str, dict[fx.Node, str]],
 ) -> tuple[set[fx.Node], dict[fx.Node, str], set[fx.Node], list[tuple[str, list[fx.Node]]]]:
-    """Each runtime's fragments of what the ones before it left, but ``held``'s nodes:
-    ``(taken, reasons, small, chosen)``, chosen as ``(runtime, nodes)`` in graph order."""
+    """Each runtime's fragments of what the ones before it left, but the nodes ``held`` holds
+    from it: ``(taken, reasons, small, chosen)``, chosen as ``(runtime, nodes)`` in graph
+    order."""
     taken: set[fx.Node] = set()
     reasons: dict[fx.Node, str] = {}
     small: set[fx.Node] = set()
     chosen: list[tuple[str, list[fx.Node]]] = []
     for runtime in runtimes:
-        support = RuntimeSupport(runtime, taken, forced_out, held)
+        support = RuntimeSupport(runtime, taken, forced_out, held[runtime])
         partitioner = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True)
         with _indexing_apart_from_picks(gm):
             proposed = partitioner.propose_partitions()

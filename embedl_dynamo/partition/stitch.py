@@ -21,7 +21,7 @@ from embedl_dynamo.graph.aliasing import mutated_tensor
 from embedl_dynamo.partition.fragments import Fragment
 from embedl_dynamo.partition.support import is_free, picks_output
 
-__all__ = ["FragmentCall", "fragment_inputs", "stitch"]
+__all__ = ["FragmentCall", "can_stitch", "fragment_inputs", "stitch"]
 
 
 class FragmentCall:
@@ -88,6 +88,16 @@ def _condensed_order(gm: fx.GraphModule, fragments: Sequence[Fragment]) -> list[
     if len(order) != len(units):
         raise ValueError("the partition has a cycle between fragments")
     return order
+
+
+def can_stitch(gm: fx.GraphModule, fragments: Sequence[Fragment]) -> bool:
+    """Whether :func:`stitch` can order ``fragments`` and the nodes between them: no data
+    dependence or in-place write orders two fragments both ways."""
+    try:
+        _condensed_order(gm, fragments)
+    except ValueError:
+        return False
+    return True
 
 
 def stitch(

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import embedl_dynamo
+from embedl_dynamo.dynamo import partitioned
 from embedl_dynamo.runtimes.onnxruntime.runtime import OnnxRuntime
 from tests.helpers import assert_close_to_scale
 
@@ -94,3 +95,28 @@ def test_a_failure_no_part_reproduces_leaves_the_graph_in_pytorch(monkeypatch):
     assert (sub.status, sub.runtime) == ("eager", "eager"), (sub.kept, parts)
     assert "the whole graph fails" in sub.reason
     assert len(parts) == 2, parts
+
+
+def test_an_op_one_runtime_fails_on_runs_on_another(monkeypatch):
+    """The ops a runtime fails on are held from that runtime only: the next runtime of the
+    partition (OpenVINO after ONNX Runtime) takes them, and nothing stays in PyTorch."""
+    monkeypatch.setattr(OnnxRuntime, "build", _fails_on_sigmoid)
+    model, x = _Net().eval(), torch.randn(2, 3, 12, 12)
+    out = _run(model, x, beat_eager=False, min_subgraph_size=1)
+    assert_close_to_scale(out, model(x), rtol=1e-5)
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert not sub.kept, sub.kept
+    assert [p.runtime for p in sub.partitions] == ["onnxruntime", "openvino", "onnxruntime"]
+
+
+def test_held_ops_stay_in_pytorch_where_another_runtime_cannot_be_stitched_in(monkeypatch):
+    """Where the fragments another runtime would take cannot be ordered with the rest (in-place
+    writes ordering two fragments both ways), the failing ops are held from every runtime."""
+    monkeypatch.setattr(OnnxRuntime, "build", _fails_on_sigmoid)
+    monkeypatch.setattr(partitioned, "can_stitch", lambda graph, fragments: False)
+    model, x = _Net().eval(), torch.randn(2, 3, 12, 12)
+    out = _run(model, x, beat_eager=False, min_subgraph_size=1)
+    assert_close_to_scale(out, model(x), rtol=1e-5)
+    (sub,) = embedl_dynamo.last_report().subgraphs
+    assert [k["op"] for k in sub.kept] == ["sigmoid"]
+    assert {p.runtime for p in sub.partitions} == {"onnxruntime"}
