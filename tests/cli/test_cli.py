@@ -306,6 +306,7 @@ def test_internal_error_is_one_line_and_debug_shows_the_traceback(monkeypatch, c
     assert "Traceback" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch; main() runs in-process by default
 def test_console_script_runs_in_a_subprocess(tmp_path) -> None:
     exe = shutil.which("embedl-dynamo") or str(Path(sys.executable).parent / "embedl-dynamo")
     ok = subprocess.run([exe, "backends"], capture_output=True, text=True, timeout=120)
