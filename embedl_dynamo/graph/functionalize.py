@@ -95,6 +95,9 @@ def mutation_blocker(
     writable = analysis.written_inputs if write_back else {}
     classes, sources = analysis.classes, analysis.inputs
     inputs = {classes[n] for n in sources}
+    members: dict[Any, list[fx.Node]] = {}  # storage class -> its nodes, in the graph's order
+    for member, key in classes.items():
+        members.setdefault(key, []).append(member)
     for node, target in analysis.mutated.items():
         if node in through_views:
             continue
@@ -107,20 +110,22 @@ def mutation_blocker(
             root = next(n for n in sources if classes[n] == classes[target])
             name = name_of(root) if name_of is not None else str(root.target)
             return f"the graph mutates {name} in place ({what}, directly or through a view)"
-        live = _live_alias(node, target, analysis)
+        live = _live_alias(node, target, analysis, members.get(classes[target], []))
         if live is not None:
             return f"{what} writes into {target.name}, whose alias {live.name} is read later"
     return None
 
 
-def _live_alias(node: fx.Node, target: fx.Node, analysis: GraphAnalysis) -> fx.Node | None:
-    """A node created before ``node`` that shares ``target``'s storage and is read after it
-    (the in-place op on ``target`` would change what it reads)."""
-    classes, order = analysis.classes, analysis.order
+def _live_alias(
+    node: fx.Node, target: fx.Node, analysis: GraphAnalysis, sharing: list[fx.Node]
+) -> fx.Node | None:
+    """A node of ``sharing`` (those that may share ``target``'s storage) created before
+    ``node`` and read after it (the in-place op on ``target`` would change what it reads)."""
+    order = analysis.order
     position = order[node]
     same = analysis.roots[target]
-    for other, key in classes.items():
-        if key != classes[target] or order.get(other, position + 1) > position:
+    for other in sharing:
+        if order.get(other, position + 1) > position:
             continue
         if other is node or analysis.roots[other] is same:
             continue  # the same tensor: functionalize() redirects its later readers
