@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from bench import models
 from bench.harness.measure import cosine, first_tensor, one_line, resident_gb
 from bench.harness.record import Record
 from bench.harness.timer import interleaved, stopwatch
@@ -45,8 +46,6 @@ def split_names(text: str) -> list[str]:
 def built_models(names: str, record: Record) -> Iterator[tuple[str, Any, tuple[Any, ...]]]:
     """``(name, model, inputs)`` for each comma-separated name (none: :func:`zoo_names`); a
     model that does not build is a failed row of ``record``, not the end of the run."""
-    from bench import models
-
     for name in split_names(names) or zoo_names():
         try:
             model, inputs = models.build(name)

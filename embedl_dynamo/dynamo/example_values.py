@@ -27,8 +27,10 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from embedl_dynamo.errors import SavedFunctionError
 
-__all__ = ["SPEC_KEY", "ValueLayouts", "add_example_values"]
+__all__ = ["DTYPES", "SPEC_KEY", "ValueLayouts", "add_example_values"]
 
+#: torch's dtypes by the name ``str(dtype)`` gives them (``"torch.float32"``)
+DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 SPEC_KEY = "embedl_saved_spec"  # a node's saved example-value spec, until add_example_values
 _WHOLE = -1  # a reference to a node's whole value, not to one item of its sequence
 
@@ -172,7 +174,7 @@ def _remade_tensor(spec: dict[str, Any], by_name: dict[str, Any], mode: FakeTens
                 return None if base is None else base.as_strided(shape, stride, offset)
             if offset != 0:  # a fresh storage read from an offset: nothing saved says its size
                 return None
-            dtype = _DTYPES[spec["dtype"]]
+            dtype = DTYPES[spec["dtype"]]
             return torch.empty_strided(shape, stride, dtype=dtype, device=spec["device"])
     except (KeyError, RuntimeError, TypeError, ValueError):  # run the node instead
         return None
@@ -184,9 +186,6 @@ def _referenced(ref: Any, by_name: dict[str, Any]) -> Any:
     if index != _WHOLE:
         value = value[index] if isinstance(value, (tuple, list)) else None
     return value if isinstance(value, torch.Tensor) else None
-
-
-_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
 
 def _run_fake(node: fx.Node, values: dict[fx.Node, Any], mode: FakeTensorMode) -> Any:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import fx
 
-from embedl_dynamo.dynamo.example_values import SPEC_KEY, ValueLayouts
+from embedl_dynamo.dynamo.example_values import DTYPES, SPEC_KEY, ValueLayouts
 from embedl_dynamo.errors import SavedFunctionError
 
 __all__ = ["MODULES", "graph_from_data", "graph_to_data"]
@@ -60,7 +60,6 @@ MODULES: dict[str, Any] = {
 _BUILTINS = {f.__name__: f for f in (getattr, len, abs, min, max, round, int, float, bool)}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPS = ("placeholder", "call_function", "call_method", "output")
-_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 _FORMATS = {str(v): v for v in vars(torch).values() if isinstance(v, torch.memory_format)}
 _LAYOUTS = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _STATIC = "_dynamo_static_input_type"
@@ -218,7 +217,7 @@ def _decode(value: Any, nodes: dict[str, fx.Node]) -> Any:
         "slice": lambda v: slice(*_decode(v, nodes)),
         "ellipsis": lambda v: Ellipsis,
         "complex": lambda v: complex(*v),
-        "dtype": lambda v: _named(_DTYPES, v, value),
+        "dtype": lambda v: _named(DTYPES, v, value),
         "memory_format": lambda v: _named(_FORMATS, v, value),
         "layout": lambda v: _named(_LAYOUTS, v, value),
         "device": lambda v: torch.device(str(v)),

@@ -64,8 +64,12 @@ _CHOOSERS = frozenset(
     """.split()
 )
 #: clamps: name -> the keywords of its positional bounds
-_CLAMPS = {"clamp": ("min", "max"), "clip": ("min", "max"), "clamp_min": ("min",)}
-_CLAMPS["clamp_max"] = ("max",)
+_CLAMPS = {
+    "clamp": ("min", "max"),
+    "clip": ("min", "max"),
+    "clamp_min": ("min",),
+    "clamp_max": ("max",),
+}
 _ADDS = frozenset("add add_ iadd __add__ __radd__".split())
 _SUBS = frozenset("sub sub_ isub __sub__".split())
 _MULS = frozenset("mul mul_ imul __mul__ __rmul__".split())
